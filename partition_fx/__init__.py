@@ -1,0 +1,37 @@
+"""partition-fx: learn hyperparameters in one training run by partitioning a network.
+
+Public API::
+
+    partitionify(model, num_partitions, proportions, *, scheme, default, seed, config) -> PartitionedModel
+    export_subnetwork(pmodel, k) -> nn.Module of the original class
+    export_onnx(pmodel, path, example_inputs, *, subnetwork, dynamic_batch) -> Path
+
+Importing the package also registers its models with timm (``fixup_resnet8``.., ``cifar_wrn16_4``..).
+"""
+
+from .config import ParameterRule, PartitionConfig
+from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from .export import export_onnx, export_subnetwork
+from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
+from .rewrite import PartitionedModel, partitionify
+
+try:  # timm is a dependency, but the core works on plain torch models without it
+    from . import models as models
+except ImportError:  # pragma: no cover
+    pass
+
+__all__ = [
+    "ParameterRule",
+    "PartitionArgumentError",
+    "PartitionConfig",
+    "PartitionError",
+    "PartitionTypeError",
+    "PartitionedModel",
+    "PartitionedTensor",
+    "RandomPartitionedTensor",
+    "ScalePartitionedTensor",
+    "export_onnx",
+    "export_subnetwork",
+    "partitionify",
+]
+__version__ = "0.1.0"

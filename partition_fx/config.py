@@ -1,0 +1,185 @@
+"""Configuration of a conversion: global settings plus per-parameter rules with a fixed precedence.
+
+Precedence (most specific wins), modelled on torch.ao's ``QConfigMapping``:
+
+1. ``set_name(name, ...)``: the parameter called ``name``, or every parameter under the module ``name``;
+   when several names match, the longest (deepest) one wins.
+2. ``set_name_regex(pattern, ...)``: ``re.fullmatch`` against the parameter's qualified name; the
+   first pattern registered that matches wins.
+3. ``set_module_type(cls, ...)``: the module that owns the parameter is an instance of ``cls``; the first
+   type registered that matches wins.
+4. The global settings (the arguments of :func:`partition_fx.partitionify`).
+
+Only the fields a rule sets override; a rule that sets ``default`` only keeps the automatically chosen
+``kind``, and so on. Example::
+
+    cfg = (PartitionConfig()
+           .set_name("head", partition=False)             # keep the classifier shared
+           .set_module_type(torch.nn.LayerNorm, default="zero")
+           .add_leaf_module(MyAttentionWithControlFlow))
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .errors import PartitionArgumentError, PartitionTypeError
+
+Kind = Literal["random", "product", "sum"]
+Default = Literal["init", "zero"]
+
+SCHEMES = ("random", "node")
+DEFAULTS = ("init", "zero")
+KINDS = ("random", "product", "sum")
+PROPORTION_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class ParameterRule:
+    """What a rule says about the parameters it matches; ``None`` fields defer to the next rule.
+
+    Attributes:
+        partition: ``False`` leaves the parameter unpartitioned: every subnetwork, subnetwork 0
+            included, uses its one trained value, and it is listed with partition 1 for optimisation.
+        default: ``"init"`` or ``"zero"``, the value partitions take in subnetworks that do not train them.
+        kind: ``"random"`` (random-weight partitions), ``"product"`` or ``"sum"`` (C copies combined by
+            product or sum, appendix I.2 of the paper). ``None`` chooses automatically.
+    """
+
+    partition: bool | None = None
+    default: Default | None = None
+    kind: Kind | None = None
+
+    def __post_init__(self) -> None:
+        if self.partition is not None and not isinstance(self.partition, bool):
+            raise PartitionTypeError(f"rule partition must be True, False or None, got {self.partition!r}")
+        if self.default is not None and self.default not in DEFAULTS:
+            raise PartitionArgumentError(
+                f"rule default must be one of {DEFAULTS} or None, got {self.default!r}"
+            )
+        if self.kind is not None and self.kind not in KINDS:
+            raise PartitionArgumentError(f"rule kind must be one of {KINDS} or None, got {self.kind!r}")
+
+    def merged_over(self, base: ParameterRule) -> ParameterRule:
+        """This rule's set fields on top of ``base``."""
+        return replace(
+            base,
+            **{k: v for k, v in vars(self).items() if v is not None},
+        )
+
+
+@dataclass
+class PartitionConfig:
+    """Per-parameter rules and tracing options for :func:`partition_fx.partitionify`.
+
+    Example::
+
+        >>> import torch
+        >>> from partition_fx import PartitionConfig
+        >>> cfg = PartitionConfig().set_name("fc", partition=False).set_module_type(torch.nn.BatchNorm2d, default="zero")
+        >>> cfg.rule_for("fc.weight", torch.nn.Linear(2, 2)).partition
+        False
+    """
+
+    names: dict[str, ParameterRule] = field(default_factory=dict)
+    name_regexes: list[tuple[re.Pattern[str], ParameterRule]] = field(default_factory=list)
+    module_types: list[tuple[type, ParameterRule]] = field(default_factory=list)
+    leaf_modules: list[type | str] = field(default_factory=list)
+    """Module classes or qualified module names the tracer must not enter (called as a whole)."""
+
+    def set_name(self, name: str, **rule: object) -> PartitionConfig:
+        """Rule for the parameter ``name`` or every parameter of the module ``name``; returns self."""
+        self.names[name] = ParameterRule(**rule)  # type: ignore[arg-type]
+        return self
+
+    def set_name_regex(self, pattern: str, **rule: object) -> PartitionConfig:
+        """Rule for parameters whose qualified name fully matches ``pattern``; returns self."""
+        try:
+            compiled = re.compile(pattern)
+        except re.error as e:
+            raise PartitionArgumentError(f"set_name_regex: invalid pattern {pattern!r}: {e}") from e
+        self.name_regexes.append((compiled, ParameterRule(**rule)))  # type: ignore[arg-type]
+        return self
+
+    def set_module_type(self, module_type: type, **rule: object) -> PartitionConfig:
+        """Rule for parameters owned by modules that are instances of ``module_type``; returns self."""
+        if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
+            raise PartitionTypeError(f"set_module_type needs an nn.Module subclass, got {module_type!r}")
+        self.module_types.append((module_type, ParameterRule(**rule)))  # type: ignore[arg-type]
+        return self
+
+    def add_leaf_module(self, module: type | str) -> PartitionConfig:
+        """Trace ``module`` (a class, or a qualified module name) as one call; returns self."""
+        if not (isinstance(module, str) or (isinstance(module, type) and issubclass(module, nn.Module))):
+            raise PartitionTypeError(f"add_leaf_module needs an nn.Module subclass or a name, got {module!r}")
+        self.leaf_modules.append(module)
+        return self
+
+    def rule_for(self, param_name: str, owner: nn.Module) -> ParameterRule:
+        """The merged rule for one parameter, following the documented precedence."""
+        rule = ParameterRule()
+        for module_type, r in reversed(self.module_types):  # first registered ends on top
+            if isinstance(owner, module_type):
+                rule = r.merged_over(rule)
+        for pattern, r in reversed(self.name_regexes):
+            if pattern.fullmatch(param_name):
+                rule = r.merged_over(rule)
+        matches = [n for n in self.names if param_name == n or param_name.startswith(n + ".") or n == ""]
+        for n in sorted(matches, key=len):  # deepest name ends on top
+            rule = self.names[n].merged_over(rule)
+        return rule
+
+
+def validate_num_partitions(num_partitions: object) -> int:
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, numbers.Integral):
+        raise PartitionTypeError(
+            f"num_partitions must be an int >= 1, got {num_partitions!r} ({type(num_partitions).__name__})"
+        )
+    if num_partitions < 1:
+        raise PartitionArgumentError(f"num_partitions must be >= 1, got {num_partitions}")
+    if num_partitions > 255:
+        raise PartitionArgumentError(f"num_partitions must be <= 255, got {num_partitions}")
+    return int(num_partitions)
+
+
+def validate_proportions(proportions: Sequence[float] | None, num_partitions: int) -> tuple[float, ...]:
+    """Check proportions (``None`` = equal shares): C non-negative finite numbers summing to 1."""
+    if proportions is None:
+        return tuple(1.0 / num_partitions for _ in range(num_partitions))
+    if isinstance(proportions, torch.Tensor):
+        proportions = proportions.tolist()
+    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
+        raise PartitionTypeError(f"proportions must be a sequence of {num_partitions} numbers, got {proportions!r}")
+    if len(proportions) != num_partitions:
+        raise PartitionArgumentError(
+            f"proportions has {len(proportions)} entries but num_partitions={num_partitions}; "
+            f"give one proportion per partition (or proportions=None for equal shares)"
+        )
+    values = []
+    for i, p in enumerate(proportions):
+        if isinstance(p, bool) or not isinstance(p, numbers.Real):
+            raise PartitionTypeError(f"proportions[{i}] must be a number, got {p!r}")
+        p = float(p)
+        if not math.isfinite(p) or p < 0:
+            raise PartitionArgumentError(f"proportions[{i}] = {p} must be finite and >= 0")
+        values.append(p)
+    total = math.fsum(values)
+    if abs(total - 1.0) > PROPORTION_TOLERANCE:
+        raise PartitionArgumentError(
+            f"proportions must sum to 1 (within {PROPORTION_TOLERANCE}), got {tuple(values)} summing to {total!r}"
+        )
+    return tuple(values)
+
+
+def validate_choice(name: str, value: object, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise PartitionArgumentError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return str(value)

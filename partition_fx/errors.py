@@ -1,0 +1,19 @@
+"""Exceptions raised by partition-fx.
+
+Every error the package raises on purpose is a :class:`PartitionError`, so callers can catch one type.
+Bad arguments are also ``ValueError``/``TypeError`` so the usual ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class PartitionError(RuntimeError):
+    """A model could not be partitioned, run or exported; the message names the part and the fix."""
+
+
+class PartitionArgumentError(PartitionError, ValueError):
+    """An argument to a partition-fx function is invalid; the message says which and what is allowed."""
+
+
+class PartitionTypeError(PartitionError, TypeError):
+    """An argument to a partition-fx function has the wrong type."""

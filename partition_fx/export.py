@@ -1,0 +1,155 @@
+"""Export a subnetwork as a plain module of the original class, or as an ONNX file checked in onnxruntime."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import PartitionError, PartitionTypeError
+from .rewrite import PartitionedModel
+
+
+def export_subnetwork(pmodel: PartitionedModel, k: int | None = None) -> nn.Module:
+    """Subnetwork k (default C, the final model) as a NEW module of the original class.
+
+    The result has exactly the original state_dict keys, shapes and dtypes, shares no storage with
+    ``pmodel``, needs nothing from partition-fx to run, and is in ``pmodel``'s train/eval mode.
+
+    Example::
+
+        >>> import torch
+        >>> from partition_fx import partitionify, export_subnetwork
+        >>> model = torch.nn.Linear(3, 2)
+        >>> pmodel = partitionify(model, 2)
+        >>> plain = export_subnetwork(pmodel)
+        >>> type(plain).__name__, sorted(plain.state_dict()) == sorted(model.state_dict())
+        ('Linear', True)
+    """
+    if not isinstance(pmodel, PartitionedModel):
+        raise PartitionTypeError(
+            f"export_subnetwork needs a PartitionedModel (from partitionify), got {type(pmodel).__name__}"
+        )
+    k = pmodel.check_subnetwork(k)
+    with torch.no_grad():
+        state = {name: t.detach().clone() for name, t in pmodel.original_state(k).items()}
+    exported = copy.deepcopy(pmodel._skeleton)
+    # Re-create parameters once per original tensor so tied weights stay tied.
+    new_params: dict[int, nn.Parameter] = {}
+    for name, meta in exported.named_parameters(remove_duplicate=False):
+        if id(meta) not in new_params:
+            new_params[id(meta)] = nn.Parameter(state[name], requires_grad=meta.requires_grad)
+        _assign(exported, name, new_params[id(meta)], buffer=False)
+    new_buffers: dict[int, torch.Tensor] = {}
+    for name, meta in exported.named_buffers(remove_duplicate=False):
+        new_buffers.setdefault(id(meta), state[name])
+        _assign(exported, name, new_buffers[id(meta)], buffer=True)
+    return exported.train(pmodel.training)
+
+
+def _assign(root: nn.Module, name: str, value: torch.Tensor, *, buffer: bool) -> None:
+    owner_name, _, local = name.rpartition(".")
+    owner = root.get_submodule(owner_name)
+    if buffer:
+        owner._buffers[local] = value
+    else:
+        owner._parameters[local] = value  # type: ignore[assignment]
+
+
+def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, Sequence) and not isinstance(example_inputs, (str, bytes)):
+        return tuple(example_inputs)
+    raise PartitionTypeError(
+        f"example_inputs must be a tensor or a tuple of tensors, got {type(example_inputs).__name__}"
+    )
+
+
+def _flat_tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flat_tensors(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _flat_tensors(v)]
+    return []
+
+
+def export_onnx(
+    pmodel: PartitionedModel,
+    path: str | os.PathLike[str],
+    example_inputs: Any,
+    *,
+    subnetwork: int | None = None,
+    dynamic_batch: bool = True,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+) -> Path:
+    """Export subnetwork ``subnetwork`` (default C) to ONNX, check it, and verify it in onnxruntime.
+
+    The plain module from :func:`export_subnetwork` is exported in eval mode; ``onnx.checker`` validates
+    the file, and onnxruntime's outputs on ``example_inputs`` must match PyTorch's within
+    ``atol + rtol * |expected|`` or a :class:`PartitionError` gives the max abs difference. The file is
+    written atomically: on any failure nothing is left at ``path``.
+
+    Example::
+
+        >>> import torch, tempfile, os
+        >>> from partition_fx import partitionify, export_onnx
+        >>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(4, 3)), 2)
+        >>> path = export_onnx(pmodel, os.path.join(tempfile.mkdtemp(), "m.onnx"), (torch.randn(2, 4),))
+        >>> path.name
+        'm.onnx'
+    """
+    import onnx
+    import onnxruntime as ort
+
+    inputs = _as_tuple(example_inputs)
+    model = export_subnetwork(pmodel, subnetwork).eval()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dynamic_shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim("batch")
+        dynamic_shapes = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        tmp_path = Path(tmp) / path.name
+        try:
+            torch.onnx.export(
+                model, inputs, str(tmp_path), dynamo=True, dynamic_shapes=dynamic_shapes, external_data=False,
+                verbose=False,
+            )
+        except Exception as e:
+            raise PartitionError(
+                f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {str(e).splitlines()[0]}"
+                + ("\n  Try dynamic_batch=False if the model specialises on the batch size." if dynamic_batch else "")
+            ) from e
+        onnx.checker.check_model(str(tmp_path), full_check=True)
+        with torch.no_grad():
+            expected = _flat_tensors(model(*inputs))
+        session = ort.InferenceSession(str(tmp_path), providers=["CPUExecutionProvider"])
+        feeds = {
+            i.name: t.detach().cpu().numpy()
+            for i, t in zip(session.get_inputs(), [t for t in inputs if isinstance(t, torch.Tensor)])
+        }
+        got = session.run(None, feeds)
+        if len(got) != len(expected):
+            raise PartitionError(f"onnxruntime returned {len(got)} outputs, PyTorch {len(expected)}")
+        for i, (e, g) in enumerate(zip(expected, got)):
+            e_np = e.detach().cpu().float().numpy()
+            diff = float(abs(e_np - g).max()) if e_np.size else 0.0
+            bound = atol + rtol * float(abs(e_np).max()) if e_np.size else atol
+            if e_np.shape != g.shape or diff > bound:
+                raise PartitionError(
+                    f"ONNX output {i} disagrees with PyTorch: max abs difference {diff:.3g} "
+                    f"(allowed {bound:.3g}), shapes {tuple(e_np.shape)} vs {tuple(g.shape)}"
+                )
+        os.replace(tmp_path, path)
+    return path

@@ -1,0 +1,133 @@
+"""One module per partitioned tensor: its C trained parts, its defaults, and the effective tensor of
+subnetwork k.
+
+Each part is its own flat ``nn.Parameter`` (``part1`` .. ``partC``), so stock ``torch.optim`` optimisers
+keep per-partition state: a part that subnetwork k does not use never enters its graph, its ``.grad``
+stays ``None`` and the optimiser skips it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .assign import gather_index, random_assignment
+
+
+class PartitionedTensor(nn.Module):
+    """Base class: ``forward(k)`` returns the tensor subnetwork k uses (k in 0..C)."""
+
+    kind: str
+    num_partitions: int
+
+    def part(self, k: int) -> nn.Parameter:
+        """The trained values of partition k (1-based)."""
+        return getattr(self, f"part{k}")
+
+    def parts(self) -> list[nn.Parameter]:
+        return [self.part(k) for k in range(1, self.num_partitions + 1)]
+
+    def partition_sizes(self) -> list[int]:
+        """Number of trainable entries each partition holds for this tensor."""
+        return [p.numel() for p in self.parts()]
+
+    def effective(self, k: int) -> torch.Tensor:
+        return self(k)
+
+
+class RandomPartitionedTensor(PartitionedTensor):
+    """Random-weight partitioning (appendix C): each entry belongs to one partition.
+
+    Subnetwork k takes the trained value of entries in partitions 1..k and the default elsewhere.
+    ``index`` maps each entry to its place in ``cat(part1, ..., partC)`` (parts in flat order), so the
+    effective tensor is one ``cat`` and one ``index_select``; defaults are kept in that same layout.
+    """
+
+    kind = "random"
+
+    def __init__(
+        self,
+        value: torch.Tensor,
+        proportions: Sequence[float],
+        *,
+        seed: int,
+        salt: int,
+        default: str,
+    ) -> None:
+        super().__init__()
+        self.num_partitions = len(proportions)
+        self.shape = tuple(value.shape)
+        self.default_mode = default
+        flat = value.detach().reshape(-1)
+        assignment = random_assignment(flat.numel(), proportions, seed, salt, device="cpu")
+        index, sizes = gather_index(assignment, self.num_partitions)
+        order = torch.argsort(index)  # entries in partition-major layout
+        laid_out = flat.index_select(0, order.to(flat.device))
+        # int32 halves the index memory; index_select and its backward accept it.
+        self.register_buffer("index", index.to(torch.int32).to(flat.device))
+        self.sizes = sizes
+        offset = 0
+        for k, n in enumerate(sizes, start=1):
+            part = laid_out[offset : offset + n].clone()
+            self.register_parameter(f"part{k}", nn.Parameter(part, requires_grad=value.requires_grad))
+            offset += n
+        if default == "init":
+            self.register_buffer("default", laid_out.clone())
+        else:
+            self.default = None
+
+    def _default_slice(self, start: int) -> torch.Tensor:
+        ref = self.part1
+        if self.default is None:
+            return ref.new_zeros(sum(self.sizes[start:]))
+        offset = sum(self.sizes[:start])
+        return self.default[offset:]
+
+    def forward(self, k: int) -> torch.Tensor:
+        trained = [self.part(i) for i in range(1, k + 1)]
+        if k < self.num_partitions:
+            trained.append(self._default_slice(k))
+        flat = trained[0] if len(trained) == 1 else torch.cat(trained)
+        return flat.index_select(0, self.index).view(self.shape)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}, sizes={self.sizes}, default={self.default_mode!r}"
+
+
+class ScalePartitionedTensor(PartitionedTensor):
+    """Product or sum partitioning (appendix I.2) for norm affines and FixUp scalars.
+
+    C copies s_1..s_C of the whole tensor; subnetwork k uses s_1 * ... * s_k (``"product"``) or
+    s_1 + ... + s_k (``"sum"``). s_1 starts at the original value and the others at the identity (1 or
+    0), so every subnetwork equals the original at conversion. Subnetwork 0 uses the default of s_1:
+    its value at conversion (``default="init"``) or the identity (``default="zero"``, which for a
+    scale means "no scaling" rather than multiplying by zero).
+    """
+
+    def __init__(self, value: torch.Tensor, num_partitions: int, *, kind: str, default: str) -> None:
+        super().__init__()
+        if kind not in ("product", "sum"):
+            raise ValueError(f"kind must be 'product' or 'sum', got {kind!r}")
+        self.kind = kind
+        self.num_partitions = num_partitions
+        self.shape = tuple(value.shape)
+        self.default_mode = default
+        value = value.detach()
+        identity = torch.ones_like(value) if kind == "product" else torch.zeros_like(value)
+        for k in range(1, num_partitions + 1):
+            start = value.clone() if k == 1 else identity.clone()
+            self.register_parameter(f"part{k}", nn.Parameter(start, requires_grad=value.requires_grad))
+        self.register_buffer("default", value.clone() if default == "init" else identity)
+
+    def forward(self, k: int) -> torch.Tensor:
+        if k == 0:
+            return self.default
+        out = self.part1
+        for i in range(2, k + 1):
+            out = out * self.part(i) if self.kind == "product" else out + self.part(i)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}, kind={self.kind!r}, default={self.default_mode!r}"

@@ -1,0 +1,163 @@
+"""fx tracing that keeps modules' behaviour: a leaf-aware tracer and a train/eval consistency check.
+
+Leaves (called as a whole, never entered): torch.nn and torch.ao.nn modules (except containers),
+timm's registered no-trace modules and functions, modules named in ``PartitionConfig.leaf_modules``,
+and any module whose traced code differs between ``.train()`` and ``.eval()`` (found by tracing in both
+modes), so BatchNorm, dropout and drop-path still switch after conversion.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from .errors import PartitionError
+
+_MAX_LEAF_ROUNDS = 64
+
+
+def _timm_notrace() -> tuple[set[type], set[Callable[..., Any]]]:
+    try:
+        from timm.layers import get_notrace_functions, get_notrace_modules
+    except ImportError:  # timm is optional for plain torch models
+        return set(), set()
+    return set(get_notrace_modules()), set(get_notrace_functions())
+
+
+class LeafAwareTracer(fx.Tracer):
+    """An ``fx.Tracer`` that does not enter the leaves described in the module docstring."""
+
+    def __init__(self, leaf_types: Iterable[type] = (), leaf_names: Iterable[str] = ()) -> None:
+        timm_modules, timm_functions = _timm_notrace()
+        super().__init__(autowrap_functions=tuple(timm_functions))
+        self.leaf_types = tuple(timm_modules) + tuple(leaf_types)
+        self.leaf_names = set(leaf_names)
+        self.current_module = ""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaf_names:
+            return True
+        if self.leaf_types and isinstance(m, self.leaf_types):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        outer = self.current_module
+        self.current_module = self.path_of_module(m)
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.current_module = outer
+
+
+def none_default_args(model: nn.Module) -> dict[str, None]:
+    """Forward arguments that default to ``None``: bound as concrete so ``if mask is None`` traces."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return {}
+    return {
+        name: None
+        for name, p in signature.parameters.items()
+        if p.default is None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def _user_frame(exc: BaseException) -> str:
+    """The innermost traceback frame outside torch, e.g. ``model.py:42 in forward: if x.sum() > 0:``."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename]
+    if not frames:
+        return "unknown location"
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+
+
+def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[str]) -> fx.Graph:
+    tracer = LeafAwareTracer(leaf_types, leaf_names)
+    try:
+        return tracer.trace(model, concrete_args=none_default_args(model) or None)
+    except Exception as e:  # fx raises TraceError, TypeError, RuntimeError, ... for untraceable code
+        where = tracer.current_module or "<root>"
+        owner = model.get_submodule(tracer.current_module) if tracer.current_module else model
+        raise PartitionError(
+            f"could not trace {type(model).__name__}: module '{where}' ({type(owner).__name__}) at "
+            f"{_user_frame(e)}\n  {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+            f"  This usually means data-dependent control flow. Trace that module as a whole with "
+            f"PartitionConfig().add_leaf_module({type(owner).__name__}) (or its name '{where}'), "
+            f"and pass config= to partitionify."
+        ) from None
+
+
+def _node_signature(node: fx.Node) -> tuple[Any, ...]:
+    return (node.op, str(node.target), str(node.args), str(node.kwargs))
+
+
+def _first_difference(a: fx.Graph, b: fx.Graph) -> fx.Node | None:
+    nodes_a, nodes_b = list(a.nodes), list(b.nodes)
+    for na, nb in zip(nodes_a, nodes_b):
+        if _node_signature(na) != _node_signature(nb):
+            return na
+    if len(nodes_a) != len(nodes_b):
+        longer = nodes_a if len(nodes_a) > len(nodes_b) else nodes_b
+        return longer[min(len(nodes_a), len(nodes_b))]
+    return None
+
+
+def _responsible_module(node: fx.Node) -> str:
+    """Qualified name of the innermost non-leaf module whose code created ``node`` ('' = root)."""
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    paths = [path for path, _ in stack]
+    if node.op == "call_module" and paths and paths[-1] == node.target:
+        paths = paths[:-1]  # the node is the call of a leaf; its caller made the choice
+    return paths[-1] if paths else ""
+
+
+def trace_consistently(
+    model: nn.Module, leaf_types: Iterable[type] = (), leaf_names: Iterable[str] = ()
+) -> tuple[fx.Graph, set[str]]:
+    """Trace ``model`` so its graph is the same in train and eval mode.
+
+    Returns ``(graph, promoted)``: the graph and the names of modules that had to become leaves
+    because their traced code depended on ``self.training``. ``''`` in ``promoted`` means the root's
+    own forward depends on it: the caller must then call the whole model as one leaf.
+    """
+    leaf_types = tuple(leaf_types)
+    names = set(leaf_names)
+    promoted: set[str] = set()
+    was_training = model.training
+    try:
+        for _ in range(_MAX_LEAF_ROUNDS):
+            model.train(True)
+            g_train = _trace_once(model, leaf_types, names)
+            model.train(False)
+            g_eval = _trace_once(model, leaf_types, names)
+            diff = _first_difference(g_train, g_eval)
+            if diff is None:
+                return (g_train if was_training else g_eval), promoted
+            culprit = _responsible_module(diff)
+            if culprit == "" or culprit in names:
+                promoted.add("")
+                return (g_train if was_training else g_eval), promoted
+            names.add(culprit)
+            promoted.add(culprit)
+    finally:
+        model.train(was_training)
+    raise PartitionError(
+        f"{type(model).__name__}: more than {_MAX_LEAF_ROUNDS} modules change their traced code between "
+        f"train and eval mode; list them with PartitionConfig().add_leaf_module(...)"
+    )
+
+
+def is_inside_leaf(name: str, leaves: Iterable[str]) -> bool:
+    return any(name == leaf or name.startswith(leaf + ".") for leaf in leaves)
+
+
+__all__ = ["LeafAwareTracer", "trace_consistently", "none_default_args"]
+
+_ = torch  # torch is re-exported for type checkers of fx.Graph users
