@@ -49,7 +49,35 @@ def _call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, *
     return torch.func.functional_call(module, params, args, kwargs, tie_weights=False, strict=False)
 
 
+def _call_leaf_clearing_caches(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+    """``_call_leaf`` for modules that cache values derived from their parameters (e.g. timm's
+    ``attention_bias_cache`` in eval mode): the cache would leak one subnetwork's values into the next."""
+    clear_parameter_caches(module)
+    try:
+        return _call_leaf(module, params, *args, **kwargs)
+    finally:
+        clear_parameter_caches(module)
+
+
+def _parameter_caches(module: nn.Module) -> list[dict[Any, Any]]:
+    return [
+        value
+        for m in module.modules()
+        for name, value in vars(m).items()
+        if isinstance(value, dict) and "cache" in name.lower() and not name.startswith("_")
+    ]
+
+
+def clear_parameter_caches(module: nn.Module) -> bool:
+    """Empty every dict attribute named like ``*cache*`` in ``module``'s tree; True if there were any."""
+    caches = _parameter_caches(module)
+    for cache in caches:
+        cache.clear()
+    return bool(caches)
+
+
 torch.fx.wrap("_call_leaf")  # so a PartitionedModel's graph module can itself be traced again
+torch.fx.wrap("_call_leaf_clearing_caches")
 
 
 @dataclass
@@ -207,7 +235,7 @@ class PartitionedModel(nn.Module):
     def forward(self, *args: Any, subnetwork: int | None = None, **kwargs: Any) -> Any:
         k = self.check_subnetwork(subnetwork)
         if self._root_leaf:
-            return _call_leaf(self.module, self.effective_parameters(k), *args, **kwargs)
+            return _call_leaf_clearing_caches(self.module, self.effective_parameters(k), *args, **kwargs)
         return self.module(k, *args, **kwargs)
 
     def partitioned_tensors(self) -> Iterator[tuple[str, PartitionedTensor]]:
@@ -347,6 +375,7 @@ def partitionify(
         raise PartitionTypeError(f"config must be a PartitionConfig, got {type(config).__name__}")
 
     skeleton = _meta_skeleton(model)
+    clear_parameter_caches(skeleton)  # exports must not reuse values cached from the original weights
     working = copy.deepcopy(model)
     leaf_types = [m for m in config.leaf_modules if isinstance(m, type)]
     leaf_names = [m for m in config.leaf_modules if isinstance(m, str)]
@@ -354,6 +383,7 @@ def partitionify(
         if _get_path(working, name) is None:
             raise PartitionArgumentError(f"config leaf module {name!r} is not a submodule of {type(model).__name__}")
     graph, promoted = trace_consistently(working, leaf_types, leaf_names)
+    clear_parameter_caches(working)  # tracing in eval mode may have stored fx proxies in them
     root_leaf = "" in promoted
 
     container = _container_name(working)
@@ -464,9 +494,10 @@ def _rewrite_graph(
                 if record is not None and record.partitioned is not None:
                     params[local] = effective_node(record, node)
             if params:
+                caller = _call_leaf_clearing_caches if _parameter_caches(leaf) else _call_leaf
                 with graph.inserting_before(node):
                     module_ref = graph.get_attr(node.target)
-                    call = graph.call_function(_call_leaf, (module_ref, params, *node.args), dict(node.kwargs))
+                    call = graph.call_function(caller, (module_ref, params, *node.args), dict(node.kwargs))
                 call.meta = dict(node.meta)
                 node.replace_all_uses_with(call)
                 graph.erase_node(node)

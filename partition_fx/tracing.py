@@ -13,7 +13,6 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
 import torch.fx as fx
 from torch import nn
 
@@ -39,6 +38,7 @@ class LeafAwareTracer(fx.Tracer):
         self.leaf_types = tuple(timm_modules) + tuple(leaf_types)
         self.leaf_names = set(leaf_names)
         self.current_module = ""
+        self.failed_module: str | None = None  # innermost module whose code raised while tracing
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names:
@@ -52,21 +52,47 @@ class LeafAwareTracer(fx.Tracer):
         self.current_module = self.path_of_module(m)
         try:
             return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_module is None:
+                self.failed_module = self.current_module
+            raise
         finally:
             self.current_module = outer
 
 
-def none_default_args(model: nn.Module) -> dict[str, None]:
-    """Forward arguments that default to ``None``: bound as concrete so ``if mask is None`` traces."""
+_CONCRETE_DEFAULT_TYPES = (type(None), bool, int, float, str)
+
+
+def concrete_default_args(model: nn.Module) -> dict[str, Any]:
+    """Forward arguments with a None/bool/number/str default, bound to it so ``if mask is None`` and
+    ``if is_causal`` trace; the traced model asserts they keep that value."""
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
         return {}
     return {
-        name: None
+        name: p.default
         for name, p in signature.parameters.items()
-        if p.default is None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and type(p.default) in _CONCRETE_DEFAULT_TYPES
+        and p.default is not inspect.Parameter.empty
     }
+
+
+def _restore_placeholder_names(graph: fx.Graph, model: nn.Module) -> None:
+    """fx renames concrete arguments (``mask`` -> ``mask_1``); give the inputs their original names
+    back so keyword calls keep working."""
+    try:
+        names = [
+            n for n, p in inspect.signature(model.forward).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)
+        ]
+    except (TypeError, ValueError):
+        return
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) == len(names):
+        for node, name in zip(placeholders, names):
+            node.target = name
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -81,17 +107,28 @@ def _user_frame(exc: BaseException) -> str:
 def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[str]) -> fx.Graph:
     tracer = LeafAwareTracer(leaf_types, leaf_names)
     try:
-        return tracer.trace(model, concrete_args=none_default_args(model) or None)
+        graph = tracer.trace(model, concrete_args=concrete_default_args(model) or None)
     except Exception as e:  # fx raises TraceError, TypeError, RuntimeError, ... for untraceable code
-        where = tracer.current_module or "<root>"
-        owner = model.get_submodule(tracer.current_module) if tracer.current_module else model
+        where = tracer.failed_module or ""
+        owner = model.get_submodule(where)
+        if where:
+            fix = (
+                f"Trace that module as one call: partitionify(..., config=PartitionConfig()"
+                f".add_leaf_module({type(owner).__name__})) or .add_leaf_module('{where}')."
+            )
+        else:
+            fix = (
+                "The failing code is in the model's own forward, which cannot be a leaf: move it into a "
+                "submodule and list that with PartitionConfig().add_leaf_module(...), or make it traceable."
+            )
+        first_line = str(e).splitlines()[0] if str(e) else ""
         raise PartitionError(
-            f"could not trace {type(model).__name__}: module '{where}' ({type(owner).__name__}) at "
-            f"{_user_frame(e)}\n  {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
-            f"  This usually means data-dependent control flow. Trace that module as a whole with "
-            f"PartitionConfig().add_leaf_module({type(owner).__name__}) (or its name '{where}'), "
-            f"and pass config= to partitionify."
+            f"could not trace {type(model).__name__}: module '{where or '<root>'}' ({type(owner).__name__}) at "
+            f"{_user_frame(e)}\n  {type(e).__name__}: {first_line}\n"
+            f"  This usually means data-dependent control flow or Python operations on traced values. {fix}"
         ) from None
+    _restore_placeholder_names(graph, model)
+    return graph
 
 
 def _node_signature(node: fx.Node) -> tuple[Any, ...]:
@@ -157,7 +194,3 @@ def trace_consistently(
 def is_inside_leaf(name: str, leaves: Iterable[str]) -> bool:
     return any(name == leaf or name.startswith(leaf + ".") for leaf in leaves)
 
-
-__all__ = ["LeafAwareTracer", "trace_consistently", "none_default_args"]
-
-_ = torch  # torch is re-exported for type checkers of fx.Graph users

@@ -1,0 +1,88 @@
+"""Checks of a conversion against its definition, for tests and for users converting their own models.
+
+>>> import torch
+>>> from partition_fx import partitionify
+>>> from partition_fx.testing import perturb_partitions, assert_subnetworks_match_exports
+>>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), 3)
+>>> perturb_partitions(pmodel, seed=0)
+>>> assert_subnetworks_match_exports(pmodel, (torch.randn(2, 4),))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .export import export_subnetwork
+from .params import ScalePartitionedTensor
+from .rewrite import PartitionedModel
+
+
+def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: int = 0) -> None:
+    """Move every partition's trained values away from the defaults, in place, reproducibly.
+
+    Random-weight parts and sum parts get ``scale`` times their tensor's RMS (at least ``scale``) of
+    Gaussian noise; product parts are multiplied by ``1 + scale * noise``, so every subnetwork differs.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, pt in pmodel.partitioned_tensors():
+            for part in pt.parts():
+                if part.numel() == 0 or not part.is_floating_point():
+                    continue
+                noise = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part)
+                if isinstance(pt, ScalePartitionedTensor) and pt.kind == "product":
+                    part.mul_(1 + scale * noise)
+                else:
+                    rms = float(part.float().pow(2).mean().sqrt()) if part.numel() else 0.0
+                    part.add_(noise * scale * max(rms, 1.0 if rms == 0 else rms))
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in _flat(out[k])]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _flat(v)]
+    return []
+
+
+def max_relative_difference(a: Any, b: Any) -> float:
+    """Max |a - b| over all output tensors, relative to the largest |b| (at least 1e-12)."""
+    ta, tb = _flat(a), _flat(b)
+    if len(ta) != len(tb):
+        raise AssertionError(f"outputs have {len(ta)} vs {len(tb)} tensors")
+    worst = 0.0
+    for x, y in zip(ta, tb):
+        if x.shape != y.shape:
+            raise AssertionError(f"output shapes differ: {tuple(x.shape)} vs {tuple(y.shape)}")
+        if x.numel() == 0:
+            continue
+        x, y = x.detach().double(), y.detach().double()
+        scale = max(float(y.abs().max()), 1e-12)
+        worst = max(worst, float((x - y).abs().max()) / scale)
+    return worst
+
+
+def assert_subnetworks_match_exports(
+    pmodel: PartitionedModel, inputs: tuple[Any, ...], *, rtol: float = 1e-5, subnetworks: list[int] | None = None
+) -> dict[int, float]:
+    """Invariant 1: for each k, ``pmodel(*inputs, subnetwork=k)`` equals ``export_subnetwork(pmodel, k)(*inputs)``.
+
+    Compared in ``pmodel``'s current mode, under ``torch.no_grad``; returns the relative difference per k.
+    """
+    diffs = {}
+    for k in subnetworks if subnetworks is not None else range(pmodel.num_partitions + 1):
+        exported = export_subnetwork(pmodel, k)
+        with torch.no_grad():
+            got = pmodel(*inputs, subnetwork=k)
+            want = exported(*inputs)
+        diffs[k] = max_relative_difference(got, want)
+        if not diffs[k] <= rtol:
+            raise AssertionError(
+                f"subnetwork {k} of {pmodel.original_class.__name__} differs from its export by {diffs[k]:.3g} "
+                f"(relative to output scale; allowed {rtol})"
+            )
+    return diffs

@@ -1,0 +1,64 @@
+"""Invariant 1 and 2 on real models: every subnetwork equals its export, and exports are plain.
+
+Default run: ``zoo.DEFAULT_SUBSET``. Full sweep (every torchvision classifier, one model per timm
+family, the shipped models): ``pytest -m zoo``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import DEFAULT_SUBSET, EXCLUDED, ONNX_SUBSET, SHIPPED, TIMM, TORCHVISION, ZooModel
+
+from partition_fx import export_onnx, export_subnetwork, partitionify
+from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
+
+ALL = TORCHVISION + TIMM + SHIPPED
+
+
+def _params(models: list[ZooModel]) -> list[object]:
+    out = []
+    for spec in models:
+        marks = [] if spec.id in DEFAULT_SUBSET else [pytest.mark.zoo]
+        if spec.id in EXCLUDED:
+            marks.append(pytest.mark.skip(reason=EXCLUDED[spec.id]))
+        out.append(pytest.param(spec, id=spec.id, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("spec", _params(ALL))
+def test_subnetworks_equal_exports(spec: ZooModel) -> None:
+    model = spec.build().eval()
+    x = spec.example_input()
+    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0).eval()
+    with torch.no_grad():
+        reference = model(x)
+        for k in range(4):  # right after conversion (default="init") every subnetwork is the original
+            assert max_relative_difference(pmodel(x, subnetwork=k), reference) <= 1e-6, k
+    perturb_partitions(pmodel, seed=0)
+    assert_subnetworks_match_exports(pmodel, (x,), rtol=1e-5)
+    with torch.no_grad():  # the perturbation reached the model: subnetworks differ from the original
+        assert max_relative_difference(pmodel(x), reference) > 1e-6
+    exported = export_subnetwork(pmodel)
+    assert type(exported) is type(model)
+    got, want = exported.state_dict(), model.state_dict()
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert got[key].shape == value.shape and got[key].dtype == value.dtype, key
+
+
+@pytest.mark.parametrize("spec", _params([m for m in ALL if m.id in ONNX_SUBSET]))
+def test_onnx_round_trip(spec: ZooModel, tmp_path) -> None:
+    model = spec.build().eval()
+    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1)).eval()
+    perturb_partitions(pmodel, seed=1)
+    x = spec.example_input(batch=2)
+    path = export_onnx(pmodel, tmp_path / "model.onnx", (x,), subnetwork=2)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x3 = spec.example_input(batch=3)  # another batch size: the batch axis is dynamic
+    (out,) = session.run(None, {session.get_inputs()[0].name: x3.numpy()})
+    with torch.no_grad():
+        want = export_subnetwork(pmodel, 2).eval()(x3)
+    assert max_relative_difference(torch.from_numpy(out), want) <= 1e-4
