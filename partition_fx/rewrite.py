@@ -218,8 +218,18 @@ class PartitionedModel(nn.Module):
         """``subnetwork`` as an int in 0..C (``None`` means C), or a clear error."""
         if subnetwork is None:
             return self.num_partitions
-        if isinstance(subnetwork, torch.Tensor) and subnetwork.numel() == 1 and not subnetwork.is_floating_point():
-            subnetwork = int(subnetwork)
+        integral_tensor = (
+            isinstance(subnetwork, torch.Tensor)
+            and subnetwork.numel() == 1
+            and not subnetwork.is_floating_point()
+            and not subnetwork.is_complex()
+            and subnetwork.dtype != torch.bool
+        )
+        if isinstance(subnetwork, torch.Tensor) and not integral_tensor:
+            raise PartitionTypeError(
+                f"subnetwork must be an int in 0..{self.num_partitions}, got a tensor of shape "
+                f"{tuple(subnetwork.shape)} and dtype {subnetwork.dtype}"
+            )
         if isinstance(subnetwork, bool) or not hasattr(subnetwork, "__index__"):
             raise PartitionTypeError(
                 f"subnetwork must be an int in 0..{self.num_partitions}, got {subnetwork!r} ({type(subnetwork).__name__})"

@@ -1,0 +1,94 @@
+"""Small models that exercise one conversion feature each."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class TiedLM(nn.Module):
+    """Embedding and output projection share one weight."""
+
+    def __init__(self, vocab: int = 11, dim: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(tokens)))
+
+
+class FunctionalWeights(nn.Module):
+    """Parameters used directly in forward (fx get_attr), a module called twice, a scalar scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, 4))
+        self.bias = nn.Parameter(torch.randn(5))
+        self.pos = nn.Parameter(torch.randn(1, 4))
+        self.gain = nn.Parameter(torch.full((1,), 1.5))
+        self.shared = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x + self.pos, self.weight, self.bias)
+        h = self.shared(torch.tanh(self.shared(h)))
+        return h * self.gain
+
+
+class ConvBN(nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.drop = nn.Dropout(dropout)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn(self.conv(x)))
+        return self.fc(self.drop(h.mean((2, 3))))
+
+
+class TrainingDependentRoot(nn.Module):
+    """The model's own forward branches on ``self.training`` (like torchvision's Inception)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.aux = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor):
+        h = self.a(x)
+        if self.training:
+            return h, self.aux(h)
+        return h
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Branchy()
+        self.out = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.inner(x))
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent: fx cannot trace this
+            return self.lin(x)
+        return -self.lin(x)
+
+
+def mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    return nn.Sequential(*layers[:-1])
