@@ -62,9 +62,7 @@ class ParameterRule:
         if self.partition is not None and not isinstance(self.partition, bool):
             raise PartitionTypeError(f"rule partition must be True, False or None, got {self.partition!r}")
         if self.default is not None and self.default not in DEFAULTS:
-            raise PartitionArgumentError(
-                f"rule default must be one of {DEFAULTS} or None, got {self.default!r}"
-            )
+            raise PartitionArgumentError(f"rule default must be one of {DEFAULTS} or None, got {self.default!r}")
         if self.kind is not None and self.kind not in KINDS:
             raise PartitionArgumentError(f"rule kind must be one of {KINDS} or None, got {self.kind!r}")
 
@@ -84,7 +82,8 @@ class PartitionConfig:
 
         >>> import torch
         >>> from partition_fx import PartitionConfig
-        >>> cfg = PartitionConfig().set_name("fc", partition=False).set_module_type(torch.nn.BatchNorm2d, default="zero")
+        >>> cfg = PartitionConfig().set_name("fc", partition=False)
+        >>> cfg = cfg.set_module_type(torch.nn.BatchNorm2d, default="zero")
         >>> cfg.rule_for("fc.weight", torch.nn.Linear(2, 2)).partition
         False
     """

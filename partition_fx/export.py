@@ -123,7 +123,12 @@ def export_onnx(
         tmp_path = Path(tmp) / path.name
         try:
             torch.onnx.export(
-                model, inputs, str(tmp_path), dynamo=True, dynamic_shapes=dynamic_shapes, external_data=False,
+                model,
+                inputs,
+                str(tmp_path),
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,
+                external_data=False,
                 verbose=False,
             )
         except Exception as e:

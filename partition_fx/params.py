@@ -114,11 +114,12 @@ class ScalePartitionedTensor(PartitionedTensor):
         self.num_partitions = num_partitions
         self.shape = tuple(value.shape)
         self.default_mode = default
+        trainable = value.requires_grad
         value = value.detach()
         identity = torch.ones_like(value) if kind == "product" else torch.zeros_like(value)
         for k in range(1, num_partitions + 1):
             start = value.clone() if k == 1 else identity.clone()
-            self.register_parameter(f"part{k}", nn.Parameter(start, requires_grad=value.requires_grad))
+            self.register_parameter(f"part{k}", nn.Parameter(start, requires_grad=trainable))
         self.register_buffer("default", value.clone() if default == "init" else identity)
 
     def forward(self, k: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch import nn
 
 from . import config as cfg
 from .assign import name_salt
-from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from .errors import PartitionArgumentError, PartitionTypeError
 from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
 from .tracing import trace_consistently
 
@@ -232,7 +232,8 @@ class PartitionedModel(nn.Module):
             )
         if isinstance(subnetwork, bool) or not hasattr(subnetwork, "__index__"):
             raise PartitionTypeError(
-                f"subnetwork must be an int in 0..{self.num_partitions}, got {subnetwork!r} ({type(subnetwork).__name__})"
+                f"subnetwork must be an int in 0..{self.num_partitions}, "
+                f"got {subnetwork!r} ({type(subnetwork).__name__})"
             )
         k = operator.index(subnetwork)  # type: ignore[arg-type]
         if not 0 <= k <= self.num_partitions:
@@ -375,9 +376,7 @@ def partitionify(
     scheme = cfg.validate_choice("scheme", scheme, cfg.SCHEMES)
     default = cfg.validate_choice("default", default, cfg.DEFAULTS)
     if scheme == "node":
-        raise NotImplementedError(
-            "scheme='node' (node partitioning) is not implemented yet; use scheme='random'"
-        )
+        raise NotImplementedError("scheme='node' (node partitioning) is not implemented yet; use scheme='random'")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise PartitionTypeError(f"seed must be a non-negative int, got {seed!r}")
     config = config if config is not None else cfg.PartitionConfig()

@@ -84,7 +84,8 @@ def _restore_placeholder_names(graph: fx.Graph, model: nn.Module) -> None:
     back so keyword calls keep working."""
     try:
         names = [
-            n for n, p in inspect.signature(model.forward).parameters.items()
+            n
+            for n, p in inspect.signature(model.forward).parameters.items()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)
         ]
     except (TypeError, ValueError):
@@ -193,4 +194,3 @@ def trace_consistently(
 
 def is_inside_leaf(name: str, leaves: Iterable[str]) -> bool:
     return any(name == leaf or name.startswith(leaf + ".") for leaf in leaves)
-

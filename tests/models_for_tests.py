@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -89,6 +91,6 @@ class Branchy(nn.Module):
 
 def mlp(sizes: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.GELU()]
     return nn.Sequential(*layers[:-1])

@@ -60,7 +60,7 @@ def test_node_scheme_is_not_implemented_yet() -> None:
 
 
 def test_not_a_module() -> None:
-    with pytest.raises(PartitionTypeError, match="needs an nn.Module, got function"):
+    with pytest.raises(PartitionTypeError, match=r"needs an nn\.Module, got function"):
         partitionify(lambda x: x, 3)  # type: ignore[arg-type]
     pmodel = partitionify(model(), 2)
     with pytest.raises(PartitionArgumentError, match="already a PartitionedModel"):
@@ -112,9 +112,9 @@ def test_bad_config_rules() -> None:
         PartitionConfig().set_name("fc", kind="node")
     with pytest.raises(PartitionArgumentError, match="invalid pattern"):
         PartitionConfig().set_name_regex("fc[")
-    with pytest.raises(PartitionTypeError, match="nn.Module subclass"):
+    with pytest.raises(PartitionTypeError, match=r"nn\.Module subclass"):
         PartitionConfig().set_module_type(int)
-    with pytest.raises(PartitionTypeError, match="nn.Module subclass or a name"):
+    with pytest.raises(PartitionTypeError, match=r"nn\.Module subclass or a name"):
         PartitionConfig().add_leaf_module(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         PartitionConfig().set_name("fc", exclude=True)
@@ -126,7 +126,7 @@ def test_onnx_mismatch_and_bad_inputs_are_reported(tmp_path) -> None:
     pmodel = partitionify(model(), 2)
     with pytest.raises(PartitionTypeError, match="example_inputs must be a tensor"):
         export_onnx(pmodel, tmp_path / "m.onnx", example_inputs="x")
-    with pytest.raises(PartitionError, match="torch.onnx.export failed"):
+    with pytest.raises(PartitionError, match=r"torch\.onnx\.export failed"):
         export_onnx(pmodel, tmp_path / "m.onnx", (torch.randn(2, 5),))  # wrong feature size
     assert not (tmp_path / "m.onnx").exists()  # nothing half-written
     assert list(tmp_path.iterdir()) == []

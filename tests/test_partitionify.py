@@ -61,7 +61,9 @@ def test_default_zero_subnetwork0_uses_zero_weights_and_identity_scales() -> Non
         assert torch.count_nonzero(state[name]) == 0, name
     assert torch.equal(state["bn.weight"], torch.ones(8)) and torch.equal(state["bn.bias"], torch.zeros(8))
     # partitions 1..k carry the values at conversion: the final subnetwork is still the original
-    _ = [torch.testing.assert_close(export_subnetwork(pmodel).state_dict()[k], v) for k, v in model.state_dict().items()]
+    _ = [
+        torch.testing.assert_close(export_subnetwork(pmodel).state_dict()[k], v) for k, v in model.state_dict().items()
+    ]
 
 
 def test_subnetwork_k_mixes_trained_and_default_entries_as_defined() -> None:
@@ -99,8 +101,14 @@ def test_scale_tensors_use_product_and_sum_of_partitions() -> None:
 def test_fixup_scalars_are_detected_from_their_use() -> None:
     pmodel = partitionify(FunctionalWeights(), 2)
     kinds = {name: pt.kind for name, pt in pmodel.partitioned_tensors()}
-    assert kinds == {"weight": "random", "bias": "random", "pos": "random", "gain": "product",
-                     "shared.weight": "random", "shared.bias": "random"}
+    assert kinds == {
+        "weight": "random",
+        "bias": "random",
+        "pos": "random",
+        "gain": "product",
+        "shared.weight": "random",
+        "shared.bias": "random",
+    }
 
 
 def test_partition_parameters_cover_every_trainable_tensor_once() -> None:
@@ -112,9 +120,22 @@ def test_partition_parameters_cover_every_trainable_tensor_once() -> None:
     assert any(p is pmodel.module.norm.bias for p in pmodel.partition_parameters(1))  # shared -> partition 1
 
 
+def test_every_part_of_a_trainable_tensor_is_trainable() -> None:
+    model = FunctionalWeights()
+    model.bias.requires_grad_(False)
+    pmodel = partitionify(model, 3, config=PartitionConfig().set_name("bias", partition=True))
+    for name, pt in pmodel.partitioned_tensors():
+        assert all(p.requires_grad == (name != "bias") for p in pt.parts()), name
+    assert {type(pt).__name__ for _, pt in pmodel.partitioned_tensors()} == {
+        "RandomPartitionedTensor",
+        "ScalePartitionedTensor",
+    }
+
+
 def test_gradients_reach_only_partitions_the_subnetwork_uses() -> None:
     torch.manual_seed(0)
     pmodel = partitionify(ConvBN(), 3)
+    assert len(pmodel.partition_parameters(2)) == 6  # conv w/b, fc w/b parts and the two BN affines
     assert not pmodel(torch.randn(2, 3, 5, 5), subnetwork=0).requires_grad  # all defaults: nothing to train
     for k in range(1, 4):
         pmodel.zero_grad(set_to_none=True)

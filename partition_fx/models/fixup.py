@@ -35,7 +35,7 @@ class FixupBasicBlock(nn.Module):
         self.extra_channels = channels - in_channels
         # FixUp: He init scaled by L^(-1/(2m-2)) with m=2 layers per branch; the branch's last layer is zero.
         fan_out = self.conv1.weight.shape[0] * math.prod(self.conv1.weight.shape[2:])
-        nn.init.normal_(self.conv1.weight, 0.0, math.sqrt(2.0 / fan_out) * num_residual_layers ** -0.5)
+        nn.init.normal_(self.conv1.weight, 0.0, math.sqrt(2.0 / fan_out) * num_residual_layers**-0.5)
         nn.init.zeros_(self.conv2.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

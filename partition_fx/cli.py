@@ -1,0 +1,178 @@
+"""The ``partition-fx`` command.
+
+``partition-fx convert`` (defaults: FixUp ResNet-14, C=3, proportions 0.8/0.1/0.1) builds a timm model
+(optionally with weights from a local file), converts it, checks every subnetwork against the original
+on scikit-learn's bundled digits, and writes to ``--out``: the exported final model (safetensors),
+``model.onnx`` verified in onnxruntime, ``describe.txt`` and ``report.json``. The output directory is
+assembled aside and moved into place at the end, so a failed run leaves nothing half-written.
+
+``partition-fx describe --model NAME`` prints how a model would be partitioned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import PartitionError
+
+
+def _proportions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"proportions must be comma-separated numbers, got {text!r}") from None
+
+
+def _build_model(name: str, num_classes: int, checkpoint: str | None) -> torch.nn.Module:
+    import timm
+
+    from . import models  # noqa: F401  (registers the shipped models)
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name}*")[:5]
+        hint = f"; similar: {', '.join(close)}" if close else ""
+        raise PartitionError(f"unknown model {name!r} (not in timm's registry){hint}")
+    if checkpoint is None:
+        return timm.create_model(name, pretrained=False, num_classes=num_classes)
+    if not Path(checkpoint).is_file():
+        raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
+    overlay = dict(file=str(checkpoint), num_classes=num_classes)
+    return timm.create_model(name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=overlay)
+
+
+def digits_images(count: int, size: int, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` of scikit-learn's 8x8 digits, resized to ``size`` and repeated to ``channels``."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.images[:count], dtype=torch.float32).unsqueeze(1) / 16.0
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = (x - 0.5) / 0.5
+    return x.expand(-1, channels, -1, -1).contiguous(), torch.tensor(data.target[:count])
+
+
+def _convert(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from safetensors.torch import save_model
+
+    from .export import export_onnx, export_subnetwork
+    from .rewrite import partitionify
+    from .testing import max_relative_difference
+
+    torch.manual_seed(args.seed)
+    model = _build_model(args.model, args.num_classes, args.checkpoint).eval()
+    start = time.perf_counter()
+    pmodel = partitionify(
+        model, args.partitions, args.proportions, scheme=args.scheme, default=args.default, seed=args.seed
+    ).eval()
+    seconds = time.perf_counter() - start
+    channels = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
+    x, _ = digits_images(16, args.input_size, channels)
+    with torch.no_grad():
+        reference = model(x)
+        diffs = {k: max_relative_difference(pmodel(x, subnetwork=k), reference) for k in range(args.partitions + 1)}
+    exported = export_subnetwork(pmodel)
+    save_model(exported, str(out / "model.safetensors"))
+    onnx_path = export_onnx(pmodel, out / "model.onnx", (x[:4],))
+    (out / "describe.txt").write_text(pmodel.describe() + "\n")
+    sizes = [sum(p.numel() for p in pmodel.partition_parameters(k)) for k in range(1, args.partitions + 1)]
+    return {
+        "model": args.model,
+        "checkpoint": args.checkpoint,
+        "num_partitions": args.partitions,
+        "proportions": list(pmodel.proportions),
+        "scheme": args.scheme,
+        "default": args.default,
+        "seed": args.seed,
+        "original_parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_entries_per_partition": sizes,
+        "conversion_seconds": round(seconds, 3),
+        "max_relative_difference_to_original": {str(k): v for k, v in diffs.items()},
+        "files": {"model": "model.safetensors", "onnx": onnx_path.name, "describe": "describe.txt"},
+        "torch": torch.__version__,
+    }
+
+
+def _write_atomically(out: Path, overwrite: bool, fill: Any) -> dict[str, Any]:
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise PartitionError(
+            f"--out {str(out)!r} exists and is not empty; pass --overwrite or choose another directory"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
+    try:
+        report = fill(staging)
+        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="partition-fx", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", default="fixup_resnet14", help="timm model name (default: %(default)s)")
+    common.add_argument("--checkpoint", default=None, help="local weights file (safetensors or torch) to load")
+    common.add_argument("--num-classes", type=int, default=10)
+    common.add_argument("--partitions", type=int, default=3)
+    common.add_argument("--proportions", type=_proportions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
+    common.add_argument("--scheme", default="random", choices=["random", "node"])
+    common.add_argument("--default", default="init", choices=["init", "zero"])
+    common.add_argument("--seed", type=int, default=0)
+    convert = sub.add_parser("convert", parents=[common], help="convert, verify and export a model")
+    convert.add_argument("--input-size", type=int, default=32, help="image size of the digits used to verify")
+    convert.add_argument("--out", type=Path, default=Path("runs/convert"))
+    convert.add_argument("--overwrite", action="store_true")
+    sub.add_parser("describe", parents=[common], help="print how a model is partitioned")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "describe":
+            from .rewrite import partitionify
+
+            model = _build_model(args.model, args.num_classes, args.checkpoint)
+            print(
+                partitionify(
+                    model, args.partitions, args.proportions, scheme=args.scheme, default=args.default, seed=args.seed
+                ).describe()
+            )
+            return 0
+        report = _write_atomically(args.out, args.overwrite, lambda staging: _convert(args, staging))
+    except (PartitionError, NotImplementedError) as e:
+        print(f"partition-fx: error: {e}", file=sys.stderr)
+        return 2
+    diffs = report["max_relative_difference_to_original"]
+    print(
+        f"converted {report['model']} ({report['original_parameters']:,} parameters) into "
+        f"{report['num_partitions']} partitions {report['trainable_entries_per_partition']} "
+        f"in {report['conversion_seconds']:.2f}s"
+    )
+    print(
+        f"subnetworks 0..{report['num_partitions']} vs original on digits: max relative difference "
+        f"{max(diffs.values()):.1e}"
+    )
+    print(f"wrote {args.out}/: model.safetensors, model.onnx (checked in onnxruntime), describe.txt, report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

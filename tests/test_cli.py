@@ -1,0 +1,74 @@
+"""The ``partition-fx`` command end to end on the bundled digits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from partition_fx.cli import digits_images, main
+
+
+def test_convert_writes_a_verified_model(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["convert", "--model", "fixup_resnet8", "--out", str(out), "--proportions", "0.6,0.2,0.2"]) == 0
+    assert "max relative difference 0.0e+00" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["describe.txt", "model.onnx", "model.safetensors", "report.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["proportions"] == [0.6, 0.2, 0.2] and report["num_partitions"] == 3
+    assert sum(report["trainable_entries_per_partition"]) >= report["original_parameters"]
+    assert all(v == 0.0 for v in report["max_relative_difference_to_original"].values())
+    # the exported weights are a plain fixup_resnet8 state dict that reproduces the ONNX outputs
+    plain = timm.create_model("fixup_resnet8", num_classes=10).eval()
+    plain.load_state_dict(load_file(out / "model.safetensors"))
+    x, _ = digits_images(5, 32)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (onnx_out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(onnx_out), plain(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["convert", "--model", "no_such_net"], "unknown model 'no_such_net'"),
+        (["convert", "--proportions", "0.5,0.1,0.1"], "must sum to 1"),
+        (["convert", "--partitions", "0"], "num_partitions must be >= 1"),
+        (["convert", "--scheme", "node"], "scheme='node'"),
+        (["convert", "--checkpoint", "/no/such/file.safetensors"], "is not a file"),
+    ],
+)
+def test_bad_arguments_exit_nonzero_with_one_line_and_no_output(tmp_path, capsys, argv, fragment) -> None:
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partition-fx: error:") and fragment in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_refuses_to_overwrite_a_non_empty_directory(tmp_path, capsys) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    assert main(["convert", "--model", "fixup_resnet8", "--out", str(tmp_path)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_malformed_proportions_are_an_argparse_error(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["convert", "--proportions", "a,b"])
+    assert info.value.code == 2 and "comma-separated numbers" in capsys.readouterr().err
+
+
+def test_console_script_describe() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "partition_fx.cli", "describe", "--model", "fixup_resnet8", "--partitions", "2",
+         "--proportions", "0.5,0.5"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "PartitionedModel of FixupResNet: C=2" in result.stdout and "layer1.0.scale" in result.stdout
