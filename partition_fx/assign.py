@@ -114,20 +114,19 @@ def random_assignment(
     return torch.searchsorted(bounds, keys, side="left").to(torch.uint8)
 
 
-def gather_index(assignment: torch.Tensor, num_partitions: int) -> tuple[torch.Tensor, list[int]]:
-    """For each entry, its position in the concatenation of partitions (each in flat order).
+def partition_layout(assignment: torch.Tensor, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The partition-major layout of a tensor's entries.
 
-    Returns ``(index, sizes)``: ``torch.cat(parts)[index]`` rebuilds the flat tensor when ``parts[k]``
-    holds the entries of partition k in increasing flat position.
+    Returns ``(order, index, sizes)``: ``order`` lists the flat positions of partition 0's entries,
+    then partition 1's, ... (each in increasing position); ``index`` is its inverse, so
+    ``torch.cat(parts)[index]`` rebuilds the flat tensor when ``parts[k] = flat[order][offsets[k]:...]``;
+    ``sizes`` counts the entries per partition.
+
+    >>> partition_layout(torch.tensor([1, 0, 1, 0], dtype=torch.uint8), 2)
+    (tensor([1, 3, 0, 2]), tensor([2, 0, 3, 1]), [2, 2])
     """
-    a = assignment.to(torch.int64)
-    index = torch.empty_like(a)
-    sizes = []
-    offset = 0
-    for k in range(num_partitions):
-        mask = a == k
-        n = int(mask.sum())
-        index[mask] = torch.arange(offset, offset + n, dtype=torch.int64, device=a.device)
-        sizes.append(n)
-        offset += n
-    return index, sizes
+    order = torch.argsort(assignment, stable=True)
+    index = torch.empty_like(order)
+    index[order] = torch.arange(order.numel(), device=order.device)
+    sizes = torch.bincount(assignment.long(), minlength=num_partitions).tolist()
+    return order, index, sizes

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .assign import gather_index, random_assignment
+from .assign import partition_layout, random_assignment
 
 
 class PartitionedTensor(nn.Module):
@@ -62,8 +62,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         self.default_mode = default
         flat = value.detach().reshape(-1)
         assignment = random_assignment(flat.numel(), proportions, seed, salt, device="cpu")
-        index, sizes = gather_index(assignment, self.num_partitions)
-        order = torch.argsort(index)  # entries in partition-major layout
+        order, index, sizes = partition_layout(assignment, self.num_partitions)
         laid_out = flat.index_select(0, order.to(flat.device))
         # int32 halves the index memory; index_select and its backward accept it.
         self.register_buffer("index", index.to(torch.int32).to(flat.device))

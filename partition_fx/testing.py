@@ -5,7 +5,8 @@
 >>> from partition_fx.testing import perturb_partitions, assert_subnetworks_match_exports
 >>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), 3)
 >>> perturb_partitions(pmodel, seed=0)
->>> assert_subnetworks_match_exports(pmodel, (torch.randn(2, 4),))
+>>> assert_subnetworks_match_exports(pmodel, (torch.randn(2, 4),))  # relative difference per subnetwork
+{0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partition_fx.assign import gather_index, hash_keys, name_salt, partition_sizes, random_assignment
+from partition_fx.assign import hash_keys, name_salt, partition_layout, partition_sizes, random_assignment
 
 shapes = st.lists(st.integers(1, 9), min_size=0, max_size=4)
 
@@ -48,10 +48,11 @@ def test_assignment_has_exact_sizes_and_is_deterministic(shape, props, seed, sal
 
 @settings(max_examples=100, deadline=None)
 @given(numel=st.integers(0, 3000), props=proportions(), seed=st.integers(0, 1000))
-def test_gather_index_rebuilds_the_tensor(numel, props, seed) -> None:
+def test_partition_layout_rebuilds_the_tensor(numel, props, seed) -> None:
     a = random_assignment(numel, props, seed, salt=7)
-    index, sizes = gather_index(a, len(props))
+    order, index, sizes = partition_layout(a, len(props))
     assert sorted(index.tolist()) == list(range(numel))  # a permutation
+    assert torch.equal(order[index], torch.arange(numel))
     values = torch.arange(numel, dtype=torch.float64)
     parts = [values[a == k] for k in range(len(props))]  # each partition in flat order
     assert [p.numel() for p in parts] == sizes
