@@ -250,13 +250,25 @@ class PartitionedModel(nn.Module):
         return self.module(k, *args, **kwargs)
 
     def partitioned_tensors(self) -> Iterator[tuple[str, PartitionedTensor]]:
-        """``(original name, PartitionedTensor)`` for every partitioned tensor (tied tensors once)."""
+        """``(original name, PartitionedTensor)`` for every partitioned tensor (tied tensors once).
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> [(name, pt.kind) for name, pt in partitionify(torch.nn.BatchNorm1d(3), 2).partitioned_tensors()]
+        [('weight', 'product'), ('bias', 'sum')]
+        """
         for record in self._records:
             if record.partitioned is not None:
                 yield record.names[0], record.partitioned
 
     def effective_parameters(self, k: int | None = None) -> dict[str, torch.Tensor]:
-        """Subnetwork k's value of every partitioned tensor, under each of its original names."""
+        """Subnetwork k's value of every partitioned tensor, under each of its original names.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> sorted(partitionify(torch.nn.Linear(3, 2), 2).effective_parameters(0))
+        ['bias', 'weight']
+        """
         k = self.check_subnetwork(k)
         out = {}
         for record in self._records:
@@ -270,6 +282,13 @@ class PartitionedModel(nn.Module):
 
         Over k = 1..C they are all trainable parameters, each exactly once; parameters left
         unpartitioned by the config are listed with partition 1.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> pmodel = partitionify(torch.nn.Linear(10, 1), 2, (0.8, 0.2))
+        >>> [p.numel() for p in pmodel.partition_parameters(2)]  # 2 of 10 weights, 0 of 1 bias
+        [2]
+        >>> optimizer = torch.optim.Adam(pmodel.partition_parameters(1), lr=1e-3)
         """
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_partitions:
             raise PartitionArgumentError(f"partition must be an int in 1..{self.num_partitions}, got {k!r}")
@@ -294,7 +313,20 @@ class PartitionedModel(nn.Module):
         return state
 
     def describe(self) -> str:
-        """A table: per tensor, its treatment, its entries per partition, and why."""
+        """A table: per tensor, its treatment, its entries per partition, and why.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> print(partitionify(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.LayerNorm(2)), 2).describe())
+        PartitionedModel of Sequential: C=2, proportions=(0.5, 0.5), scheme='random', default='init', seed=0
+        tensor    shape  treatment  p1  p2  note
+        --------  -----  ---------  --  --  -------------------
+        0.weight  2x4    random     4   4   weight
+        0.bias    2      random     1   1   weight
+        1.weight  2      product    2   2   affine of LayerNorm
+        1.bias    2      sum        2   2   affine of LayerNorm
+        total                       9   9
+        """
         return _describe(self)
 
     def extra_repr(self) -> str:

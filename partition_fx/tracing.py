@@ -98,7 +98,11 @@ def _restore_placeholder_names(graph: fx.Graph, model: nn.Module) -> None:
 
 def _user_frame(exc: BaseException) -> str:
     """The innermost traceback frame outside torch, e.g. ``model.py:42 in forward: if x.sum() > 0:``."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "/torch/" not in f.filename and not f.filename.endswith("partition_fx/tracing.py")
+    ]
     if not frames:
         return "unknown location"
     f = frames[-1]
@@ -168,6 +172,8 @@ def trace_consistently(
     leaf_types = tuple(leaf_types)
     names = set(leaf_names)
     promoted: set[str] = set()
+    if LeafAwareTracer(leaf_types, names).is_leaf_module(model, ""):
+        return fx.Graph(), {""}  # a lone leaf (e.g. a bare BatchNorm): call it whole
     was_training = model.training
     try:
         for _ in range(_MAX_LEAF_ROUNDS):

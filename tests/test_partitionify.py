@@ -168,6 +168,23 @@ def test_conversion_does_not_modify_the_model() -> None:
         assert torch.equal(v, before[k]), k
 
 
+def test_deepcopy_is_independent_and_equivalent() -> None:
+    import copy
+
+    torch.manual_seed(0)
+    pmodel = partitionify(TiedLM(), 3)
+    perturb_partitions(pmodel)
+    clone = copy.deepcopy(pmodel)
+    x = torch.randint(0, 11, (2, 5))
+    for k in range(4):
+        assert torch.equal(clone(x, subnetwork=k), pmodel(x, subnetwork=k))
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.add_(1.0)
+    assert not torch.equal(clone(x), pmodel(x))
+    assert_subnetworks_match_exports(clone, (x,))  # the clone's records point at the clone's tensors
+
+
 def test_export_is_a_copy() -> None:
     pmodel = partitionify(nn.Linear(3, 3), 2)
     exported = export_subnetwork(pmodel)
