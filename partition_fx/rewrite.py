@@ -152,10 +152,14 @@ def _get_path(root: nn.Module, path: str) -> Any:
 
 
 def _remove_parameter(root: nn.Module, path: str) -> None:
+    """Take a parameter out of its module, leaving a meta-device stand-in (no memory) so code that
+    only inspects it (``extra_repr``'s ``self.bias is None``) still works; calls replace it."""
     prefix, _, local = path.rpartition(".")
     owner = _get_path(root, prefix) if prefix else root
     if isinstance(owner, nn.Module) and local in owner._parameters:
-        del owner._parameters[local]
+        param = owner._parameters.pop(local)
+        if param is not None:
+            object.__setattr__(owner, local, torch.empty_like(param, device="meta"))
 
 
 def _meta_skeleton(model: nn.Module) -> nn.Module:
@@ -351,6 +355,7 @@ def _describe(pmodel: PartitionedModel) -> str:
         note = record.reason + (f"; tied with {', '.join(record.names[1:])}" if len(record.names) > 1 else "")
         rows.append([record.names[0], "x".join(map(str, record.shape)) or "scalar", record.treatment, *counts, note])
     rows.append(["total", "", "", *map(str, totals), ""])
+    buffers = list(pmodel._skeleton.named_buffers())
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
         f"PartitionedModel of {pmodel.original_class.__name__}: C={c}, proportions={pmodel.proportions}, "
@@ -363,6 +368,9 @@ def _describe(pmodel: PartitionedModel) -> str:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if buffers:
+        count = sum(b.numel() for _, b in buffers)
+        lines.append(f"buffers (not partitioned; shared by every subnetwork): {len(buffers)} tensors, {count} entries")
     return "\n".join(lines)
 
 

@@ -24,7 +24,8 @@ def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: i
     """Move every partition's trained values away from the defaults, in place, reproducibly.
 
     Random-weight parts and sum parts get ``scale`` times their tensor's RMS (at least ``scale``) of
-    Gaussian noise; product parts are multiplied by ``1 + scale * noise``, so every subnetwork differs.
+    Gaussian noise; product parts are multiplied by ``1 + scale * noise`` and shifted by
+    ``scale * noise``, so every subnetwork differs (also where a scale starts at zero).
     """
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -34,7 +35,9 @@ def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: i
                     continue
                 noise = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part)
                 if isinstance(pt, ScalePartitionedTensor) and pt.kind == "product":
-                    part.mul_(1 + scale * noise)
+                    # multiply, and also shift, so zero-initialised scales (timm's zero_init_last) move too
+                    shift = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part)
+                    part.mul_(1 + scale * noise).add_(scale * shift)
                 else:
                     rms = float(part.float().pow(2).mean().sqrt()) if part.numel() else 0.0
                     part.add_(noise * scale * max(rms, 1.0 if rms == 0 else rms))

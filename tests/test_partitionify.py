@@ -156,6 +156,13 @@ def test_tied_weights_stay_tied_in_model_and_export() -> None:
     assert list(exported.state_dict()) == list(model.state_dict())
 
 
+def test_repr_and_describe_work() -> None:
+    pmodel = partitionify(ConvBN(), 3)
+    text = repr(pmodel)
+    assert "Conv2d(3, 8, kernel_size=(3, 3)" in text and "RandomPartitionedTensor(shape=(8, 3, 3, 3)" in text
+    assert "Linear(in_features=8, out_features=4, bias=True)" in text
+
+
 def test_conversion_does_not_modify_the_model() -> None:
     model = ConvBN()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -286,6 +293,7 @@ def test_describe_reports_sizes_kinds_and_reasons() -> None:
     text = partitionify(model, 3, (0.8, 0.1, 0.1), config=PartitionConfig().set_name("fc", partition=False)).describe()
     assert "conv.weight" in text and "173" in text and "22" in text  # 216 entries -> 173/22/21
     assert "product" in text and "sum" in text and "shared" in text and "frozen" in text
+    assert "buffers (not partitioned; shared by every subnetwork): 3 tensors, 17 entries" in text
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "torch"])
@@ -348,3 +356,20 @@ def test_random_mlps_match_exports_and_proportions(sizes, c, raw, seed, default)
         assert pt.partition_sizes() == partition_sizes(model.get_parameter(name).numel(), props)
     perturb_partitions(pmodel, seed=seed % 1000)
     assert_subnetworks_match_exports(pmodel, (torch.randn(3, sizes[0]),))
+
+
+def test_timm_drop_path_still_switches_with_train_and_eval() -> None:
+    import timm
+
+    torch.manual_seed(0)
+    # zero_init_last=False: with timm's zero-initialised block outputs, drop-path would change nothing
+    model = timm.create_model("resnet18", num_classes=3, drop_path_rate=0.5, zero_init_last=False)
+    pmodel = partitionify(model, 2)
+    assert any("drop_path" in name for name in pmodel.promoted_leaves)
+    x = torch.randn(2, 3, 32, 32)
+    pmodel.train()
+    with torch.no_grad():
+        assert not torch.equal(pmodel(x), pmodel(x))  # stochastic depth active in training
+    pmodel.eval()
+    perturb_partitions(pmodel)
+    assert_subnetworks_match_exports(pmodel, (x,))
