@@ -13,7 +13,8 @@ from .config import ParameterRule, PartitionConfig
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .export import export_onnx, export_subnetwork
 from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
-from .rewrite import PartitionedModel, partitionify
+from .partitioned_model import PartitionedModel
+from .rewrite import partitionify
 
 try:  # timm is a dependency, but the core works on plain torch models without it
     from . import models as models

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .errors import PartitionError, PartitionTypeError
-from .rewrite import PartitionedModel
+from .partitioned_model import PartitionedModel
 
 
 def export_subnetwork(pmodel: PartitionedModel, k: int | None = None) -> nn.Module:

@@ -17,7 +17,7 @@ import torch
 
 from .export import export_subnetwork
 from .params import ScalePartitionedTensor
-from .rewrite import PartitionedModel
+from .partitioned_model import PartitionedModel
 
 
 def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: int = 0) -> None:

@@ -1,0 +1,268 @@
+"""``PartitionedModel``: the module ``partitionify`` returns, and the calls its graph makes."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import PartitionArgumentError, PartitionTypeError
+from .params import PartitionedTensor
+
+
+def call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+    """Call a leaf module with some of its parameters replaced (the rewritten graph calls this)."""
+    return torch.func.functional_call(module, params, args, kwargs, tie_weights=False, strict=False)
+
+
+def call_leaf_clearing_caches(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+    """``call_leaf`` for modules that cache values derived from their parameters (e.g. timm's
+    ``attention_bias_cache`` in eval mode): the cache would leak one subnetwork's values into the next."""
+    clear_parameter_caches(module)
+    try:
+        return call_leaf(module, params, *args, **kwargs)
+    finally:
+        clear_parameter_caches(module)
+
+
+def parameter_caches(module: nn.Module) -> list[dict[Any, Any]]:
+    return [
+        value
+        for m in module.modules()
+        for name, value in vars(m).items()
+        if isinstance(value, dict) and "cache" in name.lower() and not name.startswith("_")
+    ]
+
+
+def clear_parameter_caches(module: nn.Module) -> bool:
+    """Empty every dict attribute named like ``*cache*`` in ``module``'s tree; True if there were any."""
+    caches = parameter_caches(module)
+    for cache in caches:
+        cache.clear()
+    return bool(caches)
+
+
+torch.fx.wrap("call_leaf")  # so a PartitionedModel's graph module can itself be traced again
+torch.fx.wrap("call_leaf_clearing_caches")
+
+
+@dataclass
+class ParameterRecord:
+    """How one original parameter tensor was treated (for ``describe``, export and optimisation)."""
+
+    names: list[str]
+    """Every qualified name of the tensor in the original model (several when tied)."""
+    shape: tuple[int, ...]
+    treatment: str
+    """``random``, ``product``, ``sum``, ``shared`` (left unpartitioned) or ``frozen``."""
+    reason: str
+    partitioned: PartitionedTensor | None = None
+
+
+def get_path(root: nn.Module, path: str) -> Any:
+    """``root.<path>`` or None."""
+    obj: Any = root
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+class PartitionedModel(nn.Module):
+    """A model whose every parameter tensor is split into C partitions (build with ``partitionify``).
+
+    ``pmodel(x, subnetwork=k)`` runs subnetwork k: partitions 1..k at their trained values, k+1..C at
+    their defaults (k=0: all defaults; k=C, the default: the final model).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        records: list[ParameterRecord],
+        skeleton: nn.Module,
+        *,
+        num_partitions: int,
+        proportions: tuple[float, ...],
+        scheme: str,
+        default: str,
+        seed: int,
+        root_leaf: bool,
+        promoted_leaves: set[str],
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.num_partitions = num_partitions
+        self.proportions = proportions
+        self.scheme = scheme
+        self.default = default
+        self.seed = seed
+        self.promoted_leaves = sorted(promoted_leaves)
+        # Plain attributes (not submodules): the skeleton must not show up in parameters() or state_dict.
+        self.__dict__["_records"] = records
+        self.__dict__["_skeleton"] = skeleton
+        self.__dict__["_root_leaf"] = root_leaf
+
+    @property
+    def original_class(self) -> type:
+        """The class of the converted model (and of what ``export_subnetwork`` returns)."""
+        return type(self._skeleton)
+
+    def check_subnetwork(self, subnetwork: object) -> int:
+        """``subnetwork`` as an int in 0..C (``None`` means C), or a clear error."""
+        if subnetwork is None:
+            return self.num_partitions
+        integral_tensor = (
+            isinstance(subnetwork, torch.Tensor)
+            and subnetwork.numel() == 1
+            and not subnetwork.is_floating_point()
+            and not subnetwork.is_complex()
+            and subnetwork.dtype != torch.bool
+        )
+        if isinstance(subnetwork, torch.Tensor) and not integral_tensor:
+            raise PartitionTypeError(
+                f"subnetwork must be an int in 0..{self.num_partitions}, got a tensor of shape "
+                f"{tuple(subnetwork.shape)} and dtype {subnetwork.dtype}"
+            )
+        if isinstance(subnetwork, bool) or not hasattr(subnetwork, "__index__"):
+            raise PartitionTypeError(
+                f"subnetwork must be an int in 0..{self.num_partitions}, "
+                f"got {subnetwork!r} ({type(subnetwork).__name__})"
+            )
+        k = operator.index(subnetwork)  # type: ignore[arg-type]
+        if not 0 <= k <= self.num_partitions:
+            raise PartitionArgumentError(
+                f"subnetwork must be in 0..{self.num_partitions} (0 = all defaults, "
+                f"{self.num_partitions} = final model), got {k}"
+            )
+        return k
+
+    def forward(self, *args: Any, subnetwork: int | None = None, **kwargs: Any) -> Any:
+        k = self.check_subnetwork(subnetwork)
+        if self._root_leaf:
+            return call_leaf_clearing_caches(self.module, self.effective_parameters(k), *args, **kwargs)
+        return self.module(k, *args, **kwargs)
+
+    def partitioned_tensors(self) -> Iterator[tuple[str, PartitionedTensor]]:
+        """``(original name, PartitionedTensor)`` for every partitioned tensor (tied tensors once).
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> [(name, pt.kind) for name, pt in partitionify(torch.nn.BatchNorm1d(3), 2).partitioned_tensors()]
+        [('weight', 'product'), ('bias', 'sum')]
+        """
+        for record in self._records:
+            if record.partitioned is not None:
+                yield record.names[0], record.partitioned
+
+    def effective_parameters(self, k: int | None = None) -> dict[str, torch.Tensor]:
+        """Subnetwork k's value of every partitioned tensor, under each of its original names.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> sorted(partitionify(torch.nn.Linear(3, 2), 2).effective_parameters(0))
+        ['bias', 'weight']
+        """
+        k = self.check_subnetwork(k)
+        out = {}
+        for record in self._records:
+            if record.partitioned is not None:
+                value = record.partitioned(k)
+                out.update((name, value) for name in record.names)
+        return out
+
+    def partition_parameters(self, k: int) -> list[nn.Parameter]:
+        """The trainable tensors of partition k (1..C): what an optimiser steps when training partition k.
+
+        Over k = 1..C they are all trainable parameters, each exactly once; parameters left
+        unpartitioned by the config are listed with partition 1.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> pmodel = partitionify(torch.nn.Linear(10, 1), 2, (0.8, 0.2))
+        >>> [p.numel() for p in pmodel.partition_parameters(2)]  # 2 of 10 weights, 0 of 1 bias
+        [2]
+        >>> optimizer = torch.optim.Adam(pmodel.partition_parameters(1), lr=1e-3)
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_partitions:
+            raise PartitionArgumentError(f"partition must be an int in 1..{self.num_partitions}, got {k!r}")
+        params: list[nn.Parameter] = []
+        for record in self._records:
+            if record.partitioned is not None:
+                part = record.partitioned.part(k)
+                if part.requires_grad and part.numel() > 0:
+                    params.append(part)
+            elif k == 1 and record.treatment == "shared":
+                params.append(self.module.get_parameter(record.names[0]))
+        return params
+
+    def original_state(self, k: int | None = None) -> dict[str, torch.Tensor]:
+        """Every original parameter and buffer name -> subnetwork k's value (not copies)."""
+        effective = self.effective_parameters(k)
+        state: dict[str, torch.Tensor] = {}
+        for name, _ in self._skeleton.named_parameters(remove_duplicate=False):
+            state[name] = effective[name] if name in effective else get_path(self.module, name)
+        for name, _ in self._skeleton.named_buffers(remove_duplicate=False):
+            state[name] = get_path(self.module, name)
+        return state
+
+    def describe(self) -> str:
+        """A table: per tensor, its treatment, its entries per partition, and why.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> print(partitionify(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.LayerNorm(2)), 2).describe())
+        PartitionedModel of Sequential: C=2, proportions=(0.5, 0.5), scheme='random', default='init', seed=0
+        tensor    shape  treatment  p1  p2  note
+        --------  -----  ---------  --  --  -------------------
+        0.weight  2x4    random     4   4   weight
+        0.bias    2      random     1   1   weight
+        1.weight  2      product    2   2   affine of LayerNorm
+        1.bias    2      sum        2   2   affine of LayerNorm
+        total                       9   9
+        """
+        return _describe(self)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_partitions={self.num_partitions}, proportions={self.proportions}, scheme={self.scheme!r}, "
+            f"default={self.default!r}, seed={self.seed}"
+        )
+
+
+def _describe(pmodel: PartitionedModel) -> str:
+    c = pmodel.num_partitions
+    header = ["tensor", "shape", "treatment"] + [f"p{k}" for k in range(1, c + 1)] + ["note"]
+    rows = [header]
+    totals = [0] * c
+    for record in pmodel._records:
+        if record.partitioned is not None:
+            sizes = record.partitioned.partition_sizes()
+            totals = [t + s for t, s in zip(totals, sizes)]
+            counts = [str(s) for s in sizes]
+        else:
+            counts = ["-"] * c
+        note = record.reason + (f"; tied with {', '.join(record.names[1:])}" if len(record.names) > 1 else "")
+        rows.append([record.names[0], "x".join(map(str, record.shape)) or "scalar", record.treatment, *counts, note])
+    rows.append(["total", "", "", *map(str, totals), ""])
+    buffers = list(pmodel._skeleton.named_buffers())
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        f"PartitionedModel of {pmodel.original_class.__name__}: C={c}, proportions={pmodel.proportions}, "
+        f"scheme={pmodel.scheme!r}, default={pmodel.default!r}, seed={pmodel.seed}"
+    ]
+    if pmodel.promoted_leaves:
+        promoted = ["<whole model>" if n == "" else n for n in pmodel.promoted_leaves]
+        lines.append(f"traced as whole calls (their code depends on .training): {', '.join(promoted)}")
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if buffers:
+        count = sum(b.numel() for _, b in buffers)
+        lines.append(f"buffers (not partitioned; shared by every subnetwork): {len(buffers)} tensors, {count} entries")
+    return "\n".join(lines)
