@@ -94,25 +94,36 @@ class PartitionConfig:
     leaf_modules: list[type | str] = field(default_factory=list)
     """Module classes or qualified module names the tracer must not enter (called as a whole)."""
 
-    def set_name(self, name: str, **rule: object) -> PartitionConfig:
+    def set_name(
+        self, name: str, *, partition: bool | None = None, default: Default | None = None, kind: Kind | None = None
+    ) -> PartitionConfig:
         """Rule for the parameter ``name`` or every parameter of the module ``name``; returns self."""
-        self.names[name] = ParameterRule(**rule)  # type: ignore[arg-type]
+        self.names[name] = ParameterRule(partition, default, kind)
         return self
 
-    def set_name_regex(self, pattern: str, **rule: object) -> PartitionConfig:
+    def set_name_regex(
+        self, pattern: str, *, partition: bool | None = None, default: Default | None = None, kind: Kind | None = None
+    ) -> PartitionConfig:
         """Rule for parameters whose qualified name fully matches ``pattern``; returns self."""
         try:
             compiled = re.compile(pattern)
         except re.error as e:
             raise PartitionArgumentError(f"set_name_regex: invalid pattern {pattern!r}: {e}") from e
-        self.name_regexes.append((compiled, ParameterRule(**rule)))  # type: ignore[arg-type]
+        self.name_regexes.append((compiled, ParameterRule(partition, default, kind)))
         return self
 
-    def set_module_type(self, module_type: type, **rule: object) -> PartitionConfig:
+    def set_module_type(
+        self,
+        module_type: type[nn.Module],
+        *,
+        partition: bool | None = None,
+        default: Default | None = None,
+        kind: Kind | None = None,
+    ) -> PartitionConfig:
         """Rule for parameters owned by modules that are instances of ``module_type``; returns self."""
         if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
             raise PartitionTypeError(f"set_module_type needs an nn.Module subclass, got {module_type!r}")
-        self.module_types.append((module_type, ParameterRule(**rule)))  # type: ignore[arg-type]
+        self.module_types.append((module_type, ParameterRule(partition, default, kind)))
         return self
 
     def add_leaf_module(self, module: type | str) -> PartitionConfig:

@@ -41,3 +41,203 @@ class ZooModel:
     def example_input(self, batch: int = 2) -> torch.Tensor:
         g = torch.Generator().manual_seed(1)
         return torch.randn(batch, 3, self.input_size, self.input_size, generator=g)
+
+
+# --------------------------------------------------------------------------------------------------
+# torchvision: every classification model, at 64 px unless the model needs something else.
+
+_TV_OVERRIDES: dict[str, tuple[int, dict[str, Any]]] = {
+    "googlenet": (64, {"init_weights": True}),  # init_weights=None warns (FutureWarning) then inits anyway
+    "inception_v3": (75, {"init_weights": True}),  # 75 px is the smallest the stem allows
+    "maxvit_t": (224, {}),  # partition_size is fixed at 7: every stage (input / 4 .. / 32) must divide by 7
+    "swin_t": (32, {}),  # windows are padded, so any size works; 32 px still shifts windows in stage 1
+    "swin_s": (32, {}),
+    "swin_b": (32, {}),
+    "swin_v2_t": (32, {}),
+    "swin_v2_s": (32, {}),
+    "swin_v2_b": (32, {}),
+    "vit_b_16": (32, {"image_size": 32}),  # image_size must be a multiple of the patch size
+    "vit_b_32": (32, {"image_size": 32}),
+    "vit_l_16": (32, {"image_size": 32}),
+    "vit_l_32": (32, {"image_size": 32}),
+    "vit_h_14": (28, {"image_size": 28}),
+}
+
+
+def _torchvision_models() -> list[ZooModel]:
+    import torchvision
+
+    out = []
+    for name in torchvision.models.list_models(module=torchvision.models):
+        size, kwargs = _TV_OVERRIDES.get(name, (64, {}))
+        out.append(ZooModel("torchvision", name, size, kwargs))
+    return out
+
+
+TORCHVISION: list[ZooModel] = _torchvision_models()
+
+
+# --------------------------------------------------------------------------------------------------
+# timm: the smallest model (by parameter count, num_classes=10) of each family (the module in
+# ``timm.models._registry._model_to_module``), at the smallest input it accepts; a few extras for
+# DEFAULT_SUBSET. The families "fixup" and "wrn" are this project's own: see SHIPPED.
+
+
+def _timm(name: str, size: int = 32, /, **kwargs: Any) -> ZooModel:
+    return ZooModel("timm", name, size, kwargs)
+
+
+_IMG32 = {"img_size": 32}
+
+TIMM: list[ZooModel] = [
+    _timm("beit_base_patch16_224", **_IMG32),  # beit (86M: the family has nothing smaller)
+    _timm("halonet_h1", 256),  # byoanet; halo blocks of 8 need every stage (input / 4 .. / 32) to divide by 8
+    _timm("test_byobnet", **_IMG32),  # byobnet
+    _timm("cait_xxs24_224", **_IMG32),  # cait
+    _timm("coat_tiny", **_IMG32),  # coat
+    _timm("convit_tiny", **_IMG32),  # convit
+    _timm("convmixer_768_32"),  # convmixer
+    _timm("test_convnext"),  # convnext
+    _timm("cpubone_nano"),  # cpubone
+    _timm("crossvit_tiny_240"),  # crossvit; resizes its input to 240/224 itself (img_size must match patch sizes)
+    _timm("csatv2", 64),  # csatv2; its 2x2 pooling needs >= 64 px
+    _timm("cs3darknet_focus_s"),  # cspnet
+    _timm("cspnext_tiny"),  # cspnext
+    _timm("davit_tiny"),  # davit
+    _timm("deepseek_vit_412m", 28, img_size=28),  # deepseek_vit (412M: the smallest); patch 14
+    _timm("deit_tiny_patch16_224", **_IMG32),  # deit
+    _timm("densenet121"),  # densenet
+    _timm("dla46x_c"),  # dla
+    _timm("dpn48b"),  # dpn
+    _timm("edgenext_xx_small"),  # edgenext
+    _timm("efficientformer_l1", 224),  # efficientformer; the last stage's attention bias is fixed at 7x7
+    _timm("efficientformerv2_s0", **_IMG32),  # efficientformer_v2
+    _timm("test_efficientnet"),  # efficientnet
+    _timm("efficientvim_m1"),  # efficientvim
+    _timm("efficientvit_b0"),  # efficientvit_mit
+    _timm("efficientvit_m0", **_IMG32),  # efficientvit_msra
+    _timm("vit_tiny_patch16_dinov3_qkvb", **_IMG32),  # eva
+    _timm("fasternet_t0"),  # fasternet
+    _timm("fastvit_t8"),  # fastvit
+    _timm("focalnet_tiny_srf"),  # focalnet
+    _timm("gcvit_xxtiny", **_IMG32),  # gcvit
+    # gemma4_vit (167M: the smallest); _enc (no head) is 8k parameters smaller; input must divide by 16 * 3
+    _timm("gemma4_vit_167m", 48, img_size=48),
+    _timm("ghostnet_050"),  # ghostnet
+    _timm("hardcorenas_b"),  # hardcorenas
+    _timm("hgnetv2_b0"),  # hgnet
+    _timm("hiera_tiny_224", **_IMG32),  # hiera
+    _timm("sam2_hiera_tiny"),  # hieradet_sam2
+    _timm("hrnet_w18_small"),  # hrnet
+    _timm("iformer_t"),  # iformer
+    _timm("inception_next_atto"),  # inception_next
+    _timm("inception_resnet_v2", 75),  # inception_resnet_v2; 75 px is the smallest the stem allows
+    _timm("inception_v3", 75),  # inception_v3
+    _timm("inception_v4", 75),  # inception_v4
+    _timm("lcnetv2_small"),  # lcnetv2
+    _timm("levit_128s", **_IMG32),  # levit (attention_bias_cache)
+    _timm("lowformer_b0"),  # lowformer
+    _timm("test_mambaout"),  # mambaout
+    _timm("test_coatnet", **_IMG32),  # maxxvit
+    _timm("test_maxvit", 64, img_size=64),  # maxxvit (extra: block/grid partition attention)
+    _timm("poolformerv2_s12"),  # metaformer
+    _timm("gmlp_ti16_224", **_IMG32),  # mlp_mixer
+    _timm("mixer_s16_224", **_IMG32),  # mlp_mixer (extra: the plain MLP-Mixer)
+    _timm("lcnet_035"),  # mobilenetv3
+    _timm("mobilenetv5_base"),  # mobilenetv5 (81M: the smallest)
+    _timm("mobilevit_xxs", **_IMG32),  # mobilevit
+    _timm("mvitv2_tiny", **_IMG32),  # mvitv2
+    _timm("naflexvit_base_patch16_parfac_gap", **_IMG32),  # naflexvit (86M: the smallest)
+    _timm("nasnetalarge"),  # nasnet (85M: the only one)
+    _timm("nest_tiny", **_IMG32),  # nest
+    _timm("nextvit_small"),  # nextvit
+    _timm("test_nfnet"),  # nfnet
+    _timm("pit_ti_224", **_IMG32),  # pit
+    _timm("pnasnet5large"),  # pnasnet (82M: the only one)
+    _timm("pvt_v2_b0"),  # pvt_v2
+    _timm("qwen3_vit_88m", **_IMG32),  # qwen3_vit (87M: the smallest)
+    _timm("rdnet_tiny"),  # rdnet
+    _timm("regnetx_002"),  # regnet
+    _timm("repghostnet_050"),  # repghost
+    _timm("repvit_m1", **_IMG32),  # repvit
+    _timm("res2next50"),  # res2net
+    _timm("resnest14d"),  # resnest
+    _timm("test_resnet"),  # resnet
+    _timm("resnet18"),  # resnet (extra)
+    _timm("resnet50"),  # resnet (extra: the conversion-time benchmark)
+    _timm("resnetv2_18"),  # resnetv2
+    _timm("rexnet_100"),  # rexnet
+    _timm("selecsls42"),  # selecsls
+    _timm("legacy_seresnet18"),  # senet
+    _timm("sequencer2d_s", **_IMG32),  # sequencer
+    _timm("shvit_s1"),  # shvit
+    _timm("skresnet18"),  # sknet
+    _timm("starnet_s050"),  # starnet
+    _timm("swiftformer_xs", **_IMG32),  # swiftformer
+    # swin families: 64 px with 4x4 windows, so stages 1-2 have shifted windows and attention masks
+    _timm("swin_tiny_patch4_window7_224", 64, img_size=64, window_size=4),  # swin_transformer
+    _timm("swinv2_tiny_window16_256", 64, img_size=64, window_size=4),  # swin_transformer_v2
+    _timm("swinv2_cr_tiny_224", 64, img_size=64, window_size=4),  # swin_transformer_v2_cr
+    _timm("tiny_vit_5m_224"),  # tiny_vit
+    _timm("tnt_s_legacy_patch16_224", **_IMG32),  # tnt
+    _timm("tresnet_m"),  # tresnet
+    _timm("twins_svt_small", **_IMG32),  # twins
+    _timm("vgg11"),  # vgg (129M: the smallest; 103M of it is the 7x7 conv "fc" of pre_logits)
+    _timm("visformer_tiny", **_IMG32),  # visformer
+    _timm("test_vit", **_IMG32),  # vision_transformer
+    _timm("vit_tiny_patch16_224", **_IMG32),  # vision_transformer (extra)
+    _timm("vit_tiny_r_s16_p8_224", **_IMG32),  # vision_transformer_hybrid
+    _timm("test_vit_relpos", **_IMG32),  # vision_transformer_relpos
+    _timm("samvit_base_patch16_224", **_IMG32),  # vision_transformer_sam (86M: the smallest)
+    _timm("vitamin_small_224", **_IMG32),  # vitamin
+    _timm("volo_d1_224", **_IMG32),  # volo
+    _timm("ese_vovnet19b_slim_dw"),  # vovnet
+    _timm("legacy_xception"),  # xception
+    _timm("xception41p"),  # xception_aligned
+    _timm("xcit_nano_12_p8_224", **_IMG32),  # xcit
+    _timm("convnext_atto"),  # convnext (extra)
+    _timm("efficientnet_b0"),  # efficientnet (extra)
+]
+
+# The project's own models (registered with timm by ``import partition_fx``), CIFAR-sized.
+SHIPPED: list[ZooModel] = [
+    ZooModel("timm", name, 32)
+    for name in (
+        "fixup_resnet8",
+        "fixup_resnet14",
+        "fixup_resnet20",
+        "fixup_resnet26",
+        "cifar_wrn16_4",
+        "cifar_wrn28_2",
+        "cifar_wrn16_4_gn",
+    )
+]
+
+# id -> why the model cannot pass here for a reason that is not a bug in partition-fx.
+EXCLUDED: dict[str, str] = {}
+
+DEFAULT_SUBSET: set[str] = {
+    "torchvision:resnet18",
+    "torchvision:mobilenet_v3_small",
+    "torchvision:googlenet",
+    "torchvision:inception_v3",  # forward branches on self.training at the root
+    "torchvision:vit_b_16",
+    "torchvision:swin_t",
+    "timm:resnet18",
+    "timm:vit_tiny_patch16_224",
+    "timm:convnext_atto",
+    "timm:efficientnet_b0",
+    "timm:levit_128s",  # attention_bias_cache
+    "timm:swin_tiny_patch4_window7_224",
+    "timm:mixer_s16_224",
+    "timm:fixup_resnet8",
+    "timm:cifar_wrn16_4_gn",
+}
+
+ONNX_SUBSET: set[str] = {
+    "torchvision:resnet18",
+    "timm:resnet18",
+    "timm:vit_tiny_patch16_224",
+    "timm:fixup_resnet8",
+    "timm:cifar_wrn16_4_gn",
+}
