@@ -40,14 +40,17 @@ def export_subnetwork(pmodel: PartitionedModel, k: int | None = None) -> nn.Modu
     with torch.no_grad():
         state = {name: t.detach().clone() for name, t in pmodel.original_state(k).items()}
     exported = copy.deepcopy(pmodel._skeleton)
-    # Re-create parameters once per original tensor so tied weights stay tied.
+    # Re-create parameters once per original tensor so tied weights stay tied. The lists keep every
+    # meta tensor alive while they are replaced: a freed one's id() could be reused by the next.
+    params = list(exported.named_parameters(remove_duplicate=False))
+    buffers = list(exported.named_buffers(remove_duplicate=False))
     new_params: dict[int, nn.Parameter] = {}
-    for name, meta in exported.named_parameters(remove_duplicate=False):
+    for name, meta in params:
         if id(meta) not in new_params:
             new_params[id(meta)] = nn.Parameter(state[name], requires_grad=meta.requires_grad)
         _assign(exported, name, new_params[id(meta)], buffer=False)
     new_buffers: dict[int, torch.Tensor] = {}
-    for name, meta in exported.named_buffers(remove_duplicate=False):
+    for name, meta in buffers:
         new_buffers.setdefault(id(meta), state[name])
         _assign(exported, name, new_buffers[id(meta)], buffer=True)
     return exported.train(pmodel.training)

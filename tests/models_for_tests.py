@@ -94,3 +94,27 @@ def mlp(sizes: list[int]) -> nn.Sequential:
     for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.GELU()]
     return nn.Sequential(*layers[:-1])
+
+
+class SharedSubmodule(nn.Module):
+    """One submodule reachable under several paths (as timm's CoaT shares its positional encoders)."""
+
+    def __init__(self, width: int = 6, depth: int = 8) -> None:
+        super().__init__()
+        self.shared = nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width))
+        self.blocks = nn.ModuleList(UsesShared(self.shared, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.shared(x)
+
+
+class UsesShared(nn.Module):
+    def __init__(self, shared: nn.Module, width: int) -> None:
+        super().__init__()
+        self.shared = shared
+        self.own = nn.Linear(width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.own(self.shared(x)))

@@ -8,7 +8,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models_for_tests import Branchy, ConvBN, DataDependent, FunctionalWeights, TiedLM, TrainingDependentRoot, mlp
+from models_for_tests import (
+    Branchy,
+    ConvBN,
+    DataDependent,
+    FunctionalWeights,
+    SharedSubmodule,
+    TiedLM,
+    TrainingDependentRoot,
+    mlp,
+)
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -161,6 +170,19 @@ def test_repr_and_describe_work() -> None:
     text = repr(pmodel)
     assert "Conv2d(3, 8, kernel_size=(3, 3)" in text and "RandomPartitionedTensor(shape=(8, 3, 3, 3)" in text
     assert "Linear(in_features=8, out_features=4, bias=True)" in text
+
+
+def test_submodule_shared_under_many_paths_exports_every_tensor_in_place() -> None:
+    torch.manual_seed(0)
+    model = SharedSubmodule()
+    pmodel = partitionify(model, 3)
+    assert len(list(pmodel.partitioned_tensors())) == 4 + 8  # shared Linear and LayerNorm (w, b each), 8 own
+    perturb_partitions(pmodel)
+    exported = export_subnetwork(pmodel, 2)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        assert exported.get_parameter(name).shape == p.shape, name
+    assert all(block.shared is exported.shared for block in exported.blocks)
+    assert_subnetworks_match_exports(pmodel, (torch.randn(3, 6),))
 
 
 def test_conversion_does_not_modify_the_model() -> None:
