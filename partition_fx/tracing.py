@@ -188,8 +188,12 @@ def trace_consistently(
             if culprit == "" or culprit in names:
                 promoted.add("")
                 return (g_train if was_training else g_eval), promoted
-            names.add(culprit)
-            promoted.add(culprit)
+            # Every instance of the culprit's class (e.g. all of a model's stochastic-depth modules)
+            # becomes a leaf in this round, not one per round of two traces.
+            culprit_type = type(model.get_submodule(culprit))
+            same = {n for n, m in model.named_modules() if type(m) is culprit_type and n}
+            names |= same
+            promoted |= same
     finally:
         model.train(was_training)
     raise PartitionError(
