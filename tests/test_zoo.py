@@ -10,7 +10,7 @@ import pytest
 import torch
 from zoo import DEFAULT_SUBSET, EXCLUDED, ONNX_SUBSET, SHIPPED, TIMM, TORCHVISION, ZooModel
 
-from partition_fx import export_onnx, export_subnetwork, partitionify
+from partition_fx import PartitionConfig, export_onnx, export_subnetwork, partitionify
 from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
 
 ALL = TORCHVISION + TIMM + SHIPPED
@@ -26,11 +26,18 @@ def _params(models: list[ZooModel]) -> list[object]:
     return out
 
 
+def _config(spec: ZooModel) -> PartitionConfig:
+    config = PartitionConfig()
+    for name in spec.leaf_modules:
+        config.add_leaf_module(name)
+    return config
+
+
 @pytest.mark.parametrize("spec", _params(ALL))
 def test_subnetworks_equal_exports(spec: ZooModel) -> None:
     model = spec.build().eval()
     x = spec.example_input()
-    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0).eval()
+    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0, config=_config(spec)).eval()
     with torch.no_grad():
         reference = model(x)
         for k in range(4):  # right after conversion (default="init") every subnetwork is the original
@@ -50,7 +57,7 @@ def test_subnetworks_equal_exports(spec: ZooModel) -> None:
 @pytest.mark.parametrize("spec", _params([m for m in ALL if m.id in ONNX_SUBSET]))
 def test_onnx_round_trip(spec: ZooModel, tmp_path) -> None:
     model = spec.build().eval()
-    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1)).eval()
+    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), config=_config(spec)).eval()
     perturb_partitions(pmodel, seed=1)
     x = spec.example_input(batch=2)
     path = export_onnx(pmodel, tmp_path / "model.onnx", (x,), subnetwork=2)
