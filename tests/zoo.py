@@ -216,13 +216,7 @@ SHIPPED: list[ZooModel] = [
 ]
 
 # id -> why the model cannot pass here for a reason that is not a bug in partition-fx.
-EXCLUDED: dict[str, str] = {
-    "timm:gemma4_vit_167m": (
-        "not fx-traceable: Gemma4VitEncoder._assert_raw_img_conformant branches on x.ndim of the traced input "
-        "(timm/models/gemma4_vit.py:830), so partitionify raises its documented PartitionError; it passes with "
-        "PartitionConfig().add_leaf_module('encoder'), which this test cannot pass"
-    ),
-}
+EXCLUDED: dict[str, str] = {}  # none: every model in the lists passes
 
 # Memory: the models over 250M parameters (torchvision regnet_y_128gf, vit_h_14, vit_l_16, vit_l_32; timm
 # deepseek_vit_412m) peak at up to 21 GiB during the test: run them alone (not under pytest-xdist) on 24 GiB.
