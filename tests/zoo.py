@@ -220,6 +220,8 @@ EXCLUDED: dict[str, str] = {}  # none: every model in the lists passes
 
 # Memory: the models over 250M parameters (torchvision regnet_y_128gf, vit_h_14, vit_l_16, vit_l_32; timm
 # deepseek_vit_412m) peak at up to 21 GiB during the test: run them alone (not under pytest-xdist) on 24 GiB.
+# On 2 cores: ``OMP_NUM_THREADS=1 pytest -m zoo -n 2 -k "not (<those five>)"`` takes 12 min, the five alone
+# 6 min. Without OMP_NUM_THREADS=1 the xdist workers oversubscribe the cores and the sweep is ~6x slower.
 
 DEFAULT_SUBSET: set[str] = {
     "torchvision:resnet18",
