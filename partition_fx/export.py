@@ -75,13 +75,14 @@ def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     )
 
 
-def _flat_tensors(out: Any) -> list[torch.Tensor]:
+def flat_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested tuple/list/dict) model output, in order."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in _flat_tensors(v)]
+        return [t for v in out.values() for t in flat_tensors(v)]
     if isinstance(out, (list, tuple)):
-        return [t for v in out for t in _flat_tensors(v)]
+        return [t for v in out for t in flat_tensors(v)]
     return []
 
 
@@ -141,7 +142,7 @@ def export_onnx(
             ) from e
         onnx.checker.check_model(str(tmp_path), full_check=True)
         with torch.no_grad():
-            expected = _flat_tensors(model(*inputs))
+            expected = flat_tensors(model(*inputs))
         session = ort.InferenceSession(str(tmp_path), providers=["CPUExecutionProvider"])
         feeds = {
             i.name: t.detach().cpu().numpy()

@@ -66,7 +66,8 @@ class RandomPartitionedTensor(PartitionedTensor):
         laid_out = flat.index_select(0, order.to(flat.device))
         # int32 halves the index memory; index_select and its backward accept it.
         self.register_buffer("index", index.to(torch.int32).to(flat.device))
-        self.sizes = sizes
+        # Where each partition starts in the partition-major layout (sizes are the parts' numels).
+        self.offsets = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
         offset = 0
         for k, n in enumerate(sizes, start=1):
             part = laid_out[offset : offset + n].clone()
@@ -78,11 +79,10 @@ class RandomPartitionedTensor(PartitionedTensor):
             self.default = None
 
     def _default_slice(self, start: int) -> torch.Tensor:
-        ref = self.part1
+        """Defaults of partitions start+1..C, in layout order."""
         if self.default is None:
-            return ref.new_zeros(sum(self.sizes[start:]))
-        offset = sum(self.sizes[:start])
-        return self.default[offset:]
+            return self.part1.new_zeros(self.offsets[-1] - self.offsets[start])
+        return self.default[self.offsets[start] :]
 
     def forward(self, k: int) -> torch.Tensor:
         trained = [self.part(i) for i in range(1, k + 1)]
@@ -92,7 +92,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         return flat.index_select(0, self.index).view(self.shape)
 
     def extra_repr(self) -> str:
-        return f"shape={self.shape}, sizes={self.sizes}, default={self.default_mode!r}"
+        return f"shape={self.shape}, sizes={self.partition_sizes()}, default={self.default_mode!r}"
 
 
 class ScalePartitionedTensor(PartitionedTensor):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .export import export_subnetwork
+from .export import export_subnetwork, flat_tensors
 from .params import ScalePartitionedTensor
 from .partitioned_model import PartitionedModel
 
@@ -43,19 +43,9 @@ def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: i
                     part.add_(noise * scale * max(rms, 1.0 if rms == 0 else rms))
 
 
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for k in sorted(out) for t in _flat(out[k])]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in _flat(v)]
-    return []
-
-
 def max_relative_difference(a: Any, b: Any) -> float:
     """Max |a - b| over all output tensors, relative to the largest |b| (at least 1e-12)."""
-    ta, tb = _flat(a), _flat(b)
+    ta, tb = flat_tensors(a), flat_tensors(b)
     if len(ta) != len(tb):
         raise AssertionError(f"outputs have {len(ta)} vs {len(tb)} tensors")
     worst = 0.0
