@@ -17,3 +17,10 @@ class PartitionArgumentError(PartitionError, ValueError):
 
 class PartitionTypeError(PartitionError, TypeError):
     """An argument to a partition-fx function has the wrong type."""
+
+
+class PartitionTrainingError(PartitionError):
+    """Partitioned training stopped: a non-finite loss or gradient, or data that cannot be chunked.
+
+    The message names the step, the partition or hyperparameter involved, and what was kept on disk.
+    """

@@ -12,6 +12,7 @@ from torch import nn
 
 from .errors import PartitionArgumentError, PartitionTypeError
 from .params import PartitionedTensor
+from .transforms.base import HyperparameterModule
 
 
 def call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
@@ -58,7 +59,8 @@ class ParameterRecord:
     """Every qualified name of the tensor in the original model (several when tied)."""
     shape: tuple[int, ...]
     treatment: str
-    """``random``, ``product``, ``sum``, ``shared`` (left unpartitioned) or ``frozen``."""
+    """``random``, ``product``, ``sum``, ``shared`` (left unpartitioned), ``frozen`` or ``hyper`` (a parameter
+    of a ``HyperparameterModule``: unpartitioned, stepped by the hyperparameter optimiser)."""
     reason: str
     partitioned: PartitionedTensor | None = None
 
@@ -199,6 +201,23 @@ class PartitionedModel(nn.Module):
             elif k == 1 and record.treatment == "shared":
                 params.append(self.module.get_parameter(record.names[0]))
         return params
+
+    def hyperparameter_modules(self) -> Iterator[tuple[str, HyperparameterModule]]:
+        """``(name, module)`` for every ``HyperparameterModule`` inside the model (e.g. ``ConcreteDropout``),
+        outermost only; their parameters are the model's own hyperparameters.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> from partition_fx.transforms import ConcreteDropout
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), ConcreteDropout(p=0.2), torch.nn.Linear(8, 2))
+        >>> [name for name, _ in partitionify(model, 2).hyperparameter_modules()]
+        ['1']
+        """
+        outer: list[str] = []
+        for name, module in self.module.named_modules():
+            if isinstance(module, HyperparameterModule) and not any(name.startswith(o + ".") for o in outer):
+                outer.append(name)
+                yield name, module
 
     def original_state(self, k: int | None = None) -> dict[str, torch.Tensor]:
         """Every original parameter and buffer name -> subnetwork k's value (not copies)."""

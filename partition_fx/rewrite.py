@@ -39,6 +39,7 @@ from .partitioned_model import (
     parameter_caches,
 )
 from .tracing import trace_consistently
+from .transforms.base import HyperparameterModule
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.batchnorm._NormBase,
@@ -274,7 +275,9 @@ def _partition_parameters(
         owner = working.get_submodule(owner_name)
         rule = settings.config.rule_for(names[0], owner)
         record = ParameterRecord(names=names, shape=tuple(p.shape), treatment="", reason="")
-        if rule.partition is False:
+        if isinstance(owner, HyperparameterModule):
+            record.treatment, record.reason = "hyper", f"hyperparameter of {type(owner).__name__}; learned by fit"
+        elif rule.partition is False:
             record.treatment, record.reason = "shared", "excluded by config; same value in every subnetwork"
         elif not p.requires_grad and rule.partition is not True:
             record.treatment, record.reason = "frozen", "requires_grad=False; left as is"

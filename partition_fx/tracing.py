@@ -1,7 +1,8 @@
 """fx tracing that keeps modules' behaviour: a leaf-aware tracer and a train/eval consistency check.
 
 Leaves (called as a whole, never entered): torch.nn and torch.ao.nn modules (except containers),
-timm's registered no-trace modules and functions, modules named in ``PartitionConfig.leaf_modules``,
+``HyperparameterModule`` subclasses, timm's registered no-trace modules and functions, modules named in
+``PartitionConfig.leaf_modules``,
 and any module whose traced code differs between ``.train()`` and ``.eval()`` (found by tracing in both
 modes), so BatchNorm, dropout and drop-path still switch after conversion.
 """
@@ -17,6 +18,7 @@ import torch.fx as fx
 from torch import nn
 
 from .errors import PartitionError
+from .transforms.base import HyperparameterModule
 
 _MAX_LEAF_ROUNDS = 64
 
@@ -35,7 +37,8 @@ class LeafAwareTracer(fx.Tracer):
     def __init__(self, leaf_types: Iterable[type] = (), leaf_names: Iterable[str] = ()) -> None:
         timm_modules, timm_functions = _timm_notrace()
         super().__init__(autowrap_functions=tuple(timm_functions))
-        self.leaf_types = tuple(timm_modules) + tuple(leaf_types)
+        # Hyperparameter modules (ConcreteDropout, ...) sample noise and switch with .train(): one call each.
+        self.leaf_types = (HyperparameterModule, *timm_modules, *leaf_types)
         self.leaf_names = set(leaf_names)
         self.current_module = ""
         self.failed_module: str | None = None  # innermost module whose code raised while tracing
@@ -43,7 +46,7 @@ class LeafAwareTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names:
             return True
-        if self.leaf_types and isinstance(m, self.leaf_types):
+        if isinstance(m, self.leaf_types):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 

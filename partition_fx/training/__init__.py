@@ -1,0 +1,31 @@
+"""Partitioned training: learn hyperparameters in one run by the partitioned marginal likelihood.
+
+``fit(pmodel, dataset, hyper=..., steps=...)`` is the one-liner; ``PartitionedTrainer`` exposes the steps.
+"""
+
+from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
+from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
+from .lml import LMLEstimate, estimate_lml
+from .optim import partition_optimizer, weight_decay_scales
+from .sampler import PartitionedSampler
+from .trainer import FitResult, PartitionedTrainer, fit
+
+__all__ = [
+    "CallableLikelihood",
+    "Categorical",
+    "DataChunks",
+    "Examples",
+    "FitResult",
+    "Gaussian",
+    "LMLEstimate",
+    "Likelihood",
+    "PartitionedSampler",
+    "PartitionedTrainer",
+    "chunks_from_assignment",
+    "estimate_lml",
+    "fit",
+    "partition_optimizer",
+    "resolve_likelihood",
+    "split_into_chunks",
+    "weight_decay_scales",
+]

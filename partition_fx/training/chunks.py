@@ -1,0 +1,141 @@
+"""Data chunks D_1..D_C and batches of examples.
+
+Chunk k (1-based, like subnetwork k) holds the examples partition k is the last to train on; the
+partitioned marginal likelihood scores chunk k with subnetwork k-1, which never saw it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, TensorDataset, default_collate
+
+from ..assign import partition_sizes
+from ..config import validate_proportions
+from ..errors import PartitionArgumentError, PartitionTypeError
+
+
+@dataclass(frozen=True)
+class DataChunks:
+    """The example indices of each chunk D_1..D_C (each sorted ascending).
+
+    >>> chunks = split_into_chunks(10, (0.8, 0.1, 0.1), seed=0)
+    >>> chunks.sizes
+    [8, 1, 1]
+    >>> len(chunks.prefix(2))  # D_1:2, the data partition 2 trains on
+    9
+    """
+
+    indices: tuple[torch.Tensor, ...]
+    _prefixes: list[torch.Tensor] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for k, idx in enumerate(self.indices, start=1):
+            if idx.numel() == 0:
+                raise PartitionArgumentError(
+                    f"data chunk {k} of {len(self.indices)} is empty ({self.sizes}); every chunk needs examples: "
+                    "use more data, fewer partitions, or larger proportions for the small chunks"
+                )
+        running: list[torch.Tensor] = []
+        for idx in self.indices:
+            running.append(idx)
+            self._prefixes.append(torch.cat(running))
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.indices)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(idx.numel()) for idx in self.indices]
+
+    def chunk(self, k: int) -> torch.Tensor:
+        """The indices of D_k (k in 1..C)."""
+        return self.indices[k - 1]
+
+    def prefix(self, k: int) -> torch.Tensor:
+        """The indices of D_1:k = D_1 u ... u D_k (k in 1..C)."""
+        return self._prefixes[k - 1]
+
+
+def split_into_chunks(num_examples: int, proportions: Sequence[float], seed: int = 0) -> DataChunks:
+    """Split ``range(num_examples)`` into chunks with ``proportions`` (largest-remainder sizes), at random
+    but reproducibly: the permutation comes from a CPU generator seeded with ``seed``.
+
+    >>> split_into_chunks(5, (0.6, 0.4), seed=1).sizes
+    [3, 2]
+    """
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
+        raise PartitionArgumentError(f"the dataset must hold at least one example, got {num_examples!r}")
+    props = validate_proportions(proportions, len(proportions))
+    sizes = partition_sizes(num_examples, props)
+    order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
+    return DataChunks(tuple(part.sort().values for part in torch.split(order, sizes)))
+
+
+def chunks_from_assignment(assignment: torch.Tensor | Sequence[int], num_chunks: int) -> DataChunks:
+    """Chunks from a user's assignment of examples to chunks (values 1..C; e.g. by client id).
+
+    >>> chunks_from_assignment([1, 2, 1, 1], 2).sizes
+    [3, 1]
+    """
+    a = torch.as_tensor(assignment)
+    if a.dim() != 1 or a.is_floating_point() or a.dtype == torch.bool:
+        raise PartitionTypeError(
+            f"chunk assignment must be a 1-D integer tensor, got {a.dtype} of shape {tuple(a.shape)}"
+        )
+    if a.numel() and (int(a.min()) < 1 or int(a.max()) > num_chunks):
+        raise PartitionArgumentError(
+            f"chunk assignment values must be in 1..{num_chunks} (chunk k is D_k), got {int(a.min())}..{int(a.max())}"
+        )
+    return DataChunks(tuple(torch.nonzero(a == k).flatten() for k in range(1, num_chunks + 1)))
+
+
+class Examples:
+    """Batches of ``(inputs, targets)`` from a dataset by index: a fast path for tensors (one gather),
+    ``dataset[i]`` + ``default_collate`` for any other map-style dataset of pairs.
+
+    >>> ex = Examples((torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 0])))
+    >>> ex.batch(torch.tensor([2, 0]))
+    (tensor([[4., 5.],
+            [0., 1.]]), tensor([0, 0]))
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        if isinstance(dataset, TensorDataset):
+            dataset = dataset.tensors
+        if isinstance(dataset, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in dataset):
+            if len(dataset) != 2:
+                raise PartitionArgumentError(f"a tensor dataset needs (inputs, targets), got {len(dataset)} tensors")
+            x, y = dataset
+            if x.shape[0] != y.shape[0]:
+                raise PartitionArgumentError(
+                    f"inputs and targets differ in length: {x.shape[0]} inputs, {y.shape[0]} targets"
+                )
+            self.tensors = (x, y)
+            self.dataset: Any = None
+        elif isinstance(dataset, Dataset) and hasattr(dataset, "__len__"):
+            self.dataset = dataset
+        else:
+            raise PartitionTypeError(
+                "dataset must be a map-style torch Dataset of (input, target) pairs, a TensorDataset, or a tuple "
+                f"(inputs, targets) of tensors; got {type(dataset).__name__}"
+            )
+        if len(self) == 0:
+            raise PartitionArgumentError("the dataset is empty")
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[0]) if self.tensors is not None else len(self.dataset)
+
+    def batch(self, indices: torch.Tensor, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tensors is not None:
+            x, y = (t[indices.to(t.device)] for t in self.tensors)
+        else:
+            x, y = default_collate([self.dataset[i] for i in indices.tolist()])
+        if device is not None:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        return x, y

@@ -1,0 +1,104 @@
+"""The partitioned log marginal likelihood LML = sum_k log p(D_k | w_s^(k-1), psi) (eq. 4 of the paper)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import PartitionArgumentError
+from ..partitioned_model import PartitionedModel
+from .chunks import DataChunks, Examples
+from .likelihoods import Likelihood
+
+
+def forward_log_likelihood(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    subnetwork: int,
+    hyper: nn.Module | None = None,
+    transform_grad: bool = True,
+) -> torch.Tensor:
+    """Per-example log p(y | x) through ``subnetwork``, after the input transform ``hyper`` (whose S
+    samples per example are averaged by the likelihood). ``transform_grad=False`` runs the transform
+    without autograd (a parameter step needs no gradient of psi)."""
+    batch = x.shape[0]
+    if hyper is not None:
+        with torch.set_grad_enabled(transform_grad and torch.is_grad_enabled()):
+            x = hyper(x)
+        if x.shape[0] % batch:
+            raise PartitionArgumentError(
+                f"the input transform {type(hyper).__name__} returned {x.shape[0]} inputs for {batch} examples; "
+                "it must return S * batch inputs, sample major"
+            )
+    return likelihood(pmodel(x, subnetwork=subnetwork), y, x.shape[0] // batch)
+
+
+@contextmanager
+def buffers_restored(*modules: nn.Module | None) -> Iterator[None]:
+    """Run a block and put every buffer (e.g. BatchNorm running statistics) back as it was."""
+    saved = [(b, b.clone()) for m in modules if m is not None for b in m.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+@dataclass(frozen=True)
+class LMLEstimate:
+    """``total`` = sum_k ``per_chunk[k-1]`` (nats); ``per_example`` = total / number of examples."""
+
+    total: float
+    per_chunk: list[float]
+    per_example: float
+
+
+def estimate_lml(
+    pmodel: PartitionedModel,
+    examples: Examples,
+    chunks: DataChunks,
+    likelihood: Likelihood,
+    hyper: nn.Module | None = None,
+    batch_size: int = 256,
+    max_examples_per_chunk: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+) -> LMLEstimate:
+    """Score chunk k with subnetwork k-1, for k = 1..C, and sum.
+
+    The model and transforms run as in a hyperparameter step (training mode: augmentation and dropout
+    sampled, BatchNorm on batch statistics), so with stochastic transforms this is a Monte Carlo
+    estimate of the objective the hyperparameter steps climb; buffers are restored afterwards, so it has
+    no side effects. With ``max_examples_per_chunk``, a chunk larger than that is scored on a uniform
+    subsample without replacement, scaled by |D_k| / m: an unbiased estimate of its term.
+    """
+    modes = [(m, m.training) for m in (pmodel, hyper, likelihood) if m is not None]
+    per_chunk = []
+    try:
+        for m, _ in modes:
+            m.train(True)
+        with torch.no_grad(), buffers_restored(pmodel, hyper, likelihood):
+            for k in range(1, chunks.num_chunks + 1):
+                indices = chunks.chunk(k)
+                scale = 1.0
+                if max_examples_per_chunk is not None and indices.numel() > max_examples_per_chunk:
+                    pick = torch.randperm(indices.numel(), generator=generator)[:max_examples_per_chunk]
+                    scale = indices.numel() / max_examples_per_chunk
+                    indices = indices[pick]
+                total = 0.0
+                for batch in indices.split(batch_size):
+                    x, y = examples.batch(batch, device)
+                    total += float(forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper).double().sum())
+                per_chunk.append(total * scale)
+    finally:
+        for m, mode in modes:
+            m.train(mode)
+    total = sum(per_chunk)
+    return LMLEstimate(total, per_chunk, total / sum(chunks.sizes))

@@ -1,0 +1,66 @@
+"""The sampler of appendix I.1: which partition to train and which examples to use, each iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import PartitionArgumentError
+from .chunks import DataChunks
+
+
+class PartitionedSampler:
+    """Draws the partition and minibatch of each parameter step and hyperparameter step.
+
+    * parameter step: k ~ Cat(u), then ``batch_size`` examples uniformly, with replacement, from D_1:k;
+      every example of D_1:k is thus equally likely to train partition k, and an example of chunk j is
+      drawn with probability proportional to u_j + ... + u_C.
+    * hyperparameter step: k ~ Cat(u_2..u_C renormalised), then ``hyper_batch_size`` examples from D_k
+      alone; the step scores them with subnetwork k-1 (an unbiased gradient of the LML, D_1 excluded).
+
+    u are the chunk sizes over the dataset size (the configured proportions, up to rounding). All draws
+    come from one CPU generator seeded with ``seed``, so the sequence is the same on every run and device.
+
+    >>> from partition_fx.training.chunks import split_into_chunks
+    >>> sampler = PartitionedSampler(split_into_chunks(100, (0.8, 0.1, 0.1)), batch_size=4, seed=0)
+    >>> k, indices = sampler.parameter_batch()
+    >>> 1 <= k <= 3 and indices.shape == (4,)
+    True
+    >>> sampler.hyper_batch()[0] in (2, 3)
+    True
+    """
+
+    def __init__(self, chunks: DataChunks, batch_size: int, hyper_batch_size: int | None = None, seed: int = 0) -> None:
+        for name, value in (("batch_size", batch_size), ("hyper_batch_size", hyper_batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise PartitionArgumentError(f"{name} must be a positive int, got {value!r}")
+        self.chunks = chunks
+        self.batch_size = batch_size
+        self.hyper_batch_size = hyper_batch_size or batch_size
+        sizes = torch.tensor(chunks.sizes, dtype=torch.float64)
+        self.partition_probabilities = sizes / sizes.sum()
+        later = sizes[1:]
+        self.hyper_chunk_probabilities = later / later.sum() if later.numel() else later
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _draw(self, pool: torch.Tensor, count: int) -> torch.Tensor:
+        return pool[torch.randint(pool.numel(), (count,), generator=self.generator)]
+
+    def parameter_batch(self) -> tuple[int, torch.Tensor]:
+        """``(k, indices)``: partition k to step and a minibatch from D_1:k."""
+        k = int(torch.multinomial(self.partition_probabilities, 1, generator=self.generator)) + 1
+        return k, self._draw(self.chunks.prefix(k), self.batch_size)
+
+    def hyper_batch(self) -> tuple[int, torch.Tensor]:
+        """``(k, indices)``: chunk k in 2..C and a minibatch from D_k (scored by subnetwork k-1)."""
+        if self.chunks.num_chunks < 2:
+            raise PartitionArgumentError("hyperparameter steps need at least 2 chunks (num_partitions >= 2)")
+        k = int(torch.multinomial(self.hyper_chunk_probabilities, 1, generator=self.generator)) + 2
+        return k, self._draw(self.chunks.chunk(k), self.hyper_batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])

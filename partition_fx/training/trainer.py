@@ -1,0 +1,568 @@
+"""``PartitionedTrainer`` and ``fit``: partitioned training with hyperparameters learned by the LML.
+
+One iteration (appendix I.1): a parameter step of partition k ~ Cat(u) on a minibatch of D_1:k through
+subnetwork k, then (every ``hyper_every`` iterations after ``warmup_steps``) a hyperparameter step on a
+minibatch of D_k, k ~ Cat(u_2..u_C), through subnetwork k-1. The model optimiser holds the partitions,
+the hyperparameter optimiser holds psi: the parameters of ``hyper`` (an input transform such as
+``AffineAugmentation``), of ``HyperparameterModule`` s inside the model (``ConcreteDropout``), and of the
+likelihood (a Gaussian's noise scale).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionTypeError
+from ..partitioned_model import PartitionedModel
+from ..transforms.base import HyperparameterModule
+from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
+from .likelihoods import Likelihood, resolve_likelihood
+from .lml import LMLEstimate, estimate_lml, forward_log_likelihood
+from .optim import OptimizerFactory, partition_optimizer
+from .sampler import PartitionedSampler
+
+Callback = Callable[["PartitionedTrainer", dict[str, Any]], "bool | None"]
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns; ``to_dict()`` is plain JSON."""
+
+    lml: float
+    """The final LML estimate (nats, summed over the training set), of the returned model."""
+    history: list[dict[str, Any]]
+    """Per evaluation: ``step``, ``lml``, ``lml_per_chunk``, ``lml_per_example``, ``train_loss`` (mean
+    parameter-step loss since the last evaluation), ``hyper_loss``, ``hyperparameters``, ``seconds``."""
+    hyperparameters: dict[str, Any]
+    """Name -> value (plain floats/lists), e.g. ``{"rotation": 2.9, ...}`` (radians)."""
+    steps: int
+    best_step: int
+    best_lml: float
+    stopped_early: bool
+    chunk_sizes: list[int]
+    seconds: float
+    skipped_steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _positive_int(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PartitionArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _outer_hyper_modules(root: nn.Module | None) -> list[tuple[str, HyperparameterModule]]:
+    found: list[tuple[str, HyperparameterModule]] = []
+    if root is None:
+        return found
+    for name, m in root.named_modules():
+        if isinstance(m, HyperparameterModule) and not any(name.startswith(n + ".") or n == "" for n, _ in found):
+            found.append((name, m))
+    return found
+
+
+def _save_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary file in the same directory and ``os.replace``: readers see the old file or
+    the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class PartitionedTrainer:
+    """Partitioned training of ``pmodel`` on ``dataset`` with hyperparameters learned by the LML.
+
+    See :func:`fit` for the arguments; the trainer exposes the single steps (``parameter_step``,
+    ``hyper_step``, ``evaluate``) for custom loops and tests.
+    """
+
+    def __init__(
+        self,
+        pmodel: PartitionedModel,
+        dataset: Any,
+        *,
+        hyper: nn.Module | None = None,
+        likelihood: str | Likelihood | Callable[..., torch.Tensor] = "classification",
+        batch_size: int = 128,
+        hyper_batch_size: int | None = None,
+        optimizer: OptimizerFactory | None = None,
+        hyper_optimizer: OptimizerFactory | None = None,
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        weight_decay_scaling: str = "reciprocal",
+        hyper_every: int = 1,
+        warmup_steps: int = 0,
+        chunks: DataChunks | torch.Tensor | Sequence[int] | None = None,
+        seed: int = 0,
+        eval_batch_size: int = 256,
+        eval_examples_per_chunk: int | None = None,
+        on_nonfinite: str = "raise",
+        checkpoint_dir: str | Path | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not isinstance(pmodel, PartitionedModel):
+            raise PartitionTypeError(
+                f"fit needs a PartitionedModel (from partitionify(model)), got {type(pmodel).__name__}"
+            )
+        if hyper is not None and not isinstance(hyper, nn.Module):
+            raise PartitionTypeError(
+                f"hyper must be an nn.Module (e.g. AffineAugmentation()), got {type(hyper).__name__}"
+            )
+        if on_nonfinite not in ("raise", "skip"):
+            raise PartitionArgumentError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        self.pmodel = pmodel
+        self.examples = Examples(dataset)
+        self.hyper = hyper
+        self.likelihood = resolve_likelihood(likelihood)
+        self.seed = seed
+        self.on_nonfinite = on_nonfinite
+        self.hyper_every = _positive_int("hyper_every", hyper_every)
+        self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
+        if eval_examples_per_chunk is not None:
+            _positive_int("eval_examples_per_chunk", eval_examples_per_chunk)
+        self.eval_examples_per_chunk = eval_examples_per_chunk
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+
+        c = pmodel.num_partitions
+        n = len(self.examples)
+        if chunks is None:
+            self.chunks = split_into_chunks(n, pmodel.proportions, seed)
+        elif isinstance(chunks, DataChunks):
+            self.chunks = chunks
+        else:
+            self.chunks = chunks_from_assignment(chunks, c)
+        if self.chunks.num_chunks != c:
+            raise PartitionArgumentError(f"{self.chunks.num_chunks} data chunks for a model with {c} partitions")
+        if max(int(idx.max()) for idx in self.chunks.indices) >= n:
+            raise PartitionArgumentError(f"the chunks index examples beyond the dataset's {n}")
+        self.sampler = PartitionedSampler(self.chunks, _positive_int("batch_size", batch_size), hyper_batch_size, seed)
+
+        params = [p for p in pmodel.parameters() if p.requires_grad]
+        first = params[0] if params else next(pmodel.buffers(), None)
+        self.device = torch.device(device) if device is not None else (first.device if first is not None else None)
+        if self.device is not None:
+            pmodel.to(self.device)
+            for m in (hyper, self.likelihood):
+                if m is not None:
+                    m.to(self.device)
+
+        self.hyperparameters_list = self._collect_hyperparameters()
+        if self.hyperparameters_list and c < 2:
+            raise PartitionArgumentError(
+                "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
+                "partitionify the model with 2 or more partitions"
+            )
+        self.optimizer = partition_optimizer(
+            pmodel, optimizer or partial(torch.optim.Adam, lr=1e-3), self.chunks.sizes, weight_decay_scaling
+        )
+        self.hyper_optimizer = None
+        if self.hyperparameters_list:
+            self.hyper_optimizer = (hyper_optimizer or partial(torch.optim.Adam, lr=1e-3))(self.hyperparameters_list)
+        self.scheduler = scheduler(self.optimizer) if scheduler is not None else None
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.best: tuple[float, int, dict[str, Any]] | None = None
+        self.skipped_steps = 0
+        self.last_checkpoint_step: int | None = None
+        self._losses: list[float] = []
+        self._hyper_losses: list[float] = []
+        self._lml_generator = torch.Generator().manual_seed(seed + 1)
+
+    # --- what is trained -------------------------------------------------------------------------
+
+    def _collect_hyperparameters(self) -> list[nn.Parameter]:
+        seen: dict[int, nn.Parameter] = {}
+        for _, m in self.pmodel.hyperparameter_modules():
+            seen.update((id(p), p) for p in m.parameters() if p.requires_grad)
+        for m in (self.hyper, self.likelihood):
+            if m is not None:
+                seen.update((id(p), p) for p in m.parameters() if p.requires_grad)
+        model_params = {
+            id(p) for k in range(1, self.pmodel.num_partitions + 1) for p in self.pmodel.partition_parameters(k)
+        }
+        if model_params & seen.keys():
+            raise PartitionArgumentError("a hyperparameter is also a model parameter; hyper modules must be separate")
+        return list(seen.values())
+
+    def hyperparameter_modules(self) -> list[tuple[str, HyperparameterModule]]:
+        """Every hyperparameter module with the prefix its values are reported under."""
+        found = [(name, m) for name, m in _outer_hyper_modules(self.hyper)]
+        found += [(name, m) for name, m in self.pmodel.hyperparameter_modules()]
+        if isinstance(self.likelihood, HyperparameterModule):
+            found.append(("", self.likelihood))
+        return found
+
+    def hyperparameter_values(self) -> dict[str, Any]:
+        """Current hyperparameters as plain values, e.g. ``{"rotation": 1.2, "head.drop.p": 0.1}``."""
+        values: dict[str, Any] = {}
+        for prefix, m in self.hyperparameter_modules():
+            for key, value in m.hyperparameters().items():
+                values[f"{prefix}.{key}" if prefix else key] = value
+        return values
+
+    # --- steps -------------------------------------------------------------------------------------
+
+    def _check_finite(self, value: float, what: str, k: int, params: list[torch.Tensor]) -> bool:
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if math.isfinite(value) and math.isfinite(norm):
+            return True
+        problem = f"loss {value}" if not math.isfinite(value) else f"gradient norm {norm}"
+        if self.on_nonfinite == "skip":
+            self.skipped_steps += 1
+            return False
+        kept = (
+            f"; the last checkpoint (step {self.last_checkpoint_step}) in {self.checkpoint_dir} is kept"
+            if self.last_checkpoint_step is not None
+            else ""
+        )
+        raise PartitionTrainingError(
+            f"step {self.step}: non-finite {problem} in the {what}{kept}. Lower the learning rate, check the data "
+            "for NaN/inf, or pass on_nonfinite='skip' to skip such steps"
+        )
+
+    def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
+        """Train partition k (default: drawn by the sampler) on a minibatch of D_1:k; returns (k, loss)."""
+        if k is None or indices is None:
+            drawn_k, drawn = self.sampler.parameter_batch()
+            k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
+        self.pmodel.train()
+        if self.hyper is not None:
+            self.hyper.train()
+        x, y = self.examples.batch(indices, self.device)
+        params = self.pmodel.partition_parameters(k)
+        loss = -forward_log_likelihood(self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        if params and loss.requires_grad:
+            # Only partition k's leaves receive .grad: earlier partitions are used, not updated, and stock
+            # optimisers skip parameters whose grad is None (their state does not advance).
+            loss.backward(inputs=params)
+        value = float(loss.detach())
+        if self._check_finite(value, f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})", k, params):
+            self.optimizer.step()
+            self._losses.append(value)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return k, value
+
+    def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
+        """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C); returns (k, loss)."""
+        if self.hyper_optimizer is None:
+            raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
+        if k is None or indices is None:
+            drawn_k, drawn = self.sampler.hyper_batch()
+            k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
+        self.pmodel.train()
+        if self.hyper is not None:
+            self.hyper.train()
+        x, y = self.examples.batch(indices, self.device)
+        loss = -forward_log_likelihood(self.pmodel, self.likelihood, x, y, k - 1, self.hyper).mean()
+        self.hyper_optimizer.zero_grad(set_to_none=True)
+        if loss.requires_grad:
+            loss.backward(inputs=self.hyperparameters_list)
+        value = float(loss.detach())
+        if self._check_finite(
+            value, f"hyperparameter step (chunk D_{k} through subnetwork {k - 1})", k, self.hyperparameters_list
+        ):
+            self.hyper_optimizer.step()
+            for _, m in self.hyperparameter_modules():
+                m.constrain_()
+            self._hyper_losses.append(value)
+        self.hyper_optimizer.zero_grad(set_to_none=True)
+        return k, value
+
+    def iteration(self) -> None:
+        """One iteration: a parameter step, then a hyperparameter step if one is due."""
+        self.parameter_step()
+        self.step += 1
+        if self.hyper_optimizer is not None and self.step > self.warmup_steps and self.step % self.hyper_every == 0:
+            self.hyper_step()
+
+    # --- evaluation, checkpoints -------------------------------------------------------------------
+
+    def estimate_lml(self) -> LMLEstimate:
+        """The LML of the current model and hyperparameters (see :func:`estimate_lml`)."""
+        return estimate_lml(
+            self.pmodel,
+            self.examples,
+            self.chunks,
+            self.likelihood,
+            self.hyper,
+            batch_size=self.eval_batch_size,
+            max_examples_per_chunk=self.eval_examples_per_chunk,
+            generator=self._lml_generator,
+            device=self.device,
+        )
+
+    def evaluate(self, started: float) -> dict[str, Any]:
+        """Estimate the LML, append a history record, keep the best state, write checkpoints."""
+        estimate = self.estimate_lml()
+        mean = lambda xs: float(sum(xs) / len(xs)) if xs else None  # noqa: E731
+        record = {
+            "step": self.step,
+            "lml": estimate.total,
+            "lml_per_chunk": estimate.per_chunk,
+            "lml_per_example": estimate.per_example,
+            "train_loss": mean(self._losses),
+            "hyper_loss": mean(self._hyper_losses),
+            "hyperparameters": self.hyperparameter_values(),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        self._losses, self._hyper_losses = [], []
+        self.history.append(record)
+        improved = self.best is None or estimate.total > self.best[0]
+        if improved:
+            self.best = (estimate.total, self.step, self._state_copy())
+        if self.checkpoint_dir is not None:
+            self.save_checkpoint(self.checkpoint_dir / "last.safetensors")
+            if improved:
+                self.save_checkpoint(self.checkpoint_dir / "best.safetensors")
+            self.last_checkpoint_step = self.step
+        return record
+
+    def _modules(self) -> dict[str, nn.Module]:
+        return {"model": self.pmodel, "hyper": self.hyper, "likelihood": self.likelihood}  # type: ignore[dict-item]
+
+    def _state_copy(self) -> dict[str, Any]:
+        return {
+            name: copy.deepcopy({k: v.detach() for k, v in m.state_dict().items()})
+            for name, m in self._modules().items()
+            if m is not None
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        for name, m in self._modules().items():
+            if m is not None:
+                m.load_state_dict(state[name])
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Model, hyperparameter modules and likelihood in one safetensors file (atomic replace), with the
+        step, the latest LML and the configuration in its metadata."""
+        from safetensors.torch import save_file
+
+        tensors = {
+            f"{name}.{key}": value.detach().to("cpu").contiguous().clone()
+            for name, m in self._modules().items()
+            if m is not None
+            for key, value in m.state_dict().items()
+        }
+        metadata = {
+            "partition_fx": json.dumps(
+                {
+                    "step": self.step,
+                    "lml": self.history[-1]["lml"] if self.history else None,
+                    "num_partitions": self.pmodel.num_partitions,
+                    "proportions": list(self.pmodel.proportions),
+                    "scheme": self.pmodel.scheme,
+                    "model": self.pmodel.original_class.__name__,
+                }
+            )
+        }
+        _save_atomically(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("partition_fx", "{}"))
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+        for name, m in self._modules().items():
+            if m is not None:
+                prefix = name + "."
+                m.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+        return meta
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    def run(
+        self,
+        steps: int,
+        *,
+        eval_every: int | None = None,
+        patience: int | None = None,
+        restore_best: bool = False,
+        callbacks: Sequence[Callback] = (),
+        progress: bool | None = None,
+    ) -> FitResult:
+        """Train for ``steps`` iterations (see :func:`fit`)."""
+        steps = _positive_int("steps", steps)
+        eval_every = _positive_int("eval_every", eval_every if eval_every is not None else max(1, steps // 10))
+        if patience is not None:
+            _positive_int("patience", patience)
+        from tqdm.auto import tqdm
+
+        show = sys.stderr.isatty() if progress is None else progress
+        started = time.perf_counter()
+        stopped_early = False
+        bar = tqdm(total=steps, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
+        try:
+            end = self.step + steps
+            while self.step < end:
+                self.iteration()
+                bar.update(1)
+                if self.step % eval_every == 0 or self.step == end:
+                    record = self.evaluate(started)
+                    bar.set_postfix(lml=f"{record['lml']:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
+                    stop = any(bool(cb(self, record)) for cb in callbacks)
+                    assert self.best is not None
+                    if patience is not None and len(self.history) - 1 - self._best_index() >= patience:
+                        stopped_early = True
+                    if stop or stopped_early:
+                        stopped_early = True
+                        break
+        finally:
+            bar.close()
+        assert self.best is not None
+        best_lml, best_step, best_state = self.best
+        if restore_best and best_step != self.step:
+            self._load_state(best_state)
+            final_lml = best_lml
+        else:
+            final_lml = self.history[-1]["lml"]
+        return FitResult(
+            lml=final_lml,
+            history=self.history,
+            hyperparameters=self.hyperparameter_values(),
+            steps=self.step,
+            best_step=best_step,
+            best_lml=best_lml,
+            stopped_early=stopped_early,
+            chunk_sizes=self.chunks.sizes,
+            seconds=round(time.perf_counter() - started, 3),
+            skipped_steps=self.skipped_steps,
+        )
+
+    def _best_index(self) -> int:
+        assert self.best is not None
+        return next(i for i, r in enumerate(self.history) if r["step"] == self.best[1])
+
+
+def fit(
+    pmodel: PartitionedModel,
+    dataset: Any,
+    *,
+    hyper: nn.Module | None = None,
+    likelihood: str | Likelihood | Callable[..., torch.Tensor] = "classification",
+    steps: int,
+    batch_size: int = 128,
+    hyper_batch_size: int | None = None,
+    optimizer: OptimizerFactory | None = None,
+    hyper_optimizer: OptimizerFactory | None = None,
+    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+    weight_decay_scaling: str = "reciprocal",
+    hyper_every: int = 1,
+    warmup_steps: int = 0,
+    chunks: DataChunks | torch.Tensor | Sequence[int] | None = None,
+    seed: int = 0,
+    eval_every: int | None = None,
+    eval_batch_size: int = 256,
+    eval_examples_per_chunk: int | None = None,
+    patience: int | None = None,
+    restore_best: bool = False,
+    callbacks: Sequence[Callback] = (),
+    on_nonfinite: str = "raise",
+    checkpoint_dir: str | Path | None = None,
+    progress: bool | None = None,
+    device: torch.device | str | None = None,
+) -> FitResult:
+    """Train a partitioned model and learn its hyperparameters by the partitioned marginal likelihood.
+
+    Args:
+        pmodel: from ``partitionify`` (C >= 2 to learn hyperparameters).
+        dataset: ``(inputs, targets)`` tensors, a ``TensorDataset``, or a map-style dataset of pairs.
+        hyper: an input transform whose parameters are hyperparameters (``AffineAugmentation``,
+            ``InputMask``, or a module holding several); ``HyperparameterModule`` s inside the model
+            (``ConcreteDropout``) and a Gaussian likelihood's noise scale are learned too.
+        likelihood: ``"classification"``, ``"regression"`` (Gaussian, learned noise scale), a
+            ``Likelihood``, or ``fn(outputs, targets) -> per-example log-likelihood``.
+        steps: iterations (each: one parameter step, plus a hyperparameter step when due).
+        optimizer / hyper_optimizer: ``params -> torch.optim.Optimizer``, e.g.
+            ``functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=1e-4)``; both default to
+            Adam(lr=1e-3). The model optimiser gets one param group per partition, with its weight decay
+            scaled by ``weight_decay_scaling`` (``reciprocal``/``sqrt``/``none`` of |D_1:k|, see
+            ``weight_decay_scales``). ``scheduler``: ``optimizer -> LR scheduler``, stepped every iteration.
+        hyper_every / warmup_steps / hyper_batch_size: a hyperparameter step every ``hyper_every``
+            iterations once ``warmup_steps`` have passed, on ``hyper_batch_size`` (default ``batch_size``).
+        chunks: ``DataChunks`` or a per-example chunk id (1..C, e.g. by client); default: a random split
+            with the model's proportions, from ``seed``.
+        seed: seeds the chunks, the sampler and torch's global RNG (augmentation and dropout noise).
+        eval_every: LML evaluation interval (default ``steps // 10``); the last step is always evaluated.
+        eval_examples_per_chunk: score at most this many examples per chunk (an unbiased estimate).
+        patience / restore_best: stop after ``patience`` evaluations without a better LML; return the
+            state with the best LML (``restore_best``).
+        callbacks: ``cb(trainer, record)`` after each evaluation; returning True stops training.
+        on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
+        checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` at each evaluation (atomically).
+        progress: a tqdm bar; default: only when stderr is a terminal.
+
+    Example::
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> from partition_fx.training import fit
+        >>> from partition_fx.transforms import InputMask
+        >>> x = torch.randn(200, 4); y = (x[:, 0] > 0).long()
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        >>> pmodel = partitionify(model, 2, (0.7, 0.3))
+        >>> result = fit(pmodel, (x, y), hyper=InputMask(4), steps=20, batch_size=32, progress=False)
+        >>> sorted(result.hyperparameters), len(result.history), result.lml < 0
+        (['mask'], 10, True)
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    trainer = PartitionedTrainer(
+        pmodel,
+        dataset,
+        hyper=hyper,
+        likelihood=likelihood,
+        batch_size=batch_size,
+        hyper_batch_size=hyper_batch_size,
+        optimizer=optimizer,
+        hyper_optimizer=hyper_optimizer,
+        scheduler=scheduler,
+        weight_decay_scaling=weight_decay_scaling,
+        hyper_every=hyper_every,
+        warmup_steps=warmup_steps,
+        chunks=chunks,
+        seed=seed,
+        eval_batch_size=eval_batch_size,
+        eval_examples_per_chunk=eval_examples_per_chunk,
+        on_nonfinite=on_nonfinite,
+        checkpoint_dir=checkpoint_dir,
+        device=device,
+    )
+    return trainer.run(
+        steps,
+        eval_every=eval_every,
+        patience=patience,
+        restore_best=restore_best,
+        callbacks=callbacks,
+        progress=progress,
+    )
+
+
+__all__ = ["FitResult", "PartitionedTrainer", "fit"]

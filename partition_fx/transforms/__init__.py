@@ -1,0 +1,18 @@
+"""Learnable-hyperparameter modules: put them in a model and ``fit`` learns their parameters psi.
+
+Each is a :class:`HyperparameterModule`: ``partitionify`` leaves it unpartitioned, ``hyperparameters()``
+reports its values as plain floats and ``constrain_()`` clamps it into documented bounds after each step.
+
+- :class:`AffineAugmentation`: affine augmentation with learnable ranges (Augerino); [B, ...] -> [S * B, ...].
+- :class:`ConcreteDropout`: dropout with a learnable rate (concrete relaxation).
+- :class:`InputMask`: a learnable soft mask over input features.
+
+All three are the identity (or a fixed mask) in eval mode, so exported models need none of this package.
+"""
+
+from .affine import AffineAugmentation
+from .base import HyperparameterModule
+from .dropout import ConcreteDropout
+from .mask import InputMask
+
+__all__ = ["AffineAugmentation", "ConcreteDropout", "HyperparameterModule", "InputMask"]

@@ -1,0 +1,247 @@
+"""``AffineAugmentation``: differentiable affine augmentation with learnable ranges (Augerino)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import PartitionArgumentError
+from .base import HyperparameterModule
+
+# Lie-algebra generators of the affine group as 3x3 homogeneous matrices in the normalised [-1, 1]
+# coordinates of ``F.affine_grid`` (x: left to right, y: top to bottom). A coefficient vector c maps
+# to the transform exp(sum_i c_i G_i), so every c is a valid (invertible) affine map and c = 0 is the
+# identity -- which is why ranges can start at zero and be learned by gradient descent (Benton et al.
+# 2020; the matrix-exponential parametrisation of Immer et al. 2022).
+GENERATORS: dict[str, tuple[tuple[float, ...], ...]] = {
+    "translation_x": ((0, 0, 1), (0, 0, 0), (0, 0, 0)),
+    "translation_y": ((0, 0, 0), (0, 0, 1), (0, 0, 0)),
+    "rotation": ((0, -1, 0), (1, 0, 0), (0, 0, 0)),
+    "scale_x": ((1, 0, 0), (0, 0, 0), (0, 0, 0)),
+    "scale_y": ((0, 0, 0), (0, 1, 0), (0, 0, 0)),
+    "shear": ((0, 1, 0), (1, 0, 0), (0, 0, 0)),
+}
+
+# Default bounds on |range| enforced by ``constrain_``, in the coefficient units of GENERATORS.
+DEFAULT_MAX_RANGE: dict[str, float] = {
+    # Normalised coordinates span [-1, 1], so 1.0 shifts by half the image; beyond that most of the
+    # content leaves the frame and the samples are mostly padding.
+    "translation_x": 1.0,
+    "translation_y": 1.0,
+    # Radians. Rotations are periodic, so [-pi, pi] already covers every angle; a larger range only
+    # re-weights angles and is not identifiable.
+    "rotation": math.pi,
+    # exp(s * G) stretches the sampling grid by e^s, i.e. zooms the image by e^-s: log 2 allows
+    # anything from half to double size, enough for natural-image augmentation without degenerate maps.
+    "scale_x": math.log(2.0),
+    "scale_y": math.log(2.0),
+    # The symmetric shear generator stretches one diagonal by e^s and squeezes the other by e^-s;
+    # bounded like the scales for the same reason.
+    "shear": math.log(2.0),
+}
+
+PADDING_MODES = ("zeros", "border", "reflection")
+
+
+class AffineAugmentation(HyperparameterModule):
+    """Random affine transforms of an image batch whose ranges are learnable hyperparameters.
+
+    Each sample draws eps ~ U[-1, 1] per generator and applies exp(sum_i eps_i * ranges_i * G_i), so
+    ``ranges_i`` (its absolute value: eps is symmetric) is the half-width of the uniform distribution
+    over generator i's coefficient. Rotation is in radians and a positive coefficient turns the image
+    counter-clockwise as displayed (row 0 at the top): a coefficient of pi/2 equals
+    ``torch.rot90(x, 1, dims=(-2, -1))`` for square images with ``align_corners=False``. Coordinates are
+    normalised to [-1, 1] per axis, so on non-square images a "rotation" also rescales by the aspect ratio.
+
+    **Sample-major contract.** In training mode ``forward`` maps ``x`` of shape [B, C, H, W] to
+    [S * B, C, H, W] with S = ``num_samples``, ordered sample-major: ``out.view(S, B, C, H, W)[s]`` is
+    sample s of every example, and ``out[s * B + b]`` is sample s of example b. The trainer reshapes the
+    model's outputs to [S, B, ...] and averages the per-sample likelihoods over S. In eval mode
+    ``forward`` returns ``x`` itself (no augmentation, batch not expanded), so S = 1 there.
+
+    Example::
+
+        >>> import torch
+        >>> from partition_fx.transforms import AffineAugmentation
+        >>> aug = AffineAugmentation(num_samples=4, init={"rotation": 0.5})
+        >>> x = torch.randn(2, 3, 8, 8)
+        >>> aug(x).shape
+        torch.Size([8, 3, 8, 8])
+        >>> aug.hyperparameters()["rotation"], aug.hyperparameters()["scale_x"]
+        (0.5, 0.0)
+        >>> aug.eval()(x) is x
+        True
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 8,
+        generators: Sequence[str] = ("translation_x", "translation_y", "rotation", "scale_x", "scale_y", "shear"),
+        init: float | Mapping[str, float] = 0.0,
+        max_range: Mapping[str, float] | None = None,
+        padding_mode: str = "zeros",
+        align_corners: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_samples = _check_num_samples(num_samples, "num_samples")
+        self.generators: tuple[str, ...] = _check_generators(generators)
+        if padding_mode not in PADDING_MODES:
+            raise PartitionArgumentError(
+                f"padding_mode must be one of {PADDING_MODES} (the modes of F.grid_sample), got {padding_mode!r}"
+            )
+        self.padding_mode = padding_mode
+        self.align_corners = bool(align_corners)
+        bounds = {name: DEFAULT_MAX_RANGE[name] for name in self.generators}
+        bounds.update(_check_per_generator(max_range or {}, self.generators, "max_range", positive=True))
+        self.max_range: dict[str, float] = bounds
+        if isinstance(init, Mapping):
+            start = {name: 0.0 for name in self.generators}
+            start.update(_check_per_generator(init, self.generators, "init", positive=False))
+        else:
+            value = _check_real(init, "init")
+            start = {name: value for name in self.generators}
+        for name, value in start.items():
+            if abs(value) > bounds[name]:
+                raise PartitionArgumentError(
+                    f"init for {name!r} is {value}, outside the bound [-{bounds[name]}, {bounds[name]}]; "
+                    f"pass a smaller init or raise max_range={{{name!r}: ...}}"
+                )
+        self.ranges = nn.Parameter(torch.tensor([start[name] for name in self.generators], dtype=torch.float32))
+        # Constants derived from the arguments, not state: non-persistent so checkpoints hold only ranges.
+        matrices = torch.tensor([GENERATORS[name] for name in self.generators], dtype=torch.float32)
+        self.register_buffer("generator_matrices", matrices, persistent=False)
+        limits = torch.tensor([bounds[name] for name in self.generators], dtype=torch.float32)
+        self.register_buffer("max_ranges", limits, persistent=False)
+
+    def forward(self, x: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+        """[B, C, H, W] -> [S * B, C, H, W] (sample-major) in training mode; ``x`` itself in eval mode.
+
+        ``num_samples`` overrides ``self.num_samples`` for this call.
+        """
+        _check_images(x)
+        if not self.training:
+            return x
+        s = self.num_samples if num_samples is None else _check_num_samples(num_samples, "num_samples")
+        # Drawn on x's device and dtype from the global generator, so torch.manual_seed fixes the samples.
+        eps = torch.rand(s, x.shape[0], len(self.generators), device=x.device, dtype=x.dtype) * 2 - 1
+        return self.transform(x, eps)
+
+    def transform(self, x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """Apply the transforms of coefficients ``eps`` (shape [S, B, G], in [-1, 1]) to ``x`` [B, C, H, W].
+
+        Deterministic and mode-independent: ``forward`` in training mode is ``transform`` with uniform eps.
+        Returns [S * B, C, H, W], sample-major.
+        """
+        _check_images(x)
+        b = x.shape[0]
+        if eps.dim() != 3 or eps.shape[1] != b or eps.shape[2] != len(self.generators):
+            raise PartitionArgumentError(
+                f"eps must have shape [S, {b}, {len(self.generators)}] (samples, batch, generators), "
+                f"got {tuple(eps.shape)}"
+            )
+        s = eps.shape[0]
+        theta = self.transform_matrices(eps).reshape(s * b, 2, 3).to(x.dtype)
+        size = (s * b, *x.shape[1:])
+        grid = F.affine_grid(theta, list(size), align_corners=self.align_corners)
+        # expand + reshape lays the copies out sample-major (index s * B + b) without a Python loop.
+        xs = x.unsqueeze(0).expand(s, *x.shape).reshape(size)
+        # Bilinear, not nearest: nearest has zero gradient with respect to the grid, so ranges would not learn.
+        return F.grid_sample(
+            xs, grid, mode="bilinear", padding_mode=self.padding_mode, align_corners=self.align_corners
+        )
+
+    def transform_matrices(self, eps: torch.Tensor) -> torch.Tensor:
+        """The affine matrices [..., 2, 3] (``F.affine_grid``'s theta) for coefficients ``eps`` [..., G].
+
+        theta = exp(sum_i eps_i * ranges_i * G_i)[:2, :]; with eps = 1 and a single generator it is
+        exp(ranges * G), e.g. the rotation matrix [[cos r, -sin r], [sin r, cos r]] for rotation r.
+        """
+        if eps.dim() < 1 or eps.shape[-1] != len(self.generators):
+            raise PartitionArgumentError(
+                f"eps must end in one coefficient per generator ({len(self.generators)}: {self.generators}), "
+                f"got shape {tuple(eps.shape)}"
+            )
+        # matrix_exp needs at least single precision (no half kernels on CPU) and keeps float64 if given.
+        dtype = torch.promote_types(eps.dtype, torch.float32)
+        coefficients = eps.to(dtype) * self.ranges.to(dtype)
+        algebra = torch.einsum("...g,gij->...ij", coefficients, self.generator_matrices.to(dtype))
+        return torch.linalg.matrix_exp(algebra)[..., :2, :]
+
+    def hyperparameters(self) -> dict[str, float | list[float]]:
+        """{generator name: |range|} as plain floats; rotation in radians, the others in coefficient units."""
+        values = self.ranges.detach().abs().tolist()
+        return dict(zip(self.generators, values))
+
+    @torch.no_grad()
+    def constrain_(self) -> None:
+        """Clamp each range into [-max_range, max_range] (defaults in ``DEFAULT_MAX_RANGE``)."""
+        limits = self.max_ranges.to(self.ranges.dtype)
+        self.ranges.copy_(torch.clamp(self.ranges, -limits, limits))
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_samples={self.num_samples}, generators={self.generators}, "
+            f"padding_mode={self.padding_mode!r}, align_corners={self.align_corners}"
+        )
+
+
+def _check_images(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise PartitionArgumentError(
+            f"AffineAugmentation needs images of shape [B, C, H, W], got {shape}; "
+            f"add the missing batch/channel dimensions (e.g. x.unsqueeze(0))"
+        )
+    if not x.is_floating_point():
+        raise PartitionArgumentError(
+            f"AffineAugmentation needs floating-point images, got dtype {x.dtype}; convert with x.float()"
+        )
+
+
+def _check_num_samples(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise PartitionArgumentError(f"{name} must be an int >= 1, got {value!r}; pass e.g. {name}=8")
+    return int(value)
+
+
+def _check_generators(generators: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(generators, str) or not isinstance(generators, Sequence) or len(generators) == 0:
+        raise PartitionArgumentError(
+            f"generators must be a non-empty sequence of names from {tuple(GENERATORS)}, got {generators!r}"
+        )
+    unknown = [g for g in generators if g not in GENERATORS]
+    if unknown:
+        raise PartitionArgumentError(f"generators has unknown names {unknown}; choose from {tuple(GENERATORS)}")
+    duplicates = sorted({g for g in generators if list(generators).count(g) > 1})
+    if duplicates:
+        raise PartitionArgumentError(f"generators lists {duplicates} more than once; give each generator once")
+    return tuple(generators)
+
+
+def _check_real(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise PartitionArgumentError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_per_generator(
+    values: Mapping[str, float], generators: tuple[str, ...], name: str, *, positive: bool
+) -> dict[str, float]:
+    if not isinstance(values, Mapping):
+        raise PartitionArgumentError(f"{name} must be a mapping from generator name to number, got {values!r}")
+    out = {}
+    for key, value in values.items():
+        if key not in generators:
+            raise PartitionArgumentError(
+                f"{name} has key {key!r}, which is not one of this module's generators {generators}; "
+                f"remove it or add it to generators"
+            )
+        out[key] = _check_real(value, f"{name}[{key!r}]")
+        if positive and out[key] <= 0:
+            raise PartitionArgumentError(f"{name}[{key!r}] must be > 0, got {out[key]}")
+    return out

@@ -1,0 +1,352 @@
+"""Partitioned training checked against its definitions (appendix I.1, DESIGN.md invariant 4)."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partition_fx import export_subnetwork, partitionify
+from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
+from partition_fx.training import (
+    Categorical,
+    Examples,
+    Gaussian,
+    PartitionedSampler,
+    PartitionedTrainer,
+    chunks_from_assignment,
+    estimate_lml,
+    fit,
+    split_into_chunks,
+    weight_decay_scales,
+)
+from partition_fx.transforms import ConcreteDropout, InputMask
+
+PROPORTIONS = (0.5, 0.25, 0.25)
+
+
+def _pmodel(seed: int = 0, dropout: bool = False) -> nn.Module:
+    torch.manual_seed(seed)
+    layers = [nn.Linear(6, 16), nn.Tanh()]
+    if dropout:
+        layers.append(ConcreteDropout(p=0.2))
+    layers.append(nn.Linear(16, 3))
+    return partitionify(nn.Sequential(*layers), 3, PROPORTIONS, seed=1)
+
+
+def _data(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return x, (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+
+
+def _parts(pmodel) -> list[torch.Tensor]:
+    return [p.detach().clone() for k in range(1, pmodel.num_partitions + 1) for p in pmodel.partition_parameters(k)]
+
+
+# --- chunks and sampler ------------------------------------------------------------------------------
+
+
+def test_chunks_are_a_reproducible_partition_of_the_dataset():
+    a, b = split_into_chunks(103, (0.8, 0.1, 0.1), seed=3), split_into_chunks(103, (0.8, 0.1, 0.1), seed=3)
+    assert a.sizes == [82, 11, 10] or sum(a.sizes) == 103
+    assert all(torch.equal(x, y) for x, y in zip(a.indices, b.indices))
+    assert torch.equal(torch.cat(a.indices).sort().values, torch.arange(103))
+    assert not torch.equal(a.indices[1], split_into_chunks(103, (0.8, 0.1, 0.1), seed=4).indices[1])
+    assert torch.equal(a.prefix(2), torch.cat(a.indices[:2]))
+
+
+def test_empty_chunk_and_bad_assignment_are_refused():
+    with pytest.raises(PartitionArgumentError, match="chunk 3 of 3 is empty"):
+        split_into_chunks(5, (0.8, 0.2, 0.0))
+    with pytest.raises(PartitionArgumentError, match=r"values must be in 1\.\.2"):
+        chunks_from_assignment([0, 1, 2], 2)
+    assert chunks_from_assignment(torch.tensor([2, 1, 2, 1]), 2).chunk(2).tolist() == [0, 2]
+
+
+def test_sampler_frequencies_match_appendix_i1():
+    """k ~ Cat(u); examples uniform over D_1:k, so chunk j is drawn with probability sum_{i>=j} u_i |D_j| / |D_1:i|."""
+    chunks = split_into_chunks(1000, (0.6, 0.3, 0.1), seed=0)
+    sampler = PartitionedSampler(chunks, batch_size=1, seed=0)
+    draws = 20000
+    chunk_of = torch.empty(1000, dtype=torch.long)
+    for j, idx in enumerate(chunks.indices):
+        chunk_of[idx] = j
+    ks, examples = zip(*(sampler.parameter_batch() for _ in range(draws)))
+    ks_t = torch.tensor(ks)
+    u = torch.tensor(chunks.sizes, dtype=torch.float64) / 1000
+    sizes = torch.tensor(chunks.sizes, dtype=torch.float64)
+    for k in range(1, 4):
+        # partition frequency: binomial, within 5 standard deviations
+        p = float(u[k - 1])
+        assert abs(float((ks_t == k).double().mean()) - p) < 5 * math.sqrt(p * (1 - p) / draws)
+        picked = chunk_of[torch.cat(examples)[ks_t == k]]
+        assert int(picked.max()) <= k - 1  # partition k only sees D_1:k
+    expected = [sum(float(u[i] * sizes[j] / sizes[: i + 1].sum()) for i in range(j, 3)) for j in range(3)]
+    observed = torch.bincount(chunk_of[torch.cat(examples)], minlength=3).double() / draws
+    for e, o in zip(expected, observed.tolist()):
+        assert abs(o - e) < 5 * math.sqrt(e * (1 - e) / draws)
+    hyper = [sampler.hyper_batch() for _ in range(4000)]
+    hk = torch.tensor([k for k, _ in hyper])
+    assert set(hk.tolist()) == {2, 3}
+    assert abs(float((hk == 2).double().mean()) - 0.75) < 5 * math.sqrt(0.75 * 0.25 / 4000)
+    assert all(int(chunk_of[idx].item()) == k - 1 for k, idx in hyper)
+
+
+# --- per-partition optimiser state --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        partial(torch.optim.Adam, lr=0.05),
+        partial(torch.optim.AdamW, lr=0.05, weight_decay=0.1),
+        partial(torch.optim.SGD, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    ],
+    ids=["adam", "adamw", "sgd-momentum"],
+)
+@pytest.mark.parametrize("scaling", ["reciprocal", "sqrt"])
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)` before")
+def test_partition_updates_equal_a_fresh_optimiser_per_partition(factory, scaling):
+    """Through the trainer, partition k's trajectory is bit-identical to optimising w_k alone with its
+    own fresh optimiser (moments and step counts advance only when k is stepped; the scheduler follows
+    the total iteration count)."""
+    x, y = _data()
+    schedule = partial(torch.optim.lr_scheduler.StepLR, step_size=4, gamma=0.5)
+    trainer = PartitionedTrainer(
+        _pmodel(), (x, y), optimizer=factory, scheduler=schedule, weight_decay_scaling=scaling, batch_size=8
+    )
+    reference = _pmodel()
+    scales = weight_decay_scales(trainer.chunks.sizes, scaling)
+    optimizers, schedulers = {}, []
+    for k in range(1, 4):
+        opt = factory(reference.partition_parameters(k))
+        opt.param_groups[0]["weight_decay"] *= scales[k - 1]
+        optimizers[k] = opt
+        schedulers.append(schedule(opt))
+    sequence = [trainer.sampler.parameter_batch() for _ in range(15)] + [(3, trainer.chunks.prefix(3)[:8])] * 3
+    assert {k for k, _ in sequence} == {1, 2, 3}
+    for k, idx in sequence:
+        trainer.parameter_step(k, idx)
+        loss = F.cross_entropy(reference(x[idx], subnetwork=k), y[idx])
+        loss.backward()
+        optimizers[k].step()
+        reference.zero_grad(set_to_none=True)
+        for s in schedulers:
+            s.step()
+    for got, want in zip(_parts(trainer.pmodel), _parts(reference)):
+        assert torch.equal(got, want)
+    state_steps = {k: len([1 for kk, _ in sequence if kk == k]) for k in range(1, 4)}
+    if "Adam" in factory.func.__name__:
+        for group in trainer.optimizer.param_groups:
+            for p in group["params"]:
+                assert int(trainer.optimizer.state[p]["step"]) == state_steps[group["partition"]]
+
+
+# --- gradient routing (invariant 4) ------------------------------------------------------------------
+
+
+def test_partition_k_depends_only_on_chunks_1_to_k():
+    x, y = _data(96)
+    runs = []
+    for perturb in (False, True):
+        trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), batch_size=8, seed=5)
+        if perturb:  # change every example of D_3 beyond recognition
+            idx = trainer.chunks.chunk(3)
+            trainer.examples.tensors[0][idx] = torch.randn(len(idx), 6) * 10
+            trainer.examples.tensors[1][idx] = (trainer.examples.tensors[1][idx] + 1) % 3
+        for _ in range(30):
+            trainer.iteration()
+        runs.append(trainer.pmodel)
+    for k in (1, 2):
+        assert all(torch.equal(a, b) for a, b in zip(runs[0].partition_parameters(k), runs[1].partition_parameters(k)))
+    assert not all(torch.equal(a, b) for a, b in zip(runs[0].partition_parameters(3), runs[1].partition_parameters(3)))
+
+
+def test_hyper_step_depends_only_on_chunk_k_through_subnetwork_k_minus_1():
+    x, y = _data(96)
+
+    def one_step(perturb: str | None) -> torch.Tensor:
+        torch.manual_seed(0)
+        mask = InputMask(6)
+        trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), hyper=mask, batch_size=8, seed=2)
+        k = 3
+        idx = trainer.chunks.chunk(k)[:8]
+        tx = trainer.examples.tensors[0]
+        with torch.no_grad():
+            if perturb == "other chunks":
+                others = torch.cat([trainer.chunks.chunk(1), trainer.chunks.chunk(2)])
+                tx[others] = torch.randn(len(others), 6)
+            elif perturb == "partition k":
+                for p in trainer.pmodel.partition_parameters(k):
+                    p.add_(torch.randn_like(p))
+            elif perturb == "partition k-1":
+                for p in trainer.pmodel.partition_parameters(k - 1):
+                    p.add_(torch.randn_like(p))
+            elif perturb == "chunk k":
+                tx[idx] += 1.0
+        trainer.hyper_step(k, idx)
+        return mask.logits.detach().clone()
+
+    base = one_step(None)
+    assert torch.equal(base, one_step("other chunks"))
+    assert torch.equal(base, one_step("partition k"))
+    assert not torch.equal(base, one_step("partition k-1"))
+    assert not torch.equal(base, one_step("chunk k"))
+
+
+# --- LML ----------------------------------------------------------------------------------------------
+
+
+def test_lml_equals_a_hand_computation_with_the_exported_subnetworks():
+    torch.manual_seed(0)
+    pmodel = partitionify(nn.Linear(2, 3), 2, (0.6, 0.4), default="zero")
+    with torch.no_grad():
+        for p in pmodel.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(10, 2)
+    y = torch.randint(0, 3, (10,))
+    chunks = split_into_chunks(10, (0.6, 0.4), seed=0)
+    estimate = estimate_lml(pmodel, Examples((x, y)), chunks, Categorical(), batch_size=3)
+    by_hand = []
+    for k in (1, 2):
+        net = export_subnetwork(pmodel, k - 1)
+        idx = chunks.chunk(k)
+        by_hand.append(sum(math.log(F.softmax(net(x[i]), -1)[y[i]].item()) for i in idx.tolist()))
+    assert estimate.per_chunk == pytest.approx(by_hand, rel=1e-5)
+    # subnetwork 0 with zero defaults predicts uniformly: the first term is |D_1| log(1/3)
+    assert estimate.per_chunk[0] == pytest.approx(6 * math.log(1 / 3), rel=1e-6)
+    assert estimate.total == pytest.approx(sum(by_hand), rel=1e-5)
+
+
+def test_sample_averaged_likelihood_averages_probabilities():
+    logits = torch.randn(2 * 4, 5)  # S=2 samples of B=4 examples, sample major
+    y = torch.randint(0, 5, (4,))
+    got = Categorical()(logits, y, num_samples=2)
+    p = F.softmax(logits, -1).view(2, 4, 5)
+    want = torch.log(p.mean(0)[torch.arange(4), y])
+    torch.testing.assert_close(got, want)
+
+
+def test_gaussian_noise_scale_is_learned():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 3, generator=g)
+    y = x[:, 0] * 2 + 0.3 * torch.randn(400, generator=g)
+    torch.manual_seed(0)
+    pmodel = partitionify(nn.Linear(3, 1), 2, (0.7, 0.3))
+    result = fit(
+        pmodel,
+        (x, y),
+        likelihood=Gaussian(scale=2.0),
+        steps=600,
+        batch_size=64,
+        optimizer=partial(torch.optim.Adam, lr=0.05),
+        hyper_optimizer=partial(torch.optim.Adam, lr=0.02),
+        progress=False,
+    )
+    assert 0.2 < result.hyperparameters["noise_scale"] < 0.6  # true noise 0.3, started at 2.0
+
+
+# --- fit -------------------------------------------------------------------------------------------------
+
+
+def test_concrete_dropout_in_the_model_is_a_hyperparameter():
+    x, y = _data()
+    pmodel = _pmodel(dropout=True)
+    assert "hyper" in pmodel.describe()
+    logit = dict(pmodel.named_parameters())["module.2.logit_p"]
+    assert all(p is not logit for k in range(1, 4) for p in pmodel.partition_parameters(k))
+    before = float(logit)
+    result = fit(
+        pmodel, (x, y), steps=20, batch_size=16, hyper_optimizer=partial(torch.optim.Adam, lr=0.1), progress=False
+    )
+    assert float(logit) != before
+    assert set(result.hyperparameters) == {"2.p"}
+    pmodel.eval()
+    torch.testing.assert_close(pmodel(x, subnetwork=2), export_subnetwork(pmodel, 2).eval()(x))
+
+
+def test_fit_history_checkpoint_and_callbacks(tmp_path):
+    x, y = _data()
+    seen = []
+    result = fit(
+        _pmodel(),
+        (x, y),
+        hyper=InputMask(6),
+        steps=12,
+        batch_size=8,
+        eval_every=4,
+        checkpoint_dir=tmp_path,
+        callbacks=[lambda trainer, record: seen.append(record["step"])],
+        progress=False,
+    )
+    assert seen == [4, 8, 12] and [r["step"] for r in result.history] == [4, 8, 12]
+    assert result.lml == result.history[-1]["lml"] and len(result.history[-1]["lml_per_chunk"]) == 3
+    assert isinstance(result.hyperparameters["mask"], list) and len(result.hyperparameters["mask"]) == 6
+    assert (tmp_path / "last.safetensors").is_file() and (tmp_path / "best.safetensors").is_file()
+    reloaded = PartitionedTrainer(_pmodel(seed=9), (x, y), hyper=InputMask(6))
+    assert reloaded.load_checkpoint(tmp_path / "last.safetensors")["step"] == 12
+    assert reloaded.estimate_lml().total == pytest.approx(result.lml, rel=1e-6)
+
+
+def test_callback_stop_patience_and_restore_best():
+    x, y = _data()
+    result = fit(_pmodel(), (x, y), steps=50, eval_every=5, callbacks=[lambda t, r: r["step"] >= 10], progress=False)
+    assert result.stopped_early and result.steps == 10
+    frozen = partial(torch.optim.SGD, lr=0.0)
+    result = fit(_pmodel(), (x, y), steps=50, eval_every=5, optimizer=frozen, patience=2, progress=False)
+    assert result.stopped_early and result.steps == 15 and result.best_step == 5
+
+    def wreck(trainer, record):
+        if record["step"] == 10:
+            with torch.no_grad():
+                for p in trainer.pmodel.parameters():
+                    p.mul_(-50)
+
+    trainer = PartitionedTrainer(_pmodel(), (x, y), batch_size=16)
+    result = trainer.run(20, eval_every=5, restore_best=True, callbacks=[wreck], progress=False)
+    assert result.best_step == 10 and result.lml == result.best_lml
+    assert trainer.estimate_lml().total == pytest.approx(result.best_lml, rel=1e-9)
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    x, y = _data()
+    poison = {"on": False}
+
+    def loglik(outputs, targets):
+        value = -F.cross_entropy(outputs, targets, reduction="none")
+        return value * float("nan") if poison["on"] else value
+
+    def arm(trainer, record):
+        poison["on"] = True
+
+    with pytest.raises(PartitionTrainingError, match=r"step 4: non-finite loss nan in the parameter step of partition"):
+        fit(_pmodel(), (x, y), likelihood=loglik, steps=20, eval_every=4, callbacks=[arm], checkpoint_dir=tmp_path)
+    assert (tmp_path / "last.safetensors").is_file()
+    assert PartitionedTrainer(_pmodel(), (x, y)).load_checkpoint(tmp_path / "last.safetensors")["step"] == 4
+    poison["on"] = False
+    trainer = PartitionedTrainer(_pmodel(), (x, y), likelihood=loglik, on_nonfinite="skip")
+    poison["on"] = True
+    before = _parts(trainer.pmodel)
+    trainer.parameter_step()
+    assert trainer.skipped_steps == 1 and all(torch.equal(a, b) for a, b in zip(before, _parts(trainer.pmodel)))
+
+
+def test_fit_refuses_bad_input():
+    x, y = _data()
+    with pytest.raises(TypeError, match="needs a PartitionedModel"):
+        fit(nn.Linear(6, 3), (x, y), steps=1)
+    with pytest.raises(PartitionArgumentError, match="steps must be an int >= 1"):
+        fit(_pmodel(), (x, y), steps=0)
+    with pytest.raises(PartitionArgumentError, match="chunk 3 of 3 is empty"):
+        fit(_pmodel(), (x[:2], y[:2]), steps=1)
+    with pytest.raises(PartitionArgumentError, match="differ in length"):
+        fit(_pmodel(), (x, y[:10]), steps=1)
+    with pytest.raises(PartitionArgumentError, match="likelihood must be"):
+        fit(_pmodel(), (x, y), steps=1, likelihood="poisson")
+    with pytest.raises(PartitionArgumentError, match="num_partitions >= 2"):
+        fit(partitionify(nn.Linear(6, 3), 1), (x, y), hyper=InputMask(6), steps=1)
