@@ -124,7 +124,9 @@ class ScalePartitionedTensor(PartitionedTensor):
     def forward(self, k: int) -> torch.Tensor:
         if k == 0:
             return self.default
-        out = self.part1
+        # A view, never the Parameter itself: functional_call would register a Parameter it is given in
+        # the leaf's _parameters and, when restoring, leave the meta stand-in there as a parameter.
+        out = self.part1.view(self.shape)
         for i in range(2, k + 1):
             out = out * self.part(i) if self.kind == "product" else out + self.part(i)
         return out

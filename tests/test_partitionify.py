@@ -395,3 +395,18 @@ def test_timm_drop_path_still_switches_with_train_and_eval() -> None:
     pmodel.eval()
     perturb_partitions(pmodel)
     assert_subnetworks_match_exports(pmodel, (x,))
+
+
+def test_training_forward_leaves_the_module_tree_intact():
+    """Regression: an effective tensor that was a Parameter got registered in the leaf by functional_call,
+    leaving meta stand-ins as parameters after the call (``.to()`` then failed)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    pmodel = partitionify(model, 3).train()
+    names = sorted(n for n, _ in pmodel.named_parameters())
+    for k in range(4):
+        out = pmodel(torch.randn(2, 1, 5, 5), subnetwork=k)
+        if out.requires_grad:
+            out.sum().backward()
+    assert sorted(n for n, _ in pmodel.named_parameters()) == names
+    assert not any(t.is_meta for t in [*pmodel.parameters(), *pmodel.buffers()])
+    pmodel.to("cpu")
