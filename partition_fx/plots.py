@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ def plot_hyperparameters(history: Sequence[dict[str, Any]], path: str | Path) ->
     ax.set_xlabel("iteration")
     ax.set_ylabel("value (rotation in radians)")
     ax.set_title("learned hyperparameters")
+    if "rotation" in series:
+        ax.axhline(math.pi, linestyle=":", color="gray", label="pi (full rotation)")
     if series:
         ax.legend(fontsize="small", ncol=2 if len(series) > 6 else 1)
     else:

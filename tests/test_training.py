@@ -350,3 +350,20 @@ def test_fit_refuses_bad_input():
         fit(_pmodel(), (x, y), steps=1, likelihood="poisson")
     with pytest.raises(PartitionArgumentError, match="num_partitions >= 2"):
         fit(partitionify(nn.Linear(6, 3), 1), (x, y), hyper=InputMask(6), steps=1)
+
+
+def test_batchnorm_statistics_are_recalibrated_for_the_final_subnetwork():
+    torch.manual_seed(0)
+    pmodel = partitionify(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)), 3, PROPORTIONS)
+    with torch.no_grad():
+        for p in pmodel.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(50, 3)
+    from partition_fx.training import recalibrate_norm_statistics
+
+    assert recalibrate_norm_statistics(pmodel, Examples((x, torch.zeros(50))), batch_size=64) == 1
+    features = export_subnetwork(pmodel, 3)[0](x)
+    bn = next(m for m in pmodel.modules() if isinstance(m, nn.BatchNorm1d))
+    torch.testing.assert_close(bn.running_mean, features.mean(0).detach())
+    torch.testing.assert_close(bn.running_var, features.var(0).detach())
+    assert bn.momentum == 0.1  # restored

@@ -5,7 +5,7 @@
 
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
-from .lml import LMLEstimate, estimate_lml
+from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .optim import partition_optimizer, weight_decay_scales
 from .sampler import PartitionedSampler
 from .trainer import FitResult, PartitionedTrainer, fit
@@ -25,6 +25,7 @@ __all__ = [
     "estimate_lml",
     "fit",
     "partition_optimizer",
+    "recalibrate_norm_statistics",
     "resolve_likelihood",
     "split_into_chunks",
     "weight_decay_scales",

@@ -102,3 +102,44 @@ def estimate_lml(
             m.train(mode)
     total = sum(per_chunk)
     return LMLEstimate(total, per_chunk, total / sum(chunks.sizes))
+
+
+def recalibrate_norm_statistics(
+    pmodel: PartitionedModel,
+    examples: Examples,
+    subnetwork: int | None = None,
+    batch_size: int = 256,
+    device: torch.device | None = None,
+) -> int:
+    """Recompute every BatchNorm's running statistics for one subnetwork (default C) over the whole dataset.
+
+    During partitioned training the running statistics are shared by all subnetworks and mostly follow
+    the ones stepped most often (subnetwork 1 with the paper's proportions); the exported final model
+    runs in eval mode on those statistics, so they are recomputed for it, as
+    ``torch.optim.swa_utils.update_bn`` does for averaged weights: an equal-weight average over batches
+    in training mode, without gradients. Returns how many BatchNorm modules were updated.
+
+    >>> from partition_fx import partitionify
+    >>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)), 2)
+    >>> recalibrate_norm_statistics(pmodel, Examples((torch.randn(8, 2), torch.zeros(8))))
+    1
+    """
+    norms = [m for m in pmodel.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms:
+        return 0
+    momenta = [m.momentum for m in norms]
+    was_training = pmodel.training
+    try:
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the batches below
+        pmodel.train()
+        with torch.no_grad():
+            for batch in torch.arange(len(examples)).split(batch_size):
+                x, _ = examples.batch(batch, device)
+                pmodel(x, subnetwork=subnetwork)
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        pmodel.train(was_training)
+    return len(norms)

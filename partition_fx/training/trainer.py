@@ -31,7 +31,7 @@ from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .likelihoods import Likelihood, resolve_likelihood
-from .lml import LMLEstimate, estimate_lml, forward_log_likelihood
+from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, recalibrate_norm_statistics
 from .optim import OptimizerFactory, partition_optimizer
 from .sampler import PartitionedSampler
 
@@ -56,6 +56,8 @@ class FitResult:
     chunk_sizes: list[int]
     seconds: float
     skipped_steps: int = 0
+    recalibrated_norms: int = 0
+    """BatchNorm modules whose running statistics were recomputed for the final subnetwork at the end."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -407,6 +409,7 @@ class PartitionedTrainer:
         restore_best: bool = False,
         callbacks: Sequence[Callback] = (),
         progress: bool | None = None,
+        recalibrate_norms: bool = True,
     ) -> FitResult:
         """Train for ``steps`` iterations (see :func:`fit`)."""
         steps = _positive_int("steps", steps)
@@ -443,6 +446,11 @@ class PartitionedTrainer:
             final_lml = best_lml
         else:
             final_lml = self.history[-1]["lml"]
+        recalibrated = 0
+        if recalibrate_norms:
+            recalibrated = recalibrate_norm_statistics(
+                self.pmodel, self.examples, batch_size=self.eval_batch_size, device=self.device
+            )
         return FitResult(
             lml=final_lml,
             history=self.history,
@@ -454,6 +462,7 @@ class PartitionedTrainer:
             chunk_sizes=self.chunks.sizes,
             seconds=round(time.perf_counter() - started, 3),
             skipped_steps=self.skipped_steps,
+            recalibrated_norms=recalibrated,
         )
 
     def _best_index(self) -> int:
@@ -487,6 +496,7 @@ def fit(
     on_nonfinite: str = "raise",
     checkpoint_dir: str | Path | None = None,
     progress: bool | None = None,
+    recalibrate_norms: bool = True,
     device: torch.device | str | None = None,
 ) -> FitResult:
     """Train a partitioned model and learn its hyperparameters by the partitioned marginal likelihood.
@@ -518,6 +528,9 @@ def fit(
         on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
         checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` at each evaluation (atomically).
         progress: a tqdm bar; default: only when stderr is a terminal.
+        recalibrate_norms: at the end, recompute BatchNorm running statistics for the final subnetwork
+            over the training data (see ``recalibrate_norm_statistics``); they are shared by all
+            subnetworks during training. The LML does not use them (it runs in training mode).
 
     Example::
 
@@ -562,6 +575,7 @@ def fit(
         restore_best=restore_best,
         callbacks=callbacks,
         progress=progress,
+        recalibrate_norms=recalibrate_norms,
     )
 
 

@@ -1,0 +1,257 @@
+"""``partition-fx train`` and ``partition-fx export``: the main job, and re-exporting a trained run.
+
+``train`` builds a timm model (the shipped FixUp/WRN included), converts it, learns its hyperparameters
+with ``fit`` and writes to ``--out``:
+
+* ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
+  subnetwork, ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` and ``config``;
+* ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
+* ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
+* ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
+
+Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
+``"status": "running"`` are replaced atomically at each evaluation, so an interrupted or failed run keeps
+its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import PartitionArgumentError, PartitionError
+
+RUN_CONFIG_KEYS = (
+    "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
+    "scheme", "default", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every", "warmup_steps",
+    "eval_every", "seed", "device",
+)  # fmt: skip
+
+
+def build_model(name: str, num_classes: int, checkpoint: str | None, in_chans: int = 3, img_size: int | None = None):
+    """A timm model by name (shipped models included), optionally with weights from a local file."""
+    import timm
+
+    from . import models  # noqa: F401  (registers the shipped models)
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name}*")[:5]
+        hint = f"; similar: {', '.join(close)}" if close else ""
+        raise PartitionError(f"unknown model {name!r} (not in timm's registry){hint}")
+    kwargs: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
+    if checkpoint is not None:
+        if not Path(checkpoint).is_file():
+            raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
+        kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(checkpoint), num_classes=num_classes))
+    if img_size is not None:
+        try:  # transformers need the image size; most CNNs do not take the argument
+            return timm.create_model(name, img_size=img_size, **kwargs)
+        except TypeError as e:
+            if "img_size" not in str(e):
+                raise
+    return timm.create_model(name, **kwargs)
+
+
+def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    from .training.trainer import _save_atomically
+
+    _save_atomically(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
+
+
+@torch.no_grad()
+def evaluate_classifier(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512):
+    """(accuracy, mean log-likelihood) of a plain classifier in eval mode."""
+    model.eval()
+    correct, loglik = 0, 0.0
+    for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
+        logits = model(xb)
+        correct += int((logits.argmax(1) == yb).sum())
+        loglik += float(torch.log_softmax(logits.double(), 1).gather(1, yb[:, None]).sum())
+    return correct / len(y), loglik / len(y)
+
+
+def _prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything that can fail on bad input, before the output directory is touched."""
+    from .data import load_dataset
+    from .rewrite import partitionify
+    from .transforms import AffineAugmentation
+
+    for name in ("steps", "batch_size", "samples", "hyper_every"):
+        if getattr(args, name) < 1:
+            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
+        raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise PartitionError("--device cuda: no CUDA device is available here; use --device cpu")
+    if args.data == "input_selection":
+        raise PartitionArgumentError(
+            "--data 'input_selection' is a regression task; `partition-fx train` classifies images "
+            "(see examples/input_selection.py for input selection)"
+        )
+    kwargs: dict[str, Any] = {"size": args.image_size}
+    if args.channels is not None:
+        kwargs["channels"] = args.channels
+    data = load_dataset(args.data, **kwargs)
+    if data.num_classes is None:
+        raise PartitionArgumentError(f"--data {args.data!r} is a regression task; `partition-fx train` classifies")
+    if len(data.input_shape) != 3:
+        raise PartitionArgumentError(f"--data {args.data!r} is not images (example shape {data.input_shape})")
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
+    pmodel = partitionify(
+        model, args.partitions, args.proportions, scheme=args.scheme, default=args.default, seed=args.seed
+    )
+    from .training.chunks import split_into_chunks
+
+    split_into_chunks(len(data.train), pmodel.proportions, args.seed)  # refuse empty chunks now
+    hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
+    return {"data": data, "model": model, "pmodel": pmodel, "hyper": hyper}
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            raise PartitionError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or choose another")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``train`` command; returns the final report (also written to ``--out/report.json``)."""
+    from safetensors.torch import save_model
+
+    from .export import export_onnx, export_subnetwork
+    from .plots import plot_curves, plot_hyperparameters
+    from .training import fit
+
+    parts = _prepare(args)
+    data, pmodel, hyper = parts["data"], parts["pmodel"], parts["hyper"]
+    out: Path = args.out
+    _prepare_out(out, args.overwrite)
+    config = {key: getattr(args, key) for key in RUN_CONFIG_KEYS}
+    config["proportions"] = list(pmodel.proportions)
+    report: dict[str, Any] = {
+        "status": "running",
+        "config": config,
+        "data": {"name": data.name, "train": len(data.train), "test": len(data.test), "classes": data.num_classes},
+        "history": [],
+        "torch": torch.__version__,
+    }
+    report_path = out / "report.json"
+    _write_json_atomically(report_path, report)
+
+    def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
+        report.update(history=trainer.history, lml=record["lml"], hyperparameters=record["hyperparameters"])
+        report["last_checkpoint_step"] = record["step"]
+        _write_json_atomically(report_path, report)
+
+    started = time.perf_counter()
+    try:
+        result = fit(
+            pmodel,
+            data.train,
+            hyper=hyper,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            optimizer=partial(torch.optim.Adam, lr=args.lr, weight_decay=args.weight_decay),
+            hyper_optimizer=partial(torch.optim.Adam, lr=args.hyper_lr),
+            scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=args.steps, eta_min=args.lr / 100),
+            hyper_every=args.hyper_every,
+            warmup_steps=args.warmup_steps,
+            seed=args.seed,
+            eval_every=args.eval_every,
+            callbacks=[on_evaluation],
+            checkpoint_dir=out / "checkpoint",
+            progress=None if not args.quiet else False,
+            device=args.device,
+        )
+    except BaseException as e:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        report.update(
+            status="interrupted" if interrupted else "failed", seconds=round(time.perf_counter() - started, 1)
+        )
+        if not interrupted:
+            report["error"] = str(e)
+        _write_json_atomically(report_path, report)
+        raise
+    pmodel.cpu()
+    exported = export_subnetwork(pmodel).eval()
+    x_test, y_test = data.test.tensors
+    accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    save_model(exported, str(out / "model.safetensors"))
+    export_onnx(pmodel, out / "model.onnx", (x_test[:4],))
+    plot_curves(result.history, out / "lml.png")
+    plot_hyperparameters(result.history, out / "hyperparameters.png")
+    report.update(
+        status="completed",
+        test_accuracy=accuracy,
+        test_log_likelihood=loglik,
+        lml=result.lml,
+        lml_per_example=result.history[-1]["lml_per_example"],
+        best_lml=result.best_lml,
+        best_step=result.best_step,
+        hyperparameters=result.hyperparameters,
+        history=result.history,
+        chunk_sizes=result.chunk_sizes,
+        steps=result.steps,
+        seconds=round(time.perf_counter() - started, 1),
+        files={
+            "model": "model.safetensors",
+            "onnx": "model.onnx",
+            "plots": ["lml.png", "hyperparameters.png"],
+            "checkpoints": ["checkpoint/last.safetensors", "checkpoint/best.safetensors"],
+        },
+    )
+    _write_json_atomically(report_path, report)
+    return report
+
+
+def run_export(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``export`` command: a trained run's checkpoint -> plain safetensors model and ONNX."""
+    from safetensors.torch import save_model
+
+    from .export import export_onnx, export_subnetwork
+    from .training import PartitionedTrainer
+
+    run: Path = args.run
+    report_path = run / "report.json"
+    checkpoint = run / "checkpoint" / f"{args.which}.safetensors"
+    if not report_path.is_file() or not checkpoint.is_file():
+        raise PartitionError(
+            f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
+            "(written by `partition-fx train`)"
+        )
+    config = json.loads(report_path.read_text())["config"]
+    rebuilt = argparse.Namespace(**{**config, "proportions": tuple(config["proportions"])})
+    parts = _prepare(rebuilt)
+    pmodel = parts["pmodel"]
+    if args.subnetwork is not None:
+        pmodel.check_subnetwork(args.subnetwork)
+    trainer = PartitionedTrainer(pmodel, parts["data"].train, hyper=parts["hyper"], device="cpu")
+    meta = trainer.load_checkpoint(checkpoint)
+    out: Path = args.out if args.out is not None else run / "export"
+    _prepare_out(out, args.overwrite)
+    exported = export_subnetwork(pmodel, args.subnetwork).eval()
+    x_test, y_test = parts["data"].test.tensors
+    accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    save_model(exported, str(out / "model.safetensors"))
+    export_onnx(pmodel, out / "model.onnx", (x_test[:4],), subnetwork=args.subnetwork)
+    summary = {
+        "run": str(run),
+        "checkpoint": str(checkpoint),
+        "checkpoint_step": meta.get("step"),
+        "subnetwork": args.subnetwork if args.subnetwork is not None else pmodel.num_partitions,
+        "test_accuracy": accuracy,
+        "test_log_likelihood": loglik,
+        "files": {"model": "model.safetensors", "onnx": "model.onnx"},
+    }
+    _write_json_atomically(out / "export.json", summary)
+    return summary

@@ -1,0 +1,46 @@
+"""The examples run end to end (their --quick mode: tiny budgets, same code paths)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rotation_invariance_example(capsys):
+    results = _load("rotation_invariance").main(["--quick"])
+    assert [(r["dataset"], r["augment"]) for r in results] == [
+        ("rotdigits", True),
+        ("rotdigits", False),
+        ("digits", True),
+    ]
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 and r["lml"] < 0 for r in results)
+    assert "rotation range" in capsys.readouterr().out
+
+
+def test_input_selection_example(capsys):
+    found = _load("input_selection").main(["--quick"])
+    assert len(found["candidates"]) == 8 and found["informative"] == [0, 1, 2]
+    assert len(found["mask"]) == 8 and "highest LML" in capsys.readouterr().out
+
+
+def test_finetune_pretrained_example(tmp_path, capsys):
+    found = _load("finetune_pretrained").main(["--quick", "--out", str(tmp_path)])
+    assert Path(found["onnx"]).is_file() and (tmp_path / "pretrained.safetensors").is_file()
+    assert "verified in onnxruntime" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["rotation_invariance", "input_selection", "finetune_pretrained"])
+def test_examples_document_how_to_run_them(name):
+    text = (EXAMPLES / f"{name}.py").read_text()
+    assert f"python examples/{name}.py" in text and "--quick" in text

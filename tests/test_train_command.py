@@ -1,0 +1,102 @@
+"""``partition-fx train`` / ``export`` end to end on a tiny budget (real model, real data, real ONNX)."""
+
+from __future__ import annotations
+
+import json
+
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from partition_fx.cli import main
+from partition_fx.data import digits
+from partition_fx.training import PartitionedTrainer
+
+TINY = ["--model", "fixup_resnet8", "--image-size", "16", "--steps", "4", "--batch-size", "8", "--samples", "2"]
+TINY += ["--eval-every", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "train"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    return out
+
+
+def test_train_writes_report_plots_model_and_onnx(run_dir):
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert names == ["checkpoint", "hyperparameters.png", "lml.png", "model.onnx", "model.safetensors", "report.json"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "completed" and report["steps"] == 4
+    assert 0.0 <= report["test_accuracy"] <= 1.0 and report["test_log_likelihood"] < 0
+    assert report["lml"] < 0 and [h["step"] for h in report["history"]] == [2, 4]
+    assert set(report["hyperparameters"]) >= {"rotation", "translation_x", "scale_y", "shear"}
+    assert report["config"]["data"] == "rotdigits" and report["config"]["proportions"] == [0.8, 0.1, 0.1]
+    assert (run_dir / "lml.png").stat().st_size > 1000
+    # the exported weights are a plain fixup_resnet8 that reproduces the ONNX model and the report's accuracy
+    plain = timm.create_model("fixup_resnet8", num_classes=10, in_chans=1).eval()
+    plain.load_state_dict(load_file(run_dir / "model.safetensors"))
+    x = digits(size=16).test.tensors[0]  # rotdigits shares digits' split; only the accuracy differs
+    session = ort.InferenceSession(str(run_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    (onnx_out,) = session.run(None, {session.get_inputs()[0].name: x[:7].numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(onnx_out), plain(x[:7]), rtol=1e-4, atol=1e-5)
+
+
+def test_export_command_rebuilds_the_run(run_dir, capsys):
+    out = run_dir.parent / "exported"
+    assert main(["export", "--run", str(run_dir), "--subnetwork", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "export.json").read_text())
+    assert summary["subnetwork"] == 2 and summary["checkpoint_step"] == 4
+    assert (out / "model.onnx").is_file() and "exported subnetwork 2" in capsys.readouterr().out
+    full = run_dir.parent / "exported_full"
+    assert main(["export", "--run", str(run_dir), "--out", str(full)]) == 0
+    report = json.loads((run_dir / "report.json").read_text())
+    assert json.loads((full / "export.json").read_text())["test_accuracy"] == report["test_accuracy"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--model", "no_such_net"], "unknown model 'no_such_net'"),
+        (["--data", "/no/such/folder"], "unknown dataset '/no/such/folder'"),
+        (["--proportions", "0.9995,0.0004,0.0001"], "data chunk 3 of 3 is empty"),
+        (["--proportions", "0.5,0.6"], "proportions has 2 entries but num_partitions=3"),
+        (["--lr", "-1"], "--lr and --hyper-lr must be positive"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--data", "input_selection"], "is a regression task"),
+    ],
+)
+def test_bad_train_input_is_one_clear_line_and_no_output(tmp_path, capsys, argv, fragment):
+    out = tmp_path / "never"
+    assert main(["train", *TINY, *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partition-fx: error:") and fragment in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_existing_output_needs_overwrite_and_export_needs_a_run(run_dir, tmp_path, capsys):
+    assert main(["train", *TINY, "--out", str(run_dir)]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["export", "--run", str(tmp_path)]) == 2
+    assert "is not a training run" in capsys.readouterr().err
+
+
+def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypatch, capsys):
+    original = PartitionedTrainer.iteration
+
+    def interrupt_after_step_2(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        original(self)
+
+    monkeypatch.setattr(PartitionedTrainer, "iteration", interrupt_after_step_2)
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["last_checkpoint_step"] == 2
+    assert [h["step"] for h in report["history"]] == [2]
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors"]
