@@ -100,3 +100,31 @@ def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypa
     assert report["status"] == "interrupted" and report["last_checkpoint_step"] == 2
     assert [h["step"] for h in report["history"]] == [2]
     assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors"]
+
+
+def test_train_on_an_image_folder(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "shapes"
+    generator = torch.Generator().manual_seed(0)
+    for label in ("bright", "dark"):
+        (root / label).mkdir(parents=True)
+        for i in range(12):
+            value = 200 if label == "bright" else 40
+            pixels = (torch.rand(12, 12, generator=generator) * 30 + value).to(torch.uint8).numpy()
+            Image.fromarray(pixels, mode="L").save(root / label / f"{i}.png")
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--data", str(root), "--proportions", "0.5,0.25,0.25", "--out", str(out)]
+    assert main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"]["classes"] == 2 and report["data"]["train"] + report["data"]["test"] == 24
+    assert report["status"] == "completed" and (out / "model.onnx").is_file()
+
+
+def test_nonfinite_training_fails_clearly_and_keeps_the_report(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "20", "--lr", "1e30", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partition-fx: error: step") and "non-finite" in err and "\n" not in err
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and "non-finite" in report["error"]

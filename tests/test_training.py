@@ -367,3 +367,13 @@ def test_batchnorm_statistics_are_recalibrated_for_the_final_subnetwork():
     torch.testing.assert_close(bn.running_mean, features.mean(0).detach())
     torch.testing.assert_close(bn.running_var, features.var(0).detach())
     assert bn.momentum == 0.1  # restored
+
+
+def test_unpartitioned_trainable_parameters_are_warned_about():
+    from partition_fx import PartitionConfig
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    pmodel = partitionify(model, 3, PROPORTIONS, config=PartitionConfig().set_name("2", partition=False))
+    with pytest.warns(UserWarning, match=r"2 parameter\(s\) left unpartitioned by the config \(2.weight, 2.bias\)"):
+        PartitionedTrainer(pmodel, _data())

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -170,6 +171,19 @@ class PartitionedTrainer:
                 if m is not None:
                     m.to(self.device)
 
+        shared = [
+            r.names[0]
+            for r in pmodel._records
+            if r.treatment == "shared" and pmodel.module.get_parameter(r.names[0]).requires_grad
+        ]
+        if shared:
+            warnings.warn(
+                f"{len(shared)} parameter(s) left unpartitioned by the config ({', '.join(shared[:3])}"
+                f"{', ...' if len(shared) > 3 else ''}) train with partition 1 on D_1 but are used by every "
+                "subnetwork, including subnetwork 0 that scores D_1: the LML's first term is then biased. "
+                "Freeze them (requires_grad=False) or partition them for an unbiased LML.",
+                stacklevel=3,
+            )
         self.hyperparameters_list = self._collect_hyperparameters()
         if self.hyperparameters_list and c < 2:
             raise PartitionArgumentError(
