@@ -5,6 +5,9 @@ Public API::
     partitionify(model, num_partitions, proportions, *, scheme, default, seed, config) -> PartitionedModel
     export_subnetwork(pmodel, k) -> nn.Module of the original class
     export_onnx(pmodel, path, example_inputs, *, subnetwork, dynamic_batch) -> Path
+    fit(pmodel, dataset, *, hyper, likelihood, steps, ...) -> FitResult      (partition_fx.training)
+
+Learnable hyperparameter modules live in ``partition_fx.transforms``; datasets in ``partition_fx.data``.
 
 Importing the package also registers its models with timm (``fixup_resnet8``.., ``cifar_wrn16_4``..).
 """
@@ -15,6 +18,7 @@ from .export import export_onnx, export_subnetwork
 from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
 from .partitioned_model import PartitionedModel
 from .rewrite import partitionify
+from .training import FitResult, PartitionedTrainer, fit
 
 try:  # timm is a dependency, but the core works on plain torch models without it
     from . import models as models
@@ -22,6 +26,7 @@ except ImportError:  # pragma: no cover
     pass
 
 __all__ = [
+    "FitResult",
     "ParameterRule",
     "PartitionArgumentError",
     "PartitionConfig",
@@ -29,10 +34,12 @@ __all__ = [
     "PartitionTypeError",
     "PartitionedModel",
     "PartitionedTensor",
+    "PartitionedTrainer",
     "RandomPartitionedTensor",
     "ScalePartitionedTensor",
     "export_onnx",
     "export_subnetwork",
+    "fit",
     "partitionify",
 ]
 __version__ = "0.1.0"
