@@ -31,7 +31,7 @@ def test_rotation_invariance_example(capsys):
 def test_input_selection_example(capsys):
     found = _load("input_selection").main(["--quick"])
     assert len(found["candidates"]) == 8 and found["informative"] == [0, 1, 2]
-    assert len(found["mask"]) == 8 and "highest LML" in capsys.readouterr().out
+    assert len(found["mask"]) == 8 and "highest conditional LML" in capsys.readouterr().out
 
 
 def test_finetune_pretrained_example(tmp_path, capsys):

@@ -221,6 +221,7 @@ def test_lml_equals_a_hand_computation_with_the_exported_subnetworks():
     # subnetwork 0 with zero defaults predicts uniformly: the first term is |D_1| log(1/3)
     assert estimate.per_chunk[0] == pytest.approx(6 * math.log(1 / 3), rel=1e-6)
     assert estimate.total == pytest.approx(sum(by_hand), rel=1e-5)
+    assert estimate.conditional == pytest.approx(by_hand[1], rel=1e-5)  # chunks 2..C only
 
 
 def test_sample_averaged_likelihood_averages_probabilities():

@@ -53,11 +53,21 @@ def buffers_restored(*modules: nn.Module | None) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class LMLEstimate:
-    """``total`` = sum_k ``per_chunk[k-1]`` (nats); ``per_example`` = total / number of examples."""
+    """``total`` = sum_k ``per_chunk[k-1]`` (nats); ``per_example`` = total / number of examples.
+
+    ``conditional`` = sum over k >= 2 only: log p(D_2:C | D_1, psi), the part the hyperparameter steps
+    climb. The k=1 term scores D_1 with subnetwork 0, the untrained defaults, so with a learned noise scale
+    (fitted on later chunks) it can dominate the total; for comparing models it is the steadier number
+    (compare the conditional marginal likelihood of Lotfi et al., 2022).
+    """
 
     total: float
     per_chunk: list[float]
     per_example: float
+
+    @property
+    def conditional(self) -> float:
+        return sum(self.per_chunk[1:])
 
 
 def estimate_lml(

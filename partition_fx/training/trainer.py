@@ -46,8 +46,11 @@ class FitResult:
     lml: float
     """The final LML estimate (nats, summed over the training set), of the returned model."""
     history: list[dict[str, Any]]
-    """Per evaluation: ``step``, ``lml``, ``lml_per_chunk``, ``lml_per_example``, ``train_loss`` (mean
+    """Per evaluation: ``step``, ``lml``, ``lml_per_chunk``, ``lml_per_example``, ``conditional_lml`` (the sum
+    over chunks 2..C, see ``LMLEstimate.conditional``), ``train_loss`` (mean
     parameter-step loss since the last evaluation), ``hyper_loss``, ``hyperparameters``, ``seconds``."""
+    conditional_lml: float
+    """The final estimate of log p(D_2:C | D_1, psi): the LML without its chunk-1 term."""
     hyperparameters: dict[str, Any]
     """Name -> value (plain floats/lists), e.g. ``{"rotation": 2.9, ...}`` (radians)."""
     steps: int
@@ -342,6 +345,7 @@ class PartitionedTrainer:
             "lml": estimate.total,
             "lml_per_chunk": estimate.per_chunk,
             "lml_per_example": estimate.per_example,
+            "conditional_lml": estimate.conditional,
             "train_loss": mean(self._losses),
             "hyper_loss": mean(self._hyper_losses),
             "hyperparameters": self.hyperparameter_values(),
@@ -455,18 +459,18 @@ class PartitionedTrainer:
             bar.close()
         assert self.best is not None
         best_lml, best_step, best_state = self.best
+        final = self.history[-1]
         if restore_best and best_step != self.step:
             self._load_state(best_state)
-            final_lml = best_lml
-        else:
-            final_lml = self.history[-1]["lml"]
+            final = next(r for r in self.history if r["step"] == best_step)
         recalibrated = 0
         if recalibrate_norms:
             recalibrated = recalibrate_norm_statistics(
                 self.pmodel, self.examples, batch_size=self.eval_batch_size, device=self.device
             )
         return FitResult(
-            lml=final_lml,
+            lml=final["lml"],
+            conditional_lml=final["conditional_lml"],
             history=self.history,
             hyperparameters=self.hyperparameter_values(),
             steps=self.step,
