@@ -44,3 +44,14 @@ def test_finetune_pretrained_example(tmp_path, capsys):
 def test_examples_document_how_to_run_them(name):
     text = (EXAMPLES / f"{name}.py").read_text()
     assert f"python examples/{name}.py" in text and "--quick" in text
+
+
+def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench", EXAMPLES.parent / "benchmarks" / "learned_augmentation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])
+    assert [(r["data"], r["augment"]) for r in result["rows"]] == module.CONFIGS
+    assert "| rotdigits | learned affine |" in capsys.readouterr().out
+    # a second call reuses the completed runs
+    assert module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])["rows"] == result["rows"]
