@@ -261,11 +261,11 @@ def test_concrete_dropout_in_the_model_is_a_hyperparameter():
     assert "hyper" in pmodel.describe()
     logit = dict(pmodel.named_parameters())["module.2.logit_p"]
     assert all(p is not logit for k in range(1, 4) for p in pmodel.partition_parameters(k))
-    before = float(logit)
+    before = logit.item()
     result = fit(
         pmodel, (x, y), steps=20, batch_size=16, hyper_optimizer=partial(torch.optim.Adam, lr=0.1), progress=False
     )
-    assert float(logit) != before
+    assert logit.item() != before
     assert set(result.hyperparameters) == {"2.p"}
     pmodel.eval()
     torch.testing.assert_close(pmodel(x, subnetwork=2), export_subnetwork(pmodel, 2).eval()(x))
