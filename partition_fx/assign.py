@@ -130,3 +130,22 @@ def partition_layout(assignment: torch.Tensor, num_partitions: int) -> tuple[tor
     index[order] = torch.arange(order.numel(), device=order.device)
     sizes = torch.bincount(assignment.long(), minlength=num_partitions).tolist()
     return order, index, sizes
+
+
+def node_assignment(
+    shape: Sequence[int], proportions: Sequence[float], seed: int, salt: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Node partitioning (appendix C): each output unit (index along dim 0) goes to one partition, with
+    exactly ``partition_sizes(shape[0], proportions)`` units per partition, and all its entries follow it.
+
+    A layer's weight and bias get the same unit assignment when they share ``salt`` (the layer's name).
+
+    >>> node_assignment((4, 3), (0.5, 0.5), seed=0, salt=7).view(4, 3)
+    tensor([[1, 1, 1],
+            [0, 0, 0],
+            [0, 0, 0],
+            [1, 1, 1]], dtype=torch.uint8)
+    """
+    units = int(shape[0]) if len(shape) else 1
+    per_unit = math.prod(shape[1:]) if len(shape) > 1 else 1
+    return random_assignment(units, proportions, seed, salt, device).repeat_interleave(per_unit)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .assign import partition_layout, random_assignment
+from .assign import node_assignment, partition_layout, random_assignment
 
 
 class PartitionedTensor(nn.Module):
@@ -40,6 +40,10 @@ class PartitionedTensor(nn.Module):
 class RandomPartitionedTensor(PartitionedTensor):
     """Random-weight partitioning (appendix C): each entry belongs to one partition.
 
+    With ``node=True`` (node partitioning, for conv/linear weights and biases) the assignment is drawn per
+    output unit (dim 0) and every entry of the unit's row follows it; ``kind`` is then ``"node"``. The
+    storage and the effective tensor are the same either way.
+
     Subnetwork k takes the trained value of entries in partitions 1..k and the default elsewhere.
     ``index`` maps each entry to its place in ``cat(part1, ..., partC)`` (parts in flat order), so the
     effective tensor is one ``cat`` and one ``index_select``; defaults are kept in that same layout.
@@ -55,13 +59,18 @@ class RandomPartitionedTensor(PartitionedTensor):
         seed: int,
         salt: int,
         default: str,
+        node: bool = False,
     ) -> None:
         super().__init__()
+        self.kind = "node" if node else "random"
         self.num_partitions = len(proportions)
         self.shape = tuple(value.shape)
         self.default_mode = default
         flat = value.detach().reshape(-1)
-        assignment = random_assignment(flat.numel(), proportions, seed, salt, device="cpu")
+        if node:
+            assignment = node_assignment(self.shape, proportions, seed, salt, device="cpu")
+        else:
+            assignment = random_assignment(flat.numel(), proportions, seed, salt, device="cpu")
         order, index, sizes = partition_layout(assignment, self.num_partitions)
         laid_out = flat.index_select(0, order.to(flat.device))
         # int32 halves the index memory; index_select and its backward accept it.
@@ -78,6 +87,16 @@ class RandomPartitionedTensor(PartitionedTensor):
         else:
             self.default = None
 
+    def assignment(self) -> torch.Tensor:
+        """The partition (0-based, uint8) of every entry, in the tensor's shape.
+
+        >>> t = RandomPartitionedTensor(torch.zeros(3, 2), (0.5, 0.5), seed=0, salt=0, default="init", node=True)
+        >>> t.assignment().tolist()  # node partitioning: whole rows
+        [[0, 0], [0, 0], [1, 1]]
+        """
+        bounds = torch.tensor(self.offsets[1:-1], dtype=torch.int64, device=self.index.device)
+        return torch.bucketize(self.index.long(), bounds, right=True).to(torch.uint8).view(self.shape)
+
     def _default_slice(self, start: int) -> torch.Tensor:
         """Defaults of partitions start+1..C, in layout order."""
         if self.default is None:
@@ -92,7 +111,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         return flat.index_select(0, self.index).view(self.shape)
 
     def extra_repr(self) -> str:
-        return f"shape={self.shape}, sizes={self.partition_sizes()}, default={self.default_mode!r}"
+        return f"shape={self.shape}, kind={self.kind!r}, sizes={self.partition_sizes()}, default={self.default_mode!r}"
 
 
 class ScalePartitionedTensor(PartitionedTensor):

@@ -54,6 +54,18 @@ _MULTIPLICATIVE_METHODS = {"mul", "mul_", "div", "div_"}
 _ADDITIVE_METHODS = {"add", "add_", "sub", "sub_"}
 
 
+def _has_output_units(owner: nn.Module, local_name: str, param: torch.Tensor) -> bool:
+    """Weight/bias of a conv or linear layer whose dim 0 indexes output units (transposed convs store
+    [in, out/groups, ...] and keep random-weight partitioning)."""
+    if local_name not in ("weight", "bias") or param.dim() == 0:
+        return False
+    if isinstance(owner, nn.Linear):
+        return param.shape[0] == owner.out_features
+    if isinstance(owner, nn.modules.conv._ConvNd) and not owner.transposed:
+        return param.shape[0] == owner.out_channels
+    return False
+
+
 def _is_norm(owner: nn.Module) -> bool:
     return isinstance(owner, _NORM_TYPES) or "norm" in type(owner).__name__.lower()
 
@@ -147,7 +159,9 @@ def partitionify(
         model: any ``nn.Module`` that torch.fx can trace with leaves (timm, torchvision, your own).
         num_partitions: C, the number of partitions (and of data chunks in training).
         proportions: share of each tensor's entries per partition; ``None`` = equal shares.
-        scheme: ``"random"`` (random-weight partitioning).
+        scheme: ``"random"`` (random-weight partitioning: each entry of each tensor) or ``"node"`` (node
+            partitioning: each output unit of a conv/linear layer, with its weight row and bias entry; other
+            tensors keep random-weight partitioning, norm affines product/sum scales).
         default: value of untrained partitions: ``"init"`` (the values at conversion) or ``"zero"``.
         seed: seeds the assignment of entries to partitions.
         config: per-parameter rules and extra leaf modules (:class:`PartitionConfig`).
@@ -195,8 +209,6 @@ def _validated_settings(
     props = cfg.validate_proportions(proportions, c)  # type: ignore[arg-type]
     scheme = cfg.validate_choice("scheme", scheme, cfg.SCHEMES)
     default = cfg.validate_choice("default", default, cfg.DEFAULTS)
-    if scheme == "node":
-        raise NotImplementedError("scheme='node' (node partitioning) is not implemented yet; use scheme='random'")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise PartitionTypeError(f"seed must be a non-negative int, got {seed!r}")
     config = config if config is not None else cfg.PartitionConfig()
@@ -289,14 +301,18 @@ def _partition_parameters(
             default = rule.default or settings.default
             if default != settings.default:
                 reason += f"; default={default!r} by config"
+            node = kind == "random" and settings.scheme == "node" and _has_output_units(owner, local, p)
+            if node:
+                reason = f"output units of {type(owner).__name__}"
             if kind == "random":
-                salt = name_salt(names[0])
+                # Node partitioning salts by the layer, so its weight rows and bias entries agree.
+                salt = name_salt(owner_name if node else names[0])
                 pt: PartitionedTensor = RandomPartitionedTensor(
-                    p, settings.proportions, seed=settings.seed, salt=salt, default=default
+                    p, settings.proportions, seed=settings.seed, salt=salt, default=default, node=node
                 )
             else:
                 pt = ScalePartitionedTensor(p, settings.num_partitions, kind=kind, default=default)
-            record.treatment, record.reason, record.partitioned = kind, reason, pt
+            record.treatment, record.reason, record.partitioned = pt.kind, reason, pt
         records.append(record)
     return records
 

@@ -40,7 +40,6 @@ def test_convert_writes_a_verified_model(tmp_path, capsys) -> None:
         (["convert", "--model", "no_such_net"], "unknown model 'no_such_net'"),
         (["convert", "--proportions", "0.5,0.1,0.1"], "must sum to 1"),
         (["convert", "--partitions", "0"], "num_partitions must be >= 1"),
-        (["convert", "--scheme", "node"], "scheme='node'"),
         (["convert", "--checkpoint", "/no/such/file.safetensors"], "is not a file"),
     ],
 )

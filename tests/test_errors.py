@@ -54,11 +54,6 @@ def test_proportions_within_tolerance_are_accepted() -> None:
     assert pmodel.proportions == (0.8, 0.1, 0.1 + 5e-7)
 
 
-def test_node_scheme_is_not_implemented_yet() -> None:
-    with pytest.raises(NotImplementedError, match="scheme='node'"):
-        partitionify(model(), 3, scheme="node")
-
-
 def test_not_a_module() -> None:
     with pytest.raises(PartitionTypeError, match=r"needs an nn\.Module, got function"):
         partitionify(lambda x: x, 3)  # type: ignore[arg-type]

@@ -33,11 +33,25 @@ def _config(spec: ZooModel) -> PartitionConfig:
     return config
 
 
-@pytest.mark.parametrize("spec", _params(ALL))
-def test_subnetworks_equal_exports(spec: ZooModel) -> None:
+def _node_params(models: list[ZooModel]) -> list[object]:
+    """The node-scheme sweep: always behind the zoo marker (``tests/test_node.py`` covers it by default)."""
+    return [
+        pytest.param(spec, "node", id=f"node-{spec.id}", marks=[pytest.mark.zoo])
+        for spec in models
+        if spec.id not in EXCLUDED
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "scheme"),
+    [pytest.param(p.values[0], "random", id=p.id, marks=p.marks) for p in _params(ALL)] + _node_params(ALL),
+)
+def test_subnetworks_equal_exports(spec: ZooModel, scheme: str) -> None:
     model = spec.build().eval()
     x = spec.example_input()
-    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0, config=_config(spec)).eval()
+    pmodel = partitionify(
+        model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0, scheme=scheme, config=_config(spec)
+    ).eval()
     with torch.no_grad():
         reference = model(x)
         for k in range(4):  # right after conversion (default="init") every subnetwork is the original
