@@ -8,12 +8,35 @@ stays ``None`` and the optimiser skips it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
 
 from .assign import node_assignment, partition_layout, random_assignment
+
+_GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
+
+
+@contextmanager
+def gradient_only_to(partition: int | None) -> Iterator[None]:
+    """Inside the block, effective tensors pass gradients to partition ``partition`` only (0: to none;
+    None: to every partition they use). The other parts enter the computation detached, so one backward
+    over several such calls routes each loss to its own partition.
+
+    >>> t = RandomPartitionedTensor(nn.Parameter(torch.ones(4)), (0.5, 0.5), seed=0, salt=0, default="init")
+    >>> with gradient_only_to(2):
+    ...     t(2).sum().backward()
+    >>> t.part1.grad is None, t.part2.grad.tolist()
+    (True, [1.0, 1.0])
+    """
+    token = _GRAD_PARTITION.set(partition)
+    try:
+        yield
+    finally:
+        _GRAD_PARTITION.reset(token)
 
 
 class PartitionedTensor(nn.Module):
@@ -25,6 +48,12 @@ class PartitionedTensor(nn.Module):
     def part(self, k: int) -> nn.Parameter:
         """The trained values of partition k (1-based)."""
         return getattr(self, f"part{k}")
+
+    def routed_part(self, k: int) -> torch.Tensor:
+        """Partition k's values, detached unless gradients may reach it (see ``gradient_only_to``)."""
+        only = _GRAD_PARTITION.get()
+        part = self.part(k)
+        return part if only is None or only == k else part.detach()
 
     def parts(self) -> list[nn.Parameter]:
         return [self.part(k) for k in range(1, self.num_partitions + 1)]
@@ -104,7 +133,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         return self.default[self.offsets[start] :]
 
     def forward(self, k: int) -> torch.Tensor:
-        trained = [self.part(i) for i in range(1, k + 1)]
+        trained = [self.routed_part(i) for i in range(1, k + 1)]
         if k < self.num_partitions:
             trained.append(self._default_slice(k))
         flat = trained[0] if len(trained) == 1 else torch.cat(trained)
@@ -145,9 +174,9 @@ class ScalePartitionedTensor(PartitionedTensor):
             return self.default
         # A view, never the Parameter itself: functional_call would register a Parameter it is given in
         # the leaf's _parameters and, when restoring, leave the meta stand-in there as a parameter.
-        out = self.part1.view(self.shape)
+        out = self.routed_part(1).view(self.shape)
         for i in range(2, k + 1):
-            out = out * self.part(i) if self.kind == "product" else out + self.part(i)
+            out = out * self.routed_part(i) if self.kind == "product" else out + self.routed_part(i)
         return out
 
     def extra_repr(self) -> str:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .errors import PartitionArgumentError, PartitionTypeError
-from .params import PartitionedTensor
+from .params import PartitionedTensor, gradient_only_to
 from .transforms.base import HyperparameterModule
 
 
@@ -143,11 +143,104 @@ class PartitionedModel(nn.Module):
             )
         return k
 
-    def forward(self, *args: Any, subnetwork: int | None = None, **kwargs: Any) -> Any:
+    def forward(
+        self,
+        *args: Any,
+        subnetwork: int | torch.Tensor | None = None,
+        grad_partition: int | torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run subnetwork ``subnetwork`` (0..C; default C).
+
+        ``subnetwork`` may also be a 1-D integer tensor with one entry per example: example i then goes
+        through subnetwork ``subnetwork[i]`` (every tensor argument whose first dimension is the batch size
+        is split; see ``_forward_per_example``). ``grad_partition`` (an int, or one per example) lets the
+        loss reach only that partition's parameters (0: none), as a parameter step of that partition
+        needs; None lets gradients reach every partition the subnetwork uses.
+        """
+        if isinstance(subnetwork, torch.Tensor) and subnetwork.dim() == 1:
+            return self._forward_per_example(args, kwargs, subnetwork, grad_partition)
         k = self.check_subnetwork(subnetwork)
+        if grad_partition is None:
+            return self._forward(k, args, kwargs)
+        if isinstance(grad_partition, torch.Tensor):
+            grad_partition = int(grad_partition)  # a single value for the whole batch
+        with gradient_only_to(self.check_subnetwork(grad_partition)):
+            return self._forward(k, args, kwargs)
+
+    def _forward(self, k: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._root_leaf:
             return call_leaf_clearing_caches(self.module, self.effective_parameters(k), *args, **kwargs)
         return self.module(k, *args, **kwargs)
+
+    def _per_example_values(self, name: str, values: torch.Tensor, batch: int) -> torch.Tensor:
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise PartitionTypeError(f"{name} per example must be an integer tensor, got {values.dtype}")
+        if values.shape != (batch,):
+            raise PartitionArgumentError(
+                f"{name} per example must have shape ({batch},) (the batch size), got {tuple(values.shape)}"
+            )
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) > self.num_partitions):
+            raise PartitionArgumentError(
+                f"{name} values must be in 0..{self.num_partitions}, got {int(values.min())}..{int(values.max())}"
+            )
+        return values.long()
+
+    def _forward_per_example(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], ks: torch.Tensor, gs: int | torch.Tensor | None
+    ) -> Any:
+        """Example i through subnetwork ks[i]: the batch is grouped by subnetwork (and gradient partition),
+        each group runs as one batch, and the outputs are put back in the original order. Exact wherever
+        an example's output does not depend on the other examples of its batch: eval mode, or models
+        without batch statistics. In train mode, BatchNorm normalises each group by its own statistics
+        (and updates its running statistics once per group)."""
+        from torch.utils import _pytree as pytree
+
+        flat_args, spec = pytree.tree_flatten((args, kwargs))
+        first = next((a for a in flat_args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+        if first is None:
+            raise PartitionArgumentError("per-example subnetworks need a tensor input with a batch dimension")
+        batch = first.shape[0]  # the first tensor argument's first dimension is the batch
+        ks = self._per_example_values("subnetwork", ks, batch)
+        if isinstance(gs, torch.Tensor) and gs.dim() == 1:
+            gs = self._per_example_values("grad_partition", gs, batch).to(ks.device)
+            if bool((gs > ks).any()):
+                i = int(torch.nonzero(gs > ks)[0])
+                raise PartitionArgumentError(
+                    f"example {i} would train partition {int(gs[i])} through subnetwork {int(ks[i])}, which "
+                    "does not use it; grad_partition must be <= subnetwork (0: no partition)"
+                )
+            per_example_grad = True
+            keys = ks * (self.num_partitions + 1) + gs
+        else:
+            per_example_grad = False
+            keys = ks
+        order, outputs, out_spec = [], [], None
+        for key in torch.unique(keys).tolist():
+            idx = torch.nonzero(keys == key).flatten()
+            k, g = divmod(key, self.num_partitions + 1) if per_example_grad else (key, gs)
+            part = [
+                a.index_select(0, idx.to(a.device))
+                if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch
+                else a
+                for a in flat_args
+            ]
+            group_args, group_kwargs = pytree.tree_unflatten(part, spec)
+            out = self.forward(*group_args, subnetwork=int(k), grad_partition=g, **group_kwargs)
+            leaves, out_spec = pytree.tree_flatten(out)
+            for leaf in leaves:
+                if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0 or leaf.shape[0] != idx.numel():
+                    raise PartitionArgumentError(
+                        "per-example subnetworks need every output to be a tensor with the batch as its first "
+                        f"dimension; got {type(leaf).__name__}"
+                    )
+            outputs.append(leaves)
+            order.append(idx)
+        perm = torch.cat(order)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(batch, device=perm.device)
+        merged = [torch.cat(group).index_select(0, inverse.to(group[0].device)) for group in zip(*outputs)]
+        return pytree.tree_unflatten(merged, out_spec)
 
     def partitioned_tensors(self) -> Iterator[tuple[str, PartitionedTensor]]:
         """``(original name, PartitionedTensor)`` for every partitioned tensor (tied tensors once).
