@@ -177,6 +177,8 @@ def _add_train_parser(sub: Any) -> None:
     train.add_argument("--hyper-every", type=int, default=1, help="a hyperparameter step every N iterations")
     train.add_argument("--warmup-steps", type=int, default=0, help="iterations before the first hyper step")
     train.add_argument("--eval-every", type=int, default=None, help="LML evaluation interval (default steps/10)")
+    train.add_argument("--fused", action="store_true", help="parameter and hyper step in one forward/backward")
+    train.add_argument("--every-partition", action="store_true", help="each example trains its own partition")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     train.add_argument("--out", type=Path, default=Path("runs/train"))

@@ -32,7 +32,7 @@ from .errors import PartitionArgumentError, PartitionError
 RUN_CONFIG_KEYS = (
     "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
     "scheme", "default", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every", "warmup_steps",
-    "eval_every", "seed", "device",
+    "eval_every", "fused", "every_partition", "seed", "device",
 )  # fmt: skip
 
 
@@ -170,6 +170,8 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             eval_every=args.eval_every,
             callbacks=[on_evaluation],
             checkpoint_dir=out / "checkpoint",
+            fused=args.fused,
+            every_partition=args.every_partition,
             progress=None if not args.quiet else False,
             device=args.device,
         )
@@ -230,7 +232,8 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             "(written by `partition-fx train`)"
         )
     config = json.loads(report_path.read_text())["config"]
-    rebuilt = argparse.Namespace(**{**config, "proportions": tuple(config["proportions"])})
+    defaults = {"fused": False, "every_partition": False}  # runs written before these options existed
+    rebuilt = argparse.Namespace(**{**defaults, **config, "proportions": tuple(config["proportions"])})
     parts = _prepare(rebuilt)
     pmodel = parts["pmodel"]
     if args.subnetwork is not None:

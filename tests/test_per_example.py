@@ -81,3 +81,80 @@ def test_per_example_arguments_are_checked():
         pmodel(x, subnetwork=torch.tensor([1.0, 2.0, 0.0]))
     with pytest.raises(PartitionArgumentError, match="example 0 would train partition 2 through subnetwork 1"):
         pmodel(x, subnetwork=torch.tensor([1, 2, 2]), grad_partition=torch.tensor([2, 2, 0]))
+
+
+def _trainer(fused: bool = False, every_partition: bool = False):
+    from functools import partial
+
+    from partition_fx.training import PartitionedTrainer
+    from partition_fx.transforms import InputMask
+
+    torch.manual_seed(0)
+    pmodel = partitionify(mlp([5, 16, 3]), 3, (0.5, 0.3, 0.2))
+    perturb_partitions(pmodel)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(120, 5, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    sgd = partial(torch.optim.SGD, lr=1.0)  # new = old - grad: the update is the gradient
+    return PartitionedTrainer(
+        pmodel,
+        (x, y),
+        hyper=InputMask(5),
+        batch_size=16,
+        optimizer=sgd,
+        hyper_optimizer=sgd,
+        fused=fused,
+        every_partition=every_partition,
+        seed=3,
+    )
+
+
+def _snapshot(trainer):
+    return [p.detach().clone() for p in _parts(trainer.pmodel)] + [trainer.hyper.logits.detach().clone()]
+
+
+@pytest.mark.parametrize("every_partition", [False, True])
+def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_partition):
+    """Definition: the parameter loss's gradient w.r.t. the drawn partition(s) and the hyper loss's gradient
+    w.r.t. psi, both at the same weights (one routed example at a time for every_partition)."""
+    fused = _trainer(fused=True, every_partition=every_partition)
+    reference = _trainer()
+    before = _snapshot(fused)
+    fused.iteration()
+    got = [b - a for a, b in zip(_snapshot(fused), before)]  # SGD with lr 1: the applied gradients
+
+    sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.hyper
+    x, y = reference.examples.tensors
+    if every_partition:
+        ks, idx = sampler.parameter_examples()
+    else:
+        k, idx = sampler.parameter_batch()
+        ks = torch.full((16,), k)
+    kh, hidx = sampler.hyper_batch()
+    params = _parts(pmodel)
+    want = [torch.zeros_like(p) for p in params] + [torch.zeros_like(mask.logits)]
+    for i in range(16):  # the parameter loss: mean over examples, each through its own subnetwork
+        k = int(ks[i])
+        with torch.no_grad():
+            xi = mask(x[idx[i : i + 1]])
+        loss = nn.functional.cross_entropy(pmodel(xi, subnetwork=k), y[idx[i : i + 1]]) / 16
+        own = pmodel.partition_parameters(k)
+        for p, g in zip(own, torch.autograd.grad(loss, own)):
+            want[next(j for j, q in enumerate(params) if q is p)] += g
+    hyper_loss = nn.functional.cross_entropy(pmodel(mask(x[hidx]), subnetwork=kh - 1), y[hidx])
+    want[-1] += torch.autograd.grad(hyper_loss, mask.logits)[0]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert fused.step == 1
+
+
+def test_fused_training_runs_and_refuses_in_model_hyperparameters():
+    from partition_fx.training import fit
+    from partition_fx.transforms import ConcreteDropout
+
+    trainer = _trainer(fused=True, every_partition=True)
+    result = trainer.run(6, eval_every=3, progress=False)
+    assert result.steps == 6 and len(result.history) == 2 and result.history[-1]["hyper_loss"] is not None
+    model = nn.Sequential(nn.Linear(5, 8), ConcreteDropout(), nn.Linear(8, 3))
+    with pytest.raises(PartitionArgumentError, match="fused=True does not support hyperparameter modules inside"):
+        fit(partitionify(model, 2), (torch.randn(20, 5), torch.zeros(20, dtype=torch.long)), steps=1, fused=True)

@@ -128,3 +128,10 @@ def test_nonfinite_training_fails_clearly_and_keeps_the_report(tmp_path, capsys)
     assert err.startswith("partition-fx: error: step") and "non-finite" in err and "\n" not in err
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and "non-finite" in report["error"]
+
+
+def test_fused_every_partition_training(tmp_path):
+    out = tmp_path / "fused"
+    assert main(["train", *TINY, "--fused", "--every-partition", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "completed" and report["config"]["fused"] and report["config"]["every_partition"]

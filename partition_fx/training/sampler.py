@@ -52,6 +52,22 @@ class PartitionedSampler:
         k = int(torch.multinomial(self.partition_probabilities, 1, generator=self.generator)) + 1
         return k, self._draw(self.chunks.prefix(k), self.batch_size)
 
+    def parameter_examples(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ks, indices)``: the parameter step vectorised per example. Each of ``batch_size`` examples
+        draws its own partition k_i ~ Cat(u) and then an example uniformly from D_1:k_i, so every
+        partition is trained in (almost) every iteration, with the per-example distribution of the
+        one-partition-per-iteration scheme."""
+        ks = (
+            torch.multinomial(self.partition_probabilities, self.batch_size, replacement=True, generator=self.generator)
+            + 1
+        )
+        indices = torch.empty(self.batch_size, dtype=torch.long)
+        for k in range(1, self.chunks.num_chunks + 1):
+            rows = torch.nonzero(ks == k).flatten()
+            if rows.numel():
+                indices[rows] = self._draw(self.chunks.prefix(k), rows.numel())
+        return ks, indices
+
     def hyper_batch(self) -> tuple[int, torch.Tensor]:
         """``(k, indices)``: chunk k in 2..C and a minibatch from D_k (scored by subnetwork k-1)."""
         if self.chunks.num_chunks < 2:

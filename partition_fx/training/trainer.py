@@ -126,6 +126,8 @@ class PartitionedTrainer:
         on_nonfinite: str = "raise",
         checkpoint_dir: str | Path | None = None,
         device: torch.device | str | None = None,
+        fused: bool = False,
+        every_partition: bool = False,
     ) -> None:
         if not isinstance(pmodel, PartitionedModel):
             raise PartitionTypeError(
@@ -138,6 +140,8 @@ class PartitionedTrainer:
         if on_nonfinite not in ("raise", "skip"):
             raise PartitionArgumentError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
         self.pmodel = pmodel
+        self.fused = bool(fused)
+        self.every_partition = bool(every_partition)
         self.examples = Examples(dataset)
         self.hyper = hyper
         self.likelihood = resolve_likelihood(likelihood)
@@ -192,6 +196,11 @@ class PartitionedTrainer:
             raise PartitionArgumentError(
                 "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
                 "partitionify the model with 2 or more partitions"
+            )
+        if self.fused and any(any(True for _ in m.parameters()) for _, m in pmodel.hyperparameter_modules()):
+            raise PartitionArgumentError(
+                "fused=True does not support hyperparameter modules inside the model (e.g. ConcreteDropout) yet: "
+                "the parameter examples' loss would reach them; use fused=False"
             )
         self.optimizer = partition_optimizer(
             pmodel, optimizer or partial(torch.optim.Adam, lr=1e-3), self.chunks.sizes, weight_decay_scaling
@@ -313,12 +322,111 @@ class PartitionedTrainer:
         self.hyper_optimizer.zero_grad(set_to_none=True)
         return k, value
 
+    def _hyper_due(self, step: int) -> bool:
+        return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
+
     def iteration(self) -> None:
-        """One iteration: a parameter step, then a hyperparameter step if one is due."""
-        self.parameter_step()
+        """One iteration: the paper's parameter step then hyperparameter step (when due), or both in one
+        forward and one backward (``fused=True``)."""
+        if self.fused:
+            self.fused_iteration()
+            return
+        if self.every_partition:
+            self.parameter_step_every_partition()
+        else:
+            self.parameter_step()
         self.step += 1
-        if self.hyper_optimizer is not None and self.step > self.warmup_steps and self.step % self.hyper_every == 0:
+        if self._hyper_due(self.step):
             self.hyper_step()
+
+    def _transformed(self, x: torch.Tensor, grad: bool) -> tuple[torch.Tensor, int]:
+        if self.hyper is None:
+            return x, 1
+        with torch.set_grad_enabled(grad):
+            out = self.hyper(x)
+        return out, out.shape[0] // x.shape[0]
+
+    def _detached_likelihood(self, outputs: torch.Tensor, targets: torch.Tensor, samples: int) -> torch.Tensor:
+        """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
+        detached = {name: p.detach() for name, p in self.likelihood.named_parameters()}
+        return torch.func.functional_call(self.likelihood, detached, (outputs, targets, samples))
+
+    def _routed_losses(self, ks: torch.Tensor, indices: torch.Tensor, hyper: tuple[int, torch.Tensor] | None):
+        """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and, if given,
+        hyperparameter examples (chunk k through subnetwork k-1, training no partition) in one forward."""
+        self.pmodel.train()
+        if self.hyper is not None:
+            self.hyper.train()
+        xp, yp = self.examples.batch(indices, self.device)
+        xp, samples_p = self._transformed(xp, grad=False)
+        ks = ks.to(xp.device).repeat(samples_p)  # sample-major, like the inputs
+        inputs, subnetworks, grads = [xp], [ks], [ks]
+        if hyper is not None:
+            k, hyper_indices = hyper
+            xh, yh = self.examples.batch(hyper_indices, self.device)
+            xh, samples_h = self._transformed(xh, grad=True)
+            inputs.append(xh)
+            subnetworks.append(torch.full((xh.shape[0],), k - 1, device=xh.device))
+            grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=xh.device))
+        out = self.pmodel(torch.cat(inputs), subnetwork=torch.cat(subnetworks), grad_partition=torch.cat(grads))
+        n = xp.shape[0]
+        parameter_loss = -self._detached_likelihood(out[:n], yp, samples_p).mean()
+        hyper_loss = None if hyper is None else -self.likelihood(out[n:], yh, samples_h).mean()
+        return parameter_loss, hyper_loss
+
+    def parameter_step_every_partition(self) -> float:
+        """A parameter step in which each example trains its own partition (``sampler.parameter_examples``):
+        one forward and one backward, every partition drawn at least once updated."""
+        ks, indices = self.sampler.parameter_examples()
+        loss, _ = self._routed_losses(ks, indices, None)
+        params = [p for k in torch.unique(ks).tolist() for p in self.pmodel.partition_parameters(int(k))]
+        return self._apply(loss, None, params, f"parameter step of partitions {sorted(set(ks.tolist()))}")
+
+    def fused_iteration(self) -> None:
+        """The parameter step and (when due) the hyperparameter step of one iteration in ONE forward and ONE
+        backward. Both gradients are taken at the same weights: the same gradients as the two steps of
+        appendix I.1, except that the paper's hyper step sees partition k already updated."""
+        if self.every_partition:
+            ks, indices = self.sampler.parameter_examples()
+        else:
+            k, indices = self.sampler.parameter_batch()
+            ks = torch.full((indices.numel(),), k)
+        due = self._hyper_due(self.step + 1)
+        hyper = self.sampler.hyper_batch() if due else None
+        loss, hyper_loss = self._routed_losses(ks, indices, hyper)
+        params = [p for k in torch.unique(ks).tolist() for p in self.pmodel.partition_parameters(int(k))]
+        self._apply(loss, hyper_loss, params, f"fused iteration (partitions {sorted(set(ks.tolist()))})")
+        self.step += 1
+
+    def _apply(
+        self, loss: torch.Tensor, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
+    ) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        inputs = list(params)
+        total = loss
+        if hyper_loss is not None:
+            assert self.hyper_optimizer is not None
+            self.hyper_optimizer.zero_grad(set_to_none=True)
+            inputs += self.hyperparameters_list
+            total = loss + hyper_loss
+        if inputs and total.requires_grad:
+            total.backward(inputs=inputs)
+        value = float(loss.detach())
+        hyper_value = float(hyper_loss.detach()) if hyper_loss is not None else 0.0
+        if self._check_finite(value + hyper_value, what, 0, inputs):
+            self.optimizer.step()
+            self._losses.append(value)
+            if hyper_loss is not None:
+                self.hyper_optimizer.step()  # type: ignore[union-attr]
+                for _, m in self.hyperparameter_modules():
+                    m.constrain_()
+                self._hyper_losses.append(hyper_value)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.hyper_optimizer is not None:
+            self.hyper_optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return value
 
     # --- evaluation, checkpoints -------------------------------------------------------------------
 
@@ -515,6 +623,8 @@ def fit(
     checkpoint_dir: str | Path | None = None,
     progress: bool | None = None,
     recalibrate_norms: bool = True,
+    fused: bool = False,
+    every_partition: bool = False,
     device: torch.device | str | None = None,
 ) -> FitResult:
     """Train a partitioned model and learn its hyperparameters by the partitioned marginal likelihood.
@@ -546,6 +656,10 @@ def fit(
         on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
         checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` at each evaluation (atomically).
         progress: a tqdm bar; default: only when stderr is a terminal.
+        fused: the parameter and hyperparameter steps of an iteration in one forward and one backward
+            (``PartitionedTrainer.fused_iteration``); not yet with hyperparameter modules inside the model.
+        every_partition: each example of a parameter batch draws its own partition (k_i ~ Cat(u), example
+            from D_1:k_i) and trains only it, so every partition is updated every iteration.
         recalibrate_norms: at the end, recompute BatchNorm running statistics for the final subnetwork
             over the training data (see ``recalibrate_norm_statistics``); they are shared by all
             subnetworks during training. The LML does not use them (it runs in training mode).
@@ -585,6 +699,8 @@ def fit(
         on_nonfinite=on_nonfinite,
         checkpoint_dir=checkpoint_dir,
         device=device,
+        fused=fused,
+        every_partition=every_partition,
     )
     return trainer.run(
         steps,
