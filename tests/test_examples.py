@@ -55,3 +55,15 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
     assert "| rotdigits | learned affine |" in capsys.readouterr().out
     # a second call reuses the completed runs
     assert module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])["rows"] == result["rows"]
+
+
+def test_step_time_benchmark_quick(capsys):
+    spec = importlib.util.spec_from_file_location("step_time", EXAMPLES.parent / "benchmarks" / "step_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(["--quick", "--schemes", "node", "--defaults", "zero"])
+    (row,) = result["rows"]
+    assert row["scheme"] == "node" and all(
+        row[k] > 0 for k in ("parameter_step", "hyper_step", "fused_iteration_vs_plain_double_batch")
+    )
+    assert "| fixup_resnet14 | node | zero |" in capsys.readouterr().out

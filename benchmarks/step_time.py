@@ -1,0 +1,159 @@
+"""Step time of partitioned training relative to a plain training step, per scheme and default mode.
+
+For each model, scheme (random, node) and default (init, zero), the trainer's steps are timed against a
+plain step (forward, backward, Adam step of the exported model) on the same examples:
+
+* parameter step (subnetwork C, the most expensive) vs a plain step on the same batch;
+* hyperparameter step (an ``InputMask`` over the input, subnetwork C-1) vs a plain step on the same batch;
+* paper iteration (parameter step + hyperparameter step) vs two plain steps;
+* fused iteration (both in one forward/backward) vs one plain step on the two batches together.
+
+Variants are timed in turn (round robin) in one process and the ratio of medians over repeats is
+reported, with the device, because these machines are noisy. Prints a table and writes
+``benchmarks/results/step_time.json`` (``step_time_<device>.json`` on CUDA).
+
+    python benchmarks/step_time.py [--models resnet18,fixup_resnet14] [--repeats 9] [--device cuda] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+
+import timm
+import torch
+
+import partition_fx  # noqa: F401  (registers the shipped models)
+from partition_fx import export_subnetwork, partitionify
+from partition_fx.training import PartitionedTrainer
+from partition_fx.transforms import InputMask
+
+MODELS = {
+    "resnet18": dict(),
+    "fixup_resnet14": dict(),
+    "cifar_wrn16_4": dict(),
+    "vit_tiny_patch16_224": dict(img_size=32, patch_size=4),
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _plain_step(model, optimizer, x, y) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+def measure(name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10, **MODELS.get(name, {}))
+    pmodel = partitionify(model, 3, (0.8, 0.1, 0.1), scheme=scheme, default=default)
+    n = batch * 8
+    x = torch.randn(n, 3, 32, 32)
+    y = torch.randint(0, 10, (n,))
+    adam = partial(torch.optim.Adam, lr=1e-4)
+    trainer = PartitionedTrainer(
+        pmodel, (x, y), hyper=InputMask((3, 32, 32)), batch_size=batch, optimizer=adam, hyper_optimizer=adam,
+        device=device,
+    )  # fmt: skip
+    fused = PartitionedTrainer(
+        pmodel, (x, y), hyper=trainer.hyper, batch_size=batch, optimizer=adam, hyper_optimizer=adam, device=device,
+        fused=True,
+    )  # fmt: skip
+    plain = export_subnetwork(pmodel).to(device).train()
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-4)
+    xb, yb = x[:batch].to(device), y[:batch].to(device)
+    x2, y2 = x[: 2 * batch].to(device), y[: 2 * batch].to(device)
+    indices = torch.arange(batch)
+    variants: dict[str, Callable[[], None]] = {
+        "plain": lambda: _plain_step(plain, plain_opt, xb, yb),
+        "plain_double": lambda: _plain_step(plain, plain_opt, x2, y2),
+        "parameter_step": lambda: trainer.parameter_step(3, indices),
+        "hyper_step": lambda: trainer.hyper_step(3, indices),
+        "paper_iteration": lambda: (trainer.parameter_step(3, indices), trainer.hyper_step(3, indices)),
+        "fused_iteration": fused.fused_iteration,
+    }
+    times: dict[str, list[float]] = {key: [] for key in variants}
+    for _ in range(2):  # warm-up
+        for fn in variants.values():
+            fn()
+    for _ in range(repeats):
+        for key, fn in variants.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[key].append(time.perf_counter() - start)
+    med = {key: statistics.median(v) for key, v in times.items()}
+    return {
+        "model": name,
+        "scheme": scheme,
+        "default": default,
+        "batch": batch,
+        "plain_step_seconds": med["plain"],
+        "parameter_step": med["parameter_step"] / med["plain"],
+        "hyper_step": med["hyper_step"] / med["plain"],
+        "paper_iteration_vs_two_plain": med["paper_iteration"] / (2 * med["plain"]),
+        "fused_iteration_vs_plain_double_batch": med["fused_iteration"] / med["plain_double"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--schemes", default="random,node")
+    parser.add_argument("--defaults", default="init,zero")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="one small model, 2 repeats (a smoke run)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    names = ["fixup_resnet14"] if args.quick else args.models.split(",")
+    schemes, defaults = args.schemes.split(","), args.defaults.split(",")
+    repeats, batch = (2, 8) if args.quick else (args.repeats, args.batch)
+    rows = [measure(n, s, d, batch, repeats, device) for n in names for s in schemes for d in defaults]
+    header = (
+        "| model | scheme | default | plain step (s) | parameter step | hyper step | paper iteration "
+        "| fused iteration |"
+    )
+    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['scheme']} | {r['default']} | {r['plain_step_seconds']:.4f} | "
+            f"x{r['parameter_step']:.2f} | x{r['hyper_step']:.2f} | x{r['paper_iteration_vs_two_plain']:.2f} | "
+            f"x{r['fused_iteration_vs_plain_double_batch']:.2f} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    described = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    result = {
+        "benchmark": "step_time",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": f"{device.type} ({described}, {torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "repeats": repeats,
+        "rows": rows,
+        "table": table,
+    }
+    if not args.quick:
+        out = args.out or Path(__file__).parent / "results" / f"step_time{'' if device.type == 'cpu' else '_cuda'}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
