@@ -158,3 +158,37 @@ def test_fused_training_runs_and_refuses_in_model_hyperparameters():
     model = nn.Sequential(nn.Linear(5, 8), ConcreteDropout(), nn.Linear(8, 3))
     with pytest.raises(PartitionArgumentError, match="fused=True does not support hyperparameter modules inside"):
         fit(partitionify(model, 2), (torch.randn(20, 5), torch.zeros(20, dtype=torch.long)), steps=1, fused=True)
+
+
+def test_fused_iteration_keeps_the_parameter_loss_away_from_the_noise_scale():
+    """With a Gaussian likelihood the noise scale is a hyperparameter: in a fused iteration only the
+    hyperparameter examples may move it (the parameter examples' loss uses it detached)."""
+    from functools import partial
+
+    from partition_fx.training import Gaussian, PartitionedTrainer
+
+    def trainer(fused: bool) -> PartitionedTrainer:
+        torch.manual_seed(0)
+        pmodel = partitionify(mlp([5, 16, 1]), 3, (0.5, 0.3, 0.2))
+        perturb_partitions(pmodel)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(120, 5, generator=g)
+        y = x[:, :1] * 2 + 0.1 * torch.randn(120, 1, generator=g)
+        sgd = partial(torch.optim.SGD, lr=0.01)  # small: Gaussian.constrain_ clamps log_scale to [-9.2, 9.2]
+        return PartitionedTrainer(
+            pmodel, (x, y), likelihood=Gaussian(0.5), batch_size=16, optimizer=sgd, hyper_optimizer=sgd,
+            fused=fused, seed=3,
+        )  # fmt: skip
+
+    fused = trainer(True)
+    before = fused.likelihood.log_scale.item()
+    fused.iteration()
+    applied = (before - fused.likelihood.log_scale.item()) / 0.01
+    reference = trainer(False)
+    reference.sampler.parameter_batch()  # the fused iteration draws the parameter batch first
+    kh, hidx = reference.sampler.hyper_batch()
+    x, y = reference.examples.tensors
+    out = reference.pmodel(x[hidx], subnetwork=kh - 1)
+    hyper_loss = -reference.likelihood(out, y[hidx]).mean()
+    (want,) = torch.autograd.grad(hyper_loss, reference.likelihood.log_scale)
+    assert applied == pytest.approx(want.item(), rel=1e-4)
