@@ -67,3 +67,15 @@ def test_step_time_benchmark_quick(capsys):
         row[k] > 0 for k in ("parameter_step", "hyper_step", "fused_iteration_vs_plain_double_batch")
     )
     assert "| fixup_resnet14 | node | zero |" in capsys.readouterr().out
+
+
+def test_memory_benchmark_quick(capsys):
+    spec = importlib.util.spec_from_file_location("memory", EXAMPLES.parent / "benchmarks" / "memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--quick"])["rows"]
+    by = {(r["scheme"], r["default"]): r for r in rows}
+    # stored defaults cost one copy of the parameters; zero defaults none (only product/sum identities)
+    assert by["random", "init"]["overhead_of_parameter_memory"]["defaults"] == pytest.approx(1.0, abs=0.01)
+    assert by["random", "zero"]["overhead_of_parameter_memory"]["defaults"] < 0.01
+    assert "| fixup_resnet14 | node | zero |" in capsys.readouterr().out
