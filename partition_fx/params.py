@@ -49,11 +49,14 @@ class PartitionedTensor(nn.Module):
         """The trained values of partition k (1-based)."""
         return getattr(self, f"part{k}")
 
-    def routed_part(self, k: int) -> torch.Tensor:
-        """Partition k's values, detached unless gradients may reach it (see ``gradient_only_to``)."""
+    def trained_parts(self, k: int) -> list[torch.Tensor]:
+        """Parts 1..k as subnetwork k uses them: detached except where gradients may flow (see
+        ``gradient_only_to``)."""
+        parts = [self.part(i) for i in range(1, k + 1)]
         only = _GRAD_PARTITION.get()
-        part = self.part(k)
-        return part if only is None or only == k else part.detach()
+        if only is None:
+            return parts
+        return [p if i == only else p.detach() for i, p in enumerate(parts, start=1)]
 
     def parts(self) -> list[nn.Parameter]:
         return [self.part(k) for k in range(1, self.num_partitions + 1)]
@@ -133,7 +136,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         return self.default[self.offsets[start] :]
 
     def forward(self, k: int) -> torch.Tensor:
-        trained = [self.routed_part(i) for i in range(1, k + 1)]
+        trained = self.trained_parts(k)
         if k < self.num_partitions:
             trained.append(self._default_slice(k))
         flat = trained[0] if len(trained) == 1 else torch.cat(trained)
@@ -174,9 +177,10 @@ class ScalePartitionedTensor(PartitionedTensor):
             return self.default
         # A view, never the Parameter itself: functional_call would register a Parameter it is given in
         # the leaf's _parameters and, when restoring, leave the meta stand-in there as a parameter.
-        out = self.routed_part(1).view(self.shape)
-        for i in range(2, k + 1):
-            out = out * self.routed_part(i) if self.kind == "product" else out + self.routed_part(i)
+        first, *rest = self.trained_parts(k)
+        out = first.view(self.shape)
+        for part in rest:
+            out = out * part if self.kind == "product" else out + part
         return out
 
     def extra_repr(self) -> str:

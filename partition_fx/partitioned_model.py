@@ -12,7 +12,7 @@ from torch import nn
 
 from .errors import PartitionArgumentError, PartitionTypeError
 from .params import PartitionedTensor, gradient_only_to
-from .transforms.base import HyperparameterModule
+from .transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 
 
 def call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
@@ -306,11 +306,7 @@ class PartitionedModel(nn.Module):
         >>> [name for name, _ in partitionify(model, 2).hyperparameter_modules()]
         ['1']
         """
-        outer: list[str] = []
-        for name, module in self.module.named_modules():
-            if isinstance(module, HyperparameterModule) and not any(name.startswith(o + ".") for o in outer):
-                outer.append(name)
-                yield name, module
+        yield from outermost_hyperparameter_modules(self.module)
 
     def original_state(self, k: int | None = None) -> dict[str, torch.Tensor]:
         """Every original parameter and buffer name -> subnetwork k's value (not copies)."""

@@ -10,8 +10,9 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+def _load(name: str, folder: Path = EXAMPLES):
+    """A script under examples/ (or benchmarks/) as a module, to call its ``main``."""
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -47,9 +48,7 @@ def test_examples_document_how_to_run_them(name):
 
 
 def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench", EXAMPLES.parent / "benchmarks" / "learned_augmentation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("learned_augmentation", EXAMPLES.parent / "benchmarks")
     result = module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])
     assert [(r["data"], r["augment"]) for r in result["rows"]] == module.CONFIGS
     assert "| rotdigits | learned affine |" in capsys.readouterr().out
@@ -58,9 +57,7 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
 
 
 def test_step_time_benchmark_quick(capsys):
-    spec = importlib.util.spec_from_file_location("step_time", EXAMPLES.parent / "benchmarks" / "step_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("step_time", EXAMPLES.parent / "benchmarks")
     result = module.main(["--quick", "--schemes", "node", "--defaults", "zero"])
     (row,) = result["rows"]
     assert row["scheme"] == "node" and all(
@@ -70,9 +67,7 @@ def test_step_time_benchmark_quick(capsys):
 
 
 def test_memory_benchmark_quick(capsys):
-    spec = importlib.util.spec_from_file_location("memory", EXAMPLES.parent / "benchmarks" / "memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("memory", EXAMPLES.parent / "benchmarks")
     rows = module.main(["--quick"])["rows"]
     by = {(r["scheme"], r["default"]): r for r in rows}
     # stored defaults cost one copy of the parameters; zero defaults none (only product/sum identities)

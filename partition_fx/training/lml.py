@@ -15,6 +15,22 @@ from .chunks import DataChunks, Examples
 from .likelihoods import Likelihood
 
 
+def apply_transform(hyper: nn.Module | None, x: torch.Tensor, grad: bool = True) -> tuple[torch.Tensor, int]:
+    """``(hyper(x), S)``: the input transform's S samples per example, sample major (``(x, 1)`` without one).
+    ``grad=False`` runs it without autograd (a parameter loss needs no gradient of psi)."""
+    if hyper is None:
+        return x, 1
+    batch = x.shape[0]
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        out = hyper(x)
+    if out.shape[0] % batch:
+        raise PartitionArgumentError(
+            f"the input transform {type(hyper).__name__} returned {out.shape[0]} inputs for {batch} examples; "
+            "it must return S * batch inputs, sample major"
+        )
+    return out, out.shape[0] // batch
+
+
 def forward_log_likelihood(
     pmodel: PartitionedModel,
     likelihood: Likelihood,
@@ -27,16 +43,8 @@ def forward_log_likelihood(
     """Per-example log p(y | x) through ``subnetwork``, after the input transform ``hyper`` (whose S
     samples per example are averaged by the likelihood). ``transform_grad=False`` runs the transform
     without autograd (a parameter step needs no gradient of psi)."""
-    batch = x.shape[0]
-    if hyper is not None:
-        with torch.set_grad_enabled(transform_grad and torch.is_grad_enabled()):
-            x = hyper(x)
-        if x.shape[0] % batch:
-            raise PartitionArgumentError(
-                f"the input transform {type(hyper).__name__} returned {x.shape[0]} inputs for {batch} examples; "
-                "it must return S * batch inputs, sample major"
-            )
-    return likelihood(pmodel(x, subnetwork=subnetwork), y, x.shape[0] // batch)
+    x, samples = apply_transform(hyper, x, transform_grad)
+    return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
 @contextmanager

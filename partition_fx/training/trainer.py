@@ -29,10 +29,10 @@ from torch import nn
 
 from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
-from ..transforms.base import HyperparameterModule
+from ..transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .likelihoods import Likelihood, resolve_likelihood
-from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, recalibrate_norm_statistics
+from .lml import LMLEstimate, apply_transform, estimate_lml, forward_log_likelihood, recalibrate_norm_statistics
 from .optim import OptimizerFactory, partition_optimizer
 from .sampler import PartitionedSampler
 
@@ -71,16 +71,6 @@ def _positive_int(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise PartitionArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
-
-
-def _outer_hyper_modules(root: nn.Module | None) -> list[tuple[str, HyperparameterModule]]:
-    found: list[tuple[str, HyperparameterModule]] = []
-    if root is None:
-        return found
-    for name, m in root.named_modules():
-        if isinstance(m, HyperparameterModule) and not any(name.startswith(n + ".") or n == "" for n, _ in found):
-            found.append((name, m))
-    return found
 
 
 def _save_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -236,8 +226,8 @@ class PartitionedTrainer:
 
     def hyperparameter_modules(self) -> list[tuple[str, HyperparameterModule]]:
         """Every hyperparameter module with the prefix its values are reported under."""
-        found = [(name, m) for name, m in _outer_hyper_modules(self.hyper)]
-        found += [(name, m) for name, m in self.pmodel.hyperparameter_modules()]
+        found = outermost_hyperparameter_modules(self.hyper)
+        found += self.pmodel.hyperparameter_modules()
         if isinstance(self.likelihood, HyperparameterModule):
             found.append(("", self.likelihood))
         return found
@@ -252,7 +242,7 @@ class PartitionedTrainer:
 
     # --- steps -------------------------------------------------------------------------------------
 
-    def _check_finite(self, value: float, what: str, k: int, params: list[torch.Tensor]) -> bool:
+    def _check_finite(self, value: float, what: str, params: list[torch.Tensor]) -> bool:
         grads = [p.grad for p in params if p.grad is not None]
         norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         if math.isfinite(value) and math.isfinite(norm):
@@ -271,30 +261,21 @@ class PartitionedTrainer:
             "for NaN/inf, or pass on_nonfinite='skip' to skip such steps"
         )
 
+    def _train_mode(self) -> None:
+        self.pmodel.train()
+        if self.hyper is not None:
+            self.hyper.train()
+
     def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
         """Train partition k (default: drawn by the sampler) on a minibatch of D_1:k; returns (k, loss)."""
         if k is None or indices is None:
             drawn_k, drawn = self.sampler.parameter_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
-        self.pmodel.train()
-        if self.hyper is not None:
-            self.hyper.train()
+        self._train_mode()
         x, y = self.examples.batch(indices, self.device)
-        params = self.pmodel.partition_parameters(k)
         loss = -forward_log_likelihood(self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        if params and loss.requires_grad:
-            # Only partition k's leaves receive .grad: earlier partitions are used, not updated, and stock
-            # optimisers skip parameters whose grad is None (their state does not advance).
-            loss.backward(inputs=params)
-        value = float(loss.detach())
-        if self._check_finite(value, f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})", k, params):
-            self.optimizer.step()
-            self._losses.append(value)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return k, value
+        what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
+        return k, self._step(loss, None, self.pmodel.partition_parameters(k), what)
 
     def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
         """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C); returns (k, loss)."""
@@ -303,24 +284,10 @@ class PartitionedTrainer:
         if k is None or indices is None:
             drawn_k, drawn = self.sampler.hyper_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
-        self.pmodel.train()
-        if self.hyper is not None:
-            self.hyper.train()
+        self._train_mode()
         x, y = self.examples.batch(indices, self.device)
         loss = -forward_log_likelihood(self.pmodel, self.likelihood, x, y, k - 1, self.hyper).mean()
-        self.hyper_optimizer.zero_grad(set_to_none=True)
-        if loss.requires_grad:
-            loss.backward(inputs=self.hyperparameters_list)
-        value = float(loss.detach())
-        if self._check_finite(
-            value, f"hyperparameter step (chunk D_{k} through subnetwork {k - 1})", k, self.hyperparameters_list
-        ):
-            self.hyper_optimizer.step()
-            for _, m in self.hyperparameter_modules():
-                m.constrain_()
-            self._hyper_losses.append(value)
-        self.hyper_optimizer.zero_grad(set_to_none=True)
-        return k, value
+        return k, self._step(None, loss, [], f"hyperparameter step (chunk D_{k} through subnetwork {k - 1})")
 
     def _hyper_due(self, step: int) -> bool:
         return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
@@ -339,13 +306,6 @@ class PartitionedTrainer:
         if self._hyper_due(self.step):
             self.hyper_step()
 
-    def _transformed(self, x: torch.Tensor, grad: bool) -> tuple[torch.Tensor, int]:
-        if self.hyper is None:
-            return x, 1
-        with torch.set_grad_enabled(grad):
-            out = self.hyper(x)
-        return out, out.shape[0] // x.shape[0]
-
     def _detached_likelihood(self, outputs: torch.Tensor, targets: torch.Tensor, samples: int) -> torch.Tensor:
         """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
         detached = {name: p.detach() for name, p in self.likelihood.named_parameters()}
@@ -354,17 +314,15 @@ class PartitionedTrainer:
     def _routed_losses(self, ks: torch.Tensor, indices: torch.Tensor, hyper: tuple[int, torch.Tensor] | None):
         """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and, if given,
         hyperparameter examples (chunk k through subnetwork k-1, training no partition) in one forward."""
-        self.pmodel.train()
-        if self.hyper is not None:
-            self.hyper.train()
+        self._train_mode()
         xp, yp = self.examples.batch(indices, self.device)
-        xp, samples_p = self._transformed(xp, grad=False)
+        xp, samples_p = apply_transform(self.hyper, xp, grad=False)
         ks = ks.to(xp.device).repeat(samples_p)  # sample-major, like the inputs
         inputs, subnetworks, grads = [xp], [ks], [ks]
         if hyper is not None:
             k, hyper_indices = hyper
             xh, yh = self.examples.batch(hyper_indices, self.device)
-            xh, samples_h = self._transformed(xh, grad=True)
+            xh, samples_h = apply_transform(self.hyper, xh, grad=True)
             inputs.append(xh)
             subnetworks.append(torch.full((xh.shape[0],), k - 1, device=xh.device))
             grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=xh.device))
@@ -380,7 +338,7 @@ class PartitionedTrainer:
         ks, indices = self.sampler.parameter_examples()
         loss, _ = self._routed_losses(ks, indices, None)
         params = [p for k in torch.unique(ks).tolist() for p in self.pmodel.partition_parameters(int(k))]
-        return self._apply(loss, None, params, f"parameter step of partitions {sorted(set(ks.tolist()))}")
+        return self._step(loss, None, params, f"parameter step of partitions {sorted(set(ks.tolist()))}")
 
     def fused_iteration(self) -> None:
         """The parameter step and (when due) the hyperparameter step of one iteration in ONE forward and ONE
@@ -395,36 +353,40 @@ class PartitionedTrainer:
         hyper = self.sampler.hyper_batch() if due else None
         loss, hyper_loss = self._routed_losses(ks, indices, hyper)
         params = [p for k in torch.unique(ks).tolist() for p in self.pmodel.partition_parameters(int(k))]
-        self._apply(loss, hyper_loss, params, f"fused iteration (partitions {sorted(set(ks.tolist()))})")
+        self._step(loss, hyper_loss, params, f"fused iteration (partitions {sorted(set(ks.tolist()))})")
         self.step += 1
 
-    def _apply(
-        self, loss: torch.Tensor, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
+    def _step(
+        self, loss: torch.Tensor | None, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
     ) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        inputs = list(params)
-        total = loss
+        """One backward of the given losses, then a step of each optimiser whose loss was given.
+
+        ``backward(inputs=...)`` gives .grad only to ``params`` (the partitions being trained) and, with a
+        hyper loss, to psi: every other part keeps grad None, which stock optimisers skip, so a partition's
+        state advances only when it is stepped. The LR scheduler follows parameter steps."""
+        inputs = list(params) if loss is not None else []
         if hyper_loss is not None:
-            assert self.hyper_optimizer is not None
-            self.hyper_optimizer.zero_grad(set_to_none=True)
             inputs += self.hyperparameters_list
-            total = loss + hyper_loss
+        total = sum(x for x in (loss, hyper_loss) if x is not None)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.hyper_optimizer is not None:
+            self.hyper_optimizer.zero_grad(set_to_none=True)
         if inputs and total.requires_grad:
             total.backward(inputs=inputs)
-        value = float(loss.detach())
-        hyper_value = float(hyper_loss.detach()) if hyper_loss is not None else 0.0
-        if self._check_finite(value + hyper_value, what, 0, inputs):
-            self.optimizer.step()
-            self._losses.append(value)
+        value = float(total.detach())
+        if self._check_finite(value, what, inputs):
+            if loss is not None:
+                self.optimizer.step()
+                self._losses.append(float(loss.detach()))
             if hyper_loss is not None:
                 self.hyper_optimizer.step()  # type: ignore[union-attr]
                 for _, m in self.hyperparameter_modules():
                     m.constrain_()
-                self._hyper_losses.append(hyper_value)
+                self._hyper_losses.append(float(hyper_loss.detach()))
         self.optimizer.zero_grad(set_to_none=True)
         if self.hyper_optimizer is not None:
             self.hyper_optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
+        if loss is not None and self.scheduler is not None:
             self.scheduler.step()
         return value
 

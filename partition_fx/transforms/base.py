@@ -20,3 +20,18 @@ class HyperparameterModule(nn.Module):
 
     def constrain_(self) -> None:
         """Clamp the parameters into their documented bounds, in place (called after each hyper step)."""
+
+
+def outermost_hyperparameter_modules(root: nn.Module | None) -> list[tuple[str, HyperparameterModule]]:
+    """``(name, module)`` for every ``HyperparameterModule`` in ``root``'s tree that is not inside another
+    one (``root`` itself has the name ``""``).
+
+    >>> outermost_hyperparameter_modules(nn.Sequential(nn.Linear(2, 2)))
+    []
+    """
+    found: list[tuple[str, HyperparameterModule]] = []
+    for name, module in root.named_modules() if root is not None else ():
+        inside = any(outer == "" or name.startswith(outer + ".") for outer, _ in found)
+        if isinstance(module, HyperparameterModule) and not inside:
+            found.append((name, module))
+    return found
