@@ -1,11 +1,15 @@
-"""Memory of partitioned training relative to plain training: parameters, optimiser state and the
-partitioning's own storage (defaults, assignment indices), in bytes of tensors.
+"""Memory of partitioned training relative to plain training: the partitioning's own storage (trained parts,
+defaults, layout indices and seeds) as a share of parameter memory, the persistent state (parameters, Adam
+state, buffers), and the peak of a training step.
 
-On CPU this counts tensor bytes (activations are not counted); on CUDA it also reports
-``torch.cuda.max_memory_allocated`` over one training step of each. Prints a table and writes
+The peak is tracked by torch's ``MemTracker`` (a dispatch mode that follows every tensor's storage): the
+most bytes alive at once during a parameter step (of subnetwork 1 or C, whichever is higher) against one
+plain step of the exported model with the same examples; activations, gradients, optimiser state and
+temporaries included.
+On CPU these are tensor bytes, on CUDA the same tracker on device memory. Prints a table and writes
 ``benchmarks/results/memory.json``.
 
-    python benchmarks/memory.py [--models resnet18,fixup_resnet14] [--quick]
+    python benchmarks/memory.py [--models resnet18,fixup_resnet14] [--device cpu|cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ from pathlib import Path
 
 import timm
 import torch
+from torch.distributed._tools.mem_tracker import MemTracker
 
 import partition_fx  # noqa: F401  (registers the shipped models)
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.params import RandomPartitionedTensor
 from partition_fx.training import PartitionedTrainer
 
 MODELS = {
@@ -31,6 +35,17 @@ MODELS = {
     "cifar_wrn16_4": {},
     "vit_tiny_patch16_224": dict(img_size=32, patch_size=4),
 }
+# (scheme, default, assignments). Node partitioning always stores its (per-unit) index.
+VARIANTS = [
+    ("random", "init", "stored"),
+    ("random", "zero", "stored"),
+    ("random", "zero", "regenerated"),
+    ("random", "seed", "regenerated"),
+    ("node", "init", "stored"),
+    ("node", "zero", "stored"),
+    ("node", "seed", "stored"),
+]
+BATCH = 32
 
 
 def _bytes(tensors) -> int:
@@ -41,60 +56,103 @@ def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return _bytes(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
 
 
-def measure(name: str, scheme: str, default: str) -> dict:
+def _peak_bytes(step, modules, optimizer, device: str) -> int:
+    tracker = MemTracker()
+    tracker.track_external(*modules, optimizer)
+    with tracker:
+        step()
+    return int(tracker.get_tracker_snapshot("peak")[torch.device(device)]["Total"])
+
+
+def measure(name: str, scheme: str, default: str, assignments: str, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=10, **MODELS.get(name, {}))
-    pmodel = partitionify(model, 3, (0.8, 0.1, 0.1), scheme=scheme, default=default)
-    x, y = torch.randn(24, 3, 32, 32), torch.randint(0, 10, (24,))
-    trainer = PartitionedTrainer(pmodel, (x, y), batch_size=8, optimizer=partial(torch.optim.Adam, lr=1e-4))
+    pmodel = partitionify(model, 3, (0.8, 0.1, 0.1), scheme=scheme, default=default, assignments=assignments)
+    x, y = torch.randn(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
+    trainer = PartitionedTrainer(
+        pmodel, (x, y), batch_size=BATCH, optimizer=partial(torch.optim.Adam, lr=1e-4), device=device
+    )
+    batch = torch.arange(BATCH)
     for k in (1, 2, 3):  # every partition stepped once: its Adam state exists
-        trainer.parameter_step(k, torch.arange(8))
-    plain = export_subnetwork(pmodel).train()
+        trainer.parameter_step(k, batch)
+    plain = export_subnetwork(pmodel).train().to(device)
     plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-4)
-    torch.nn.functional.cross_entropy(plain(x[:8]), y[:8]).backward()
-    plain_opt.step()
+    xd, yd = x.to(device), y.to(device)
+
+    def plain_step() -> None:
+        plain_opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(plain(xd), yd).backward()
+        plain_opt.step()
+
+    plain_step()
     param_bytes = _bytes(plain.parameters())
-    parts = _bytes(p for p in pmodel.parameters())
-    defaults = _bytes(t.default for _, t in pmodel.partitioned_tensors() if getattr(t, "default", None) is not None)
-    indices = _bytes(t.index for _, t in pmodel.partitioned_tensors() if isinstance(t, RandomPartitionedTensor))
+    parts = _bytes(pmodel.parameters())
+    defaults = indices = 0
+    for _, t in pmodel.partitioned_tensors():
+        for buffer_name, buffer in t.named_buffers():
+            if buffer_name == "default":
+                defaults += _bytes([buffer])
+            else:  # layout indices, seeds, moments
+                indices += _bytes([buffer])
     plain_total = param_bytes + _optimizer_bytes(plain_opt) + _bytes(plain.buffers())
     partitioned_total = parts + _optimizer_bytes(trainer.optimizer) + _bytes(pmodel.buffers())
+
+    plain_peak = _peak_bytes(plain_step, [plain], plain_opt, device)
+    partitioned_peak = max(
+        _peak_bytes(partial(trainer.parameter_step, k, batch), [pmodel], trainer.optimizer, device) for k in (1, 3)
+    )
+    overhead = {
+        "trained_parts": parts / param_bytes - 1,  # product/sum tensors keep C copies
+        "defaults": defaults / param_bytes,
+        "indices_and_seeds": indices / param_bytes,
+    }
     return {
         "model": name,
         "scheme": scheme,
         "default": default,
+        "assignments": assignments,
         "parameter_bytes": param_bytes,
-        "overhead_of_parameter_memory": {
-            "trained_parts": parts / param_bytes - 1,  # product/sum tensors keep C copies
-            "defaults": defaults / param_bytes,
-            "assignment_indices": indices / param_bytes,
-        },
-        "total_vs_plain": partitioned_total / plain_total,
+        "overhead_of_parameter_memory": {**overhead, "total": sum(overhead.values())},
+        "state_vs_plain": partitioned_total / plain_total,
+        "peak_step_bytes": {"plain": plain_peak, "partitioned": partitioned_peak},
+        "peak_vs_plain": partitioned_peak / plain_peak,
     }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--quick", action="store_true", help="one small model, two variants (a smoke test)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory.json")
     args = parser.parse_args(argv)
-    names = ["fixup_resnet14"] if args.quick else args.models.split(",")
-    rows = [measure(n, s, d) for n in names for s in ("random", "node") for d in ("init", "zero")]
-    header = "| model | scheme | default | parts (+%) | defaults (+%) | indices (+%) | params+Adam+buffers vs plain |"
-    lines = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
+    names = ["fixup_resnet8"] if args.quick else args.models.split(",")
+    variants = VARIANTS[:1] + VARIANTS[3:4] if args.quick else VARIANTS
+    rows = [measure(n, *v, device=args.device) for n in names for v in variants]
+    header = (
+        "| model | scheme | default | assignments | parts | defaults | indices, seeds | total overhead "
+        "| params+Adam+buffers vs plain | step peak vs plain |"
+    )
+    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         o = r["overhead_of_parameter_memory"]
         lines.append(
-            f"| {r['model']} | {r['scheme']} | {r['default']} | {100 * o['trained_parts']:.2f} | "
-            f"{100 * o['defaults']:.1f} | {100 * o['assignment_indices']:.1f} | x{r['total_vs_plain']:.3f} |"
+            f"| {r['model']} | {r['scheme']} | {r['default']} | {r['assignments']} | "
+            f"+{100 * o['trained_parts']:.2f}% | +{100 * o['defaults']:.1f}% | +{100 * o['indices_and_seeds']:.2f}% | "
+            f"**+{100 * o['total']:.2f}%** | x{r['state_vs_plain']:.3f} | x{r['peak_vs_plain']:.3f} |"
         )
     table = "\n".join(lines)
     print(table)
     result = {
         "benchmark": "memory",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": f"cpu ({platform.processor() or platform.machine()}): tensor bytes, activations not counted",
+        "device": (
+            torch.cuda.get_device_name()
+            if args.device == "cuda"
+            else f"cpu ({platform.processor() or platform.machine()})"
+        ),
+        "batch": BATCH,
+        "image_size": 32,
         "torch": torch.__version__,
         "rows": rows,
         "table": table,

@@ -1,7 +1,8 @@
 """Step time of partitioned training relative to a plain training step, per scheme and default mode.
 
-For each model, scheme (random, node) and default (init, zero), the trainer's steps are timed against a
-plain step (forward, backward, Adam step of the exported model) on the same examples:
+For each model, scheme (random, node) and default mode (init and zero with stored layout indices; seed:
+seed-regenerated defaults and, for random-weight tensors, regenerated layout indices), the trainer's steps
+are timed against a plain step (forward, backward, Adam step of the exported model) on the same examples:
 
 * parameter step (subnetwork C, the most expensive) vs a plain step on the same batch;
 * hyperparameter step (an ``InputMask`` over the input, subnetwork C-1) vs a plain step on the same batch;
@@ -57,7 +58,8 @@ def _plain_step(model, optimizer, x, y) -> None:
 def measure(name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=10, **MODELS.get(name, {}))
-    pmodel = partitionify(model, 3, (0.8, 0.1, 0.1), scheme=scheme, default=default)
+    assignments = "regenerated" if default == "seed" else "stored"
+    pmodel = partitionify(model, 3, (0.8, 0.1, 0.1), scheme=scheme, default=default, assignments=assignments)
     n = batch * 8
     x = torch.randn(n, 3, 32, 32)
     y = torch.randint(0, 10, (n,))
@@ -99,6 +101,7 @@ def measure(name: str, scheme: str, default: str, batch: int, repeats: int, devi
         "model": name,
         "scheme": scheme,
         "default": default,
+        "assignments": assignments,
         "batch": batch,
         "plain_step_seconds": med["plain"],
         "parameter_step": med["parameter_step"] / med["plain"],
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--schemes", default="random,node")
-    parser.add_argument("--defaults", default="init,zero")
+    parser.add_argument("--defaults", default="init,zero,seed", help="seed: with regenerated layout indices")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--device", default="cpu")

@@ -72,7 +72,13 @@ def _convert(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     model = _build_model(args.model, args.num_classes, args.checkpoint).eval()
     start = time.perf_counter()
     pmodel = partitionify(
-        model, args.partitions, args.proportions, scheme=args.scheme, default=args.default, seed=args.seed
+        model,
+        args.partitions,
+        args.proportions,
+        scheme=args.scheme,
+        default=args.default,
+        seed=args.seed,
+        assignments=args.assignments,
     ).eval()
     seconds = time.perf_counter() - start
     channels = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
@@ -92,6 +98,7 @@ def _convert(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "proportions": list(pmodel.proportions),
         "scheme": args.scheme,
         "default": args.default,
+        "assignments": args.assignments,
         "seed": args.seed,
         "original_parameters": sum(p.numel() for p in model.parameters()),
         "trainable_entries_per_partition": sizes,
@@ -133,7 +140,13 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--partitions", type=int, default=3)
     common.add_argument("--proportions", type=_proportions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
     common.add_argument("--scheme", default="random", choices=["random", "node"])
-    common.add_argument("--default", default="init", choices=["init", "zero"])
+    common.add_argument("--default", default="init", choices=["init", "zero", "seed"])
+    common.add_argument(
+        "--assignments",
+        default="stored",
+        choices=["stored", "regenerated"],
+        help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
+    )
     common.add_argument("--seed", type=int, default=0)
     _add_train_parser(sub)
     convert = sub.add_parser("convert", parents=[common], help="convert, verify and export a model")
@@ -168,7 +181,10 @@ def _add_train_parser(sub: Any) -> None:
     train.add_argument("--partitions", type=int, default=3)
     train.add_argument("--proportions", type=_proportions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
     train.add_argument("--scheme", default="random", choices=["random", "node"])
-    train.add_argument("--default", default="init", choices=["init", "zero"], help="untrained partitions' values")
+    train.add_argument(
+        "--default", default="init", choices=["init", "zero", "seed"], help="untrained partitions' values"
+    )
+    train.add_argument("--assignments", default="stored", choices=["stored", "regenerated"], help="layout index")
     train.add_argument("--steps", type=int, default=TRAIN_DEFAULT_STEPS, help="iterations")
     train.add_argument("--batch-size", type=int, default=64)
     train.add_argument("--lr", type=float, default=TRAIN_DEFAULT_LR, help="Adam, cosine-annealed to lr/100")
@@ -195,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             model = _build_model(args.model, args.num_classes, args.checkpoint)
             print(
                 partitionify(
-                    model, args.partitions, args.proportions, scheme=args.scheme, default=args.default, seed=args.seed
+                    model,
+                    args.partitions,
+                    args.proportions,
+                    scheme=args.scheme,
+                    default=args.default,
+                    seed=args.seed,
+                    assignments=args.assignments,
                 ).describe()
             )
             return 0

@@ -34,10 +34,11 @@ from torch import nn
 from .errors import PartitionArgumentError, PartitionTypeError
 
 Kind = Literal["random", "product", "sum"]
-Default = Literal["init", "zero"]
+Default = Literal["init", "zero", "seed"]
 
 SCHEMES = ("random", "node")
-DEFAULTS = ("init", "zero")
+DEFAULTS = ("init", "zero", "seed")
+ASSIGNMENTS = ("stored", "regenerated")
 KINDS = ("random", "product", "sum")
 PROPORTION_TOLERANCE = 1e-6
 
@@ -49,7 +50,8 @@ class ParameterRule:
     Attributes:
         partition: ``False`` leaves the parameter unpartitioned: every subnetwork, subnetwork 0
             included, uses its one trained value, and it is listed with partition 1 for optimisation.
-        default: ``"init"`` or ``"zero"``, the value partitions take in subnetworks that do not train them.
+        default: ``"init"``, ``"zero"`` or ``"seed"``, the value partitions take in subnetworks that do not
+            train them (see :func:`partition_fx.partitionify`).
         kind: ``"random"`` (random-weight partitions), ``"product"`` or ``"sum"`` (C copies combined by
             product or sum, appendix I.2 of the paper). ``None`` chooses automatically.
     """

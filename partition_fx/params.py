@@ -8,14 +8,17 @@ stays ``None`` and the optimiser skips it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
-from .assign import node_assignment, partition_layout, random_assignment
+from .assign import assignment_from_index, feistel_factors, feistel_index, feistel_tables, layout_index, normal_values
 
 _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
 
@@ -69,16 +72,44 @@ class PartitionedTensor(nn.Module):
         return self(k)
 
 
+class _RegeneratedGather(torch.autograd.Function):
+    """``flat.index_select(0, index)`` where ``index`` is regenerated from a seed in forward AND backward,
+    so it is never stored, not even for the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, flat: torch.Tensor, owner: RandomPartitionedTensor) -> torch.Tensor:
+        ctx.owner = owner
+        return flat.index_select(0, owner.layout_index())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        index = ctx.owner.layout_index().long()
+        # The index is a permutation: every entry of the flat gradient is written exactly once.
+        return grad.new_empty(grad.shape).index_copy_(0, index, grad), None
+
+
 class RandomPartitionedTensor(PartitionedTensor):
     """Random-weight partitioning (appendix C): each entry belongs to one partition.
 
     With ``node=True`` (node partitioning, for conv/linear weights and biases) the assignment is drawn per
-    output unit (dim 0) and every entry of the unit's row follows it; ``kind`` is then ``"node"``. The
-    storage and the effective tensor are the same either way.
+    output unit (dim 0) and every entry of the unit's row follows it; ``kind`` is then ``"node"``.
 
-    Subnetwork k takes the trained value of entries in partitions 1..k and the default elsewhere.
-    ``index`` maps each entry to its place in ``cat(part1, ..., partC)`` (parts in flat order), so the
-    effective tensor is one ``cat`` and one ``index_select``; defaults are kept in that same layout.
+    Subnetwork k takes the trained value of entries in partitions 1..k and the default elsewhere. Each
+    entry has a place in ``cat(part1, ..., partC)`` (``assign.layout_index``; whole rows for node
+    partitioning), so the effective tensor is one ``cat`` and one ``index_select``; defaults are kept in
+    that same layout. Where things live:
+
+    - the layout index: an int32 buffer ``index`` (node partitioning: ``unit_index``, one entry per
+      output unit), or, with ``regenerate=True`` and a tensor the Feistel permutation covers, regenerated
+      from the seed in every forward and backward and never stored;
+    - the defaults: a buffer ``default`` (``"init"``), nothing (``"zero"``), or ``"seed"``: regenerated as
+      ``mean + std * normal_values(seed, ...)`` from the tensor's mean and std at conversion, which also
+      re-initialise the tensor (every subnetwork equals the re-initialised model at conversion).
+
+    The seed and salts (buffer ``generator``) and the moments (buffer ``moments``) are part of the
+    state_dict, so loading a checkpoint regenerates the same values whatever seed the model was converted
+    with.
     """
 
     kind = "random"
@@ -92,32 +123,91 @@ class RandomPartitionedTensor(PartitionedTensor):
         salt: int,
         default: str,
         node: bool = False,
+        regenerate: bool = False,
+        default_salt: int | None = None,
     ) -> None:
         super().__init__()
         self.kind = "node" if node else "random"
         self.num_partitions = len(proportions)
         self.shape = tuple(value.shape)
         self.default_mode = default
+        device = value.device
         flat = value.detach().reshape(-1)
+        numel = flat.numel()
+        units = self.shape[0] if node and self.shape else 1
         if node:
-            assignment = node_assignment(self.shape, proportions, seed, salt, device="cpu")
+            index, sizes = layout_index(units, proportions, seed, salt)
+            self.register_buffer("unit_index", index.to(torch.int32).to(device))
+            sizes = [n * (numel // max(units, 1)) for n in sizes]
         else:
-            assignment = random_assignment(flat.numel(), proportions, seed, salt, device="cpu")
-        order, index, sizes = partition_layout(assignment, self.num_partitions)
-        laid_out = flat.index_select(0, order.to(flat.device))
-        # int32 halves the index memory; index_select and its backward accept it.
-        self.register_buffer("index", index.to(torch.int32).to(flat.device))
+            index, sizes = layout_index(numel, proportions, seed, salt)
+        self._feistel = None if node or not regenerate else feistel_factors(numel)
+        self.regenerated = self._feistel is not None
+        self._tables: list[torch.Tensor] | None = None
+        if not node and not self.regenerated:
+            # int32 halves the index memory; index_select and its backward accept it.
+            self.register_buffer("index", index.to(torch.int32).to(device))
         # Where each partition starts in the partition-major layout (sizes are the parts' numels).
-        self.offsets = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
-        offset = 0
+        self.offsets = [0, *itertools.accumulate(sizes)]
+        # ``default_salt`` keeps a node-partitioned layer's weight and bias defaults apart (they share ``salt``).
+        self._seed, self._salt, self._default_salt = seed, salt, salt if default_salt is None else default_salt
+        if self.regenerated or default == "seed":
+            generator = [self._seed, self._salt, self._default_salt]
+            self.register_buffer("generator", torch.tensor(generator, dtype=torch.int64, device=device))
+        if default == "seed":
+            std, mean = torch.std_mean(flat.double(), correction=0) if numel else (torch.zeros(()), torch.zeros(()))
+            self.register_buffer("moments", torch.tensor([float(mean), float(std)], device=device))
+            self._moments = tuple(self.moments.tolist())
+            laid_out = self._seeded_defaults(0, device).to(flat.dtype)
+        else:
+            flat_index = self._expand_units(index.to(device)) if node else index.to(device).long()
+            laid_out = flat.new_empty(numel).index_copy_(0, flat_index, flat)
         for k, n in enumerate(sizes, start=1):
-            part = laid_out[offset : offset + n].clone()
+            start = self.offsets[k - 1]
+            part = laid_out[start : start + n].clone()
             self.register_parameter(f"part{k}", nn.Parameter(part, requires_grad=value.requires_grad))
-            offset += n
         if default == "init":
             self.register_buffer("default", laid_out.clone())
         else:
             self.default = None
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # Cached as Python numbers so that regenerating never syncs with the device.
+        if hasattr(self, "generator"):
+            self._seed, self._salt, self._default_salt = (int(v) for v in self.generator.tolist())
+            self._tables = None  # regenerate the round tables for the loaded seed
+        if hasattr(self, "moments"):
+            self._moments = tuple(self.moments.tolist())
+
+    def layout_index(self) -> torch.Tensor:
+        """Each entry's position in ``cat(parts)`` (int32, flat; node partitioning: one per output unit)."""
+        if hasattr(self, "unit_index"):
+            return self.unit_index
+        if not self.regenerated:
+            return self.index
+        assert self._feistel is not None
+        device = self.part1.device
+        if self._tables is None or self._tables[0].device != device:
+            # The round tables hold a + b entries for a * b weights: cached, not persisted.
+            self._tables = feistel_tables(*self._feistel, self._seed, self._salt, device)
+        return feistel_index(*self._feistel, self._tables)
+
+    def _expand_units(self, unit_index: torch.Tensor) -> torch.Tensor:
+        """Node partitioning: the flat (int64) index of every entry from its unit's index."""
+        per_unit = self.offsets[-1] // max(unit_index.numel(), 1)
+        rows = unit_index.long()[:, None] * per_unit
+        return (rows + torch.arange(per_unit, device=unit_index.device)).view(-1)
+
+    def _flat_index(self) -> torch.Tensor:
+        index = self.layout_index()
+        return self._expand_units(index) if hasattr(self, "unit_index") else index
+
+    def _seeded_defaults(self, start: int, device: torch.device) -> torch.Tensor:
+        """The regenerated defaults of layout positions ``start..`` (``default="seed"``)."""
+        mean, std = self._moments
+        z = normal_values(self._seed, self._default_salt, start, self.offsets[-1], device)
+        return z.mul_(std).add_(mean)
 
     def assignment(self) -> torch.Tensor:
         """The partition (0-based, uint8) of every entry, in the tensor's shape.
@@ -126,11 +216,13 @@ class RandomPartitionedTensor(PartitionedTensor):
         >>> t.assignment().tolist()  # node partitioning: whole rows
         [[0, 0], [0, 0], [1, 1]]
         """
-        bounds = torch.tensor(self.offsets[1:-1], dtype=torch.int64, device=self.index.device)
-        return torch.bucketize(self.index.long(), bounds, right=True).to(torch.uint8).view(self.shape)
+        sizes = [b - a for a, b in itertools.pairwise(self.offsets)]
+        return assignment_from_index(self._flat_index(), sizes).view(self.shape)
 
     def _default_slice(self, start: int) -> torch.Tensor:
         """Defaults of partitions start+1..C, in layout order."""
+        if self.default_mode == "seed":
+            return self._seeded_defaults(self.offsets[start], self.part1.device).to(self.part1.dtype)
         if self.default is None:
             return self.part1.new_zeros(self.offsets[-1] - self.offsets[start])
         return self.default[self.offsets[start] :]
@@ -140,10 +232,20 @@ class RandomPartitionedTensor(PartitionedTensor):
         if k < self.num_partitions:
             trained.append(self._default_slice(k))
         flat = trained[0] if len(trained) == 1 else torch.cat(trained)
-        return flat.index_select(0, self.index).view(self.shape)
+        if self.regenerated:
+            return _RegeneratedGather.apply(flat, self).view(self.shape)
+        index = self.layout_index()
+        if hasattr(self, "unit_index"):
+            rows = flat.view(index.numel(), -1) if index.numel() else flat.view(0, 0)
+            return rows.index_select(0, index).view(self.shape)
+        return flat.index_select(0, index).view(self.shape)
 
     def extra_repr(self) -> str:
-        return f"shape={self.shape}, kind={self.kind!r}, sizes={self.partition_sizes()}, default={self.default_mode!r}"
+        index = "regenerated" if self.regenerated else "stored"
+        return (
+            f"shape={self.shape}, kind={self.kind!r}, sizes={self.partition_sizes()}, "
+            f"default={self.default_mode!r}, index={index}"
+        )
 
 
 class ScalePartitionedTensor(PartitionedTensor):
@@ -152,7 +254,7 @@ class ScalePartitionedTensor(PartitionedTensor):
     C copies s_1..s_C of the whole tensor; subnetwork k uses s_1 * ... * s_k (``"product"``) or
     s_1 + ... + s_k (``"sum"``). s_1 starts at the original value and the others at the identity (1 or
     0), so every subnetwork equals the original at conversion. Subnetwork 0 uses the default of s_1:
-    its value at conversion (``default="init"``) or the identity (``default="zero"``, which for a
+    its value at conversion (``default="init"`` or ``"seed"``) or the identity (``default="zero"``, which for a
     scale means "no scaling" rather than multiplying by zero).
     """
 
@@ -170,7 +272,9 @@ class ScalePartitionedTensor(PartitionedTensor):
         for k in range(1, num_partitions + 1):
             start = value.clone() if k == 1 else identity.clone()
             self.register_parameter(f"part{k}", nn.Parameter(start, requires_grad=trainable))
-        self.register_buffer("default", value.clone() if default == "init" else identity)
+        # "seed" keeps the value at conversion too: a scale's default is one small vector, and norm affines
+        # start at constants that re-initialising would only reproduce.
+        self.register_buffer("default", value.clone() if default in ("init", "seed") else identity)
 
     def forward(self, k: int) -> torch.Tensor:
         if k == 0:

@@ -93,6 +93,7 @@ class PartitionedModel(nn.Module):
         scheme: str,
         default: str,
         seed: int,
+        assignments: str,
         root_leaf: bool,
         promoted_leaves: set[str],
     ) -> None:
@@ -103,6 +104,7 @@ class PartitionedModel(nn.Module):
         self.scheme = scheme
         self.default = default
         self.seed = seed
+        self.assignments = assignments
         self.promoted_leaves = sorted(promoted_leaves)
         # Plain attributes (not submodules): the skeleton must not show up in parameters() or state_dict.
         self.__dict__["_records"] = records
@@ -324,7 +326,8 @@ class PartitionedModel(nn.Module):
         >>> import torch
         >>> from partition_fx import partitionify
         >>> print(partitionify(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.LayerNorm(2)), 2).describe())
-        PartitionedModel of Sequential: C=2, proportions=(0.5, 0.5), scheme='random', default='init', seed=0
+        PartitionedModel of Sequential: C=2, proportions=(0.5, 0.5), scheme='random'
+        default='init', assignments='stored', seed=0
         tensor    shape  treatment  p1  p2  note
         --------  -----  ---------  --  --  -------------------
         0.weight  2x4    random     4   4   weight
@@ -338,7 +341,7 @@ class PartitionedModel(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"num_partitions={self.num_partitions}, proportions={self.proportions}, scheme={self.scheme!r}, "
-            f"default={self.default!r}, seed={self.seed}"
+            f"default={self.default!r}, seed={self.seed}, assignments={self.assignments!r}"
         )
 
 
@@ -361,7 +364,8 @@ def _describe(pmodel: PartitionedModel) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
         f"PartitionedModel of {pmodel.original_class.__name__}: C={c}, proportions={pmodel.proportions}, "
-        f"scheme={pmodel.scheme!r}, default={pmodel.default!r}, seed={pmodel.seed}"
+        f"scheme={pmodel.scheme!r}",
+        f"default={pmodel.default!r}, assignments={pmodel.assignments!r}, seed={pmodel.seed}",
     ]
     if pmodel.promoted_leaves:
         promoted = ["<whole model>" if n == "" else n for n in pmodel.promoted_leaves]

@@ -151,6 +151,7 @@ def partitionify(
     scheme: str = "random",
     default: str = "init",
     seed: int = 0,
+    assignments: str = "stored",
     config: cfg.PartitionConfig | None = None,
 ) -> PartitionedModel:
     """Convert ``model`` into a partitioned equivalent; ``model`` itself is not modified.
@@ -162,8 +163,17 @@ def partitionify(
         scheme: ``"random"`` (random-weight partitioning: each entry of each tensor) or ``"node"`` (node
             partitioning: each output unit of a conv/linear layer, with its weight row and bias entry; other
             tensors keep random-weight partitioning, norm affines product/sum scales).
-        default: value of untrained partitions: ``"init"`` (the values at conversion) or ``"zero"``.
-        seed: seeds the assignment of entries to partitions.
+        default: value of untrained partitions: ``"init"`` (the values at conversion, stored: +100% of
+            parameter memory), ``"zero"``, or ``"seed"``: each random/node tensor is re-initialised at
+            conversion with the mean and std it had, from a counter-based normal generator, and its defaults
+            are regenerated from the seed when needed, never stored (for training from scratch: it replaces
+            pretrained values). Product/sum scales keep their value at conversion under ``"seed"``.
+        seed: seeds the assignment of entries to partitions (and ``"seed"`` defaults).
+        assignments: ``"stored"`` (an int32 layout index per random-weight tensor: +100% of parameter
+            memory, fastest) or ``"regenerated"`` (recomputed from the seed in every forward and backward
+            with integer ops; bit-identical on every device). Node partitioning always stores one index
+            entry per output unit. Tensors too small or oddly sized for the regenerating permutation
+            (no divisor pair both >= 32) store theirs either way.
         config: per-parameter rules and extra leaf modules (:class:`PartitionConfig`).
 
     Example::
@@ -178,7 +188,7 @@ def partitionify(
         >>> type(export_subnetwork(pmodel, 2)) is torch.nn.Sequential
         True
     """
-    settings = _validated_settings(model, num_partitions, proportions, scheme, default, seed, config)
+    settings = _validated_settings(model, num_partitions, proportions, scheme, default, seed, assignments, config)
     return _convert(model, settings)
 
 
@@ -189,6 +199,7 @@ class _Settings:
     scheme: str
     default: str
     seed: int
+    assignments: str
     config: cfg.PartitionConfig
 
 
@@ -199,6 +210,7 @@ def _validated_settings(
     scheme: object,
     default: object,
     seed: object,
+    assignments: object,
     config: object,
 ) -> _Settings:
     if not isinstance(model, nn.Module):
@@ -209,6 +221,7 @@ def _validated_settings(
     props = cfg.validate_proportions(proportions, c)  # type: ignore[arg-type]
     scheme = cfg.validate_choice("scheme", scheme, cfg.SCHEMES)
     default = cfg.validate_choice("default", default, cfg.DEFAULTS)
+    assignments = cfg.validate_choice("assignments", assignments, cfg.ASSIGNMENTS)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise PartitionTypeError(f"seed must be a non-negative int, got {seed!r}")
     config = config if config is not None else cfg.PartitionConfig()
@@ -217,7 +230,7 @@ def _validated_settings(
     for name in config.leaf_modules:
         if isinstance(name, str) and get_path(model, name) is None:
             raise PartitionArgumentError(f"config leaf module {name!r} is not a submodule of {type(model).__name__}")
-    return _Settings(c, props, scheme, default, seed, config)
+    return _Settings(c, props, scheme, default, seed, assignments, config)
 
 
 def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
@@ -266,6 +279,7 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         scheme=settings.scheme,
         default=settings.default,
         seed=settings.seed,
+        assignments=settings.assignments,
         root_leaf=root_leaf,
         promoted_leaves=promoted,
     )
@@ -308,7 +322,14 @@ def _partition_parameters(
                 # Node partitioning salts by the layer, so its weight rows and bias entries agree.
                 salt = name_salt(owner_name if node else names[0])
                 pt: PartitionedTensor = RandomPartitionedTensor(
-                    p, settings.proportions, seed=settings.seed, salt=salt, default=default, node=node
+                    p,
+                    settings.proportions,
+                    seed=settings.seed,
+                    salt=salt,
+                    default=default,
+                    node=node,
+                    regenerate=settings.assignments == "regenerated",
+                    default_salt=name_salt(names[0]),
                 )
             else:
                 pt = ScalePartitionedTensor(p, settings.num_partitions, kind=kind, default=default)

@@ -31,8 +31,8 @@ from .errors import PartitionArgumentError, PartitionError
 
 RUN_CONFIG_KEYS = (
     "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
-    "scheme", "default", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every", "warmup_steps",
-    "eval_every", "fused", "every_partition", "seed", "device",
+    "scheme", "default", "assignments", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every",
+    "warmup_steps", "eval_every", "fused", "every_partition", "seed", "device",
 )  # fmt: skip
 
 
@@ -107,7 +107,13 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
     pmodel = partitionify(
-        model, args.partitions, args.proportions, scheme=args.scheme, default=args.default, seed=args.seed
+        model,
+        args.partitions,
+        args.proportions,
+        scheme=args.scheme,
+        default=args.default,
+        seed=args.seed,
+        assignments=args.assignments,
     )
     from .training.chunks import split_into_chunks
 
@@ -232,7 +238,8 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             "(written by `partition-fx train`)"
         )
     config = json.loads(report_path.read_text())["config"]
-    defaults = {"fused": False, "every_partition": False}  # runs written before these options existed
+    # Runs written before these options existed.
+    defaults = {"fused": False, "every_partition": False, "assignments": "stored"}
     rebuilt = argparse.Namespace(**{**defaults, **config, "proportions": tuple(config["proportions"])})
     parts = _prepare(rebuilt)
     pmodel = parts["pmodel"]

@@ -1,7 +1,8 @@
 """Invariant 1 and 2 on real models: every subnetwork equals its export, and exports are plain.
 
 Default run: ``zoo.DEFAULT_SUBSET``. Full sweep (every torchvision classifier, one model per timm
-family, the shipped models): ``pytest -m zoo``.
+family, the shipped models): ``pytest -m zoo``; one variant of it: ``-k node-`` (node partitioning) or
+``-k seed-`` (seed-regenerated defaults and layout indices).
 """
 
 from __future__ import annotations
@@ -33,28 +34,43 @@ def _config(spec: ZooModel) -> PartitionConfig:
     return config
 
 
-def _node_params(models: list[ZooModel]) -> list[object]:
-    """The node-scheme sweep: always behind the zoo marker (``tests/test_node.py`` covers it by default)."""
+# Conversion settings of the sweep's variants (scheme "random", default "init", stored index unless named).
+VARIANTS = {
+    "random": {},
+    "node": {"scheme": "node"},
+    "seed": {"default": "seed", "assignments": "regenerated"},
+}
+SEED_DEFAULT_SUBSET = {"timm:resnet18", "timm:vit_tiny_patch16_224", "timm:fixup_resnet14"}
+
+
+def _variant_params(models: list[ZooModel], variant: str, default_subset: set[str]) -> list[object]:
+    """A variant's sweep: behind the zoo marker except ``default_subset`` (``tests/test_node.py`` and
+    ``tests/test_regenerate.py`` cover the variants by default)."""
     return [
-        pytest.param(spec, "node", id=f"node-{spec.id}", marks=[pytest.mark.zoo])
+        pytest.param(
+            spec, variant, id=f"{variant}-{spec.id}", marks=[] if spec.id in default_subset else [pytest.mark.zoo]
+        )
         for spec in models
         if spec.id not in EXCLUDED
     ]
 
 
 @pytest.mark.parametrize(
-    ("spec", "scheme"),
-    [pytest.param(p.values[0], "random", id=p.id, marks=p.marks) for p in _params(ALL)] + _node_params(ALL),
+    ("spec", "variant"),
+    [pytest.param(p.values[0], "random", id=p.id, marks=p.marks) for p in _params(ALL)]
+    + _variant_params(ALL, "node", set())
+    + _variant_params(ALL, "seed", SEED_DEFAULT_SUBSET),
 )
-def test_subnetworks_equal_exports(spec: ZooModel, scheme: str) -> None:
+def test_subnetworks_equal_exports(spec: ZooModel, variant: str) -> None:
     model = spec.build().eval()
     x = spec.example_input()
     pmodel = partitionify(
-        model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0, scheme=scheme, config=_config(spec)
+        model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0, config=_config(spec), **VARIANTS[variant]
     ).eval()
     with torch.no_grad():
-        reference = model(x)
-        for k in range(4):  # right after conversion (default="init") every subnetwork is the original
+        # Right after conversion every subnetwork is the original (default="seed": the re-initialised model).
+        reference = model(x) if variant != "seed" else export_subnetwork(pmodel).eval()(x)
+        for k in range(4):
             assert max_relative_difference(pmodel(x, subnetwork=k), reference) <= 1e-6, k
     perturb_partitions(pmodel, seed=0)
     assert_subnetworks_match_exports(pmodel, (x,), rtol=1e-5)
