@@ -7,7 +7,9 @@ are timed against a plain step (forward, backward, Adam step of the exported mod
 * parameter step (subnetwork C, the most expensive) vs a plain step on the same batch;
 * hyperparameter step (an ``InputMask`` over the input, subnetwork C-1) vs a plain step on the same batch;
 * paper iteration (parameter step + hyperparameter step) vs two plain steps;
-* fused iteration (both in one forward/backward) vs one plain step on the two batches together.
+* fused iteration (both in one forward/backward) vs one plain step on the two batches together; where the
+  model runs per-example subnetworks in one pass (node partitioning, ``partition_fx.one_pass``) it is also
+  timed with the grouped forward.
 
 Variants are timed in turn (round robin) in one process and the ratio of medians over repeats is
 reported, with the device, because these machines are noisy. Prints a table and writes
@@ -55,6 +57,14 @@ def _plain_step(model, optimizer, x, y) -> None:
     optimizer.step()
 
 
+def _grouped(pmodel, fn: Callable[[], None]) -> None:
+    pmodel.per_example = "grouped"
+    try:
+        fn()
+    finally:
+        pmodel.per_example = "auto"
+
+
 def measure(name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=10, **MODELS.get(name, {}))
@@ -85,6 +95,8 @@ def measure(name: str, scheme: str, default: str, batch: int, repeats: int, devi
         "paper_iteration": lambda: (trainer.parameter_step(3, indices), trainer.hyper_step(3, indices)),
         "fused_iteration": fused.fused_iteration,
     }
+    if pmodel.supports_one_pass():  # the fused iteration runs in one pass: time the grouped forward too
+        variants["fused_iteration_grouped"] = partial(_grouped, pmodel, fused.fused_iteration)
     times: dict[str, list[float]] = {key: [] for key in variants}
     for _ in range(2):  # warm-up
         for fn in variants.values():
@@ -108,6 +120,10 @@ def measure(name: str, scheme: str, default: str, batch: int, repeats: int, devi
         "hyper_step": med["hyper_step"] / med["plain"],
         "paper_iteration_vs_two_plain": med["paper_iteration"] / (2 * med["plain"]),
         "fused_iteration_vs_plain_double_batch": med["fused_iteration"] / med["plain_double"],
+        "fused_one_pass": "fused_iteration_grouped" in med,
+        "fused_grouped_vs_plain_double_batch": (
+            med["fused_iteration_grouped"] / med["plain_double"] if "fused_iteration_grouped" in med else None
+        ),
     }
 
 
@@ -129,14 +145,16 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [measure(n, s, d, batch, repeats, device) for n in names for s in schemes for d in defaults]
     header = (
         "| model | scheme | default | plain step (s) | parameter step | hyper step | paper iteration "
-        "| fused iteration |"
+        "| fused iteration | fused, grouped forward |"
     )
-    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        fused = f"x{r['fused_iteration_vs_plain_double_batch']:.2f}" + (" (one pass)" if r["fused_one_pass"] else "")
+        grouped = r["fused_grouped_vs_plain_double_batch"]
         lines.append(
             f"| {r['model']} | {r['scheme']} | {r['default']} | {r['plain_step_seconds']:.4f} | "
             f"x{r['parameter_step']:.2f} | x{r['hyper_step']:.2f} | x{r['paper_iteration_vs_two_plain']:.2f} | "
-            f"x{r['fused_iteration_vs_plain_double_batch']:.2f} |"
+            f"{fused} | {'-' if grouped is None else f'x{grouped:.2f}'} |"
         )
     table = "\n".join(lines)
     print(table)

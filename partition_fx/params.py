@@ -21,6 +21,9 @@ from torch.autograd.function import once_differentiable
 from .assign import assignment_from_index, feistel_factors, feistel_index, feistel_tables, layout_index, normal_values
 
 _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
+# While set, calling a PartitionedTensor returns the tensor object itself, so that the rewritten graph hands
+# it to its layer (``one_pass``) instead of a value.
+HAND_OVER: ContextVar[bool] = ContextVar("partition_fx_hand_over", default=False)
 
 
 @contextmanager
@@ -43,7 +46,7 @@ def gradient_only_to(partition: int | None) -> Iterator[None]:
 
 
 class PartitionedTensor(nn.Module):
-    """Base class: ``forward(k)`` returns the tensor subnetwork k uses (k in 0..C)."""
+    """Base class: ``forward(k)`` (and ``value(k)``) return the tensor subnetwork k uses (k in 0..C)."""
 
     kind: str
     num_partitions: int
@@ -69,7 +72,14 @@ class PartitionedTensor(nn.Module):
         return [p.numel() for p in self.parts()]
 
     def effective(self, k: int) -> torch.Tensor:
-        return self(k)
+        return self.value(k)
+
+    def value(self, k: int) -> torch.Tensor:
+        """The tensor subnetwork k uses."""
+        raise NotImplementedError
+
+    def forward(self, k: int) -> Any:
+        return self if HAND_OVER.get() else self.value(k)
 
 
 class _RegeneratedGather(torch.autograd.Function):
@@ -227,7 +237,7 @@ class RandomPartitionedTensor(PartitionedTensor):
             return self.part1.new_zeros(self.offsets[-1] - self.offsets[start])
         return self.default[self.offsets[start] :]
 
-    def forward(self, k: int) -> torch.Tensor:
+    def value(self, k: int) -> torch.Tensor:
         trained = self.trained_parts(k)
         if k < self.num_partitions:
             trained.append(self._default_slice(k))
@@ -276,7 +286,7 @@ class ScalePartitionedTensor(PartitionedTensor):
         # start at constants that re-initialising would only reproduce.
         self.register_buffer("default", value.clone() if default in ("init", "seed") else identity)
 
-    def forward(self, k: int) -> torch.Tensor:
+    def value(self, k: int) -> torch.Tensor:
         if k == 0:
             return self.default
         # A view, never the Parameter itself: functional_call would register a Parameter it is given in

@@ -17,6 +17,10 @@ from .transforms.base import HyperparameterModule, outermost_hyperparameter_modu
 
 def call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
     """Call a leaf module with some of its parameters replaced (the rewritten graph calls this)."""
+    if any(isinstance(v, PartitionedTensor) for v in params.values()):  # handed over: one pass, per example
+        from .one_pass import call_routed
+
+        return call_routed(module, params, args, kwargs)
     return torch.func.functional_call(module, params, args, kwargs, tie_weights=False, strict=False)
 
 
@@ -110,6 +114,11 @@ class PartitionedModel(nn.Module):
         self.__dict__["_records"] = records
         self.__dict__["_skeleton"] = skeleton
         self.__dict__["_root_leaf"] = root_leaf
+        self.per_example = "auto"
+        """How ``forward`` runs per-example subnetworks: ``"one_pass"`` (node partitioning of conv/linear
+        layers and norm scales only: see ``partition_fx.one_pass``), ``"grouped"`` (one forward per distinct
+        subnetwork), or ``"auto"`` (one pass where the model supports it)."""
+        self.__dict__["_one_pass_supported"] = None
 
     @property
     def original_class(self) -> type:
@@ -158,9 +167,22 @@ class PartitionedModel(nn.Module):
         through subnetwork ``subnetwork[i]`` (every tensor argument whose first dimension is the batch size
         is split; see ``_forward_per_example``). ``grad_partition`` (an int, or one per example) lets the
         loss reach only that partition's parameters (0: none), as a parameter step of that partition
-        needs; None lets gradients reach every partition the subnetwork uses.
+        needs; None lets gradients reach every partition the subnetwork uses. ``per_example`` chooses how
+        per-example subnetworks run.
         """
         if isinstance(subnetwork, torch.Tensor) and subnetwork.dim() == 1:
+            if self.per_example not in ("auto", "grouped", "one_pass"):
+                raise PartitionArgumentError(
+                    f"per_example must be 'auto', 'grouped' or 'one_pass', got {self.per_example!r}"
+                )
+            if self.per_example != "grouped" and self.supports_one_pass():
+                return self._forward_one_pass(args, kwargs, subnetwork, grad_partition)
+            if self.per_example == "one_pass":
+                raise PartitionArgumentError(
+                    "per_example='one_pass' needs node partitioning (scheme='node') with every partitioned tensor "
+                    "a conv/linear weight or bias or a norm affine, each used only by its layer; this model has "
+                    "others (see describe()). Use per_example='auto' to group examples by subnetwork instead."
+                )
             return self._forward_per_example(args, kwargs, subnetwork, grad_partition)
         k = self.check_subnetwork(subnetwork)
         if grad_partition is None:
@@ -188,6 +210,54 @@ class PartitionedModel(nn.Module):
             )
         return values.long()
 
+    def supports_one_pass(self) -> bool:
+        """Whether per-example subnetworks can run in one pass (see ``partition_fx.one_pass``)."""
+        if self._one_pass_supported is None:
+            from .one_pass import supports_one_pass
+
+            tensors = {name: m for name, m in self.module.named_modules() if isinstance(m, PartitionedTensor)}
+            ok = self.scheme == "node" and not self._root_leaf and isinstance(self.module, torch.fx.GraphModule)
+            self.__dict__["_one_pass_supported"] = ok and supports_one_pass(
+                self.module, tensors, {call_leaf, call_leaf_clearing_caches}
+            )
+        return self._one_pass_supported
+
+    def _batch_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        from torch.utils import _pytree as pytree
+
+        first = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.dim()), None)
+        if first is None:
+            raise PartitionArgumentError("per-example subnetworks need a tensor input with a batch dimension")
+        return first.shape[0]  # the first tensor argument's first dimension is the batch
+
+    def _routing_values(self, ks: torch.Tensor, gs: int | torch.Tensor | None, batch: int):
+        ks = self._per_example_values("subnetwork", ks, batch)
+        if gs is None:
+            return ks, None
+        if not (isinstance(gs, torch.Tensor) and gs.dim() == 1):
+            gs = torch.full((batch,), self.check_subnetwork(gs), dtype=torch.long, device=ks.device)
+        gs = self._per_example_values("grad_partition", gs, batch).to(ks.device)
+        if bool((gs > ks).any()):
+            i = int(torch.nonzero(gs > ks)[0])
+            raise PartitionArgumentError(
+                f"example {i} would train partition {int(gs[i])} through subnetwork {int(ks[i])}, which "
+                "does not use it; grad_partition must be <= subnetwork (0: no partition)"
+            )
+        return ks, gs
+
+    def _forward_one_pass(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], ks: torch.Tensor, gs: int | torch.Tensor | None
+    ) -> Any:
+        """Every example through its own subnetwork in one forward (node partitioning: ``one_pass``). Exact
+        where the grouped forward is; in train mode BatchNorm normalises the whole batch with one set of
+        statistics (the grouped forward uses one per group)."""
+        from .one_pass import Routing, routed
+
+        batch = self._batch_of(args, kwargs)
+        ks, gs = self._routing_values(ks, gs, batch)
+        with routed(Routing(ks, gs)):
+            return self.module(self.num_partitions, *args, **kwargs)
+
     def _forward_per_example(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], ks: torch.Tensor, gs: int | torch.Tensor | None
     ) -> Any:
@@ -199,24 +269,12 @@ class PartitionedModel(nn.Module):
         from torch.utils import _pytree as pytree
 
         flat_args, spec = pytree.tree_flatten((args, kwargs))
-        first = next((a for a in flat_args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-        if first is None:
-            raise PartitionArgumentError("per-example subnetworks need a tensor input with a batch dimension")
-        batch = first.shape[0]  # the first tensor argument's first dimension is the batch
-        ks = self._per_example_values("subnetwork", ks, batch)
-        if isinstance(gs, torch.Tensor) and gs.dim() == 1:
-            gs = self._per_example_values("grad_partition", gs, batch).to(ks.device)
-            if bool((gs > ks).any()):
-                i = int(torch.nonzero(gs > ks)[0])
-                raise PartitionArgumentError(
-                    f"example {i} would train partition {int(gs[i])} through subnetwork {int(ks[i])}, which "
-                    "does not use it; grad_partition must be <= subnetwork (0: no partition)"
-                )
-            per_example_grad = True
-            keys = ks * (self.num_partitions + 1) + gs
-        else:
-            per_example_grad = False
-            keys = ks
+        batch = self._batch_of(args, kwargs)
+        per_example_grad = isinstance(gs, torch.Tensor) and gs.dim() == 1
+        ks, gs = self._routing_values(ks, gs, batch)
+        keys = ks * (self.num_partitions + 1) + gs if per_example_grad else ks
+        if not per_example_grad and gs is not None:
+            gs = int(gs[0]) if gs.numel() else 0
         order, outputs, out_spec = [], [], None
         for key in torch.unique(keys).tolist():
             idx = torch.nonzero(keys == key).flatten()

@@ -40,12 +40,14 @@ def test_per_example_subnetworks_equal_one_at_a_time(make, shape, scheme):
             torch.testing.assert_close(together[i : i + 1], pmodel(x[i : i + 1], subnetwork=int(ks[i])))
 
 
-def test_each_example_trains_only_its_partition_in_one_backward():
+@pytest.mark.parametrize("scheme", ["random", "node"])  # grouped / one pass
+def test_each_example_trains_only_its_partition_in_one_backward(scheme):
     """One forward/backward with per-example (subnetwork, grad_partition) gives every partition the gradient
     of the definition: partition j gets d/dw_j of the loss of the examples assigned to it, through their
     subnetwork, and nothing from the others."""
     torch.manual_seed(0)
-    pmodel = partitionify(mlp([5, 16, 3]), 3, (0.5, 0.3, 0.2))
+    pmodel = partitionify(mlp([5, 16, 3]), 3, (0.5, 0.3, 0.2), scheme=scheme)
+    assert pmodel.supports_one_pass() == (scheme == "node")
     perturb_partitions(pmodel)
     x, y = torch.randn(9, 5), torch.randint(0, 3, (9,))
     ks = torch.tensor([1, 2, 3, 3, 1, 2, 2, 1, 3])
@@ -83,14 +85,73 @@ def test_per_example_arguments_are_checked():
         pmodel(x, subnetwork=torch.tensor([1, 2, 2]), grad_partition=torch.tensor([2, 2, 0]))
 
 
-def _trainer(fused: bool = False, every_partition: bool = False):
+class LayerNormNet(nn.Module):
+    """Conv, GroupNorm, LayerNorm and Linear with and without bias: no batch statistics, exact in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 12, 3, padding=1, bias=False)
+        self.gn = nn.GroupNorm(3, 12)
+        self.fc1 = nn.Linear(12, 16)
+        self.ln = nn.LayerNorm(16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.gn(self.conv(x))).mean((2, 3))
+        return self.fc2(torch.relu(self.ln(self.fc1(h))))
+
+
+@pytest.mark.parametrize("default", ["init", "zero", "seed"])
+@pytest.mark.parametrize("model", ["conv-bn", "norms", "resnet10t"])
+def test_one_pass_equals_grouped_in_outputs_and_gradients(model, default):
+    """Node partitioning runs per-example subnetworks in one pass; the grouped forward is the reference."""
+    torch.manual_seed(0)
+    make, shape, train = {
+        "conv-bn": (ConvBN, (3, 6, 6), False),
+        "norms": (LayerNormNet, (3, 6, 6), True),
+        "resnet10t": (lambda: timm.create_model("resnet10t", num_classes=5), (3, 32, 32), False),
+    }[model]
+    pmodel = partitionify(make(), 3, (0.5, 0.3, 0.2), scheme="node", default=default).train(train)
+    assert pmodel.supports_one_pass()
+    perturb_partitions(pmodel)
+    x = torch.randn(10, *shape, requires_grad=True)
+    ks = torch.tensor([3, 0, 1, 3, 2, 1, 0, 2, 3, 1])
+    gs = torch.tensor([3, 0, 1, 1, 2, 0, 0, 1, 2, 1])
+    results = []
+    for mode in ("grouped", "one_pass"):
+        pmodel.per_example = mode
+        pmodel.zero_grad(set_to_none=True)
+        x.grad = None
+        out = pmodel(x, subnetwork=ks, grad_partition=gs)
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in _parts(pmodel)]
+        results.append((out.detach(), x.grad.clone(), grads))
+    (out_g, dx_g, grads_g), (out_o, dx_o, grads_o) = results
+    torch.testing.assert_close(out_o, out_g)
+    torch.testing.assert_close(dx_o, dx_g)
+    for a, b in zip(grads_o, grads_g):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_one_pass_is_refused_where_it_does_not_apply():
+    random = partitionify(ConvBN(), 3)
+    fixup = partitionify(timm.create_model("fixup_resnet8"), 3, scheme="node")  # scalar biases: get_attr
+    assert not random.supports_one_pass() and not fixup.supports_one_pass()
+    fixup.per_example = "one_pass"
+    with pytest.raises(PartitionArgumentError, match="per_example='one_pass' needs node partitioning"):
+        fixup(torch.randn(2, 3, 32, 32), subnetwork=torch.tensor([1, 2]))
+    fixup.per_example = "auto"  # falls back to grouping
+    assert fixup(torch.randn(2, 3, 32, 32), subnetwork=torch.tensor([1, 2])).shape[0] == 2
+
+
+def _trainer(fused: bool = False, every_partition: bool = False, scheme: str = "random"):
     from functools import partial
 
     from partition_fx.training import PartitionedTrainer
     from partition_fx.transforms import InputMask
 
     torch.manual_seed(0)
-    pmodel = partitionify(mlp([5, 16, 3]), 3, (0.5, 0.3, 0.2))
+    pmodel = partitionify(mlp([5, 16, 3]), 3, (0.5, 0.3, 0.2), scheme=scheme)
     perturb_partitions(pmodel)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(120, 5, generator=g)
@@ -113,12 +174,13 @@ def _snapshot(trainer):
     return [p.detach().clone() for p in _parts(trainer.pmodel)] + [trainer.hyper.logits.detach().clone()]
 
 
+@pytest.mark.parametrize("scheme", ["random", "node"])  # node: the fused forward runs in one pass
 @pytest.mark.parametrize("every_partition", [False, True])
-def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_partition):
+def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_partition, scheme):
     """Definition: the parameter loss's gradient w.r.t. the drawn partition(s) and the hyper loss's gradient
     w.r.t. psi, both at the same weights (one routed example at a time for every_partition)."""
-    fused = _trainer(fused=True, every_partition=every_partition)
-    reference = _trainer()
+    fused = _trainer(fused=True, every_partition=every_partition, scheme=scheme)
+    reference = _trainer(scheme=scheme)
     before = _snapshot(fused)
     fused.iteration()
     got = [b - a for a, b in zip(_snapshot(fused), before)]  # SGD with lr 1: the applied gradients

@@ -1,0 +1,223 @@
+"""Many subnetworks in one pass, for node partitioning: every example of a batch through its own subnetwork
+with the full weights, per-example output masks and per-example weight-gradient routing.
+
+Under node partitioning, output unit u of a conv/linear layer belongs to one partition p(u), with its whole
+weight row and bias entry; so subnetwork k's output at unit u is the full-weight output when p(u) <= k and
+the all-defaults output otherwise. A layer therefore runs once with the trained weights (and once more with
+the default weights, unless those are zero), and each example picks, per unit, one of the two. Weight
+gradients are routed per example inside the layer's backward: example i's output gradient reaches the rows
+of partition g_i only (none for g_i = 0), while its input gradient flows in full, as it does when each
+example runs alone. Norm affines (product/sum scales) are applied per example after a parameter-free
+normalisation.
+
+A model qualifies when every partitioned tensor is a node-partitioned ``Linear``/``Conv{1,2,3}d`` weight or
+bias or a product/sum affine of ``BatchNorm``/``GroupNorm``/``LayerNorm``, each used only by its own layer;
+others (FixUp scalars, ViT position embeddings, random-weight tensors) fall back to grouping by subnetwork.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from .assign import assignment_from_index
+from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
+
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Per example: its subnetwork and the partition its loss may train (0: none; None: every one used)."""
+
+    subnetworks: torch.Tensor
+    grad_partitions: torch.Tensor | None
+
+
+_ROUTING: ContextVar[Routing | None] = ContextVar("partition_fx_one_pass_routing", default=None)
+
+
+@contextmanager
+def routed(routing: Routing) -> Iterator[None]:
+    """Inside the block, partitioned tensors hand themselves to their layers, which route per example."""
+    token, hand_over = _ROUTING.set(routing), HAND_OVER.set(True)
+    try:
+        yield
+    finally:
+        HAND_OVER.reset(hand_over)
+        _ROUTING.reset(token)
+
+
+def supports_one_pass(gm: torch.fx.GraphModule, tensors: dict[str, PartitionedTensor], leaf_callers: set) -> bool:
+    """Whether every partitioned tensor (``tensors``: by its name in ``gm``) is node-partitioned and used only
+    as the weight or bias of a ``Linear``/``Conv``, or is a product/sum affine used only by its norm layer."""
+    for node in gm.graph.nodes:
+        pt = tensors.get(node.target) if node.op == "call_module" else None
+        if pt is None:
+            continue
+        for user in node.users:
+            if user.op != "call_function" or user.target not in leaf_callers or user.args[0].op != "get_attr":
+                return False
+            leaf = gm.get_submodule(user.args[0].target)
+            params = user.args[1]
+            if isinstance(leaf, _LAYERS):
+                weight = tensors.get(getattr(params.get("weight"), "target", None))
+                ok = isinstance(weight, RandomPartitionedTensor) and weight.kind == "node"
+                ok = ok and all(v is node or k in ("weight", "bias") for k, v in params.items())
+                ok = ok and (pt is weight or (isinstance(pt, RandomPartitionedTensor) and pt.kind == "node"))
+            else:
+                ok = isinstance(leaf, _NORMS) and isinstance(pt, ScalePartitionedTensor)
+            if not ok:
+                return False
+    return True
+
+
+def call_routed(module: nn.Module, params: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A leaf call under ``routed``: ``params`` holds ``PartitionedTensor`` s, not values."""
+    routing = _ROUTING.get()
+    assert routing is not None
+    if isinstance(module, _LAYERS):
+        return _layer(module, params, routing, *args, **kwargs)
+    return _norm(module, params, routing, *args, **kwargs)
+
+
+def _unit_partitions(pt: RandomPartitionedTensor) -> torch.Tensor:
+    """1-based partition of each output unit of a node-partitioned tensor."""
+    units = pt.unit_index.numel()
+    sizes = [(b - a) * units // max(pt.offsets[-1], 1) for a, b in zip(pt.offsets, pt.offsets[1:])]
+    return assignment_from_index(pt.unit_index, sizes).long() + 1
+
+
+def _value(module: nn.Module, params: dict[str, Any], name: str, k: int) -> torch.Tensor | None:
+    """Subnetwork k's value of a layer parameter (partitioned or not)."""
+    param = params.get(name)
+    if isinstance(param, PartitionedTensor):
+        return param.value(k)
+    return getattr(module, name)
+
+
+def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
+    weight_pt = params["weight"]
+    if not isinstance(weight_pt, RandomPartitionedTensor) or weight_pt.kind != "node":
+        raise TypeError(f"one-pass routing needs a node-partitioned weight, got {weight_pt!r}")
+    c = weight_pt.num_partitions
+    ks = routing.subnetworks
+    unit_part = _unit_partitions(weight_pt).to(x.device)  # [U]
+    shape = (-1, unit_part.numel()) + (1,) * (x.dim() - 2)  # broadcast over the non-channel dims
+    if isinstance(module, nn.Linear):
+        shape = (-1,) + (1,) * (x.dim() - 2) + (unit_part.numel(),)
+    with gradient_only_to(None):
+        weight, bias = _value(module, params, "weight", c), _value(module, params, "bias", c)
+    if routing.grad_partitions is None:
+        out = _forward(module, x, weight, bias)
+    else:
+        grad_mask = (unit_part[None, :] == routing.grad_partitions[:, None]).to(x.dtype).view(shape)
+        out = _RoutedLayer.apply(x, weight, bias, grad_mask, module)
+    trained = (unit_part[None, :] <= ks[:, None]).view(shape)
+    if bool(trained.all()):
+        return out
+    bias_pt = params.get("bias")
+    zero_bias = module.bias is None if bias_pt is None else bias_pt.default_mode == "zero"
+    if weight_pt.default_mode == "zero" and zero_bias:
+        return out * trained.to(out.dtype)  # the all-defaults output is zero: no second pass
+    # The all-defaults output, only for the units some example does not train (for proportions
+    # 0.8/0.1/0.1 and k >= 1: the 20% of units in partitions 2 and 3).
+    units = torch.nonzero(unit_part > ks.min()).flatten()
+    with torch.no_grad():
+        default_weight = _value(module, params, "weight", 0).index_select(0, units)
+        default_bias = _value(module, params, "bias", 0)
+        default_bias = None if default_bias is None else default_bias.index_select(0, units)
+    dim = -1 if isinstance(module, nn.Linear) else 1
+    mixed = torch.where(
+        trained.index_select(dim, units),
+        out.index_select(dim, units),
+        _forward(module, x, default_weight, default_bias),
+    )
+    return out.index_copy(dim % out.dim(), units, mixed)
+
+
+def _forward(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(module, nn.Linear):
+        return F.linear(x, weight, bias)
+    return module._conv_forward(x, weight, bias)  # type: ignore[operator]
+
+
+class _RoutedLayer(torch.autograd.Function):
+    """``_forward(module, x, weight, bias)`` whose weight and bias gradients take each example's output
+    gradient times ``grad_mask`` (its partition's units), and whose input gradient takes it whole."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, grad_mask: torch.Tensor, module: Any):
+        ctx.save_for_backward(x, weight, grad_mask)
+        ctx.module, ctx.has_bias = module, bias is not None
+        return _forward(module, x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, weight, grad_mask = ctx.saved_tensors
+        module = ctx.module
+        routed_grad = grad * grad_mask
+        if isinstance(module, nn.Linear):
+            grad_x = grad @ weight
+            grad_weight = routed_grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+            grad_bias = routed_grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
+        else:
+            common = dict(
+                bias_sizes=[weight.shape[0]] if ctx.has_bias else None,
+                stride=list(module.stride),
+                padding=list(module.padding) if not isinstance(module.padding, str) else None,
+                dilation=list(module.dilation),
+                transposed=False,
+                output_padding=[0] * (x.dim() - 2),
+                groups=module.groups,
+            )
+            grad_x = torch.ops.aten.convolution_backward(grad, x, weight, output_mask=[True, False, False], **common)[0]
+            _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+                routed_grad, x, weight, output_mask=[False, True, ctx.has_bias], **common
+            )
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def _norm(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
+    """Normalise without the affine, then apply each example's subnetwork's scale and shift."""
+    neutral = {name: None for name in ("weight", "bias") if getattr(module, name, None) is not None}
+    y = torch.func.functional_call(module, neutral, (x,), tie_weights=False, strict=False)
+    if isinstance(module, nn.LayerNorm):
+        view = (x.shape[0],) + (1,) * (x.dim() - 1 - len(module.normalized_shape)) + tuple(module.normalized_shape)
+    else:
+        view = (x.shape[0], -1) + (1,) * (x.dim() - 2)
+    weight = _per_example(module, params, "weight", routing)
+    bias = _per_example(module, params, "bias", routing)
+    if weight is not None:
+        y = y * weight.view(view)
+    if bias is not None:
+        y = y + bias.view(view)
+    return y
+
+
+def _per_example(module: nn.Module, params: dict[str, Any], name: str, routing: Routing) -> torch.Tensor | None:
+    """One row per example: the value its subnetwork uses, with gradients to its grad partition only."""
+    pt = params.get(name)
+    if not isinstance(pt, ScalePartitionedTensor):
+        value = getattr(module, name, None)
+        return None if value is None else value.expand(routing.subnetworks.numel(), *value.shape)
+    ks = routing.subnetworks
+    gs = routing.grad_partitions
+    keys = ks * (pt.num_partitions + 1) + (gs if gs is not None else 0)
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    rows = []
+    for key in unique.tolist():
+        k, g = divmod(key, pt.num_partitions + 1)
+        with gradient_only_to(g if gs is not None else None):
+            rows.append(pt.value(k))
+    return torch.stack(rows).index_select(0, inverse)
