@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .errors import PartitionError
-from .train_command import run_export, run_train
+from .train_command import partitionify_from_args, run_export, run_train
 
 TRAIN_DEFAULT_STEPS = 400
 TRAIN_DEFAULT_LR = 1e-3
@@ -65,21 +65,12 @@ def _convert(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from safetensors.torch import save_model
 
     from .export import export_onnx, export_subnetwork
-    from .rewrite import partitionify
     from .testing import max_relative_difference
 
     torch.manual_seed(args.seed)
     model = _build_model(args.model, args.num_classes, args.checkpoint).eval()
     start = time.perf_counter()
-    pmodel = partitionify(
-        model,
-        args.partitions,
-        args.proportions,
-        scheme=args.scheme,
-        default=args.default,
-        seed=args.seed,
-        assignments=args.assignments,
-    ).eval()
+    pmodel = partitionify_from_args(model, args).eval()
     seconds = time.perf_counter() - start
     channels = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
     x, _ = digits_images(16, args.input_size, channels)
@@ -206,20 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "describe":
-            from .rewrite import partitionify
-
             model = _build_model(args.model, args.num_classes, args.checkpoint)
-            print(
-                partitionify(
-                    model,
-                    args.partitions,
-                    args.proportions,
-                    scheme=args.scheme,
-                    default=args.default,
-                    seed=args.seed,
-                    assignments=args.assignments,
-                ).describe()
-            )
+            print(partitionify_from_args(model, args).describe())
             return 0
         if args.command == "train":
             return _print_train(run_train(args), args.out)

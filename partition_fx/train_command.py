@@ -36,6 +36,21 @@ RUN_CONFIG_KEYS = (
 )  # fmt: skip
 
 
+def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
+    """``partitionify`` with the command line's conversion options."""
+    from .rewrite import partitionify
+
+    return partitionify(
+        model,
+        args.partitions,
+        args.proportions,
+        scheme=args.scheme,
+        default=args.default,
+        seed=args.seed,
+        assignments=args.assignments,
+    )
+
+
 def build_model(name: str, num_classes: int, checkpoint: str | None, in_chans: int = 3, img_size: int | None = None):
     """A timm model by name (shipped models included), optionally with weights from a local file."""
     import timm
@@ -81,7 +96,6 @@ def evaluate_classifier(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that can fail on bad input, before the output directory is touched."""
     from .data import load_dataset
-    from .rewrite import partitionify
     from .transforms import AffineAugmentation
 
     for name in ("steps", "batch_size", "samples", "hyper_every"):
@@ -106,15 +120,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         raise PartitionArgumentError(f"--data {args.data!r} is not images (example shape {data.input_shape})")
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
-    pmodel = partitionify(
-        model,
-        args.partitions,
-        args.proportions,
-        scheme=args.scheme,
-        default=args.default,
-        seed=args.seed,
-        assignments=args.assignments,
-    )
+    pmodel = partitionify_from_args(model, args)
     from .training.chunks import split_into_chunks
 
     split_into_chunks(len(data.train), pmodel.proportions, args.seed)  # refuse empty chunks now

@@ -71,3 +71,9 @@ def test_console_script_describe() -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "PartitionedModel of FixupResNet: C=2" in result.stdout and "layer1.0.scale" in result.stdout
+
+
+def test_describe_with_seed_defaults_and_regenerated_indices(capsys) -> None:
+    argv = ["describe", "--model", "cifar_wrn16_4", "--default", "seed", "--assignments", "regenerated"]
+    assert main(argv) == 0
+    assert "default='seed', assignments='regenerated', seed=0" in capsys.readouterr().out
