@@ -18,7 +18,14 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .assign import assignment_from_index, feistel_factors, feistel_index, feistel_tables, layout_index, normal_values
+from .assign import (
+    assignment_from_index,
+    feistel_factors,
+    feistel_index,
+    feistel_tables,
+    layout_index,
+    normal_values,
+)
 
 _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
 # While set, calling a PartitionedTensor returns the tensor object itself, so that the rewritten graph hands
@@ -82,21 +89,27 @@ class PartitionedTensor(nn.Module):
         return self if HAND_OVER.get() else self.value(k)
 
 
-class _RegeneratedGather(torch.autograd.Function):
-    """``flat.index_select(0, index)`` where ``index`` is regenerated from a seed in forward AND backward,
-    so it is never stored, not even for the backward pass."""
+class _RegeneratedScatter(torch.autograd.Function):
+    """The effective tensor from per-partition sources (each in flat order), placed by the partition
+    membership of every entry, which is regenerated from the seed in forward AND backward, so it is never
+    stored, not even for the backward pass."""
 
     @staticmethod
-    def forward(ctx: Any, flat: torch.Tensor, owner: RandomPartitionedTensor) -> torch.Tensor:
+    def forward(ctx: Any, owner: RandomPartitionedTensor, *sources: torch.Tensor) -> torch.Tensor:
         ctx.owner = owner
-        return flat.index_select(0, owner.layout_index())
+        membership = owner.membership()
+        out = sources[0].new_zeros(membership.numel())
+        for p, source in enumerate(sources):
+            out.masked_scatter_(membership == p, source)
+        return out.view(owner.shape)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        index = ctx.owner.layout_index().long()
-        # The index is a permutation: every entry of the flat gradient is written exactly once.
-        return grad.new_empty(grad.shape).index_copy_(0, index, grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        membership = ctx.owner.membership()
+        flat = grad.reshape(-1)
+        needs = ctx.needs_input_grad[1:]
+        return (None, *(flat.masked_select(membership == p) if need else None for p, need in enumerate(needs)))
 
 
 class RandomPartitionedTensor(PartitionedTensor):
@@ -111,8 +124,10 @@ class RandomPartitionedTensor(PartitionedTensor):
     that same layout. Where things live:
 
     - the layout index: an int32 buffer ``index`` (node partitioning: ``unit_index``, one entry per
-      output unit), or, with ``regenerate=True`` and a tensor the Feistel permutation covers, regenerated
-      from the seed in every forward and backward and never stored;
+      output unit), or, with ``regenerate=True`` and a tensor the Feistel permutation covers
+      (``assign.random_assignment``), nothing: each entry's partition is regenerated from the seed in every
+      forward and backward, and the effective tensor is built by one ``masked_scatter`` per partition (each
+      part holds its entries in flat order, so both layouts agree);
     - the defaults: a buffer ``default`` (``"init"``), nothing (``"zero"``), or ``"seed"``: regenerated as
       ``mean + std * normal_values(seed, ...)`` from the tensor's mean and std at conversion, which also
       re-initialise the tensor (every subnetwork equals the re-initialised model at conversion).
@@ -191,17 +206,25 @@ class RandomPartitionedTensor(PartitionedTensor):
             self._moments = tuple(self.moments.tolist())
 
     def layout_index(self) -> torch.Tensor:
-        """Each entry's position in ``cat(parts)`` (int32, flat; node partitioning: one per output unit)."""
+        """Each entry's position in ``cat(parts)`` (int32, flat; node partitioning: one per output unit).
+        Regenerated indices are not materialised: see ``membership``."""
         if hasattr(self, "unit_index"):
             return self.unit_index
         if not self.regenerated:
             return self.index
+        raise RuntimeError("this tensor regenerates its layout: use membership()")
+
+    def membership(self) -> torch.Tensor:
+        """The partition (0-based, uint8) of every entry, flat."""
+        sizes = [b - a for a, b in itertools.pairwise(self.offsets)]
+        if not self.regenerated:
+            return assignment_from_index(self._flat_index(), sizes)
         assert self._feistel is not None
         device = self.part1.device
         if self._tables is None or self._tables[0].device != device:
             # The round tables hold a + b entries for a * b weights: cached, not persisted.
             self._tables = feistel_tables(*self._feistel, self._seed, self._salt, device)
-        return feistel_index(*self._feistel, self._tables)
+        return assignment_from_index(feistel_index(*self._feistel, self._tables), sizes)
 
     def _expand_units(self, unit_index: torch.Tensor) -> torch.Tensor:
         """Node partitioning: the flat (int64) index of every entry from its unit's index."""
@@ -226,8 +249,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         >>> t.assignment().tolist()  # node partitioning: whole rows
         [[0, 0], [0, 0], [1, 1]]
         """
-        sizes = [b - a for a, b in itertools.pairwise(self.offsets)]
-        return assignment_from_index(self._flat_index(), sizes).view(self.shape)
+        return self.membership().view(self.shape)
 
     def _default_slice(self, start: int) -> torch.Tensor:
         """Defaults of partitions start+1..C, in layout order."""
@@ -239,16 +261,25 @@ class RandomPartitionedTensor(PartitionedTensor):
 
     def value(self, k: int) -> torch.Tensor:
         trained = self.trained_parts(k)
+        if self.regenerated:
+            return self._regenerated_value(k, trained)
         if k < self.num_partitions:
             trained.append(self._default_slice(k))
         flat = trained[0] if len(trained) == 1 else torch.cat(trained)
-        if self.regenerated:
-            return _RegeneratedGather.apply(flat, self).view(self.shape)
         index = self.layout_index()
         if hasattr(self, "unit_index"):
             rows = flat.view(index.numel(), -1) if index.numel() else flat.view(0, 0)
             return rows.index_select(0, index).view(self.shape)
         return flat.index_select(0, index).view(self.shape)
+
+    def _regenerated_value(self, k: int, trained: list[torch.Tensor]) -> torch.Tensor:
+        if k < self.num_partitions and self.default_mode != "zero":  # zero defaults: the scatter's fill
+            defaults = self._default_slice(k)
+            start = self.offsets[k]
+            trained += [defaults[a - start : b - start] for a, b in itertools.pairwise(self.offsets[k:])]
+        if not trained:
+            return self.part1.new_zeros(self.shape).detach()
+        return _RegeneratedScatter.apply(self, *trained)
 
     def extra_repr(self) -> str:
         index = "regenerated" if self.regenerated else "stored"
