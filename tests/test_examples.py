@@ -75,3 +75,16 @@ def test_memory_benchmark_quick(capsys):
     assert by["init"]["indices_and_seeds"] == pytest.approx(1.0, abs=0.01)
     assert by["seed"]["defaults"] < 0.001 and by["seed"]["total"] < 0.02  # product/sum scales keep theirs
     assert "| fixup_resnet8 | random | seed | regenerated |" in capsys.readouterr().out
+
+
+def test_convergence_benchmark_quick(capsys):
+    module = _load("convergence", EXAMPLES.parent / "benchmarks")
+    result = module.main(["--quick", "--seeds", "0", "--variants", ",".join(module.VARIANTS)])
+    assert [r["variant"] for r in result["rows"]] == list(module.VARIANTS)
+    for r in result["runs"]:
+        assert [p["step"] for p in r["curve"]] == [2, 4] and 0.0 <= r["final_test_accuracy"] <= 1.0
+    (paper,) = (r for r in result["runs"] if r["variant"] == "paper")
+    (plain,) = (r for r in result["runs"] if r["variant"] == "plain")
+    # (c) trains with the augmentation (a) learned, frozen
+    assert plain["hyperparameters"] == pytest.approx(paper["hyperparameters"])
+    assert "| (c) plain, learned augmentation fixed |" in capsys.readouterr().out

@@ -1,0 +1,233 @@
+"""Convergence: iterations to a target test accuracy on rotdigits, partitioned training against plain training.
+
+Every variant is the `partition-fx train` default job (resnet10t on rotdigits at 28 px, batch 64, Adam
+1e-3 cosine-annealed to 1e-5 over ``--steps``, hyperparameter Adam 0.05, 4 affine augmentation samples, the
+same initial weights, data chunks and sampler seed), built with the command's own parser and helpers:
+
+* (a) ``paper``: ``fit(...)``, the paper's scheme: one partition per parameter step, C=3, 0.8/0.1/0.1;
+* (b) ``every_partition``: ``fit(..., every_partition=True)``: each example of a parameter batch trains
+  its own partition, so every partition is updated every iteration;
+* (b') ``fused_every_partition``: ``fit(..., fused=True, every_partition=True)`` (not run by default: pass
+  ``--variants`` with it);
+* (c) ``plain``: plain training with the augmentation fixed. The model is partitioned with C=1, which is
+  exactly plain training (one partition holding every weight, trained on all the data: after a few
+  ``fit`` steps its export is bit-identical to the unpartitioned model trained by a hand-written loop on the
+  same batches and augmentation draws). Its input transform is an ``AffineAugmentation`` with the same 4
+  samples, initialised at the ranges that (a) learned for the same seed and frozen
+  (``requires_grad=False``), so ``fit`` learns no hyperparameters and takes no hyperparameter steps; the
+  likelihood averages the 4 samples' predictive as in the partitioned runs.
+
+Every ``--eval-every`` iterations a callback measures the test accuracy of the final model (the exported
+subnetwork C; for (c) the whole model) on the 359 held-out images, as `partition-fx train` does at the end:
+BatchNorm statistics recomputed over the (unaugmented) training images on a copy, then eval mode; training
+is not disturbed. The iterations to the target are those of the first evaluation at or above
+``--target`` (null if never). Seconds are training time: the callback's evaluations are excluded; fit's LML
+estimates (on 16 examples per chunk) are included. Prints a table and writes
+``benchmarks/results/convergence.json``.
+
+    python benchmarks/convergence.py [--seeds 0,1] [--steps 400] [--eval-every 25] [--target 0.9]
+        [--variants paper,every_partition,fused_every_partition,plain] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from partition_fx import export_subnetwork
+from partition_fx.cli import _parser as cli_parser
+from partition_fx.train_command import _prepare, evaluate_classifier
+from partition_fx.training import fit
+from partition_fx.transforms import AffineAugmentation
+from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
+
+VARIANTS = {
+    "paper": {"fused": False, "every_partition": False},
+    "every_partition": {"fused": False, "every_partition": True},
+    "fused_every_partition": {"fused": True, "every_partition": True},
+    "plain": {},
+}
+LABELS = {
+    "paper": "(a) paper: one partition per iteration",
+    "every_partition": "(b) every partition every iteration",
+    "fused_every_partition": "(b') (b) + fused",
+    "plain": "(c) plain, learned augmentation fixed",
+}
+DEFAULT_VARIANTS = "paper,every_partition,plain"  # about 48 min on 1 CPU thread; (b') adds about 20 min
+QUICK = ["--batch-size", "8", "--samples", "2", "--image-size", "8"]
+
+
+@torch.no_grad()
+def test_accuracy(model: torch.nn.Module, data: Any, batch_size: int = 256) -> float:
+    """Accuracy of a plain model copy with BatchNorm statistics recomputed over the training images."""
+    x_train, _ = data.train.tensors
+    torch.optim.swa_utils.update_bn(x_train.split(batch_size), model)
+    x_test, y_test = data.test.tensors
+    return evaluate_classifier(model, x_test, y_test)[0]
+
+
+def run(variant: str, seed: int, args: argparse.Namespace, learned: dict[str, float] | None) -> dict[str, Any]:
+    """One training run of ``variant``; ``learned``: the ranges (a) learned, for (c)."""
+    plain = variant == "plain"
+    argv = ["train", "--seed", str(seed), "--steps", str(args.steps), *(QUICK if args.quick else [])]
+    if plain:
+        argv += ["--partitions", "1", "--proportions", "1", "--augment", "none"]
+    job = cli_parser().parse_args(argv)  # the `partition-fx train` defaults
+    parts = _prepare(job)
+    data, pmodel, hyper = parts["data"], parts["pmodel"], parts["hyper"]
+    if plain:
+        assert learned is not None
+        init = {name: min(abs(value), DEFAULT_MAX_RANGE[name]) for name, value in learned.items()}
+        hyper = AffineAugmentation(num_samples=job.samples, init=init)
+        hyper.ranges.requires_grad_(False)
+    curve: list[tuple[int, float]] = []
+    evaluating = [0.0]
+
+    def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        curve.append((record["step"], test_accuracy(export_subnetwork(trainer.pmodel), data)))
+        evaluating[0] += time.perf_counter() - start
+
+    started = time.perf_counter()
+    result = fit(
+        pmodel,
+        data.train,
+        hyper=hyper,
+        steps=job.steps,
+        batch_size=job.batch_size,
+        optimizer=partial(torch.optim.Adam, lr=job.lr, weight_decay=job.weight_decay),
+        hyper_optimizer=partial(torch.optim.Adam, lr=job.hyper_lr),
+        scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=job.steps, eta_min=job.lr / 100),
+        seed=seed,
+        eval_every=args.eval_every,
+        eval_examples_per_chunk=16,
+        callbacks=[on_evaluation],
+        progress=False,
+        **VARIANTS[variant],
+    )
+    seconds = time.perf_counter() - started - evaluating[0]
+    reached = next((step for step, accuracy in curve if accuracy >= args.target), None)
+    return {
+        "variant": variant,
+        "seed": seed,
+        "iterations_to_target": reached,
+        "final_test_accuracy": curve[-1][1],
+        "seconds": round(seconds, 1),
+        "seconds_per_iteration": round(seconds / result.steps, 4),
+        "hyperparameters": hyper.hyperparameters() if hyper is not None else {},
+        "curve": [{"step": step, "test_accuracy": accuracy} for step, accuracy in curve],
+    }
+
+
+def _median(values: list[float | None]) -> float | None:
+    return statistics.median(values) if values and all(v is not None for v in values) else None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--steps", type=int, default=400, help="iterations per run (the cosine schedule's length)")
+    parser.add_argument("--eval-every", type=int, default=25, help="test-accuracy interval (iterations)")
+    parser.add_argument("--target", type=float, default=0.9, help="test accuracy to reach")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"a subset of {','.join(VARIANTS)}")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "convergence.json")
+    parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.eval_every = 4, 2
+    seeds = [int(s) for s in args.seeds.split(",")]
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    if "plain" in variants and "paper" not in variants:
+        parser.error("the plain variant uses the augmentation learned by 'paper'; include both")
+    variants = [v for v in VARIANTS if v in variants]  # paper before plain
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for seed in seeds:
+        for variant in variants:
+            learned = runs[("paper", seed)]["hyperparameters"] if variant == "plain" else None
+            r = runs[variant, seed] = run(variant, seed, args, learned)
+            print(
+                f"{variant}, seed {seed}: {r['iterations_to_target']} iterations to the target, final test accuracy "
+                f"{r['final_test_accuracy']:.3f}, {r['seconds']:.0f} s",
+                flush=True,
+            )
+
+    rows = []
+    for variant in variants:
+        per_seed = [runs[variant, seed] for seed in seeds]
+        iterations = [r["iterations_to_target"] for r in per_seed]
+        row = {
+            "variant": variant,
+            "seeds": seeds,
+            "iterations_to_target": iterations,
+            "final_test_accuracy": [r["final_test_accuracy"] for r in per_seed],
+            "seconds": [r["seconds"] for r in per_seed],
+            "seconds_per_iteration": [r["seconds_per_iteration"] for r in per_seed],
+            "median_iterations_to_target": _median(iterations),
+        }
+        if "plain" in variants:
+            plain = [runs["plain", seed]["iterations_to_target"] for seed in seeds]
+            ratios = [a / b if a is not None and b is not None else None for a, b in zip(iterations, plain)]
+            row["ratio_to_plain"] = ratios
+            row["median_ratio_to_plain"] = _median(ratios)
+        rows.append(row)
+
+    def fmt(values: list, spec: str) -> str:
+        return ", ".join("not reached" if v is None else format(v, spec) for v in values)
+
+    header = (
+        f"| variant | iterations to test accuracy >= {args.target:g} (seeds {args.seeds}) | median | "
+        "vs (c), median | final test accuracy | s/iteration |"
+    )
+    lines = [header, "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        median, ratio = r["median_iterations_to_target"], r.get("median_ratio_to_plain")
+        lines.append(
+            f"| {LABELS[r['variant']]} | {fmt(r['iterations_to_target'], 'd')} | "
+            f"{'-' if median is None else format(median, 'g')} | {'-' if ratio is None else f'x{ratio:.2f}'} | "
+            f"{fmt(r['final_test_accuracy'], '.3f')} | {statistics.median(r['seconds_per_iteration']):.2f} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    by = {r["variant"]: r for r in rows}
+    target_met = None
+    if "every_partition" in by and "plain" in by:
+        ratio = by["every_partition"].get("median_ratio_to_plain")
+        target_met = None if ratio is None else ratio <= 1.3
+        verdict = "not measured (a run missed the target)" if ratio is None else "met" if target_met else "NOT met"
+        print(f"(b) <= 1.3 x (c) iterations to the target: {verdict}")
+    result = {
+        "benchmark": "convergence",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.processor() or 'cpu'}",
+        "device": "cpu",
+        "torch": torch.__version__,
+        "quick": args.quick,
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "target": args.target,
+        "every_partition_within_1_3x_plain": target_met,
+        "rows": rows,
+        "runs": list(runs.values()),
+        "table": table,
+    }
+    if not args.quick:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
