@@ -37,7 +37,6 @@ import platform
 import statistics
 import time
 from datetime import datetime, timezone
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ import torch
 
 from partition_fx import export_subnetwork
 from partition_fx.cli import _parser as cli_parser
-from partition_fx.train_command import _prepare, evaluate_classifier
+from partition_fx.train_command import _prepare, evaluate_classifier, training_recipe
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
@@ -102,11 +101,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, learned: dict[str, fl
         pmodel,
         data.train,
         hyper=hyper,
-        steps=job.steps,
-        batch_size=job.batch_size,
-        optimizer=partial(torch.optim.Adam, lr=job.lr, weight_decay=job.weight_decay),
-        hyper_optimizer=partial(torch.optim.Adam, lr=job.hyper_lr),
-        scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=job.steps, eta_min=job.lr / 100),
+        **training_recipe(job),
         seed=seed,
         eval_every=args.eval_every,
         eval_examples_per_chunk=16,

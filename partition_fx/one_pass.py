@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .assign import assignment_from_index
 from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -90,13 +89,6 @@ def call_routed(module: nn.Module, params: dict[str, Any], args: tuple[Any, ...]
     return _norm(module, params, routing, *args, **kwargs)
 
 
-def _unit_partitions(pt: RandomPartitionedTensor) -> torch.Tensor:
-    """1-based partition of each output unit of a node-partitioned tensor."""
-    units = pt.unit_index.numel()
-    sizes = [(b - a) * units // max(pt.offsets[-1], 1) for a, b in zip(pt.offsets, pt.offsets[1:])]
-    return assignment_from_index(pt.unit_index, sizes).long() + 1
-
-
 def _value(module: nn.Module, params: dict[str, Any], name: str, k: int) -> torch.Tensor | None:
     """Subnetwork k's value of a layer parameter (partitioned or not)."""
     param = params.get(name)
@@ -111,7 +103,7 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
         raise TypeError(f"one-pass routing needs a node-partitioned weight, got {weight_pt!r}")
     c = weight_pt.num_partitions
     ks = routing.subnetworks
-    unit_part = _unit_partitions(weight_pt).to(x.device)  # [U]
+    unit_part = weight_pt.unit_membership().to(x.device)  # [U]
     shape = (-1, unit_part.numel()) + (1,) * (x.dim() - 2)  # broadcast over the non-channel dims
     if isinstance(module, nn.Linear):
         shape = (-1,) + (1,) * (x.dim() - 2) + (unit_part.numel(),)
@@ -131,11 +123,13 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
         return out * trained.to(out.dtype)  # the all-defaults output is zero: no second pass
     # The all-defaults output, only for the units some example does not train (for proportions
     # 0.8/0.1/0.1 and k >= 1: the 20% of units in partitions 2 and 3).
-    units = torch.nonzero(unit_part > ks.min()).flatten()
     with torch.no_grad():
-        default_weight = _value(module, params, "weight", 0).index_select(0, units)
-        default_bias = _value(module, params, "bias", 0)
-        default_bias = None if default_bias is None else default_bias.index_select(0, units)
+        units, default_weight = weight_pt.unit_defaults(int(ks.min()))
+        if isinstance(bias_pt, RandomPartitionedTensor):  # same layer, same salt: the same units
+            default_bias = bias_pt.unit_defaults(int(ks.min()))[1]
+        else:
+            default_bias = None if module.bias is None else module.bias.index_select(0, units.to(x.device))
+    units = units.to(x.device)
     dim = -1 if isinstance(module, nn.Linear) else 1
     mixed = torch.where(
         trained.index_select(dim, units),

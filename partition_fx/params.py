@@ -160,10 +160,11 @@ class RandomPartitionedTensor(PartitionedTensor):
         flat = value.detach().reshape(-1)
         numel = flat.numel()
         units = self.shape[0] if node and self.shape else 1
+        self.per_unit = numel // max(units, 1) if node else 1  # entries per output unit (its row)
         if node:
             index, sizes = layout_index(units, proportions, seed, salt)
             self.register_buffer("unit_index", index.to(torch.int32).to(device))
-            sizes = [n * (numel // max(units, 1)) for n in sizes]
+            sizes = [n * self.per_unit for n in sizes]
         else:
             index, sizes = layout_index(numel, proportions, seed, salt)
         self._feistel = None if node or not regenerate else feistel_factors(numel)
@@ -228,9 +229,23 @@ class RandomPartitionedTensor(PartitionedTensor):
 
     def _expand_units(self, unit_index: torch.Tensor) -> torch.Tensor:
         """Node partitioning: the flat (int64) index of every entry from its unit's index."""
-        per_unit = self.offsets[-1] // max(unit_index.numel(), 1)
-        rows = unit_index.long()[:, None] * per_unit
-        return (rows + torch.arange(per_unit, device=unit_index.device)).view(-1)
+        rows = unit_index.long()[:, None] * self.per_unit
+        return (rows + torch.arange(self.per_unit, device=unit_index.device)).view(-1)
+
+    def unit_membership(self) -> torch.Tensor:
+        """Node partitioning: the partition (1-based, int64) of every output unit."""
+        unit_sizes = [(b - a) // self.per_unit for a, b in itertools.pairwise(self.offsets)]
+        return assignment_from_index(self.unit_index, unit_sizes).long() + 1
+
+    def unit_defaults(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Node partitioning: the output units of partitions k+1..C and their default rows, both in layout
+        order (only those rows are read or regenerated)."""
+        layout_order = torch.empty_like(self.unit_index)
+        layout_order[self.unit_index.long()] = torch.arange(
+            self.unit_index.numel(), dtype=layout_order.dtype, device=layout_order.device
+        )
+        units = layout_order[self.offsets[k] // self.per_unit :].long()
+        return units, self._default_slice(k).view(units.numel(), *self.shape[1:])
 
     def _flat_index(self) -> torch.Tensor:
         index = self.layout_index()

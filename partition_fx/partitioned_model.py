@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from .errors import PartitionArgumentError, PartitionTypeError
-from .params import PartitionedTensor, gradient_only_to
+from .params import HAND_OVER, PartitionedTensor, gradient_only_to
 from .transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 
 
 def call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
     """Call a leaf module with some of its parameters replaced (the rewritten graph calls this)."""
-    if any(isinstance(v, PartitionedTensor) for v in params.values()):  # handed over: one pass, per example
+    if HAND_OVER.get():  # the params are PartitionedTensors handed over for a one-pass, per-example forward
         from .one_pass import call_routed
 
         return call_routed(module, params, args, kwargs)
@@ -270,15 +270,13 @@ class PartitionedModel(nn.Module):
 
         flat_args, spec = pytree.tree_flatten((args, kwargs))
         batch = self._batch_of(args, kwargs)
-        per_example_grad = isinstance(gs, torch.Tensor) and gs.dim() == 1
         ks, gs = self._routing_values(ks, gs, batch)
-        keys = ks * (self.num_partitions + 1) + gs if per_example_grad else ks
-        if not per_example_grad and gs is not None:
-            gs = int(gs[0]) if gs.numel() else 0
+        keys = ks * (self.num_partitions + 1) + (gs if gs is not None else 0)
         order, outputs, out_spec = [], [], None
         for key in torch.unique(keys).tolist():
             idx = torch.nonzero(keys == key).flatten()
-            k, g = divmod(key, self.num_partitions + 1) if per_example_grad else (key, gs)
+            k, g = divmod(key, self.num_partitions + 1)
+            g = g if gs is not None else None
             part = [
                 a.index_select(0, idx.to(a.device))
                 if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch

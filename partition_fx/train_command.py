@@ -51,6 +51,20 @@ def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
     )
 
 
+def training_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``fit`` options that make up the command's optimisation: iterations, batches, Adam on the weights
+    (cosine-annealed to lr/100) and on the hyperparameters, and the hyperparameter-step schedule."""
+    return {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "optimizer": partial(torch.optim.Adam, lr=args.lr, weight_decay=args.weight_decay),
+        "hyper_optimizer": partial(torch.optim.Adam, lr=args.hyper_lr),
+        "scheduler": partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=args.steps, eta_min=args.lr / 100),
+        "hyper_every": args.hyper_every,
+        "warmup_steps": args.warmup_steps,
+    }
+
+
 def build_model(name: str, num_classes: int, checkpoint: str | None, in_chans: int = 3, img_size: int | None = None):
     """A timm model by name (shipped models included), optionally with weights from a local file."""
     import timm
@@ -171,13 +185,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             pmodel,
             data.train,
             hyper=hyper,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            optimizer=partial(torch.optim.Adam, lr=args.lr, weight_decay=args.weight_decay),
-            hyper_optimizer=partial(torch.optim.Adam, lr=args.hyper_lr),
-            scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=args.steps, eta_min=args.lr / 100),
-            hyper_every=args.hyper_every,
-            warmup_steps=args.warmup_steps,
+            **training_recipe(args),
             seed=args.seed,
             eval_every=args.eval_every,
             callbacks=[on_evaluation],

@@ -337,8 +337,13 @@ class PartitionedTrainer:
         one forward and one backward, every partition drawn at least once updated."""
         ks, indices = self.sampler.parameter_examples()
         loss, _ = self._routed_losses(ks, indices, None)
-        params = [p for k in torch.unique(ks).tolist() for p in self.pmodel.partition_parameters(int(k))]
-        return self._step(loss, None, params, f"parameter step of partitions {sorted(set(ks.tolist()))}")
+        params, drawn = self._parameters_of(ks)
+        return self._step(loss, None, params, f"parameter step of partitions {drawn}")
+
+    def _parameters_of(self, ks: torch.Tensor) -> tuple[list[nn.Parameter], list[int]]:
+        """The parameters of the partitions drawn in ``ks``, and those partitions."""
+        drawn = torch.unique(ks).tolist()
+        return [p for k in drawn for p in self.pmodel.partition_parameters(int(k))], drawn
 
     def fused_iteration(self) -> None:
         """The parameter step and (when due) the hyperparameter step of one iteration in ONE forward and ONE
@@ -352,8 +357,8 @@ class PartitionedTrainer:
         due = self._hyper_due(self.step + 1)
         hyper = self.sampler.hyper_batch() if due else None
         loss, hyper_loss = self._routed_losses(ks, indices, hyper)
-        params = [p for k in torch.unique(ks).tolist() for p in self.pmodel.partition_parameters(int(k))]
-        self._step(loss, hyper_loss, params, f"fused iteration (partitions {sorted(set(ks.tolist()))})")
+        params, drawn = self._parameters_of(ks)
+        self._step(loss, hyper_loss, params, f"fused iteration (partitions {drawn})")
         self.step += 1
 
     def _step(
