@@ -6,6 +6,7 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
 * :func:`digits` -- scikit-learn's bundled 8x8 digits (1797 images) drawn into the centre of a larger canvas.
 * :func:`rotdigits` -- the same images and split, each rotated by a fixed random angle (a RotMNIST analogue).
 * :func:`image_folder` -- a torchvision ``ImageFolder``-style folder, with or without ``train/``/``test/``.
+* :func:`write_scattered_digits` -- writes an image folder of digits at random positions and sizes.
 * :func:`input_selection` -- the synthetic regression task of the paper's input-selection experiment.
 * :func:`load_dataset` -- one of the names above, or a folder path.
 
@@ -31,7 +32,15 @@ from torch.utils.data import TensorDataset
 
 from .errors import PartitionArgumentError, PartitionError
 
-__all__ = ["DatasetSplits", "digits", "image_folder", "input_selection", "load_dataset", "rotdigits"]
+__all__ = [
+    "DatasetSplits",
+    "digits",
+    "image_folder",
+    "input_selection",
+    "load_dataset",
+    "rotdigits",
+    "write_scattered_digits",
+]
 
 # One numpy stream per purpose (the second entry of the seed sequence), so that changing one use of
 # randomness (e.g. the split) never changes another (e.g. the angles).
@@ -42,6 +51,7 @@ _TRAIN_INPUT_STREAM = 3
 _TRAIN_NOISE_STREAM = 4
 _TEST_INPUT_STREAM = 5
 _TEST_NOISE_STREAM = 6
+_PLACEMENT_STREAM = 7
 
 _NUM_DIGITS = 1797
 _MIN_DIGITS_SIZE = 8
@@ -428,6 +438,79 @@ def image_folder(
         description=f"image folder {root}: {len(classes)} classes, {shape_text} images in [0, 1]; {layout}",
         info={"classes": classes, "train_files": train_files, "test_files": test_files},
     )
+
+
+def write_scattered_digits(
+    root: str | Path,
+    size: int = 20,
+    side_range: tuple[int, int] = (7, 14),
+    max_shift: int = 3,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Write the 1797 digits, each at its own random size and position, as an image folder for :func:`image_folder`.
+
+    Each digit is upsampled (bilinear) to a square of side ``s``, with ``log s`` uniform on
+    ``log side_range``, and pasted on a ``size`` x ``size`` zero canvas centred, then shifted by a whole
+    number of pixels uniform in ``[-max_shift, max_shift]`` along each axis. So the labels are invariant to
+    translation and scale over known ranges, not to rotation. Files go to ``root/train/<digit>/`` and
+    ``root/test/<digit>/`` (PNG, greyscale), with the stratified split of :func:`digits`; ``root`` must not
+    exist or be empty. Returns (and writes to ``root/invariances.json``) the data's true ranges in the units of
+    :class:`~partition_fx.transforms.AffineAugmentation`: ``translation_x``/``translation_y`` =
+    ``max_shift / (size / 2)`` (normalised coordinates) and ``scale`` = ``log(max / min) / 2`` (the zoom's
+    log half-width around the geometric middle size).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     truth = write_scattered_digits(tmp, size=12, side_range=(4, 8), max_shift=2)
+    ...     splits = image_folder(tmp)
+    >>> len(splits.train), len(splits.test), splits.input_shape, round(truth["translation_x"], 3)
+    (1438, 359, (1, 12, 12), 0.333)
+    """
+    import json
+
+    from PIL import Image
+
+    root = Path(root)
+    size = _check_int("size", size, 4)
+    max_shift = _check_int("max_shift", max_shift, 0)
+    low, high = (_check_int("side_range", v, 2) for v in side_range)
+    if low > high or high + 2 * max_shift > size:
+        raise PartitionArgumentError(
+            f"side_range {side_range} and max_shift {max_shift} do not fit a {size}x{size} canvas: need "
+            f"min <= max and max + 2 * max_shift <= size"
+        )
+    test_fraction = _check_fraction(test_fraction)
+    seed = _check_int("seed", seed, 0)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise PartitionError(f"{root} exists and is not an empty folder; pass a new or empty folder")
+    images, targets = _digits_raw()
+    rng = _rng(seed, _PLACEMENT_STREAM)
+    sides = np.rint(np.exp(rng.uniform(math.log(low), math.log(high), len(images)))).astype(int)
+    shifts = rng.integers(-max_shift, max_shift + 1, size=(len(images), 2))
+    train_idx, test_idx = _stratified_split(targets.numpy(), test_fraction, seed)
+    split_of = {int(i): "train" for i in train_idx} | {int(i): "test" for i in test_idx}
+    for i, (image, side, (dy, dx)) in enumerate(zip(images, sides, shifts)):
+        small = F.interpolate(image[None, None], size=(int(side), int(side)), mode="bilinear", align_corners=False)
+        canvas = torch.zeros(size, size)
+        top, left = (size - side) // 2 + dy, (size - side) // 2 + dx
+        canvas[top : top + side, left : left + side] = small[0, 0].clamp(0.0, 1.0)
+        folder = root / split_of[i] / str(int(targets[i]))
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (canvas * 255).round().to(torch.uint8).numpy()
+        Image.fromarray(pixels).save(folder / f"{i:04d}.png")
+    truth = {
+        "translation_x": max_shift / (size / 2),
+        "translation_y": max_shift / (size / 2),
+        "scale": math.log(high / low) / 2,
+        "rotation": 0.0,
+        "size": size,
+        "side_range": [low, high],
+        "max_shift": max_shift,
+        "seed": seed,
+    }
+    (root / "invariances.json").write_text(json.dumps(truth, indent=2) + "\n")
+    return truth
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 from torch.nn import functional as F
 
 from partition_fx import data
-from partition_fx.data import digits, image_folder, input_selection, load_dataset, rotdigits
+from partition_fx.data import digits, image_folder, input_selection, load_dataset, rotdigits, write_scattered_digits
 from partition_fx.errors import PartitionArgumentError, PartitionError
 
 SIZE = 20  # smaller than the default 28 to keep the file fast; the geometry is the same
@@ -326,3 +326,39 @@ def test_load_dataset_names_and_errors(tmp_path, monkeypatch) -> None:
     _write_images(tmp_path / "digits" / "b", 2)
     assert load_dataset("digits", size=8).num_classes == 10
     assert load_dataset("./digits").num_classes == 2
+
+
+def _content_centres(x: torch.Tensor) -> torch.Tensor:
+    """Per image (N, H, W): the centre of its non-zero pixels' bounding box minus the canvas centre, (row, col)."""
+    centres = []
+    for occupied in (x.sum(2) > 0, x.sum(1) > 0):
+        first = occupied.float().argmax(1)
+        last = occupied.shape[1] - 1 - occupied.flip(1).float().argmax(1)
+        centres.append((first + last) / 2 - (occupied.shape[1] - 1) / 2)
+    return torch.stack(centres, 1)
+
+
+def test_write_scattered_digits_layout_truth_and_placement(tmp_path) -> None:
+    truth = write_scattered_digits(tmp_path / "a", size=12, side_range=(4, 6), max_shift=3)
+    assert truth["translation_x"] == pytest.approx(0.5) and truth["scale"] == pytest.approx(math.log(1.5) / 2)
+    splits = image_folder(tmp_path / "a")
+    reference = digits(size=12)
+    assert (len(splits.train), len(splits.test)) == (len(reference.train), len(reference.test))
+    assert splits.info["classes"] == [str(d) for d in range(10)]
+    x = torch.cat([splits.train.tensors[0], splits.test.tensors[0]])[:, 0]
+    extent = (x > 0).flatten(1).sum(1)
+    assert int(extent.max()) <= 36 and int(extent.min()) > 0  # inside a square of side <= 6, never empty
+    write_scattered_digits(tmp_path / "b", size=12, side_range=(4, 6), max_shift=0)
+    still = image_folder(tmp_path / "b").train.tensors[0][:, 0]
+    moved, centred = _content_centres(x), _content_centres(still)
+    assert float(moved.mean(0).abs().max()) < 0.5  # shifts are symmetric
+    assert float(moved.std(0).min()) > 1.5 * float(centred.std(0).max())  # and they are used
+    # the sizes vary too: content areas spread more than the unscaled digits' on one size
+    assert int(extent.max()) - int(extent.min()) >= 20
+    again = tmp_path / "c"
+    write_scattered_digits(again, size=12, side_range=(4, 6), max_shift=3)
+    assert torch.equal(image_folder(again).train.tensors[0], splits.train.tensors[0])
+    with pytest.raises(PartitionError, match="not an empty folder"):
+        write_scattered_digits(tmp_path / "a", size=12, side_range=(4, 6), max_shift=3)
+    with pytest.raises(PartitionArgumentError, match="do not fit"):
+        write_scattered_digits(tmp_path / "d", size=12, side_range=(4, 10), max_shift=3)
