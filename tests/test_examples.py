@@ -88,3 +88,44 @@ def test_convergence_benchmark_quick(capsys):
     # (c) trains with the augmentation (a) learned, frozen
     assert plain["hyperparameters"] == pytest.approx(paper["hyperparameters"])
     assert "| (c) plain, learned augmentation fixed |" in capsys.readouterr().out
+
+
+def test_hyperparameter_methods_benchmark_quick(tmp_path, capsys):
+    module = _load("hyperparameter_methods", EXAMPLES.parent / "benchmarks")
+    argv = [
+        "--quick",
+        "--seeds",
+        "0",
+        "--runs",
+        str(tmp_path),
+        "--pairs",
+        "rotdigits:test_resnet,scattered:test_resnet",
+    ]
+    result = module.main(argv)
+    methods = [*module.LEARNING, "optuna", *module.RETRAINED]
+    assert [(r["task"], r["method"]) for r in result["rows"]] == [
+        (t, m) for t in ("rotdigits", "scattered") for m in methods
+    ]
+    rows = {(r["task"], r["method"]): r for r in result["rows"]}
+    for row in result["rows"]:
+        assert 0.0 <= row["test_accuracy"][0] <= 1.0 and row["passes"][0]["forward"] > 0
+    # fixed augmentations stay fixed; retraining uses what the learning runs found
+    assert rows["rotdigits", "hand_chosen"]["hyperparameters"][0]["rotation"] == pytest.approx(3.14159, abs=1e-4)
+    found = rows["rotdigits", "partitioned"]["hyperparameters"][0]
+    assert rows["rotdigits", "retrain_partitioned"]["hyperparameters"][0] == pytest.approx(found)
+    assert len(rows["scattered", "optuna"]["trials"]) == 2
+    assert rows["rotdigits", "plain"]["passes"][0]["backward"] == 4  # one backward per iteration
+    assert result["true_invariances"]["scattered"]["translation_x"] == pytest.approx(0.4)
+    assert (tmp_path / "hyperparameter_methods_rotation.png").is_file()
+    assert "| rotdigits / test_resnet | 3 partitioned (paper scheme) |" in capsys.readouterr().out
+    # a second call reuses every cached run
+    assert module.main(argv)["rows"] == result["rows"]
+
+
+def test_model_selection_benchmark_quick(capsys):
+    result = _load("model_selection", EXAMPLES.parent / "benchmarks").main(["--quick", "--seeds", "0"])
+    (run,) = result["runs"]
+    assert [c["inputs"] for c in run["candidates"]] == [[0], [0, 1], [0, 1, 2]]
+    assert all(c["laplace_lml"] < 0 and c["partitioned_passes"]["backward"] > 0 for c in run["candidates"])
+    assert run["partitioned_choice"] in [c["inputs"] for c in run["candidates"]] and len(run["mask"]) == 3
+    assert "Laplace picks it" in capsys.readouterr().out

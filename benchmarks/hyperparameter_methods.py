@@ -1,0 +1,415 @@
+"""Partitioned hyperparameter learning side by side with what users would do instead, on one budget.
+
+For each (task, model) pair and seed, every method trains the same model from the same initial weights for
+the same iterations, batch, augmentation samples and learning rates (``methods.Budget``):
+
+1. ``plain``: no augmentation;
+2. ``hand_chosen``: a FIXED augmentation picked by hand (rotdigits: full rotation, the oracle; digits:
+   +-15 degrees and +-10% shifts, the usual MNIST choice; scattered: the ranges the data was generated with);
+3. ``partitioned`` / ``partitioned_fused``: this project (C=3, 0.8/0.1/0.1; the paper's iteration scheme, and
+   fused steps with every partition every iteration), learning the six affine ranges by the LML;
+4. ``augerino`` / ``augerino_unsafe``: Benton et al. 2020 (``methods.augerino_loss``), safe and unsafe, with
+   the authors' regulariser strength 0.01; ``augerino_unsafe_strong``: unsafe with strength 1.0;
+5. ``validation``: the ranges stepped on the loss of a held-out last chunk (10%) through the model trained
+   on the other 90%;
+6. ``optuna``: TPE (seeded) over the six ranges, ``--trials`` full plain runs on the 90% split, each scored
+   by its validation log-likelihood; reported: the best trial's model, the total cost and the best trial's;
+7. ``retrain_partitioned`` / ``retrain_optuna``: plain runs from scratch on all training data with the ranges
+   the partitioned run (same seed) or the best Optuna trial found (appendix G's retraining check).
+
+Tasks: ``rotdigits`` and ``digits`` (16 px) and ``scattered``: digits at random sizes and positions on a
+20 px canvas, written as an image folder (``partition_fx.data.write_scattered_digits``) and loaded back
+with ``image_folder``. The test split is touched only to report; nothing is chosen on it. Every run is
+cached as JSON under ``--runs``, so an interrupted benchmark resumes. Also draws the paper's figure 9 for
+rotdigits: test accuracy of fixed-rotation plain runs against the rotation range, with the partitioned
+runs' trajectories on top. Prints a table and writes ``benchmarks/results/hyperparameter_methods.{json,md,png}``.
+
+    python benchmarks/hyperparameter_methods.py [--jobs 2] [--seeds 0,1,2] [--trials 20] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import methods
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_PAIRS = ",".join(
+    [
+        "rotdigits:test_resnet",
+        "rotdigits:fixup_resnet8",
+        "digits:test_resnet",
+        "digits:fixup_resnet8",
+        "scattered:test_resnet",
+    ]
+)
+LEARNING = [
+    "plain", "hand_chosen", "partitioned", "partitioned_fused", "augerino", "augerino_unsafe", "augerino_unsafe_strong",
+    "validation",
+]  # fmt: skip
+STRONG_AUGERINO = 1.0  # a strong regulariser, to see whether (and when) the unsafe objective diverges
+RETRAINED = ["retrain_partitioned", "retrain_optuna"]
+LABELS = {
+    "plain": "1 plain, no augmentation",
+    "hand_chosen": "2 plain, hand-chosen augmentation",
+    "partitioned": "3 partitioned (paper scheme)",
+    "partitioned_fused": "3' partitioned (fused, every partition)",
+    "augerino": "4 Augerino (safe)",
+    "augerino_unsafe": "4' Augerino (unsafe)",
+    "augerino_unsafe_strong": f"4'' Augerino (unsafe, strength {STRONG_AUGERINO})",
+    "validation": "5 validation split",
+    "optuna": "6 Optuna TPE, best trial",
+    "retrain_partitioned": "7 plain, retrained with partitioned's ranges",
+    "retrain_optuna": "7' plain, retrained with Optuna's best ranges",
+}
+SWEEP = [math.pi / 8, math.pi / 4, math.pi / 2, 3 * math.pi / 4]  # plus 0 (plain) and pi (hand-chosen)
+QUICK = {"steps": 4, "batch_size": 8, "samples": 2}
+
+
+@cache
+def load_task(name: str, image_size: int, folder: str) -> methods.Task:
+    from partition_fx.data import image_folder, load_dataset
+
+    if name == "scattered":
+        truth = json.loads((Path(folder) / "invariances.json").read_text())
+        ranges = {"translation_x": truth["translation_x"], "translation_y": truth["translation_y"]}
+        ranges |= {"scale_x": truth["scale"], "scale_y": truth["scale"]}
+        return methods.Task(name, image_folder(folder, channels=1), ranges, ranges | {"rotation": 0.0})
+    data = load_dataset(name, size=image_size)
+    if name == "rotdigits":
+        return methods.Task(name, data, {"rotation": math.pi}, {"rotation": math.pi})
+    return methods.Task(name, data, {"rotation": math.radians(15), "translation_x": 0.1, "translation_y": 0.1}, {})
+
+
+def _scattered_folder(runs: Path, quick: bool) -> str:
+    from partition_fx.data import write_scattered_digits
+
+    folder = runs / "scattered_digits"
+    if not (folder / "invariances.json").is_file():
+        if folder.exists():
+            import shutil
+
+            shutil.rmtree(folder)
+        kwargs = {"size": 10, "side_range": (4, 6), "max_shift": 2} if quick else {}
+        write_scattered_digits(folder, **kwargs)
+    return str(folder)
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One cached run: ``job`` names the method, task, model, seed and budget; returns JSON."""
+    path = Path(job["path"])
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("job") == {k: v for k, v in job.items() if k != "path"}:
+            return cached
+    torch.set_num_threads(1)
+    task = load_task(job["task"], job["image_size"], job["folder"])
+    budget = methods.Budget(**job["budget"])
+    method, seed, model = job["method"], job["seed"], job["model"]
+    record: dict[str, Any] = {}
+    if method == "optuna":
+        result = _optuna(task, model, seed, budget, job["trials"], record)
+    elif method.startswith("partitioned"):
+        trajectory: list[dict[str, Any]] = []
+
+        def on_evaluation(final: torch.nn.Module, evaluation: dict[str, Any]) -> None:
+            accuracy, _ = methods.evaluate(final, task.data)
+            trajectory.append({"step": evaluation["step"], "test_accuracy": accuracy, **evaluation["hyperparameters"]})
+
+        result = methods.train_partitioned(
+            task, model, seed, budget, fused=method == "partitioned_fused", on_evaluation=on_evaluation
+        )
+        record.update(lml=result["lml"], history=result["history"], trajectory=trajectory)
+    else:
+        learn = {"augerino_unsafe_strong": "augerino_unsafe"}.get(method, method)
+        learn = learn if learn in ("augerino", "augerino_unsafe", "validation") else None
+        strength = job.get("augerino_strength", methods.AUGERINO_STRENGTH)
+        result = methods.train_plain(
+            task, model, seed, budget, augmentation=job.get("augmentation"), learn=learn, augerino_strength=strength
+        )
+        record["diverged_at"] = result["diverged_at"]
+    accuracy, loglik = methods.evaluate(result["model"], task.data)
+    record.update(
+        job={k: v for k, v in job.items() if k != "path"},
+        test_accuracy=accuracy,
+        test_log_likelihood=loglik,
+        hyperparameters=result["hyperparameters"],
+        passes=result["passes"],
+        seconds=round(result["seconds"], 2),
+        steps=result["steps"],
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+    return record
+
+
+def _optuna(task: methods.Task, model: str, seed: int, budget: methods.Budget, trials: int, record: dict) -> dict:
+    """A TPE study over the six ranges; each trial a plain run on the 90% split scored on the validation
+    chunk. Returns the best trial's run (its model is the one reported) with the study's total cost."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    x_all, y_all = task.data.train.tensors
+    train, validation = methods.validation_split(len(x_all), seed)
+    best: dict[str, Any] = {}
+    history = []
+
+    def objective(trial: optuna.Trial) -> float:
+        ranges = {name: trial.suggest_float(name, 0.0, bound) for name, bound in methods.DEFAULT_MAX_RANGE.items()}
+        run = methods.train_plain(task, model, seed, budget, augmentation=ranges, train_indices=train)
+        accuracy, loglik = methods.evaluate(run["model"], task.data, x_all[validation], y_all[validation])
+        history.append(
+            {"ranges": ranges, "validation_accuracy": accuracy, "validation_log_likelihood": loglik}
+            | {"seconds": round(run["seconds"], 2), "passes": run["passes"]}
+        )
+        if not best or loglik > best["validation_log_likelihood"]:
+            best.update(run, validation_log_likelihood=loglik, validation_accuracy=accuracy, trial=trial.number)
+        return loglik
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    study.optimize(objective, n_trials=trials)
+    totals = {key: sum(t["passes"][key] for t in history) for key in history[0]["passes"]}
+    record.update(
+        trials=history,
+        best_trial=best["trial"],
+        best_trial_seconds=round(best["seconds"], 2),
+        best_trial_passes=best["passes"],
+        validation_log_likelihood=best["validation_log_likelihood"],
+        validation_accuracy=best["validation_accuracy"],
+    )
+    return best | {"seconds": sum(t["seconds"] for t in history), "passes": totals}
+
+
+def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None = None) -> list[dict[str, Any]]:
+    """Every run of the first phase (``results is None``) or the retraining phase (needs the first's)."""
+    budget = QUICK if args.quick else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples}
+    jobs = []
+
+    def job(method: str, task: str, model: str, seed: int, name: str | None = None, **extra: Any) -> None:
+        size = args.image_size if task != "scattered" else None
+        path = args.runs / task / model / f"{name or method}_s{seed}.json"
+        jobs.append(
+            {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
+            | {"budget": budget, "path": str(path), **extra}
+        )
+
+    for task, model in args.pairs:
+        hand = load_task(task, args.image_size if task != "scattered" else None, folder).hand_chosen
+        if results is None:
+            for seed in args.seeds:
+                for method in LEARNING:
+                    extra = {"augerino_strength": STRONG_AUGERINO} if method == "augerino_unsafe_strong" else {}
+                    job(method, task, model, seed, augmentation=hand if method == "hand_chosen" else None, **extra)
+            job("optuna", task, model, args.seeds[0], trials=args.trials)
+            continue
+        best = results[_key("optuna", task, model, args.seeds[0])]["hyperparameters"]
+        for seed in args.seeds:
+            found = results[_key("partitioned", task, model, seed)]["hyperparameters"]
+            job("retrain", task, model, seed, name="retrain_partitioned", augmentation=found)
+            job("retrain", task, model, seed, name="retrain_optuna", augmentation=best)
+    if results is None and args.pairs and args.pairs[0][0] == "rotdigits":
+        task, model = args.pairs[0]
+        for value in SWEEP[:1] if args.quick else SWEEP:
+            for seed in args.seeds:
+                job("fixed", task, model, seed, name=f"rotation_{value:.3f}", augmentation={"rotation": value})
+    return jobs
+
+
+def _key(method: str, task: str, model: str, seed: int) -> str:
+    return f"{task}/{model}/{method}_s{seed}"
+
+
+def _run_all(jobs: list[dict[str, Any]], workers: int) -> dict[str, dict]:
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            records = list(pool.map(run_job, jobs))
+    else:
+        records = [run_job(job) for job in jobs]
+    return {str(Path(job["path"]).relative_to(job["runs"])).removesuffix(".json"): r for job, r in zip(jobs, records)}
+
+
+def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, Any]]:
+    rows = []
+    for task, model in args.pairs:
+        for method in [*LEARNING, "optuna", *RETRAINED]:
+            seeds = args.seeds[:1] if method == "optuna" else args.seeds
+            runs = [results[_key(method, task, model, seed)] for seed in seeds]
+            row: dict[str, Any] = {"task": task, "model": model, "method": method, "seeds": seeds}
+            for field in ("test_accuracy", "test_log_likelihood", "seconds"):
+                row[field] = [r[field] for r in runs]
+            row["hyperparameters"] = [r["hyperparameters"] for r in runs]
+            row["passes"] = [r["passes"] for r in runs]
+            if method.startswith("augerino_unsafe"):
+                row["diverged_at"] = [r["diverged_at"] for r in runs]
+            if method == "optuna":
+                row |= {k: runs[0][k] for k in ("best_trial", "best_trial_seconds", "best_trial_passes", "trials")}
+            rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]], truths: dict[str, dict[str, float]]) -> str:
+    def ms(values: list[float], fmt: str) -> str:
+        mean, std = methods.summary(values)
+        return format(mean, fmt) + (f" ± {format(std, fmt)}" if len(values) > 1 else "")
+
+    lines = [
+        "| task / model | method | test accuracy | test log-lik. | rotation | translation | zoom | "
+        "images fwd+bwd (k) | seconds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        hyper = row["hyperparameters"]
+
+        def ranges(pick: Any, hyper: list = hyper) -> str:
+            return ms([pick(h) for h in hyper], ".2f") if any(hyper) else "-"
+
+        images = [(p["forward_images"] + p["backward_images"]) / 1000 for p in row["passes"]]
+        cost = f"{ms(images, '.0f')}"
+        seconds = ms(row["seconds"], ".0f")
+        label = LABELS[row["method"]]
+        if row["method"] == "optuna":
+            best = row["best_trial_passes"]
+            cost += f" (best trial {(best['forward_images'] + best['backward_images']) / 1000:.0f})"
+            seconds += f" (best trial {row['best_trial_seconds']:.0f})"
+            label += f" ({len(row['trials'])} trials, 1 study)"
+        if row["method"].startswith("augerino_unsafe"):
+            diverged = [d for d in row["diverged_at"] if d is not None]
+            label += f" (diverged {len(diverged)}/{len(row['diverged_at'])}" + (
+                f", at step {', '.join(map(str, diverged))})" if diverged else ")"
+            )
+        lines.append(
+            f"| {row['task']} / {row['model']} | {label} | {ms(row['test_accuracy'], '.3f')} | "
+            f"{ms(row['test_log_likelihood'], '.3f')} | {ranges(lambda h: h.get('rotation', 0.0))} | "
+            f"{ranges(lambda h: (h.get('translation_x', 0.0) + h.get('translation_y', 0.0)) / 2)} | "
+            f"{ranges(methods.zoom_range)} | {cost} | {seconds} |"
+        )
+    truth_lines = [
+        f"- {task}: " + (", ".join(f"{k} {v:.2f}" for k, v in truth.items()) if truth else "no known invariance")
+        for task, truth in truths.items()
+    ]
+    return "\n".join([*lines, "", "True invariances (same units):", *truth_lines])
+
+
+def _plot(args: argparse.Namespace, results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    task, model = args.pairs[0]
+    fixed = [("plain", 0.0), *((f"rotation_{v:.3f}", v) for v in (SWEEP[:1] if args.quick else SWEEP))]
+    fixed.append(("hand_chosen", math.pi))
+    xs, means, stds = [], [], []
+    for name, value in fixed:
+        accuracies = [results[_key(name, task, model, seed)]["test_accuracy"] for seed in args.seeds]
+        mean, std = methods.summary(accuracies)
+        xs.append(value)
+        means.append(mean)
+        stds.append(std)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.errorbar(xs, means, yerr=stds, fmt="o-", color="0.4", capsize=3, label="plain, fixed rotation range")
+    for i, seed in enumerate(args.seeds):
+        trajectory = results[_key("partitioned", task, model, seed)]["trajectory"]
+        rotation = [t["rotation"] for t in trajectory]
+        accuracy = [t["test_accuracy"] for t in trajectory]
+        ax.plot(
+            rotation,
+            accuracy,
+            "-",
+            color="tab:blue",
+            alpha=0.6,
+            label="partitioned, during training" if i == 0 else None,
+        )
+        ax.plot(
+            rotation[-1:],
+            accuracy[-1:],
+            "*",
+            color="tab:blue",
+            markersize=12,
+            label="partitioned, final" if i == 0 else None,
+        )
+    ax.set_xlabel("rotation range (radians)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{task}, {model}: fixed rotation ranges vs the learned one")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default=DEFAULT_PAIRS, help="task:model,... (first: the figure's pair)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--trials", type=int, default=20, help="Optuna trials per study")
+    parser.add_argument("--steps", type=int, default=methods.Budget.steps)
+    parser.add_argument("--batch-size", type=int, default=methods.Budget.batch_size)
+    parser.add_argument("--samples", type=int, default=methods.Budget.samples)
+    parser.add_argument("--image-size", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes of 1 thread)")
+    parser.add_argument("--runs", type=Path, default=Path("runs/hyperparameter_methods"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "hyperparameter_methods.json")
+    parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
+    args = parser.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.pairs = [tuple(pair.split(":")) for pair in args.pairs.split(",")]
+    if args.quick:
+        args.trials, args.image_size = min(args.trials, 2), 8
+    started = time.perf_counter()
+    folder = _scattered_folder(args.runs, args.quick)
+    first = _jobs(args, folder)
+    for job in first:
+        job["runs"] = str(args.runs)
+    results = _run_all(first, args.jobs)
+    second = _jobs(args, folder, results)
+    for job in second:
+        job["runs"] = str(args.runs)
+    results |= _run_all(second, args.jobs)
+    rows = _rows(args, results)
+    truths = {task: load_task(task, args.image_size, folder).truth for task in dict(args.pairs)}
+    table = _table(rows, truths)
+    print(table)
+    result = {
+        "benchmark": "hyperparameter_methods",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, runs on 1 thread each, {args.jobs} at a time",
+        "device": "cpu",
+        "torch": torch.__version__,
+        "quick": args.quick,
+        "budget": QUICK
+        if args.quick
+        else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples},
+        "image_size": args.image_size,
+        "trials": args.trials,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "true_invariances": truths,
+        "rows": rows,
+        "table": table,
+    }
+    out = args.out if not args.quick else args.runs / "hyperparameter_methods.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table + "\n")
+    if args.pairs[0][0] == "rotdigits":
+        _plot(args, results, out.with_name(out.stem + "_rotation.png"))
+    return result
+
+
+if __name__ == "__main__":
+    main()

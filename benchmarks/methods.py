@@ -1,0 +1,312 @@
+"""The hyperparameter-learning methods compared in ``hyperparameter_methods.py``, on one shared budget.
+
+Every method trains the same timm model (same initial weights for a seed) for ``Budget.steps`` iterations
+of ``Budget.batch_size`` examples with Adam (cosine-annealed to lr/100), ``Budget.samples`` augmentation
+samples per example, and is scored the same way (:func:`evaluate`). The test split is used only there.
+
+* :func:`train_plain`: plain training (one network, all training data) with a FIXED ``AffineAugmentation``
+  (none, a hand-chosen one, or found by another method); or, with ``learn=``, one of the baselines that
+  learn the ranges alongside: ``"augerino"`` / ``"augerino_unsafe"`` (Benton et al. 2020) and
+  ``"validation"`` (ranges stepped on a held-out chunk's loss through the model trained on the rest).
+* :func:`train_partitioned`: this project, ``fit`` on a C=3 partitioned model (paper's iteration scheme, or
+  fused + every partition).
+
+Costs are counted by :class:`PassCounter`: forward and backward passes through the network and the
+images they carried (augmentation samples included), LML estimates and BatchNorm recalibration included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partition_fx import export_subnetwork, partitionify
+from partition_fx.train_command import build_model, evaluate_classifier, training_recipe
+from partition_fx.training import fit
+from partition_fx.training.chunks import split_into_chunks
+from partition_fx.training.likelihoods import Categorical
+from partition_fx.training.lml import apply_transform
+from partition_fx.transforms import AffineAugmentation
+from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
+
+GENERATORS = tuple(DEFAULT_MAX_RANGE)
+PROPORTIONS = (0.8, 0.1, 0.1)
+# Augerino's published default regularisation strength (Benton et al. 2020, their training scripts); not
+# tuned here: tuning it needs a validation set, which is what the method claims to avoid.
+AUGERINO_STRENGTH = 0.01
+# The unsafe variant counts as diverged once a range is this many times its bound (every sample is then
+# mostly padding) or the loss is not finite.
+DIVERGED_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What every method gets: iterations, batch, augmentation samples and learning rates."""
+
+    steps: int = 400
+    batch_size: int = 32
+    samples: int = 2
+    lr: float = 1e-3
+    hyper_lr: float = 0.05
+
+    def recipe(self) -> dict[str, Any]:
+        """``fit``'s optimisation options, from `partition-fx train`'s own recipe."""
+        job = argparse.Namespace(
+            steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=0.0, hyper_lr=self.hyper_lr,
+            hyper_every=1, warmup_steps=0,
+        )  # fmt: skip
+        return training_recipe(job)
+
+
+class PassCounter:
+    """Counts forward and backward passes through ``module`` and the examples they carried.
+
+    A forward hook counts each call; when its output needs a gradient a hook on that output counts the
+    backward pass that reaches it (once per backward through the call), so no-grad forwards (LML
+    estimates, BatchNorm recalibration) count as forwards only.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.forward = self.forward_examples = self.backward = self.backward_examples = 0
+        self._handle = module.register_forward_hook(self._on_forward)
+
+    def _on_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
+        batch = output.shape[0]
+        self.forward += 1
+        self.forward_examples += batch
+        if output.requires_grad:
+            output.register_hook(self._on_backward)
+
+    def _on_backward(self, grad: torch.Tensor) -> None:
+        self.backward += 1
+        self.backward_examples += grad.shape[0]
+
+    def as_dict(self) -> dict[str, int]:
+        self._handle.remove()
+        return {
+            "forward": self.forward,
+            "backward": self.backward,
+            "forward_images": self.forward_examples,
+            "backward_images": self.backward_examples,
+        }
+
+
+@dataclass
+class Task:
+    """A dataset and the augmentation a practitioner would pick for it by hand (method 2)."""
+
+    name: str
+    data: Any
+    hand_chosen: dict[str, float]
+    truth: dict[str, float]
+    """The data's true invariances in ``AffineAugmentation`` units (empty: not known)."""
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Any, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
+    """(accuracy, mean log-likelihood) of a plain ``model`` on the test split (or on ``x``, ``y``), after
+    recomputing BatchNorm statistics over the unaugmented training images, in eval mode."""
+    x_train, _ = data.train.tensors
+    torch.optim.swa_utils.update_bn(x_train.split(256), model)
+    if x is None:
+        x, y = data.test.tensors
+    return evaluate_classifier(model, x, y)
+
+
+def _model(task: Task, model_name: str, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    shape = task.data.input_shape
+    return build_model(model_name, task.data.num_classes, None, shape[0], shape[-1])
+
+
+def validation_split(num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) indices: validation is the LAST chunk of the partitioned run with this seed."""
+    chunks = split_into_chunks(num_examples, PROPORTIONS, seed)
+    return chunks.prefix(len(PROPORTIONS) - 1), chunks.chunk(len(PROPORTIONS))
+
+
+def augerino_loss(
+    outputs: torch.Tensor,
+    targets: torch.Tensor,
+    samples: int,
+    aug: AffineAugmentation,
+    safe: bool,
+    strength: float = AUGERINO_STRENGTH,
+) -> torch.Tensor:
+    """Augerino's objective (Benton et al. 2020, eq. 5): the expected cross-entropy over augmentation samples
+    minus ``strength * ||ranges||``. ``safe`` switches the regulariser off (no gradient) while any
+    range is at or beyond its bound, as in the authors' "safe" variant; unsafe, it always pulls ranges up.
+
+    >>> aug = AffineAugmentation(num_samples=1, init={"rotation": math.pi})
+    >>> loss = augerino_loss(torch.zeros(2, 3), torch.tensor([0, 1]), 1, aug, safe=True)
+    >>> loss.requires_grad, round(float(loss), 4)  # the rotation is at its bound: no regulariser
+    (False, 1.0986)
+    """
+    nll = F.cross_entropy(outputs, targets.repeat(samples))
+    width = aug.ranges.abs().norm()
+    if safe and bool((aug.ranges.detach().abs() >= aug.max_ranges * (1 - 1e-6)).any()):
+        return nll
+    return nll - strength * width
+
+
+def train_plain(
+    task: Task,
+    model_name: str,
+    seed: int,
+    budget: Budget,
+    augmentation: dict[str, float] | None = None,
+    learn: str | None = None,
+    train_indices: torch.Tensor | None = None,
+    augerino_strength: float = AUGERINO_STRENGTH,
+) -> dict[str, Any]:
+    """Plain training with a fixed augmentation (``learn=None``) or a baseline that learns it.
+
+    ``learn``: ``"augerino"`` (safe), ``"augerino_unsafe"`` (unbounded ranges, regulariser always on; stops
+    when it diverges) or ``"validation"`` (a hyperparameter step per iteration on a batch of the held-out
+    last chunk; the network trains on the rest); ``augerino_strength``: Augerino's regulariser weight.
+    ``train_indices`` restricts the training examples (Optuna's trials). Returns the model, the ranges, the
+    pass counts, seconds and (unsafe Augerino) ``diverged_at``.
+    """
+    if learn not in (None, "augerino", "augerino_unsafe", "validation"):
+        raise ValueError(f"unknown baseline {learn!r}")
+    model = _model(task, model_name, seed)
+    x_all, y_all = task.data.train.tensors
+    indices = torch.arange(len(x_all)) if train_indices is None else train_indices
+    validation = None
+    if learn == "validation":
+        indices, validation = validation_split(len(x_all), seed)
+    aug = None
+    if augmentation is not None or learn is not None:
+        unbounded = {name: 1e6 for name in GENERATORS} if learn == "augerino_unsafe" else None
+        aug = AffineAugmentation(num_samples=budget.samples, init=augmentation or 0.0, max_range=unbounded)
+        aug.ranges.requires_grad_(learn is not None)
+    recipe = budget.recipe()
+    optimizer = recipe["optimizer"](model.parameters())
+    scheduler = recipe["scheduler"](optimizer)
+    hyper_optimizer = recipe["hyper_optimizer"]([aug.ranges]) if learn is not None else None
+    likelihood = Categorical()
+    generator = torch.Generator().manual_seed(seed)
+    counter = PassCounter(model)
+    diverged_at = None
+    started = time.perf_counter()
+    model.train()
+    for step in range(budget.steps):
+        batch = indices[torch.randint(len(indices), (budget.batch_size,), generator=generator)]
+        x, y = x_all[batch], y_all[batch]
+        augerino = learn is not None and learn.startswith("augerino")
+        xs, samples = apply_transform(aug, x, grad=augerino)
+        outputs = model(xs)
+        if augerino:
+            loss = augerino_loss(outputs, y, samples, aug, learn == "augerino", augerino_strength)
+        else:
+            loss = -likelihood(outputs, y, samples).mean()
+        optimizer.zero_grad(set_to_none=True)
+        if hyper_optimizer is not None:
+            hyper_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        if augerino:
+            hyper_optimizer.step()
+            aug.constrain_()
+            if learn == "augerino_unsafe" and _diverged(loss, aug):
+                diverged_at = step + 1
+                break
+        if learn == "validation":
+            batch = validation[torch.randint(len(validation), (budget.batch_size,), generator=generator)]
+            xs, samples = apply_transform(aug, x_all[batch])
+            hyper_loss = -likelihood(model(xs), y_all[batch], samples).mean()
+            hyper_optimizer.zero_grad(set_to_none=True)
+            hyper_loss.backward()
+            hyper_optimizer.step()
+            aug.constrain_()
+    seconds = time.perf_counter() - started
+    return {
+        "model": model.eval(),
+        "hyperparameters": aug.hyperparameters() if aug is not None else {},
+        "passes": counter.as_dict(),
+        "seconds": seconds,
+        "diverged_at": diverged_at,
+        "steps": budget.steps if diverged_at is None else diverged_at,
+    }
+
+
+def _diverged(loss: torch.Tensor, aug: AffineAugmentation) -> bool:
+    bounds = torch.tensor([DEFAULT_MAX_RANGE[name] for name in aug.generators])
+    return not math.isfinite(float(loss.detach())) or bool((aug.ranges.detach().abs() > DIVERGED_FACTOR * bounds).any())
+
+
+def train_partitioned(
+    task: Task,
+    model_name: str,
+    seed: int,
+    budget: Budget,
+    fused: bool = False,
+    eval_every: int | None = None,
+    on_evaluation: Callable[[nn.Module, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """This project: a C=3 (0.8/0.1/0.1) partitioned model learning the affine ranges by the LML.
+
+    ``fused``: fused steps with every partition trained every iteration; else the paper's scheme.
+    ``on_evaluation(final_model_copy, record)`` runs at each LML evaluation (not timed, not counted).
+    """
+    model = _model(task, model_name, seed)
+    pmodel = partitionify(model, len(PROPORTIONS), PROPORTIONS, seed=seed)
+    aug = AffineAugmentation(num_samples=budget.samples)
+    counter = PassCounter(pmodel)
+    outside = [0.0]
+
+    def callback(trainer: Any, record: dict[str, Any]) -> None:
+        if on_evaluation is not None:
+            start = time.perf_counter()
+            on_evaluation(export_subnetwork(trainer.pmodel), record)
+            outside[0] += time.perf_counter() - start
+
+    started = time.perf_counter()
+    result = fit(
+        pmodel,
+        task.data.train,
+        hyper=aug,
+        **budget.recipe(),
+        seed=seed,
+        eval_every=eval_every,
+        eval_examples_per_chunk=64,
+        callbacks=[callback],
+        progress=False,
+        fused=fused,
+        every_partition=fused,
+    )
+    seconds = time.perf_counter() - started - outside[0]
+    passes = counter.as_dict()
+    return {
+        "model": export_subnetwork(pmodel).eval(),
+        "hyperparameters": result.hyperparameters,
+        "passes": passes,
+        "seconds": seconds,
+        "lml": result.lml,
+        "steps": result.steps,
+        "history": [
+            {"step": r["step"], "lml": r["lml"], "hyperparameters": r["hyperparameters"]} for r in result.history
+        ],
+    }
+
+
+def zoom_range(hyperparameters: dict[str, float]) -> float:
+    """One number for the learned zoom: the mean of the scale_x and scale_y ranges."""
+    return (hyperparameters.get("scale_x", 0.0) + hyperparameters.get("scale_y", 0.0)) / 2
+
+
+def summary(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))

@@ -1,0 +1,73 @@
+"""The baselines of ``benchmarks/hyperparameter_methods.py`` (``benchmarks/methods.py``) against their definitions."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import methods
+
+from partition_fx.training.chunks import split_into_chunks
+from partition_fx.transforms import AffineAugmentation
+
+
+def test_pass_counter_counts_forwards_backwards_and_images():
+    model = torch.nn.Linear(3, 2)
+    counter = methods.PassCounter(model)
+    model(torch.randn(5, 3)).sum().backward()
+    with torch.no_grad():
+        model(torch.randn(7, 3))
+    assert counter.as_dict() == {"forward": 2, "backward": 1, "forward_images": 12, "backward_images": 5}
+    model(torch.randn(1, 3))  # as_dict detached the hook
+    assert counter.forward == 2
+
+
+@pytest.mark.parametrize("n, seed", [(100, 0), (1437, 3), (31, 1)])
+def test_validation_split_is_the_last_chunk(n, seed):
+    train, validation = methods.validation_split(n, seed)
+    chunks = split_into_chunks(n, methods.PROPORTIONS, seed)
+    assert torch.equal(validation, chunks.chunk(3))
+    assert sorted(torch.cat([train, validation]).tolist()) == list(range(n))
+
+
+def test_augerino_loss_matches_its_definition():
+    aug = AffineAugmentation(num_samples=2, init={"rotation": 0.3, "translation_x": 0.4})
+    outputs, targets = torch.randn(6, 4), torch.tensor([0, 3, 1])
+    for safe in (True, False):
+        loss = methods.augerino_loss(outputs, targets, 2, aug, safe=safe, strength=0.5)
+        nll = torch.nn.functional.cross_entropy(outputs, targets.repeat(2))
+        assert float(loss.detach()) == pytest.approx(float(nll) - 0.5 * 0.5)  # ||(0.3, 0.4)|| = 0.5
+        (grad,) = torch.autograd.grad(loss, aug.ranges)
+        expected = torch.zeros(6)
+        expected[aug.generators.index("rotation")], expected[aug.generators.index("translation_x")] = -0.3, -0.4
+        torch.testing.assert_close(grad, expected)  # -strength * r / ||r||
+    at_bound = AffineAugmentation(num_samples=2, init={"rotation": math.pi, "translation_x": 0.4})
+    safe = methods.augerino_loss(outputs, targets, 2, at_bound, safe=True)
+    unsafe = methods.augerino_loss(outputs, targets, 2, at_bound, safe=False)
+    assert not safe.requires_grad and float(unsafe.detach()) < float(safe)
+
+
+def test_unsafe_augerino_divergence_is_detected():
+    aug = AffineAugmentation(num_samples=1, max_range={"rotation": 1e6})
+    assert not methods._diverged(torch.tensor(1.0), aug)
+    with torch.no_grad():
+        aug.ranges[aug.generators.index("rotation")] = 11 * math.pi
+    assert methods._diverged(torch.tensor(1.0), aug)
+    assert methods._diverged(torch.tensor(float("nan")), AffineAugmentation(num_samples=1))
+
+
+def test_validation_baseline_steps_ranges_and_fixed_augmentation_stays():
+    from partition_fx.data import rotdigits
+
+    task = methods.Task("rotdigits", rotdigits(size=8), {"rotation": math.pi}, {})
+    budget = methods.Budget(steps=3, batch_size=4, samples=2)
+    learned = methods.train_plain(task, "test_resnet", 0, budget, learn="validation")
+    assert any(v > 0 for v in learned["hyperparameters"].values())
+    assert learned["passes"]["backward"] == 6  # a parameter and a hyperparameter backward per iteration
+    fixed = methods.train_plain(task, "test_resnet", 0, budget, augmentation={"rotation": 1.0})
+    assert fixed["hyperparameters"]["rotation"] == pytest.approx(1.0) and fixed["passes"]["backward"] == 3
