@@ -24,7 +24,8 @@ cached as JSON under ``--runs``, so an interrupted benchmark resumes. Also draws
 rotdigits: test accuracy of fixed-rotation plain runs against the rotation range, with the partitioned
 runs' trajectories on top. Prints a table and writes ``benchmarks/results/hyperparameter_methods.{json,md,png}``.
 
-    python benchmarks/hyperparameter_methods.py [--jobs 2] [--seeds 0,1,2] [--trials 20] [--quick]
+    python benchmarks/hyperparameter_methods.py [--jobs 2] [--seeds 0,1,2] [--trials 20] [--steps 400]
+        [--pairs rotdigits:test_resnet,...] [--methods plain,partitioned,...] [--quick]
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ LEARNING = [
 ]  # fmt: skip
 STRONG_AUGERINO = 1.0  # a strong regulariser, to see whether (and when) the unsafe objective diverges
 RETRAINED = ["retrain_partitioned", "retrain_optuna"]
+ALL_METHODS = [*LEARNING, "optuna", *RETRAINED]
 LABELS = {
     "plain": "1 plain, no augmentation",
     "hand_chosen": "2 plain, hand-chosen augmentation",
@@ -213,17 +215,20 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
         hand = load_task(task, args.image_size if task != "scattered" else None, folder).hand_chosen
         if results is None:
             for seed in args.seeds:
-                for method in LEARNING:
+                for method in (m for m in LEARNING if m in args.methods):
                     extra = {"augerino_strength": STRONG_AUGERINO} if method == "augerino_unsafe_strong" else {}
                     job(method, task, model, seed, augmentation=hand if method == "hand_chosen" else None, **extra)
-            job("optuna", task, model, args.seeds[0], trials=args.trials)
+            if "optuna" in args.methods:
+                job("optuna", task, model, args.seeds[0], trials=args.trials)
             continue
-        best = results[_key("optuna", task, model, args.seeds[0])]["hyperparameters"]
         for seed in args.seeds:
-            found = results[_key("partitioned", task, model, seed)]["hyperparameters"]
-            job("retrain", task, model, seed, name="retrain_partitioned", augmentation=found)
-            job("retrain", task, model, seed, name="retrain_optuna", augmentation=best)
-    if results is None and args.pairs and args.pairs[0][0] == "rotdigits":
+            if "retrain_partitioned" in args.methods:
+                found = results[_key("partitioned", task, model, seed)]["hyperparameters"]
+                job("retrain", task, model, seed, name="retrain_partitioned", augmentation=found)
+            if "retrain_optuna" in args.methods:
+                best = results[_key("optuna", task, model, args.seeds[0])]["hyperparameters"]
+                job("retrain", task, model, seed, name="retrain_optuna", augmentation=best)
+    if results is None and args.figure:
         task, model = args.pairs[0]
         for value in SWEEP[:1] if args.quick else SWEEP:
             for seed in args.seeds:
@@ -247,7 +252,7 @@ def _run_all(jobs: list[dict[str, Any]], workers: int) -> dict[str, dict]:
 def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, Any]]:
     rows = []
     for task, model in args.pairs:
-        for method in [*LEARNING, "optuna", *RETRAINED]:
+        for method in args.methods:
             seeds = args.seeds[:1] if method == "optuna" else args.seeds
             runs = [results[_key(method, task, model, seed)] for seed in seeds]
             row: dict[str, Any] = {"task": task, "model": model, "method": method, "seeds": seeds}
@@ -365,12 +370,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes of 1 thread)")
     parser.add_argument("--runs", type=Path, default=Path("runs/hyperparameter_methods"))
     parser.add_argument("--out", type=Path, default=RESULTS / "hyperparameter_methods.json")
+    parser.add_argument("--methods", default=",".join(ALL_METHODS), help="a subset, e.g. plain,partitioned")
     parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
     args = parser.parse_args(argv)
+    wanted = set(args.methods.split(","))
+    if wanted - set(ALL_METHODS):
+        parser.error(f"--methods: unknown {sorted(wanted - set(ALL_METHODS))}; choose from {','.join(ALL_METHODS)}")
+    needs = {"retrain_partitioned": "partitioned", "retrain_optuna": "optuna"}
+    if any(method in wanted and needs[method] not in wanted for method in needs):
+        parser.error("--methods: retrain_partitioned needs partitioned, retrain_optuna needs optuna")
+    args.methods = [m for m in ALL_METHODS if m in wanted]  # in the table's order
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.pairs = [tuple(pair.split(":")) for pair in args.pairs.split(",")]
     if args.quick:
         args.trials, args.image_size = min(args.trials, 2), 8
+    # figure 9 needs the fixed-rotation sweep around plain (0) and hand-chosen (pi), and the partitioned runs
+    args.figure = args.pairs[0][0] == "rotdigits" and {"plain", "hand_chosen", "partitioned"} <= wanted
     started = time.perf_counter()
     folder = _scattered_folder(args.runs, args.quick)
     first = _jobs(args, folder)
@@ -397,6 +412,7 @@ def main(argv: list[str] | None = None) -> dict:
         else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples},
         "image_size": args.image_size,
         "trials": args.trials,
+        "methods": args.methods,
         "wall_seconds": round(time.perf_counter() - started, 1),
         "true_invariances": truths,
         "rows": rows,
@@ -406,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(table + "\n")
-    if args.pairs[0][0] == "rotdigits":
+    if args.figure:
         _plot(args, results, out.with_name(out.stem + "_rotation.png"))
     return result
 

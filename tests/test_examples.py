@@ -120,6 +120,11 @@ def test_hyperparameter_methods_benchmark_quick(tmp_path, capsys):
     assert "| rotdigits / test_resnet | 3 partitioned (paper scheme) |" in capsys.readouterr().out
     # a second call reuses every cached run
     assert module.main(argv)["rows"] == result["rows"]
+    subset = module.main([*argv, "--methods", "retrain_partitioned,plain,partitioned"])["rows"]
+    assert [r["method"] for r in subset] == ["plain", "partitioned", "retrain_partitioned"] * 2
+    assert subset[0] == rows["rotdigits", "plain"]
+    with pytest.raises(SystemExit):
+        module.main([*argv, "--methods", "retrain_optuna"])  # needs optuna
 
 
 def test_model_selection_benchmark_quick(capsys):
