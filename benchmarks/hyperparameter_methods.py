@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -268,10 +269,33 @@ def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, 
     return rows
 
 
+def _ms(values: list[float], fmt: str) -> str:
+    """'mean ± sd' (just the value for one)."""
+    mean, std = methods.summary(values)
+    return format(mean, fmt) + (f" ± {format(std, fmt)}" if len(values) > 1 else "")
+
+
+def _overview(rows: list[dict[str, Any]]) -> str:
+    """Methods by (task, model): test accuracy, and the cost in images through the network relative to plain
+    training (the median over pairs; Optuna: its whole study)."""
+    pairs = list(dict.fromkeys((r["task"], r["model"]) for r in rows))
+    by = {(r["task"], r["model"], r["method"]): r for r in rows}
+    header = " | ".join(f"{task} / {model}" for task, model in pairs)
+    lines = [f"| method | {header} | cost vs plain |", "| --- |" + " --- |" * (len(pairs) + 1)]
+
+    def images(row: dict[str, Any]) -> float:
+        return statistics.mean(p["forward_images"] + p["backward_images"] for p in row["passes"])
+
+    for method in dict.fromkeys(r["method"] for r in rows):
+        cells = [_ms(by[task, model, method]["test_accuracy"], ".3f") for task, model in pairs]
+        ratios = [images(by[t, m, method]) / images(by[t, m, "plain"]) for t, m in pairs if (t, m, "plain") in by]
+        cost = f"x{statistics.median(ratios):.1f}" if ratios else "-"
+        lines.append(f"| {LABELS[method]} | {' | '.join(cells)} | {cost} |")
+    return "\n".join(lines)
+
+
 def _table(rows: list[dict[str, Any]], truths: dict[str, dict[str, float]]) -> str:
-    def ms(values: list[float], fmt: str) -> str:
-        mean, std = methods.summary(values)
-        return format(mean, fmt) + (f" ± {format(std, fmt)}" if len(values) > 1 else "")
+    ms = _ms
 
     lines = [
         "| task / model | method | test accuracy | test log-lik. | rotation | translation | zoom | "
@@ -398,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
     results |= _run_all(second, args.jobs)
     rows = _rows(args, results)
     truths = {task: load_task(task, args.image_size, folder).truth for task in dict(args.pairs)}
-    table = _table(rows, truths)
+    table = _overview(rows) + "\n\n" + _table(rows, truths)
     print(table)
     result = {
         "benchmark": "hyperparameter_methods",
