@@ -351,7 +351,7 @@ def _plot(args: argparse.Namespace, results: dict[str, dict], path: Path) -> Non
         xs.append(value)
         means.append(mean)
         stds.append(std)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.errorbar(xs, means, yerr=stds, fmt="o-", color="0.4", capsize=3, label="plain, fixed rotation range")
     for i, seed in enumerate(args.seeds):
         trajectory = results[_key("partitioned", task, model, seed)]["trajectory"]
@@ -373,9 +373,18 @@ def _plot(args: argparse.Namespace, results: dict[str, dict], path: Path) -> Non
             markersize=12,
             label="partitioned, final" if i == 0 else None,
         )
+    if "retrain_partitioned" in args.methods:
+        retrained = [results[_key("retrain_partitioned", task, model, seed)] for seed in args.seeds]
+        ax.plot(
+            [r["hyperparameters"]["rotation"] for r in retrained],
+            [r["test_accuracy"] for r in retrained],
+            "D",
+            color="tab:orange",
+            label="plain, retrained with the learned ranges",
+        )
     ax.set_xlabel("rotation range (radians)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{task}, {model}: fixed rotation ranges vs the learned one")
+    ax.set_title(f"{task}, {model}: fixed rotation ranges vs the learned one", fontsize=10)
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
