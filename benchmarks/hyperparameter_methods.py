@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out if not args.quick else args.runs / "hyperparameter_methods.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table + "\n")
+    out.with_suffix(".md").write_text(methods.provenance(result) + "\n\n" + table + "\n")
     if args.figure:
         _plot(args, results, out.with_name(out.stem + "_rotation.png"))
     return result

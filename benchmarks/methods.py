@@ -310,3 +310,8 @@ def summary(values: Sequence[float]) -> tuple[float, float]:
     if len(values) < 2:
         return mean, 0.0
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def provenance(result: dict[str, Any]) -> str:
+    """The line that heads a results table: what was run, where and when."""
+    return f"Measured {result['date']} on {result['machine']} ({result['device']}, torch {result['torch']})."

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from methods import PassCounter, summary
+from methods import PassCounter, provenance, summary
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.data import input_selection
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(table + "\n")
+        args.out.with_suffix(".md").write_text(provenance(result) + "\n\n" + table + "\n")
     return result
 
 
