@@ -116,6 +116,16 @@ def test_gradient_reaches_every_range(init) -> None:
     assert bool((aug.ranges.grad.abs() > 0).all()), aug.ranges.grad
 
 
+def test_affine_init_from_learned_ranges_at_their_bounds() -> None:
+    learned = AffineAugmentation(num_samples=1, init=10.0, max_range={name: 1e3 for name in GENERATORS})
+    clamped = AffineAugmentation(num_samples=1)
+    with torch.no_grad():
+        clamped.ranges.copy_(learned.ranges)
+    clamped.constrain_()  # every range at its bound, as float32 (rotation reads back as 3.1415927 > pi)
+    again = AffineAugmentation(num_samples=1, init=clamped.hyperparameters())
+    assert torch.equal(again.ranges, clamped.ranges)
+
+
 def test_affine_constrain_clamps_to_documented_bounds() -> None:
     aug = AffineAugmentation(max_range={"shear": 0.2})
     with torch.no_grad():

@@ -106,7 +106,9 @@ class AffineAugmentation(HyperparameterModule):
             value = _check_real(init, "init")
             start = {name: value for name in self.generators}
         for name, value in start.items():
-            if abs(value) > bounds[name]:
+            # Ranges live in float32, so a range clamped to its bound reads back as the bound rounded to
+            # float32 (pi -> 3.1415927...): accept that, so ``init=other.hyperparameters()`` always works.
+            if abs(value) > bounds[name] and abs(value) > float(torch.tensor(bounds[name], dtype=torch.float32)):
                 raise PartitionArgumentError(
                     f"init for {name!r} is {value}, outside the bound [-{bounds[name]}, {bounds[name]}]; "
                     f"pass a smaller init or raise max_range={{{name!r}: ...}}"
