@@ -429,6 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
     for job in second:
         job["runs"] = str(args.runs)
     results |= _run_all(second, args.jobs)
+    written = [Path(job["path"]).stat().st_mtime for job in [*first, *second]]
     rows = _rows(args, results)
     truths = {task: load_task(task, args.image_size, folder).truth for task in dict(args.pairs)}
     table = _overview(rows) + "\n\n" + _table(rows, truths)
@@ -436,6 +437,10 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "hyperparameter_methods",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # runs are cached: when they were actually trained (their files' first and last write)
+        "runs_written": [
+            datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in (min(written), max(written))
+        ],
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, runs on 1 thread each, {args.jobs} at a time",
         "device": "cpu",
         "torch": torch.__version__,

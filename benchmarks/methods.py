@@ -314,4 +314,5 @@ def summary(values: Sequence[float]) -> tuple[float, float]:
 
 def provenance(result: dict[str, Any]) -> str:
     """The line that heads a results table: what was run, where and when."""
-    return f"Measured {result['date']} on {result['machine']} ({result['device']}, torch {result['torch']})."
+    when = " to ".join(result["runs_written"]) if "runs_written" in result else result["date"]
+    return f"Measured {when} on {result['machine']} ({result['device']}, torch {result['torch']})."
