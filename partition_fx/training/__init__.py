@@ -7,6 +7,7 @@ from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chu
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .optim import partition_optimizer, weight_decay_scales
+from .resume import PartitionCheckpointError, load_training_state, save_training_state
 from .sampler import PartitionedSampler
 from .trainer import FitResult, PartitionedTrainer, fit
 
@@ -19,14 +20,17 @@ __all__ = [
     "Gaussian",
     "LMLEstimate",
     "Likelihood",
+    "PartitionCheckpointError",
     "PartitionedSampler",
     "PartitionedTrainer",
     "chunks_from_assignment",
     "estimate_lml",
     "fit",
+    "load_training_state",
     "partition_optimizer",
     "recalibrate_norm_statistics",
     "resolve_likelihood",
+    "save_training_state",
     "split_into_chunks",
     "weight_decay_scales",
 ]

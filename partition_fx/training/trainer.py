@@ -34,6 +34,7 @@ from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chu
 from .likelihoods import Likelihood, resolve_likelihood
 from .lml import LMLEstimate, apply_transform, estimate_lml, forward_log_likelihood, recalibrate_norm_statistics
 from .optim import OptimizerFactory, partition_optimizer
+from .resume import load_training_state, save_training_state
 from .sampler import PartitionedSampler
 
 Callback = Callable[["PartitionedTrainer", dict[str, Any]], "bool | None"]
@@ -435,6 +436,7 @@ class PartitionedTrainer:
             self.save_checkpoint(self.checkpoint_dir / "last.safetensors")
             if improved:
                 self.save_checkpoint(self.checkpoint_dir / "best.safetensors")
+            save_training_state(self, self.checkpoint_dir / "resume")
             self.last_checkpoint_step = self.step
         return record
 
@@ -593,6 +595,7 @@ def fit(
     fused: bool = False,
     every_partition: bool = False,
     device: torch.device | str | None = None,
+    resume: str | Path | None = None,
 ) -> FitResult:
     """Train a partitioned model and learn its hyperparameters by the partitioned marginal likelihood.
 
@@ -627,6 +630,10 @@ def fit(
             (``PartitionedTrainer.fused_iteration``); not yet with hyperparameter modules inside the model.
         every_partition: each example of a parameter batch draws its own partition (k_i ~ Cat(u), example
             from D_1:k_i) and trains only it, so every partition is updated every iteration.
+        resume: a ``resume`` directory written by an earlier ``fit(..., checkpoint_dir=...)`` (at
+            ``checkpoint_dir/resume``, refreshed at every evaluation) with the same arguments: training
+            continues from its step to ``steps`` in total, bit for bit as if it had not stopped (on CPU).
+            A directory from another configuration is refused, naming what differs.
         recalibrate_norms: at the end, recompute BatchNorm running statistics for the final subnetwork
             over the training data (see ``recalibrate_norm_statistics``); they are shared by all
             subnetworks during training. The LML does not use them (it runs in training mode).
@@ -669,8 +676,18 @@ def fit(
         fused=fused,
         every_partition=every_partition,
     )
+    total = _positive_int("steps", steps)
+    if eval_every is None:
+        eval_every = max(1, total // 10)  # of the whole run, also when it resumes
+    if resume is not None:
+        load_training_state(trainer, resume)
+        if trainer.step >= total:
+            raise PartitionArgumentError(
+                f"the run in {resume} is at step {trainer.step}, not before steps={total}: nothing to resume; "
+                "pass a larger steps to train on (with the same LR schedule arguments)"
+            )
     return trainer.run(
-        steps,
+        total - trainer.step,
         eval_every=eval_every,
         patience=patience,
         restore_best=restore_best,

@@ -1,0 +1,105 @@
+"""Resuming: a run stopped at step n and resumed equals the uninterrupted run bit for bit; bad resume
+directories are refused before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from partition_fx import partitionify
+from partition_fx.errors import PartitionArgumentError
+from partition_fx.training import PartitionCheckpointError, fit
+from partition_fx.transforms import AffineAugmentation, ConcreteDropout
+
+
+def _images(n: int = 48, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _pmodel(partitions: int = 3, scheme: str = "random", seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+        ConcreteDropout(0.2), nn.Linear(256, 3),
+    )  # fmt: skip
+    return partitionify(model, partitions, scheme=scheme, seed=seed)
+
+
+def _fit(pmodel, steps: int, **kwargs):
+    return fit(
+        pmodel,
+        _images(),
+        hyper=AffineAugmentation(num_samples=2),
+        steps=steps,
+        batch_size=8,
+        optimizer=partial(torch.optim.Adam, lr=1e-2, weight_decay=1e-3),
+        hyper_optimizer=partial(torch.optim.Adam, lr=0.05),
+        scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps, eta_min=1e-4),
+        eval_every=2,
+        eval_examples_per_chunk=4,  # subsampled: the LML generator's state matters
+        seed=3,
+        progress=False,
+        **kwargs,
+    )
+
+
+def _without_seconds(history):
+    return [{k: v for k, v in record.items() if k != "seconds"} for record in history]
+
+
+@pytest.mark.parametrize("every_partition", [False, True])
+def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, every_partition):
+    reference = _pmodel()
+    expected = _fit(reference, 8, every_partition=every_partition)
+
+    stop_at_4 = lambda trainer, record: record["step"] == 4  # noqa: E731
+    _fit(_pmodel(), 8, every_partition=every_partition, checkpoint_dir=tmp_path, callbacks=[stop_at_4])
+    assert json.loads((tmp_path / "resume" / "state.json").read_text())["step"] == 4
+    resumed_model = _pmodel()
+    resumed = _fit(resumed_model, 8, every_partition=every_partition, resume=tmp_path / "resume")
+
+    assert resumed.steps == 8 and resumed.hyperparameters == expected.hyperparameters
+    assert _without_seconds(resumed.history) == _without_seconds(expected.history)
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed_model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_resume_refuses_another_configuration_naming_the_difference(tmp_path):
+    _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
+    with pytest.raises(PartitionCheckpointError, match=r"num_partitions: saved 3, this run 2"):
+        _fit(_pmodel(partitions=2), 8, resume=tmp_path / "resume")
+    with pytest.raises(PartitionCheckpointError, match=r"scheme: saved \"random\", this run \"node\""):
+        _fit(_pmodel(scheme="node"), 8, resume=tmp_path / "resume")
+    with pytest.raises(PartitionArgumentError, match="at step 4, not before steps=4"):
+        _fit(_pmodel(), 4, resume=tmp_path / "resume")
+
+
+def test_resume_refuses_missing_truncated_and_corrupted_files_without_loading(tmp_path):
+    _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
+    resume = tmp_path / "resume"
+    with pytest.raises(PartitionCheckpointError, match="not a resume directory"):
+        _fit(_pmodel(), 8, resume=tmp_path / "nothing")
+    tensors = resume / "tensors.safetensors"
+    data = tensors.read_bytes()
+    tensors.write_bytes(data[: len(data) // 2])
+    pmodel = _pmodel()
+    before = {k: v.clone() for k, v in pmodel.state_dict().items()}
+    with pytest.raises(PartitionCheckpointError, match="corrupted or truncated"):
+        _fit(pmodel, 8, resume=resume)
+    assert all(torch.equal(before[k], v) for k, v in pmodel.state_dict().items())  # nothing loaded
+    tensors.write_bytes(data)
+    (resume / "state.json").write_text("{not json")
+    with pytest.raises(PartitionCheckpointError, match="corrupted or truncated"):
+        _fit(_pmodel(), 8, resume=resume)
+
+
+def test_a_save_interrupted_after_moving_the_old_state_aside_still_resumes(tmp_path):
+    _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
+    # the crash window of save_training_state: the old directory renamed aside, the new one not yet in place
+    (tmp_path / "resume").rename(tmp_path / ".resume.old")
+    assert _fit(_pmodel(), 6, resume=tmp_path / "resume").steps == 6
