@@ -191,6 +191,9 @@ def _add_train_parser(sub: Any) -> None:
     train.add_argument("--out", type=Path, default=Path("runs/train"))
     train.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument(
+        "--resume", type=Path, default=None, metavar="RUN", help="continue an interrupted run (its --out directory)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             print(partitionify_from_args(model, args).describe())
             return 0
         if args.command == "train":
-            return _print_train(run_train(args), args.out)
+            report = run_train(args)
+            return _print_train(report, args.resume if args.resume is not None else args.out)
         if args.command == "export":
             summary = run_export(args)
             print(

@@ -150,18 +150,61 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def _resumed(args: argparse.Namespace) -> argparse.Namespace:
+    """``--resume RUN``: the run's own configuration (from its report), refusing options that contradict it."""
+    from .cli import _parser
+
+    run: Path = args.resume
+    report_path = run / "report.json"
+    if not report_path.is_file():
+        raise PartitionError(
+            f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
+        )
+    report = json.loads(report_path.read_text())
+    if report.get("status") == "completed":
+        raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
+    config = report["config"]
+    defaults = vars(_parser().parse_args(["train"]))
+    given = {key: getattr(args, key) for key in RUN_CONFIG_KEYS if getattr(args, key) != defaults[key]}
+    if args.out != defaults["out"] and args.out != run:
+        given["out"] = args.out
+    saved = {**config, "proportions": tuple(config["proportions"]), "out": run}
+    conflicts = [key for key, value in given.items() if value != saved.get(key)]
+    if conflicts:
+        options = ", ".join(
+            f"--{key.replace('_', '-')} {given[key]} (the run has {saved.get(key)})" for key in conflicts
+        )
+        raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
+    defaults_of_later_options = {"fused": False, "every_partition": False, "assignments": "stored"}
+    return argparse.Namespace(**{**vars(args), **defaults_of_later_options, **saved, "overwrite": False})
+
+
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``train`` command; returns the final report (also written to ``--out/report.json``)."""
+    """The ``train`` command; returns the final report (also written to ``--out/report.json``).
+
+    With ``args.resume`` (a run directory) it continues that run from its last evaluation, with the run's
+    configuration, bit for bit as if it had not stopped (CPU).
+    """
     from safetensors.torch import save_model
 
     from .export import export_onnx, export_subnetwork
     from .plots import plot_curves, plot_hyperparameters
     from .training import fit
+    from .training.resume import PartitionCheckpointError
 
+    resume_from = None
+    if getattr(args, "resume", None) is not None:
+        args = _resumed(args)
+        resume_from = args.out / "checkpoint" / "resume"
     parts = _prepare(args)
     data, pmodel, hyper = parts["data"], parts["pmodel"], parts["hyper"]
     out: Path = args.out
-    _prepare_out(out, args.overwrite)
+    if resume_from is None:
+        _prepare_out(out, args.overwrite)
+    elif not resume_from.is_dir() and not resume_from.with_name(".resume.old").is_dir():
+        raise PartitionCheckpointError(
+            f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
+        )
     config = {key: getattr(args, key) for key in RUN_CONFIG_KEYS}
     config["proportions"] = list(pmodel.proportions)
     report: dict[str, Any] = {
@@ -194,6 +237,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             every_partition=args.every_partition,
             progress=None if not args.quiet else False,
             device=args.device,
+            resume=resume_from,
         )
     except BaseException as e:
         interrupted = isinstance(e, KeyboardInterrupt)

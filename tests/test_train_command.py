@@ -99,7 +99,34 @@ def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypa
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "interrupted" and report["last_checkpoint_step"] == 2
     assert [h["step"] for h in report["history"]] == [2]
-    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors"]
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors", "resume"]
+
+
+def test_resumed_run_equals_the_uninterrupted_one(run_dir, tmp_path, monkeypatch, capsys):
+    original = PartitionedTrainer.iteration
+
+    def interrupt_after_step_2(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        original(self)
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_after_step_2)
+        assert main(["train", *TINY, "--out", str(out)]) == 130
+    assert main(["train", "--resume", str(out), "--steps", "5"]) == 2  # contradicts the run's --steps 4
+    assert "drop --steps 5 (the run has 4)" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    resumed, uninterrupted = (json.loads((d / "report.json").read_text()) for d in (out, run_dir))
+    assert resumed["status"] == "completed" and resumed["steps"] == 4
+    for key in ("test_accuracy", "test_log_likelihood", "lml", "hyperparameters"):
+        assert resumed[key] == uninterrupted[key], key
+    strip = lambda history: [{k: v for k, v in r.items() if k != "seconds"} for r in history]  # noqa: E731
+    assert strip(resumed["history"]) == strip(uninterrupted["history"])
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(run_dir / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["train", "--resume", str(out)]) == 2  # completed now
+    assert "nothing to resume" in capsys.readouterr().err
 
 
 def test_train_on_an_image_folder(tmp_path):
