@@ -103,3 +103,16 @@ def test_a_save_interrupted_after_moving_the_old_state_aside_still_resumes(tmp_p
     # the crash window of save_training_state: the old directory renamed aside, the new one not yet in place
     (tmp_path / "resume").rename(tmp_path / ".resume.old")
     assert _fit(_pmodel(), 6, resume=tmp_path / "resume").steps == 6
+
+
+def test_single_file_checkpoints_refuse_other_configurations_and_truncation(tmp_path):
+    from partition_fx.training import PartitionedTrainer
+
+    _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
+    last = tmp_path / "last.safetensors"
+    assert PartitionedTrainer(_pmodel(), _images()).load_checkpoint(last)["step"] == 4
+    with pytest.raises(PartitionCheckpointError, match=r"num_partitions: saved 3, this model 2"):
+        PartitionedTrainer(_pmodel(partitions=2), _images()).load_checkpoint(last)
+    last.write_bytes(last.read_bytes()[:100])
+    with pytest.raises(PartitionCheckpointError, match="corrupted or truncated"):
+        PartitionedTrainer(_pmodel(), _images()).load_checkpoint(last)

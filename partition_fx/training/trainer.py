@@ -34,7 +34,7 @@ from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chu
 from .likelihoods import Likelihood, resolve_likelihood
 from .lml import LMLEstimate, apply_transform, estimate_lml, forward_log_likelihood, recalibrate_norm_statistics
 from .optim import OptimizerFactory, partition_optimizer
-from .resume import load_training_state, save_training_state
+from .resume import PartitionCheckpointError, load_training_state, save_training_state
 from .sampler import PartitionedSampler
 
 Callback = Callable[["PartitionedTrainer", dict[str, Any]], "bool | None"]
@@ -482,11 +482,27 @@ class PartitionedTrainer:
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("partition_fx", "{}"))
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {}).get("partition_fx", "{}"))
+                tensors = {key: f.get_tensor(key) for key in f.keys()}
+        except (SafetensorError, OSError, json.JSONDecodeError) as e:
+            raise PartitionCheckpointError(f"checkpoint {path} is missing, corrupted or truncated: {e}") from e
+        ours = {
+            "num_partitions": self.pmodel.num_partitions,
+            "proportions": list(self.pmodel.proportions),
+            "scheme": self.pmodel.scheme,
+            "model": self.pmodel.original_class.__name__,
+        }
+        differ = [
+            f"{key}: saved {meta[key]!r}, this model {value!r}"
+            for key, value in ours.items()
+            if key in meta and meta[key] != value
+        ]
+        if differ:
+            raise PartitionCheckpointError(f"checkpoint {path} is from a different configuration ({'; '.join(differ)})")
         for name, m in self._modules().items():
             if m is not None:
                 prefix = name + "."
