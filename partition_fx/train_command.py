@@ -112,9 +112,13 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     from .data import load_dataset
     from .transforms import AffineAugmentation
 
-    for name in ("steps", "batch_size", "samples", "hyper_every"):
-        if getattr(args, name) < 1:
+    for name in ("steps", "batch_size", "samples", "hyper_every", "eval_every"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup_steps < 0:
+        raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
     if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
         raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
     if args.device == "cuda" and not torch.cuda.is_available():

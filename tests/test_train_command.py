@@ -67,6 +67,12 @@ def test_export_command_rebuilds_the_run(run_dir, capsys):
         (["--lr", "-1"], "--lr and --hyper-lr must be positive"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--data", "input_selection"], "is a regression task"),
+        # found by fuzzing: these used to fail only after --out was created, or with a traceback
+        (["--eval-every", "0"], "--eval-every must be >= 1"),
+        (["--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
+        (["--weight-decay", "-1"], "--weight-decay must be finite and >= 0"),
+        (["--weight-decay", "nan"], "--weight-decay must be finite and >= 0"),
+        (["--weight-decay", "inf"], "--weight-decay must be finite and >= 0"),
     ],
 )
 def test_bad_train_input_is_one_clear_line_and_no_output(tmp_path, capsys, argv, fragment):
