@@ -205,7 +205,7 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
     jobs = []
 
     def job(method: str, task: str, model: str, seed: int, name: str | None = None, **extra: Any) -> None:
-        size = args.image_size if task != "scattered" else None
+        size = _image_size(args, task)
         path = args.runs / task / model / f"{name or method}_s{seed}.json"
         jobs.append(
             {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
@@ -213,7 +213,7 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
         )
 
     for task, model in args.pairs:
-        hand = load_task(task, args.image_size if task != "scattered" else None, folder).hand_chosen
+        hand = load_task(task, _image_size(args, task), folder).hand_chosen
         if results is None:
             for seed in args.seeds:
                 for method in (m for m in LEARNING if m in args.methods):
@@ -235,6 +235,11 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
             for seed in args.seeds:
                 job("fixed", task, model, seed, name=f"rotation_{value:.3f}", augmentation={"rotation": value})
     return jobs
+
+
+def _image_size(args: argparse.Namespace, task: str) -> int | None:
+    """``--image-size`` for the embedded digits; the scattered folder keeps its own size."""
+    return None if task == "scattered" else args.image_size
 
 
 def _key(method: str, task: str, model: str, seed: int) -> str:
@@ -269,12 +274,6 @@ def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, 
     return rows
 
 
-def _ms(values: list[float], fmt: str) -> str:
-    """'mean ± sd' (just the value for one)."""
-    mean, std = methods.summary(values)
-    return format(mean, fmt) + (f" ± {format(std, fmt)}" if len(values) > 1 else "")
-
-
 def _overview(rows: list[dict[str, Any]]) -> str:
     """Methods by (task, model): test accuracy, and the cost in images through the network relative to plain
     training (the median over pairs; Optuna: its whole study)."""
@@ -287,7 +286,7 @@ def _overview(rows: list[dict[str, Any]]) -> str:
         return statistics.mean(p["forward_images"] + p["backward_images"] for p in row["passes"])
 
     for method in dict.fromkeys(r["method"] for r in rows):
-        cells = [_ms(by[task, model, method]["test_accuracy"], ".3f") for task, model in pairs]
+        cells = [methods.mean_sd(by[task, model, method]["test_accuracy"], ".3f") for task, model in pairs]
         ratios = [images(by[t, m, method]) / images(by[t, m, "plain"]) for t, m in pairs if (t, m, "plain") in by]
         cost = f"x{statistics.median(ratios):.1f}" if ratios else "-"
         lines.append(f"| {LABELS[method]} | {' | '.join(cells)} | {cost} |")
@@ -295,7 +294,7 @@ def _overview(rows: list[dict[str, Any]]) -> str:
 
 
 def _table(rows: list[dict[str, Any]], truths: dict[str, dict[str, float]]) -> str:
-    ms = _ms
+    ms = methods.mean_sd
 
     lines = [
         "| task / model | method | test accuracy | test log-lik. | rotation | translation | zoom | "
@@ -431,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
     results |= _run_all(second, args.jobs)
     written = [Path(job["path"]).stat().st_mtime for job in [*first, *second]]
     rows = _rows(args, results)
-    truths = {task: load_task(task, args.image_size, folder).truth for task in dict(args.pairs)}
+    truths = {task: load_task(task, _image_size(args, task), folder).truth for task in dict(args.pairs)}
     table = _overview(rows) + "\n\n" + _table(rows, truths)
     print(table)
     result = {

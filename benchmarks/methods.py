@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,11 +198,11 @@ def train_plain(
     counter = PassCounter(model)
     diverged_at = None
     started = time.perf_counter()
+    augerino = learn is not None and learn.startswith("augerino")
     model.train()
     for step in range(budget.steps):
         batch = indices[torch.randint(len(indices), (budget.batch_size,), generator=generator)]
         x, y = x_all[batch], y_all[batch]
-        augerino = learn is not None and learn.startswith("augerino")
         xs, samples = apply_transform(aug, x, grad=augerino)
         outputs = model(xs)
         if augerino:
@@ -306,10 +307,13 @@ def zoom_range(hyperparameters: dict[str, float]) -> float:
 
 def summary(values: Sequence[float]) -> tuple[float, float]:
     """(mean, sample standard deviation; 0 for one value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def mean_sd(values: Sequence[float], fmt: str) -> str:
+    """'mean ± sd' for a table (just the value for one)."""
+    mean, sd = summary(values)
+    return format(mean, fmt) + (f" ± {format(sd, fmt)}" if len(values) > 1 else "")
 
 
 def provenance(result: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from methods import PassCounter, provenance, summary
+from methods import PassCounter, mean_sd, provenance
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.data import input_selection
@@ -152,9 +152,7 @@ def run_size(inputs: int, informative: int, seed: int, steps: int, num_train: in
 
 
 def _table(runs: list[dict[str, Any]]) -> str:
-    def ms(values: list[float], fmt: str) -> str:
-        mean, std = summary(values)
-        return format(mean, fmt) + (f" ± {format(std, fmt)}" if len(values) > 1 else "")
+    ms = mean_sd
 
     lines = [
         "| inputs (informative) | candidate | partitioned cond. LML | Laplace LML | test RMSE plain | "

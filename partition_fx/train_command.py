@@ -36,6 +36,10 @@ RUN_CONFIG_KEYS = (
 )  # fmt: skip
 
 
+# Options added after the first runs were written: what a run's report means when it lacks them.
+LATER_OPTION_DEFAULTS = {"fused": False, "every_partition": False, "assignments": "stored"}
+
+
 def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
     """``partitionify`` with the command line's conversion options."""
     from .rewrite import partitionify
@@ -179,8 +183,7 @@ def _resumed(args: argparse.Namespace) -> argparse.Namespace:
             f"--{key.replace('_', '-')} {given[key]} (the run has {saved.get(key)})" for key in conflicts
         )
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
-    defaults_of_later_options = {"fused": False, "every_partition": False, "assignments": "stored"}
-    return argparse.Namespace(**{**vars(args), **defaults_of_later_options, **saved, "overwrite": False})
+    return argparse.Namespace(**{**vars(args), **LATER_OPTION_DEFAULTS, **saved, "overwrite": False})
 
 
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,7 +197,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     from .export import export_onnx, export_subnetwork
     from .plots import plot_curves, plot_hyperparameters
     from .training import fit
-    from .training.resume import PartitionCheckpointError
+    from .training.resume import PartitionCheckpointError, resume_directory
 
     resume_from = None
     if getattr(args, "resume", None) is not None:
@@ -205,7 +208,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     if resume_from is None:
         _prepare_out(out, args.overwrite)
-    elif not resume_from.is_dir() and not resume_from.with_name(".resume.old").is_dir():
+    elif not resume_directory(resume_from).is_dir():
         raise PartitionCheckpointError(
             f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
         )
@@ -300,9 +303,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             "(written by `partition-fx train`)"
         )
     config = json.loads(report_path.read_text())["config"]
-    # Runs written before these options existed.
-    defaults = {"fused": False, "every_partition": False, "assignments": "stored"}
-    rebuilt = argparse.Namespace(**{**defaults, **config, "proportions": tuple(config["proportions"])})
+    rebuilt = argparse.Namespace(**{**LATER_OPTION_DEFAULTS, **config, "proportions": tuple(config["proportions"])})
     parts = _prepare(rebuilt)
     pmodel = parts["pmodel"]
     if args.subnetwork is not None:

@@ -44,10 +44,7 @@ def fingerprint(trainer: PartitionedTrainer) -> dict[str, Any]:
     that change the iteration, and the names and shapes of everything trained."""
     pmodel = trainer.pmodel
     return {
-        "model": pmodel.original_class.__name__,
-        "num_partitions": pmodel.num_partitions,
-        "proportions": [round(p, 12) for p in pmodel.proportions],
-        "scheme": pmodel.scheme,
+        **trainer.identity(),
         "default": pmodel.default,
         "chunk_sizes": trainer.chunks.sizes,
         "num_examples": len(trainer.examples),
@@ -89,16 +86,25 @@ def _load_optimizer(optimizer: torch.optim.Optimizer | None, saved: Any, prefix:
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
 
+def _aside(directory: Path) -> Path:
+    """Where a save moves the previous state while it swaps the new one in."""
+    return directory.with_name(f".{directory.name}.old")
+
+
+def resume_directory(directory: str | Path) -> Path:
+    """The directory to resume from: ``directory``, or the previous state a save set aside if it crashed
+    between moving that aside and moving the new state in."""
+    directory = Path(directory)
+    aside = _aside(directory)
+    return aside if not directory.is_dir() and aside.is_dir() else directory
+
+
 def save_training_state(trainer: PartitionedTrainer, directory: str | Path) -> None:
     """Write ``trainer``'s complete state to ``directory`` (replaced atomically; see the module docstring)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, module in trainer._modules().items():
-        if module is not None:
-            for key, value in module.state_dict().items():
-                tensors[f"{name}/{key}"] = value.detach().to("cpu").contiguous().clone()
+    tensors = trainer.module_tensors("/")
     if trainer.best is not None:
         for name, state in trainer.best[2].items():
             for key, value in state.items():
@@ -131,7 +137,7 @@ def save_training_state(trainer: PartitionedTrainer, directory: str | Path) -> N
         ) from e
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
-    aside = directory.with_name(f".{directory.name}.old")
+    aside = _aside(directory)
     try:
         save_file(tensors, str(tmp / TENSORS))
         (tmp / STATE).write_text(text + "\n")
@@ -157,10 +163,7 @@ def load_training_state(trainer: PartitionedTrainer, directory: str | Path) -> d
     """
     from safetensors import SafetensorError, safe_open
 
-    directory = Path(directory)
-    aside = directory.with_name(f".{directory.name}.old")
-    if not directory.is_dir() and aside.is_dir():
-        directory = aside  # a save crashed between renaming the old state aside and moving the new one in
+    directory = resume_directory(directory)
     missing = [name for name in (TENSORS, STATE) if not (directory / name).is_file()]
     if missing:
         raise PartitionCheckpointError(
@@ -186,9 +189,7 @@ def load_training_state(trainer: PartitionedTrainer, directory: str | Path) -> d
     def part(prefix: str) -> dict[str, torch.Tensor]:
         return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
-    for name, module in trainer._modules().items():
-        if module is not None:
-            module.load_state_dict(part(f"{name}/"))
+    trainer.load_module_tensors(tensors, "/")
     _load_optimizer(trainer.optimizer, state["optimizer"], "optimizer", tensors)
     _load_optimizer(trainer.hyper_optimizer, state["hyper_optimizer"], "hyper_optimizer", tensors)
     if trainer.scheduler is not None and state["scheduler"] is not None:
@@ -202,9 +203,9 @@ def load_training_state(trainer: PartitionedTrainer, directory: str | Path) -> d
         best = {name: part(f"best/{name}/") for name, m in trainer._modules().items() if m is not None}
         trainer.best = (state["best"]["lml"], state["best"]["step"], best)
     torch.set_rng_state(tensors["rng/torch"])
-    cuda = [tensors[f"rng/cuda/{i}"] for i in range(len(tensors)) if f"rng/cuda/{i}" in tensors]
+    cuda = part("rng/cuda/")
     if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
+        torch.cuda.set_rng_state_all([cuda[str(i)] for i in range(len(cuda))])
     trainer.sampler.generator.set_state(tensors["rng/sampler"])
     trainer._lml_generator.set_state(tensors["rng/lml"])
     return state

@@ -455,29 +455,39 @@ class PartitionedTrainer:
             if m is not None:
                 m.load_state_dict(state[name])
 
+    def identity(self) -> dict[str, Any]:
+        """The partitioning a checkpoint belongs to: model class, C, proportions and scheme."""
+        return {
+            "num_partitions": self.pmodel.num_partitions,
+            "proportions": list(self.pmodel.proportions),
+            "scheme": self.pmodel.scheme,
+            "model": self.pmodel.original_class.__name__,
+        }
+
+    def module_tensors(self, sep: str) -> dict[str, torch.Tensor]:
+        """CPU copies of the model's, input transform's and likelihood's state, keyed ``<module><sep><key>``."""
+        return {
+            f"{name}{sep}{key}": value.detach().to("cpu").contiguous().clone()
+            for name, m in self._modules().items()
+            if m is not None
+            for key, value in m.state_dict().items()
+        }
+
+    def load_module_tensors(self, tensors: dict[str, torch.Tensor], sep: str) -> None:
+        """The inverse of :meth:`module_tensors` (other keys in ``tensors`` are ignored)."""
+        for name, m in self._modules().items():
+            if m is not None:
+                prefix = name + sep
+                m.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+
     def save_checkpoint(self, path: str | Path) -> None:
         """Model, hyperparameter modules and likelihood in one safetensors file (atomic replace), with the
         step, the latest LML and the configuration in its metadata."""
         from safetensors.torch import save_file
 
-        tensors = {
-            f"{name}.{key}": value.detach().to("cpu").contiguous().clone()
-            for name, m in self._modules().items()
-            if m is not None
-            for key, value in m.state_dict().items()
-        }
-        metadata = {
-            "partition_fx": json.dumps(
-                {
-                    "step": self.step,
-                    "lml": self.history[-1]["lml"] if self.history else None,
-                    "num_partitions": self.pmodel.num_partitions,
-                    "proportions": list(self.pmodel.proportions),
-                    "scheme": self.pmodel.scheme,
-                    "model": self.pmodel.original_class.__name__,
-                }
-            )
-        }
+        tensors = self.module_tensors(".")
+        lml = self.history[-1]["lml"] if self.history else None
+        metadata = {"partition_fx": json.dumps({"step": self.step, "lml": lml, **self.identity()})}
         _save_atomically(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
@@ -490,23 +500,14 @@ class PartitionedTrainer:
                 tensors = {key: f.get_tensor(key) for key in f.keys()}
         except (SafetensorError, OSError, json.JSONDecodeError) as e:
             raise PartitionCheckpointError(f"checkpoint {path} is missing, corrupted or truncated: {e}") from e
-        ours = {
-            "num_partitions": self.pmodel.num_partitions,
-            "proportions": list(self.pmodel.proportions),
-            "scheme": self.pmodel.scheme,
-            "model": self.pmodel.original_class.__name__,
-        }
         differ = [
             f"{key}: saved {meta[key]!r}, this model {value!r}"
-            for key, value in ours.items()
+            for key, value in self.identity().items()
             if key in meta and meta[key] != value
         ]
         if differ:
             raise PartitionCheckpointError(f"checkpoint {path} is from a different configuration ({'; '.join(differ)})")
-        for name, m in self._modules().items():
-            if m is not None:
-                prefix = name + "."
-                m.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+        self.load_module_tensors(tensors, ".")
         return meta
 
     # --- the loop ----------------------------------------------------------------------------------
