@@ -89,6 +89,10 @@ class PartitionedTensor(nn.Module):
         return self if HAND_OVER.get() else self.value(k)
 
 
+def _float64_values(bits: torch.Tensor) -> tuple[float, ...]:
+    return tuple(bits.detach().cpu().view(torch.float64).tolist())
+
+
 class _RegeneratedScatter(torch.autograd.Function):
     """The effective tensor from per-partition sources (each in flat order), placed by the partition
     membership of every entry, which is regenerated from the seed in forward AND backward, so it is never
@@ -106,10 +110,26 @@ class _RegeneratedScatter(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        membership = ctx.owner.membership()
+        owner = ctx.owner
+        membership = owner.membership()
         flat = grad.reshape(-1)
         needs = ctx.needs_input_grad[1:]
-        return (None, *(flat.masked_select(membership == p) if need else None for p, need in enumerate(needs)))
+        select = _select_compilable if torch.compiler.is_compiling() else _select
+        sizes = [b - a for a, b in itertools.pairwise(owner.offsets)]
+        return (None, *(select(flat, membership, p, sizes[p]) if need else None for p, need in enumerate(needs)))
+
+
+def _select(flat: torch.Tensor, membership: torch.Tensor, p: int, size: int) -> torch.Tensor:
+    """The entries of partition ``p``, in flat order."""
+    return flat.masked_select(membership == p)
+
+
+def _select_compilable(flat: torch.Tensor, membership: torch.Tensor, p: int, size: int) -> torch.Tensor:
+    """``_select`` with an output shape torch.compile knows: masked_select's depends on the data and splits
+    the compiled graph. Each entry of p goes to its rank among p's entries, the others to a spare slot."""
+    mask = membership == p
+    slot = torch.where(mask, mask.cumsum(0) - 1, size)
+    return flat.new_zeros(size + 1).scatter_(0, slot, flat)[:size]
 
 
 class RandomPartitionedTensor(PartitionedTensor):
@@ -132,9 +152,9 @@ class RandomPartitionedTensor(PartitionedTensor):
       ``mean + std * normal_values(seed, ...)`` from the tensor's mean and std at conversion, which also
       re-initialise the tensor (every subnetwork equals the re-initialised model at conversion).
 
-    The seed and salts (buffer ``generator``) and the moments (buffer ``moments``) are part of the
-    state_dict, so loading a checkpoint regenerates the same values whatever seed the model was converted
-    with.
+    The seed and salts (buffer ``generator``) and the moments (buffer ``moments``: float64 bits, immune to
+    ``.to(dtype)``) are part of the state_dict, so loading a checkpoint regenerates the same values whatever
+    seed the model was converted with.
     """
 
     kind = "random"
@@ -182,8 +202,11 @@ class RandomPartitionedTensor(PartitionedTensor):
             self.register_buffer("generator", torch.tensor(generator, dtype=torch.int64, device=device))
         if default == "seed":
             std, mean = torch.std_mean(flat.double(), correction=0) if numel else (torch.zeros(()), torch.zeros(()))
-            self.register_buffer("moments", torch.tensor([float(mean), float(std)], device=device))
-            self._moments = tuple(self.moments.tolist())
+            # The float64 bits in an int64 buffer: ``.half()``/``.to(dtype)`` casts every floating buffer, and
+            # rounded moments would silently change the regenerated defaults after a state_dict round trip.
+            moments = torch.tensor([float(mean), float(std)], dtype=torch.float64).view(torch.int64)
+            self.register_buffer("moments", moments.to(device))
+            self._moments = _float64_values(self.moments)
             laid_out = self._seeded_defaults(0, device).to(flat.dtype)
         else:
             flat_index = self._expand_units(index.to(device)) if node else index.to(device).long()
@@ -204,7 +227,7 @@ class RandomPartitionedTensor(PartitionedTensor):
             self._seed, self._salt, self._default_salt = (int(v) for v in self.generator.tolist())
             self._tables = None  # regenerate the round tables for the loaded seed
         if hasattr(self, "moments"):
-            self._moments = tuple(self.moments.tolist())
+            self._moments = _float64_values(self.moments)
 
     def layout_index(self) -> torch.Tensor:
         """Each entry's position in ``cat(parts)`` (int32, flat; node partitioning: one per output unit).
