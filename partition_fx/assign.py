@@ -7,7 +7,6 @@ the seed needs storing.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import zlib
@@ -46,8 +45,14 @@ def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
 
 
 def _mix32(value: int) -> int:
-    x = torch.tensor([value & _MASK32], dtype=torch.int64)
-    return int(_mix32_(x, torch.empty_like(x)))
+    """``_mix32_`` of one Python int (the same bits: no product exceeds 2**63). Plain ints, so
+    torch.compile folds it instead of breaking its graph on a tensor ``.item()``."""
+    x = value & _MASK32
+    x ^= x >> 16
+    x = (x * _M1) & _MASK32
+    x ^= x >> 15
+    x = (x * _M2) & _MASK32
+    return x ^ (x >> 16)
 
 
 def name_salt(name: str) -> int:
@@ -214,7 +219,6 @@ def feistel_index(a: int, b: int, tables: Sequence[torch.Tensor]) -> torch.Tenso
     return left.mul_(b).add_(right).view(-1)
 
 
-@functools.lru_cache(maxsize=1)
 def _normal_table() -> tuple[torch.Tensor, torch.Tensor]:
     """Knots of a piecewise-linear inverse normal CDF, rescaled to mean 0 and variance 1 exactly, and their
     differences (float32, computed in Python floats so every device gets the same bits)."""
@@ -223,6 +227,10 @@ def _normal_table() -> tuple[torch.Tensor, torch.Tensor]:
     second_moment = math.fsum((x * x + x * y + y * y) / 3 for x, y in itertools.pairwise(knots)) / n
     table = torch.tensor(knots, dtype=torch.float64).div_(math.sqrt(second_moment)).float()
     return table[:-1].contiguous(), table.diff()
+
+
+# Built at import (a few ms), not lazily: torch.compile cannot trace NormalDist and would break its graph.
+_NORMAL_TABLE = _normal_table()
 
 
 def normal_values(seed: int, salt: int, start: int, end: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -236,7 +244,7 @@ def normal_values(seed: int, salt: int, start: int, end: int, device: torch.devi
     hashes = hash32(_mix32(_stream(seed, salt) ^ _DEFAULTS_STREAM), start, end, device)
     knot = hashes.bitwise_right_shift(32 - _NORMAL_BITS)
     fraction = hashes.bitwise_and_((1 << (32 - _NORMAL_BITS)) - 1).float().mul_(2.0 ** (_NORMAL_BITS - 32))
-    table, steps = (t.to(device) for t in _normal_table())
+    table, steps = (t.to(device) for t in _NORMAL_TABLE)
     return fraction.mul_(steps.index_select(0, knot)).add_(table.index_select(0, knot))
 
 
