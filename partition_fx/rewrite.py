@@ -24,10 +24,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.nn.parameter import is_lazy
+from torch.nn.utils.weight_norm import WeightNorm
 
 from . import config as cfg
 from .assign import name_salt
-from .errors import PartitionArgumentError, PartitionTypeError
+from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
 from .partitioned_model import (
     ParameterRecord,
@@ -217,6 +219,7 @@ def _validated_settings(
         raise PartitionTypeError(f"partitionify needs an nn.Module, got {type(model).__name__}")
     if isinstance(model, PartitionedModel):
         raise PartitionArgumentError("model is already a PartitionedModel; export_subnetwork(model) first")
+    _check_convertible(model)
     c = cfg.validate_num_partitions(num_partitions)
     props = cfg.validate_proportions(proportions, c)  # type: ignore[arg-type]
     scheme = cfg.validate_choice("scheme", scheme, cfg.SCHEMES)
@@ -231,6 +234,32 @@ def _validated_settings(
         if isinstance(name, str) and get_path(model, name) is None:
             raise PartitionArgumentError(f"config leaf module {name!r} is not a submodule of {type(model).__name__}")
     return _Settings(c, props, scheme, default, seed, assignments, config)
+
+
+def _check_convertible(model: nn.Module) -> None:
+    """Refuse models that cannot be copied, traced or called functionally, naming the module and the fix."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise PartitionTypeError(
+            f"{type(model).__name__} is a TorchScript module, which torch.fx cannot rewrite: partitionify the "
+            "Python nn.Module before torch.jit.script (or use export_onnx after training)"
+        )
+    for name, module in model.named_modules():
+        where = f"module '{name or '<root>'}' ({type(module).__name__})"
+        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            raise PartitionTypeError(
+                f"{where} is a parallel wrapper: partitionify the wrapped model (its .module), then wrap the result"
+            )
+        if any(isinstance(hook, WeightNorm) for hook in module._forward_pre_hooks.values()):
+            raise PartitionTypeError(
+                f"{where} uses the deprecated torch.nn.utils.weight_norm, whose hooks cannot be copied: use "
+                "torch.nn.utils.parametrizations.weight_norm, which partitionify supports"
+            )
+        for local, param in module.named_parameters(recurse=False):
+            if is_lazy(param):
+                raise PartitionArgumentError(
+                    f"{where} has an uninitialised parameter '{local}' (a lazy module): run one forward pass "
+                    "with an example batch first, so every parameter has its shape"
+                )
 
 
 def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
@@ -333,6 +362,8 @@ def _partition_parameters(
                 )
             else:
                 pt = ScalePartitionedTensor(p, settings.num_partitions, kind=kind, default=default)
+            if not p.requires_grad:  # partitioned on request; its parts keep requires_grad=False
+                reason += "; frozen, partitioned by config"
             record.treatment, record.reason, record.partitioned = pt.kind, reason, pt
         records.append(record)
     return records
@@ -361,6 +392,7 @@ def _rewrite_graph(
         if node.op == "get_attr":
             record = record_by_name.get(node.target)
             if record is not None and record.partitioned is not None:
+                _refuse_in_place_update(node, type(working).__name__)
                 node.replace_all_uses_with(effective_node(record, node))
                 graph.erase_node(node)
         elif node.op == "call_module":
@@ -378,6 +410,30 @@ def _rewrite_graph(
                 call.meta = dict(node.meta)
                 node.replace_all_uses_with(call)
                 graph.erase_node(node)
+
+
+_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow}
+
+
+def _refuse_in_place_update(node: fx.Node, model_name: str) -> None:
+    """A forward that updates a parameter in place (``self.w.data.clamp_()``, weight clipping) would only
+    change that forward's effective tensor, never the partitions: refuse it rather than drop the update."""
+    same_storage = [node]
+    for tensor in same_storage:  # grows with ``.data`` views of the parameter
+        for user in tensor.users:
+            if user.op == "call_function" and user.target is getattr and user.args[1:] == ("data",):
+                same_storage.append(user)
+                continue
+            method = user.op == "call_method" and user.target.endswith("_") and not user.target.startswith("__")
+            operator_ = user.op == "call_function" and user.target in _IN_PLACE_OPERATORS
+            if (method or operator_) and user.args[0] is tensor:
+                what = user.target if method else user.target.__name__
+                raise PartitionError(
+                    f"{model_name}'s forward updates parameter '{node.target}' in place ({what}); a partitioned "
+                    "parameter is rebuilt for each subnetwork, so the update would be lost. Keep it whole with "
+                    f"PartitionConfig().set_name('{node.target}', partition=False), or move the update out of "
+                    "forward (e.g. after optimizer.step())"
+                )
 
 
 def _keep_unreached_state(module: nn.Module, working: nn.Module, records: list[ParameterRecord]) -> None:

@@ -118,3 +118,49 @@ class UsesShared(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.own(self.shared(x)))
+
+
+class InPlaceOps(nn.Module):
+    """In-place activations and in-place arithmetic on activations with parameters (not on parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+        self.bn = nn.BatchNorm1d(6)
+        self.act = nn.ReLU(inplace=True)
+        self.shift = nn.Parameter(torch.randn(6))
+        self.gain = nn.Parameter(torch.tensor(2.0))
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.bn(self.fc(x)))
+        h += self.shift
+        h.mul_(self.gain)
+        F.leaky_relu(h, inplace=True)
+        h = self.out(h)
+        h.add_(1.0)
+        return h
+
+
+class WeightClipping(nn.Module):
+    """Updates its own parameter in place inside forward (weight clipping)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc.weight.data.clamp_(-0.1, 0.1)
+        return self.fc(x)
+
+
+class MixedPrecision(nn.Module):
+    """A float32 body and a float64 head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Tanh())
+        self.head = nn.Linear(8, 3).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).double())
