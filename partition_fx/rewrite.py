@@ -392,7 +392,7 @@ def _rewrite_graph(
         if node.op == "get_attr":
             record = record_by_name.get(node.target)
             if record is not None and record.partitioned is not None:
-                _refuse_in_place_update(node, type(working).__name__)
+                _refuse_in_place_update(node, working)
                 node.replace_all_uses_with(effective_node(record, node))
                 graph.erase_node(node)
         elif node.op == "call_module":
@@ -415,7 +415,7 @@ def _rewrite_graph(
 _IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow}
 
 
-def _refuse_in_place_update(node: fx.Node, model_name: str) -> None:
+def _refuse_in_place_update(node: fx.Node, model: nn.Module) -> None:
     """A forward that updates a parameter in place (``self.w.data.clamp_()``, weight clipping) would only
     change that forward's effective tensor, never the partitions: refuse it rather than drop the update."""
     same_storage = [node]
@@ -428,8 +428,11 @@ def _refuse_in_place_update(node: fx.Node, model_name: str) -> None:
             operator_ = user.op == "call_function" and user.target in _IN_PLACE_OPERATORS
             if (method or operator_) and user.args[0] is tensor:
                 what = user.target if method else user.target.__name__
+                stack = list((user.meta.get("nn_module_stack") or {}).values())
+                path = stack[-1][0] if stack else ""
+                where = f"module '{path or '<root>'}' ({type(model.get_submodule(path)).__name__})"
                 raise PartitionError(
-                    f"{model_name}'s forward updates parameter '{node.target}' in place ({what}); a partitioned "
+                    f"the forward of {where} updates parameter '{node.target}' in place ({what}); a partitioned "
                     "parameter is rebuilt for each subnetwork, so the update would be lost. Keep it whole with "
                     f"PartitionConfig().set_name('{node.target}', partition=False), or move the update out of "
                     "forward (e.g. after optimizer.step())"

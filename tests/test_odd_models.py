@@ -225,6 +225,14 @@ def test_compilable_selection_equals_masked_select(numel, c, seed) -> None:
         assert torch.equal(_select_compilable(flat, membership, p, size), _select(flat, membership, p, size))
 
 
+class _ClippedLinear(nn.Linear):
+    """A subclass is traced (not a leaf), so its in-place update is found."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.weight.data.clamp_(-0.1, 0.1)
+        return super().forward(x)
+
+
 def _lazy() -> nn.Module:
     return nn.Sequential(nn.LazyLinear(5), nn.ReLU(), nn.Linear(5, 2))
 
@@ -242,14 +250,26 @@ def _scripted() -> nn.Module:
 @pytest.mark.parametrize(
     ("factory", "fragments"),
     [
-        (WeightClipping, ["parameter 'fc.weight' in place (clamp_)", "set_name('fc.weight', partition=False)"]),
+        (
+            WeightClipping,
+            ["module '<root>' (WeightClipping)", "'fc.weight' in place (clamp_)", "set_name('fc.weight', partition="],
+        ),
+        (lambda: nn.Sequential(_ClippedLinear(3, 3)), ["module '0' (_ClippedLinear)", "'0.weight' in place"]),
         (_lazy, ["module '0' (LazyLinear)", "uninitialised parameter 'weight'", "forward pass"]),
         (_old_weight_norm, ["module '0' (Linear)", "parametrizations.weight_norm"]),
         (_scripted, ["TorchScript", "before torch.jit.script"]),
         (lambda: nn.DataParallel(nn.Linear(3, 3)), ["(DataParallel)", "its .module"]),
         (lambda: nn.Sequential(nn.DataParallel(nn.Linear(3, 3))), ["module '0' (DataParallel)"]),
     ],
-    ids=["in_place_parameter_update", "lazy", "old_weight_norm", "torchscript", "data_parallel", "nested_parallel"],
+    ids=[
+        "in_place_parameter_update",
+        "in_place_update_in_a_subclass",
+        "lazy",
+        "old_weight_norm",
+        "torchscript",
+        "data_parallel",
+        "nested_parallel",
+    ],
 )
 def test_unsupported_models_are_refused_with_the_module_and_the_way_out(factory, fragments) -> None:
     model = factory()
