@@ -131,11 +131,17 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
             default_bias = None if module.bias is None else module.bias.index_select(0, units.to(x.device))
     units = units.to(x.device)
     dim = -1 if isinstance(module, nn.Linear) else 1
-    mixed = torch.where(
-        trained.index_select(dim, units),
-        out.index_select(dim, units),
-        _forward(module, x, default_weight, default_bias),
-    )
+    if getattr(module, "groups", 1) > 1:
+        # A grouped conv reads each unit's inputs by the unit's index, so a subset of rows would meet the
+        # wrong groups: run the full layer with the default rows in place, and keep those units.
+        full_weight = weight.detach().new_zeros(weight.shape).index_copy_(0, units, default_weight)
+        full_bias = (
+            None if default_bias is None else full_weight.new_zeros(weight.shape[0]).index_copy_(0, units, default_bias)
+        )
+        defaults = _forward(module, x, full_weight, full_bias).index_select(dim, units)
+    else:
+        defaults = _forward(module, x, default_weight, default_bias)
+    mixed = torch.where(trained.index_select(dim, units), out.index_select(dim, units), defaults)
     return out.index_copy(dim % out.dim(), units, mixed)
 
 

@@ -101,8 +101,17 @@ class LayerNormNet(nn.Module):
         return self.fc2(torch.relu(self.ln(self.fc1(h))))
 
 
+def _grouped_convs() -> nn.Module:
+    """A grouped and a depthwise conv: a unit's inputs depend on its index (found by the random-architecture
+    tests: the default output was computed on a subset of rows, which shifted units between groups)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=2), nn.BatchNorm2d(8),
+        nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8), nn.Flatten(), nn.LazyLinear(3),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("default", ["init", "zero", "seed"])
-@pytest.mark.parametrize("model", ["conv-bn", "norms", "resnet10t"])
+@pytest.mark.parametrize("model", ["conv-bn", "norms", "resnet10t", "grouped-convs"])
 def test_one_pass_equals_grouped_in_outputs_and_gradients(model, default):
     """Node partitioning runs per-example subnetworks in one pass; the grouped forward is the reference."""
     torch.manual_seed(0)
@@ -110,8 +119,12 @@ def test_one_pass_equals_grouped_in_outputs_and_gradients(model, default):
         "conv-bn": (ConvBN, (3, 6, 6), False),
         "norms": (LayerNormNet, (3, 6, 6), True),
         "resnet10t": (lambda: timm.create_model("resnet10t", num_classes=5), (3, 32, 32), False),
+        "grouped-convs": (_grouped_convs, (3, 6, 6), False),
     }[model]
-    pmodel = partitionify(make(), 3, (0.5, 0.3, 0.2), scheme="node", default=default).train(train)
+    module = make()
+    if model == "grouped-convs":
+        module(torch.zeros(1, *shape))  # materialise the lazy head
+    pmodel = partitionify(module, 3, (0.5, 0.3, 0.2), scheme="node", default=default).train(train)
     assert pmodel.supports_one_pass()
     perturb_partitions(pmodel)
     x = torch.randn(10, *shape, requires_grad=True)
