@@ -25,16 +25,72 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
+from .config import MAX_SEED
 from .errors import PartitionError
-from .train_command import partitionify_from_args, run_export, run_train
+from .train_command import (
+    check_fits_in_memory,
+    check_out,
+    is_out_of_memory,
+    partitionify_from_args,
+    run_export,
+    run_train,
+)
 
 TRAIN_DEFAULT_STEPS = 400
 TRAIN_DEFAULT_LR = 1e-3
 TRAIN_DEFAULT_HYPER_LR = 0.05
+OUT_OF_MEMORY_HINTS = {
+    "train": "lower --image-size, --batch-size or --samples, or choose a smaller --model",
+    "convert": "lower --input-size or --num-classes, or choose a smaller --model",
+    "describe": "lower --num-classes or choose a smaller --model",
+    "export": "export on a machine with more memory",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line, like every other refusal of the command."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        for arg in sys.argv[1:] if args is None else args:
+            option, equals, value = arg.partition("=")
+            if arg.startswith("-") and equals and value == "--":  # argparse would drop it and store []
+                self.error(f"argument {option}: expected one argument, not '--'")
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):  # argparse reads "-1e-3" or "-0.5,1.5" as an option
+            message += " (for a value that starts with '-', write --option=VALUE)"
+        self.exit(2, f"partition-fx: error: {message}; see `{self.prog} --help`\n")
+
+
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seed(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
+    return value
+
+
+def _path(text: str) -> Path:
+    if not text:  # Path("") is the current directory, which --overwrite would delete
+        raise argparse.ArgumentTypeError("must not be empty (write . for the current directory)")
+    return Path(text)
 
 
 def _proportions(text: str) -> tuple[float, ...]:
@@ -61,17 +117,26 @@ def digits_images(count: int, size: int, channels: int = 3) -> tuple[torch.Tenso
     return x.expand(-1, channels, -1, -1).contiguous(), torch.tensor(data.target[:count])
 
 
-def _convert(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def _converted(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, float]:
+    """The model, its conversion and the seconds that took: everything that can fail on bad input, before
+    ``--out`` is touched."""
+    check_fits_in_memory(f"--num-classes {args.num_classes}", "the classifier's biases", args.num_classes * 4)
+    check_fits_in_memory(f"--input-size {args.input_size}", "16 images to verify", 16 * args.input_size**2 * 4)
+    torch.manual_seed(args.seed)
+    model = _build_model(args.model, args.num_classes, args.checkpoint).eval()
+    start = time.perf_counter()
+    pmodel = partitionify_from_args(model, args).eval()
+    return model, pmodel, time.perf_counter() - start
+
+
+def _convert(
+    args: argparse.Namespace, model: torch.nn.Module, pmodel: Any, seconds: float, out: Path
+) -> dict[str, Any]:
     from safetensors.torch import save_model
 
     from .export import export_onnx, export_subnetwork
     from .testing import max_relative_difference
 
-    torch.manual_seed(args.seed)
-    model = _build_model(args.model, args.num_classes, args.checkpoint).eval()
-    start = time.perf_counter()
-    pmodel = partitionify_from_args(model, args).eval()
-    seconds = time.perf_counter() - start
     channels = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
     x, _ = digits_images(16, args.input_size, channels)
     with torch.no_grad():
@@ -100,21 +165,23 @@ def _convert(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     }
 
 
-def _write_atomically(out: Path, overwrite: bool, fill: Any) -> dict[str, Any]:
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise PartitionError(
-            f"--out {str(out)!r} exists and is not empty; pass --overwrite or choose another directory"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+def _write_atomically(out: Path, fill: Any) -> dict[str, Any]:
+    """``fill(staging)`` in a directory beside ``out`` that then replaces it (``check_out`` first)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         report = fill(staging)
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        if out.exists():
+        if out.is_dir():
             shutil.rmtree(out)
+        elif out.exists():
+            out.unlink()
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -122,12 +189,12 @@ def _write_atomically(out: Path, overwrite: bool, fill: Any) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="partition-fx", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="partition-fx", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", default="fixup_resnet14", help="timm model name (default: %(default)s)")
     common.add_argument("--checkpoint", default=None, help="local weights file (safetensors or torch) to load")
-    common.add_argument("--num-classes", type=int, default=10)
+    common.add_argument("--num-classes", type=_int_at_least(1), default=10)
     common.add_argument("--partitions", type=int, default=3)
     common.add_argument("--proportions", type=_proportions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
     common.add_argument("--scheme", default="random", choices=["random", "node"])
@@ -138,18 +205,20 @@ def _parser() -> argparse.ArgumentParser:
         choices=["stored", "regenerated"],
         help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
     )
-    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--seed", type=_seed, default=0)
     _add_train_parser(sub)
     convert = sub.add_parser("convert", parents=[common], help="convert, verify and export a model")
-    convert.add_argument("--input-size", type=int, default=32, help="image size of the digits used to verify")
-    convert.add_argument("--out", type=Path, default=Path("runs/convert"))
+    convert.add_argument(
+        "--input-size", type=_int_at_least(1), default=32, help="image size of the digits used to verify"
+    )
+    convert.add_argument("--out", type=_path, default=Path("runs/convert"))
     convert.add_argument("--overwrite", action="store_true")
     sub.add_parser("describe", parents=[common], help="print how a model is partitioned")
     export = sub.add_parser("export", help="export a trained run (partition-fx train --out DIR) to safetensors/ONNX")
-    export.add_argument("--run", type=Path, required=True, help="the --out directory of a training run")
+    export.add_argument("--run", type=_path, required=True, help="the --out directory of a training run")
     export.add_argument("--which", choices=["last", "best"], default="last", help="checkpoint (default: last)")
     export.add_argument("--subnetwork", type=int, default=None, help="0..C (default: C, the final model)")
-    export.add_argument("--out", type=Path, default=None, help="default: RUN/export")
+    export.add_argument("--out", type=_path, default=None, help="default: RUN/export")
     export.add_argument("--overwrite", action="store_true")
     return parser
 
@@ -186,13 +255,13 @@ def _add_train_parser(sub: Any) -> None:
     train.add_argument("--eval-every", type=int, default=None, help="LML evaluation interval (default steps/10)")
     train.add_argument("--fused", action="store_true", help="parameter and hyper step in one forward/backward")
     train.add_argument("--every-partition", action="store_true", help="each example trains its own partition")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=_seed, default=0)
     train.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    train.add_argument("--out", type=Path, default=Path("runs/train"))
+    train.add_argument("--out", type=_path, default=Path("runs/train"))
     train.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument(
-        "--resume", type=Path, default=None, metavar="RUN", help="continue an interrupted run (its --out directory)"
+        "--resume", type=_path, default=None, metavar="RUN", help="continue an interrupted run (its --out directory)"
     )
 
 
@@ -213,12 +282,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"test accuracy {summary['test_accuracy']:.4f}; wrote model.safetensors, model.onnx, export.json"
             )
             return 0
-        report = _write_atomically(args.out, args.overwrite, lambda staging: _convert(args, staging))
+        check_out(args.out, args.overwrite, {"--checkpoint": args.checkpoint})
+        converted = _converted(args)
+        report = _write_atomically(args.out, lambda staging: _convert(args, *converted, staging))
     except KeyboardInterrupt:
         print("partition-fx: interrupted; the last checkpoint and report.json are kept", file=sys.stderr)
         return 130
     except (PartitionError, NotImplementedError) as e:
         print(f"partition-fx: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"partition-fx: error: out of memory ({first}); {OUT_OF_MEMORY_HINTS[args.command]}", file=sys.stderr)
         return 2
     diffs = report["max_relative_difference_to_original"]
     print(

@@ -41,6 +41,8 @@ DEFAULTS = ("init", "zero", "seed")
 ASSIGNMENTS = ("stored", "regenerated")
 KINDS = ("random", "product", "sum")
 PROPORTION_TOLERANCE = 1e-6
+MAX_SEED = 2**63 - 1
+"""The largest seed ``fit`` and the command line take: a signed 64-bit int, what every torch generator accepts."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,15 @@ def validate_proportions(proportions: Sequence[float] | None, num_partitions: in
             f"proportions must sum to 1 (within {PROPORTION_TOLERANCE}), got {tuple(values)} summing to {total!r}"
         )
     return tuple(values)
+
+
+def validate_seed(name: str, value: object) -> int:
+    """``value`` as a seed in 0..MAX_SEED, or a clear error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PartitionTypeError(f"{name} must be an int in 0..2**63-1, got {value!r} ({type(value).__name__})")
+    if not 0 <= value <= MAX_SEED:
+        raise PartitionArgumentError(f"{name} must be an int in 0..2**63-1, got {value}")
+    return int(value)
 
 
 def validate_choice(name: str, value: object, allowed: Sequence[str]) -> str:

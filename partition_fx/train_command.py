@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import time
 from functools import partial
@@ -27,7 +28,8 @@ from typing import Any
 
 import torch
 
-from .errors import PartitionArgumentError, PartitionError
+from .config import validate_num_partitions, validate_proportions
+from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 
 RUN_CONFIG_KEYS = (
     "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
@@ -39,11 +41,18 @@ RUN_CONFIG_KEYS = (
 # Options added after the first runs were written: what a run's report means when it lacks them.
 LATER_OPTION_DEFAULTS = {"fused": False, "every_partition": False, "assignments": "stored"}
 
+DIGITS_EXAMPLES = 1797  # scikit-learn's bundled digits: the images of --data digits and rotdigits
+
 
 def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
     """``partitionify`` with the command line's conversion options."""
     from .rewrite import partitionify
 
+    try:
+        validate_proportions(args.proportions, validate_num_partitions(args.partitions))
+    except (PartitionArgumentError, PartitionTypeError) as e:
+        given = ",".join(str(p) for p in args.proportions)
+        raise PartitionArgumentError(f"--partitions {args.partitions} --proportions {given}: {e}") from None
     return partitionify(
         model,
         args.partitions,
@@ -84,13 +93,43 @@ def build_model(name: str, num_classes: int, checkpoint: str | None, in_chans: i
         if not Path(checkpoint).is_file():
             raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
         kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(checkpoint), num_classes=num_classes))
-    if img_size is not None:
-        try:  # transformers need the image size; most CNNs do not take the argument
-            return timm.create_model(name, img_size=img_size, **kwargs)
-        except TypeError as e:
-            if "img_size" not in str(e):
-                raise
-    return timm.create_model(name, **kwargs)
+    try:
+        if img_size is not None:
+            try:  # transformers need the image size; most CNNs do not take the argument
+                return timm.create_model(name, img_size=img_size, **kwargs)
+            except TypeError as e:
+                if "img_size" not in str(e):
+                    raise
+        return timm.create_model(name, **kwargs)
+    except Exception as e:
+        if checkpoint is None or is_out_of_memory(e):
+            raise
+        # unreadable file, not a state dict, or weights of another architecture (a long multi-line list of keys)
+        detail = " ".join(str(e).split())
+        detail = detail if len(detail) <= 200 else detail[:197] + "..."
+        raise PartitionError(
+            f"--checkpoint {checkpoint!r} cannot be loaded into {name}: {type(e).__name__}: {detail}"
+        ) from e
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A failed allocation: ``MemoryError``, ``torch.OutOfMemoryError``, or torch's CPU allocator refusing."""
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    )
+
+
+def check_fits_in_memory(options: str, what: str, nbytes: int) -> None:
+    """Refuse sizes whose data alone exceed this machine's memory, before trying to allocate it."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): leave it to the allocator
+        return
+    if nbytes > memory:
+        raise PartitionArgumentError(
+            f"{options}: {what} alone would take {nbytes / 2**30:,.0f} GiB, more than this machine's "
+            f"{memory / 2**30:,.0f} GiB of memory; choose smaller values"
+        )
 
 
 def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
@@ -116,7 +155,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     from .data import load_dataset
     from .transforms import AffineAugmentation
 
-    for name in ("steps", "batch_size", "samples", "hyper_every", "eval_every"):
+    for name in ("steps", "batch_size", "samples", "hyper_every", "eval_every", "image_size", "channels"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup_steps < 0:
@@ -127,15 +166,32 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PartitionError("--device cuda: no CUDA device is available here; use --device cpu")
+    if args.augment == "affine" and args.partitions < 2:
+        raise PartitionArgumentError(
+            f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
+            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions or pass --augment none"
+        )
     if args.data == "input_selection":
         raise PartitionArgumentError(
             "--data 'input_selection' is a regression task; `partition-fx train` classifies images "
             "(see examples/input_selection.py for input selection)"
         )
+    if not args.data:
+        raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
+    sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
+    count = DIGITS_EXAMPLES if args.data in ("digits", "rotdigits") else 1
+    check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
     kwargs: dict[str, Any] = {"size": args.image_size}
     if args.channels is not None:
         kwargs["channels"] = args.channels
-    data = load_dataset(args.data, **kwargs)
+    try:
+        data = load_dataset(args.data, **kwargs)
+    except PartitionArgumentError as e:  # the loader names its own arguments (size, channels): name the options
+        raise PartitionArgumentError(f"--data {args.data!r} {sizes}: {e}") from None
+    except PartitionError as e:  # an unknown name, or a folder that is not a dataset
+        raise PartitionError(f"--data {args.data!r}: {e}") from None
+    batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4
+    check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
     if data.num_classes is None:
         raise PartitionArgumentError(f"--data {args.data!r} is a regression task; `partition-fx train` classifies")
     if len(data.input_shape) != 3:
@@ -144,18 +200,70 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
     pmodel = partitionify_from_args(model, args)
     from .training.chunks import split_into_chunks
+    from .training.optim import weight_decay_scales
 
-    split_into_chunks(len(data.train), pmodel.proportions, args.seed)  # refuse empty chunks now
+    try:
+        chunks = split_into_chunks(len(data.train), pmodel.proportions, args.seed)  # refuse empty chunks now
+    except PartitionArgumentError as e:
+        given = ",".join(str(p) for p in args.proportions)
+        raise PartitionArgumentError(f"--proportions {given} of {len(data.train)} examples: {e}") from None
+    scale = max(weight_decay_scales(chunks.sizes))
+    if not math.isfinite(args.weight_decay * scale):
+        raise PartitionArgumentError(
+            f"--weight-decay {args.weight_decay} times partition 1's scale {scale:.3g} (N/|D_1|) is not finite; "
+            "choose a smaller --weight-decay"
+        )
     hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
     return {"data": data, "model": model, "pmodel": pmodel, "hyper": hyper}
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise PartitionError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or choose another")
+def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
+    """Refuse an ``--out`` that is or holds the current directory or one of the ``inputs`` (option -> path or
+    None), and one that holds anything unless ``--overwrite``; returns whether there is something to replace."""
+    outside = out.resolve()
+    cwd = Path.cwd().resolve()
+    if cwd == outside or outside in cwd.parents:
+        raise PartitionArgumentError(
+            f"--out {str(out)!r} is or holds the current directory; pass a directory below it, e.g. --out runs/new"
+        )
+    for option, path in inputs.items():
+        inside = Path(path).resolve() if path is not None and Path(path).exists() else None
+        if inside is not None and (inside == outside or outside in inside.parents):
+            raise PartitionArgumentError(
+                f"--out {str(out)!r} holds {option} {str(path)!r}, which --overwrite would delete; choose another --out"
+            )
+    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if occupied and not overwrite:
+        what = "is not a directory" if not out.is_dir() else "is not empty"
+        raise PartitionError(f"--out {str(out)!r} exists and {what}; pass --overwrite or choose another directory")
+    return occupied
+
+
+def _prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
+    if check_out(out, overwrite, inputs):
         shutil.rmtree(out) if out.is_dir() else out.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+
+
+def _run_config(run: Path, option: str) -> dict[str, Any]:
+    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write."""
+    try:
+        report = json.loads((run / "report.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PartitionError(f"{option} {str(run)!r}: report.json cannot be read ({e})") from None
+    config = report.get("config") if isinstance(report, dict) else None
+    needed = [k for k in RUN_CONFIG_KEYS if k not in LATER_OPTION_DEFAULTS]
+    missing = [k for k in needed if k not in config] if isinstance(config, dict) else []
+    if not isinstance(config, dict) or missing:
+        raise PartitionError(
+            f"{option} {str(run)!r}: report.json holds no training configuration"
+            + (f" (no {', '.join(missing)})" if missing else "")
+            + "; pass the --out directory of `partition-fx train`"
+        )
+    return report
 
 
 def _resumed(args: argparse.Namespace) -> argparse.Namespace:
@@ -168,7 +276,7 @@ def _resumed(args: argparse.Namespace) -> argparse.Namespace:
         raise PartitionError(
             f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
         )
-    report = json.loads(report_path.read_text())
+    report = _run_config(run, "--resume")
     if report.get("status") == "completed":
         raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
     config = report["config"]
@@ -203,11 +311,14 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "resume", None) is not None:
         args = _resumed(args)
         resume_from = args.out / "checkpoint" / "resume"
+    out: Path = args.out
+    inputs = {"--data": args.data, "--checkpoint": args.checkpoint}
+    if resume_from is None:
+        check_out(out, args.overwrite, inputs)  # now, not after minutes of loading
     parts = _prepare(args)
     data, pmodel, hyper = parts["data"], parts["pmodel"], parts["hyper"]
-    out: Path = args.out
     if resume_from is None:
-        _prepare_out(out, args.overwrite)
+        _prepare_out(out, args.overwrite, inputs)
     elif not resume_directory(resume_from).is_dir():
         raise PartitionCheckpointError(
             f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
@@ -302,16 +413,20 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
             "(written by `partition-fx train`)"
         )
-    config = json.loads(report_path.read_text())["config"]
+    config = _run_config(run, "--run")["config"]
+    out: Path = args.out if args.out is not None else run / "export"
+    check_out(out, args.overwrite, {"--run": run})
     rebuilt = argparse.Namespace(**{**LATER_OPTION_DEFAULTS, **config, "proportions": tuple(config["proportions"])})
     parts = _prepare(rebuilt)
     pmodel = parts["pmodel"]
     if args.subnetwork is not None:
-        pmodel.check_subnetwork(args.subnetwork)
+        try:
+            pmodel.check_subnetwork(args.subnetwork)
+        except PartitionArgumentError as e:
+            raise PartitionArgumentError(f"--subnetwork {args.subnetwork}: {e}") from None
     trainer = PartitionedTrainer(pmodel, parts["data"].train, hyper=parts["hyper"], device="cpu")
     meta = trainer.load_checkpoint(checkpoint)
-    out: Path = args.out if args.out is not None else run / "export"
-    _prepare_out(out, args.overwrite)
+    _prepare_out(out, args.overwrite, {"--run": run})
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
     x_test, y_test = parts["data"].test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)

@@ -73,6 +73,9 @@ def test_export_command_rebuilds_the_run(run_dir, capsys):
         (["--weight-decay", "-1"], "--weight-decay must be finite and >= 0"),
         (["--weight-decay", "nan"], "--weight-decay must be finite and >= 0"),
         (["--weight-decay", "inf"], "--weight-decay must be finite and >= 0"),
+        (["--partitions", "1", "--proportions", "1"], "--augment affine learns its ranges"),
+        (["--image-size", "1000000"], "more than this machine's"),
+        (["--data", ""], "--data must be rotdigits, digits or an image folder"),
     ],
 )
 def test_bad_train_input_is_one_clear_line_and_no_output(tmp_path, capsys, argv, fragment):

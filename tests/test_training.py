@@ -351,6 +351,12 @@ def test_fit_refuses_bad_input():
         fit(_pmodel(), (x, y), steps=1, likelihood="poisson")
     with pytest.raises(PartitionArgumentError, match="num_partitions >= 2"):
         fit(partitionify(nn.Linear(6, 3), 1), (x, y), hyper=InputMask(6), steps=1)
+    with pytest.raises(TypeError, match="fused must be True or False, got 'no'"):
+        fit(_pmodel(), (x, y), steps=1, fused="no")
+    with pytest.raises(TypeError, match=r"seed must be an int in 0..2\*\*63-1, got None"):
+        fit(_pmodel(), (x, y), steps=1, seed=None)
+    with pytest.raises(PartitionArgumentError, match="optimizer could not be built: Invalid learning rate"):
+        fit(_pmodel(), (x, y), steps=1, optimizer=partial(torch.optim.Adam, lr=-1.0))
 
 
 def test_batchnorm_statistics_are_recalibrated_for_the_final_subnetwork():

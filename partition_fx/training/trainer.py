@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionTypeError
+from ..config import validate_seed
+from ..errors import PartitionArgumentError, PartitionError, PartitionTrainingError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
@@ -72,6 +73,112 @@ def _positive_int(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise PartitionArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):  # a truthy "False" or "no" would silently switch the option on
+        raise PartitionTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _directory(name: str, value: object) -> Path | None:
+    """A directory argument (it need not exist yet), refused before anything is written to it."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise PartitionTypeError(f"{name} must be a path (str or os.PathLike) or None, got {type(value).__name__}")
+    if os.fspath(value) == "":
+        raise PartitionArgumentError(f"{name} must not be empty; pass '.' to mean the current directory")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise PartitionArgumentError(f"{name} {str(path)!r} exists and is not a directory; pass a directory")
+    return path
+
+
+def _device(value: object) -> torch.device | None:
+    """``device`` as a ``torch.device`` that can hold the model here, or a clear error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise PartitionTypeError(
+            f"device must be a string such as 'cpu' or 'cuda:0', a torch.device or None, got {value!r}"
+        )
+    try:
+        device = torch.device(value)
+    except RuntimeError as e:
+        raise PartitionArgumentError(
+            f"device {value!r} is not a torch device ({e}); use e.g. 'cpu' or 'cuda'"
+        ) from None
+    if device.type == "meta":
+        raise PartitionArgumentError(
+            "device 'meta' holds no values: the model would lose its weights; use 'cpu' or 'cuda'"
+        )
+    try:
+        torch.empty(0, device=device)
+    except Exception as e:  # no driver, an index beyond the devices, torch built without it, no backend at all
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PartitionArgumentError(f"device {value!r} is not usable here ({first}); use 'cpu'") from None
+    return device
+
+
+def _check_callable(name: str, value: object, example: str) -> None:
+    if value is not None and not callable(value):
+        raise PartitionTypeError(f"{name} must be a callable such as {example}, or None; got {value!r}")
+
+
+def _built(name: str, factory: Callable[..., Any], *args: Any) -> Any:
+    """``factory(*args)`` for a user's optimiser or scheduler factory; its refusal of its own arguments
+    (``partial(torch.optim.Adam, lr=-1)``) is reported naming the argument."""
+    try:
+        return factory(*args)
+    except PartitionError:
+        raise
+    except (TypeError, ValueError) as e:
+        kind = PartitionTypeError if isinstance(e, TypeError) else PartitionArgumentError
+        raise kind(f"{name} could not be built: {e}") from e
+
+
+def _check_optimizer(name: str, optimizer: object) -> torch.optim.Optimizer:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PartitionTypeError(
+            f"{name} must be a callable returning a torch.optim.Optimizer (e.g. functools.partial("
+            f"torch.optim.Adam, lr=1e-3)), got {type(optimizer).__name__}"
+        )
+    for group in optimizer.param_groups:
+        for key in ("lr", "weight_decay"):
+            value = float(group.get(key, 0.0))
+            if not (math.isfinite(value) and value >= 0):
+                scaled = " after weight_decay_scaling" if key == "weight_decay" and "partition" in group else ""
+                where = f" (partition {group['partition']}{scaled})" if "partition" in group else ""
+                raise PartitionArgumentError(f"{name}'s {key} must be finite and >= 0, got {value}{where}")
+    return optimizer
+
+
+def _run_options(
+    steps: object,
+    eval_every: object,
+    patience: object,
+    restore_best: object,
+    callbacks: object,
+    progress: object,
+    recalibrate_norms: object,
+) -> tuple[int, int, int | None, tuple[Callback, ...]]:
+    """The checked arguments of ``run`` (also checked by ``fit`` before it builds anything):
+    ``(steps, eval_every, patience, callbacks)``."""
+    steps = _positive_int("steps", steps)
+    eval_every = _positive_int("eval_every", eval_every if eval_every is not None else max(1, steps // 10))
+    if patience is not None:
+        _positive_int("patience", patience)
+    _flag("restore_best", restore_best)
+    _flag("recalibrate_norms", recalibrate_norms)
+    if progress is not None:
+        _flag("progress", progress)
+    if callable(callbacks) or isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        raise PartitionTypeError(f"callbacks must be a list of callables cb(trainer, record), got {callbacks!r}")
+    for i, cb in enumerate(callbacks):
+        if not callable(cb):
+            raise PartitionTypeError(f"callbacks[{i}] must be a callable cb(trainer, record), got {cb!r}")
+    return steps, eval_every, patience, tuple(callbacks)  # type: ignore[return-value]
 
 
 def _save_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -130,13 +237,18 @@ class PartitionedTrainer:
             )
         if on_nonfinite not in ("raise", "skip"):
             raise PartitionArgumentError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        _check_callable("optimizer", optimizer, "functools.partial(torch.optim.Adam, lr=1e-3)")
+        _check_callable("hyper_optimizer", hyper_optimizer, "functools.partial(torch.optim.Adam, lr=0.05)")
+        _check_callable(
+            "scheduler", scheduler, "functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)"
+        )
         self.pmodel = pmodel
-        self.fused = bool(fused)
-        self.every_partition = bool(every_partition)
+        self.fused = _flag("fused", fused)
+        self.every_partition = _flag("every_partition", every_partition)
         self.examples = Examples(dataset)
         self.hyper = hyper
         self.likelihood = resolve_likelihood(likelihood)
-        self.seed = seed
+        self.seed = seed = validate_seed("seed", seed)
         self.on_nonfinite = on_nonfinite
         self.hyper_every = _positive_int("hyper_every", hyper_every)
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
@@ -144,7 +256,8 @@ class PartitionedTrainer:
         if eval_examples_per_chunk is not None:
             _positive_int("eval_examples_per_chunk", eval_examples_per_chunk)
         self.eval_examples_per_chunk = eval_examples_per_chunk
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_dir = _directory("checkpoint_dir", checkpoint_dir)
+        device = _device(device)
 
         c = pmodel.num_partitions
         n = len(self.examples)
@@ -153,7 +266,21 @@ class PartitionedTrainer:
         elif isinstance(chunks, DataChunks):
             self.chunks = chunks
         else:
-            self.chunks = chunks_from_assignment(chunks, c)
+            try:
+                assignment = torch.as_tensor(chunks)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise PartitionTypeError(
+                    f"chunks must be DataChunks or one chunk id 1..{c} per example (a tensor or a sequence of ints), "
+                    f"got {type(chunks).__name__} ({e})"
+                ) from None
+            if assignment.dim() == 1 and assignment.numel() != n:
+                raise PartitionArgumentError(
+                    f"chunks assigns {assignment.numel()} examples but the dataset has {n}: one chunk id per example"
+                )
+            try:
+                self.chunks = chunks_from_assignment(assignment, c)
+            except (PartitionArgumentError, PartitionTypeError) as e:
+                raise type(e)(f"chunks: {e}") from None
         if self.chunks.num_chunks != c:
             raise PartitionArgumentError(f"{self.chunks.num_chunks} data chunks for a model with {c} partitions")
         if max(int(idx.max()) for idx in self.chunks.indices) >= n:
@@ -162,7 +289,7 @@ class PartitionedTrainer:
 
         params = [p for p in pmodel.parameters() if p.requires_grad]
         first = params[0] if params else next(pmodel.buffers(), None)
-        self.device = torch.device(device) if device is not None else (first.device if first is not None else None)
+        self.device = device if device is not None else (first.device if first is not None else None)
         if self.device is not None:
             pmodel.to(self.device)
             for m in (hyper, self.likelihood):
@@ -193,13 +320,22 @@ class PartitionedTrainer:
                 "fused=True does not support hyperparameter modules inside the model (e.g. ConcreteDropout) yet: "
                 "the parameter examples' loss would reach them; use fused=False"
             )
-        self.optimizer = partition_optimizer(
-            pmodel, optimizer or partial(torch.optim.Adam, lr=1e-3), self.chunks.sizes, weight_decay_scaling
+        factory = partial(_built, "optimizer", optimizer or partial(torch.optim.Adam, lr=1e-3))
+        self.optimizer = _check_optimizer(
+            "optimizer", partition_optimizer(pmodel, factory, self.chunks.sizes, weight_decay_scaling)
         )
         self.hyper_optimizer = None
         if self.hyperparameters_list:
-            self.hyper_optimizer = (hyper_optimizer or partial(torch.optim.Adam, lr=1e-3))(self.hyperparameters_list)
-        self.scheduler = scheduler(self.optimizer) if scheduler is not None else None
+            hyper_factory = hyper_optimizer or partial(torch.optim.Adam, lr=1e-3)
+            self.hyper_optimizer = _check_optimizer(
+                "hyper_optimizer", _built("hyper_optimizer", hyper_factory, self.hyperparameters_list)
+            )
+        self.scheduler = _built("scheduler", scheduler, self.optimizer) if scheduler is not None else None
+        if self.scheduler is not None and not callable(getattr(self.scheduler, "step", None)):
+            raise PartitionTypeError(
+                "scheduler must be a callable returning an LR scheduler (with .step()), e.g. functools.partial("
+                f"torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps); got {type(self.scheduler).__name__}"
+            )
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.best: tuple[float, int, dict[str, Any]] | None = None
@@ -524,10 +660,9 @@ class PartitionedTrainer:
         recalibrate_norms: bool = True,
     ) -> FitResult:
         """Train for ``steps`` iterations (see :func:`fit`)."""
-        steps = _positive_int("steps", steps)
-        eval_every = _positive_int("eval_every", eval_every if eval_every is not None else max(1, steps // 10))
-        if patience is not None:
-            _positive_int("patience", patience)
+        steps, eval_every, patience, callbacks = _run_options(
+            steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms
+        )
         from tqdm.auto import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress
@@ -634,7 +769,8 @@ def fit(
             iterations once ``warmup_steps`` have passed, on ``hyper_batch_size`` (default ``batch_size``).
         chunks: ``DataChunks`` or a per-example chunk id (1..C, e.g. by client); default: a random split
             with the model's proportions, from ``seed``.
-        seed: seeds the chunks, the sampler and torch's global RNG (augmentation and dropout noise).
+        seed: an int in 0..2**63-1; seeds the chunks, the sampler and torch's global RNG (augmentation and
+            dropout noise).
         eval_every: LML evaluation interval (default ``steps // 10``); the last step is always evaluated.
         eval_examples_per_chunk: score at most this many examples per chunk (an unbiased estimate).
         patience / restore_best: stop after ``patience`` evaluations without a better LML; return the
@@ -668,8 +804,11 @@ def fit(
         >>> sorted(result.hyperparameters), len(result.history), result.lml < 0
         (['mask'], 10, True)
     """
-    if seed is not None:
-        torch.manual_seed(seed)
+    total, eval_every, patience, callbacks = _run_options(  # eval_every: steps // 10 of the whole run, also resumed
+        steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms
+    )
+    resume = _directory("resume", resume)
+    torch.manual_seed(validate_seed("seed", seed))
     trainer = PartitionedTrainer(
         pmodel,
         dataset,
@@ -693,9 +832,6 @@ def fit(
         fused=fused,
         every_partition=every_partition,
     )
-    total = _positive_int("steps", steps)
-    if eval_every is None:
-        eval_every = max(1, total // 10)  # of the whole run, also when it resumes
     if resume is not None:
         load_training_state(trainer, resume)
         if trainer.step >= total:
