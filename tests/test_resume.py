@@ -116,3 +116,25 @@ def test_single_file_checkpoints_refuse_other_configurations_and_truncation(tmp_
     last.write_bytes(last.read_bytes()[:100])
     with pytest.raises(PartitionCheckpointError, match="corrupted or truncated"):
         PartitionedTrainer(_pmodel(), _images()).load_checkpoint(last)
+
+
+class _RunsCodeWhenUnpickled:
+    """A pickle payload: unpickling it would create ``path`` (what a malicious checkpoint could do)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_weights_file_that_would_run_code_is_refused_without_running_it(tmp_path):
+    """``--checkpoint`` weights go through torch.load(weights_only=True): no arbitrary object is unpickled."""
+    from partition_fx.errors import PartitionError
+    from partition_fx.train_command import build_model
+
+    evil, marker = tmp_path / "weights.pt", tmp_path / "code-ran"
+    torch.save({"conv1.weight": _RunsCodeWhenUnpickled(str(marker))}, evil)
+    with pytest.raises(PartitionError, match="--checkpoint"):
+        build_model("resnet10t", 3, str(evil))
+    assert not marker.exists()
