@@ -225,8 +225,7 @@ def _validated_settings(
     scheme = cfg.validate_choice("scheme", scheme, cfg.SCHEMES)
     default = cfg.validate_choice("default", default, cfg.DEFAULTS)
     assignments = cfg.validate_choice("assignments", assignments, cfg.ASSIGNMENTS)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise PartitionTypeError(f"seed must be a non-negative int, got {seed!r}")
+    seed = cfg.validate_seed("seed", seed)
     config = config if config is not None else cfg.PartitionConfig()
     if not isinstance(config, cfg.PartitionConfig):
         raise PartitionTypeError(f"config must be a PartitionConfig, got {type(config).__name__}")

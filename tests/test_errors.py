@@ -39,7 +39,9 @@ def model() -> nn.Module:
         (dict(scheme="blocks"), PartitionArgumentError, "scheme must be one of ('random', 'node')"),
         (dict(default="ones"), PartitionArgumentError, "default must be one of ('init', 'zero', 'seed')"),
         (dict(assignments="packed"), PartitionArgumentError, "assignments must be one of ('stored', 'regenerated')"),
-        (dict(seed=-1), PartitionTypeError, "seed"),
+        (dict(seed=-1), PartitionArgumentError, "seed must be an int in 0..2**63-1, got -1"),
+        (dict(seed=2**63), PartitionArgumentError, "seed must be an int in 0..2**63-1"),
+        (dict(seed="1"), PartitionTypeError, "seed must be an int"),
         (dict(config={"exclude": ["fc"]}), PartitionTypeError, "config must be a PartitionConfig"),
     ],
 )

@@ -384,7 +384,7 @@ class PartitionedTrainer:
         norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         if math.isfinite(value) and math.isfinite(norm):
             return True
-        problem = f"loss {value}" if not math.isfinite(value) else f"gradient norm {norm}"
+        problem = f"loss {value}" if not math.isfinite(value) else f"gradient norm {norm} ({self._nonfinite(params)})"
         if self.on_nonfinite == "skip":
             self.skipped_steps += 1
             return False
@@ -397,6 +397,18 @@ class PartitionedTrainer:
             f"step {self.step}: non-finite {problem} in the {what}{kept}. Lower the learning rate, check the data "
             "for NaN/inf, or pass on_nonfinite='skip' to skip such steps"
         )
+
+    def _nonfinite(self, params: list[torch.Tensor]) -> str:
+        """Names the tensors whose gradient holds NaN/inf, e.g. ``0.weight partition 2, mask.logits``."""
+        names = {id(p): n.removeprefix("module.") for n, p in self.pmodel.named_parameters()}
+        for name, pt in self.pmodel.partitioned_tensors():
+            names.update((id(part), f"{name} partition {k}") for k, part in enumerate(pt.parts(), start=1))
+        for prefix, m in (("hyper", self.hyper), ("likelihood", self.likelihood)):
+            if m is not None:
+                names.update((id(p), f"{prefix}.{n}") for n, p in m.named_parameters())
+        bad = [names.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        return "in " + ", ".join(bad[:3]) + more
 
     def _train_mode(self) -> None:
         self.pmodel.train()
