@@ -91,17 +91,9 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --- bad values ---------------------------------------------------------------------------------------
 
 
-def _is_int(text: str) -> bool:
+def _parses(kind: type, text: str) -> bool:
     try:
-        int(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
+        kind(text)
     except ValueError:
         return False
     return True
@@ -109,9 +101,9 @@ def _is_float(text: str) -> bool:
 
 TEXT = st.text(st.characters(exclude_characters="\x00"), max_size=8)  # argv cannot hold NUL
 NOT_INT = st.sampled_from(["", "abc", "1.5", "1e3", "0x10", "nan", "inf", "1,2", " ", "--"]) | TEXT.filter(
-    lambda s: not _is_int(s)
+    lambda s: not _parses(int, s)
 )
-NOT_FLOAT = st.sampled_from(["", "abc", "1,5", "1e", "--", "0.1.2"]) | TEXT.filter(lambda s: not _is_float(s))
+NOT_FLOAT = st.sampled_from(["", "abc", "1,5", "1e", "--", "0.1.2"]) | TEXT.filter(lambda s: not _parses(float, s))
 NON_POSITIVE = st.integers(max_value=0).map(str)
 NEGATIVE = st.integers(max_value=-1).map(str)
 NOT_POSITIVE_FLOAT = st.floats(max_value=0.0).map(repr) | st.sampled_from(["nan", "inf", "-inf", "1e400", "-1e400"])
