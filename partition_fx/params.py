@@ -221,6 +221,9 @@ class RandomPartitionedTensor(PartitionedTensor):
             self.default = None
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        moments = state_dict.get(prefix + "moments")
+        if moments is not None and moments.is_floating_point():  # written before the moments were bits
+            state_dict[prefix + "moments"] = moments.double().view(torch.int64)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         # Cached as Python numbers so that regenerating never syncs with the device.
         if hasattr(self, "generator"):

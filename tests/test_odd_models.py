@@ -155,6 +155,19 @@ def test_casting_after_conversion_commutes_with_export_and_survives_a_state_dict
         assert all(torch.equal(fresh.eval()(x, subnetwork=k), half.eval()(x, subnetwork=k)) for k in range(4))
 
 
+def test_a_state_dict_with_float_moments_still_loads() -> None:
+    """State dicts written before the moments were float64 bits hold them as float32: they load as the
+    float32 values, which is what their writer regenerated from."""
+    pmodel = partitionify(nn.Sequential(nn.Linear(64, 64)), 3, default="seed")
+    state = pmodel.state_dict()
+    key = next(k for k in state if k.endswith("moments"))
+    old = state[key].view(torch.float64).float()
+    fresh = partitionify(nn.Sequential(nn.Linear(64, 64)), 3, default="seed", seed=7)
+    fresh.load_state_dict({**state, key: old})
+    loaded = dict(fresh.partitioned_tensors())["0.weight"]
+    assert loaded._moments == tuple(old.tolist()) and loaded.moments.dtype == torch.int64
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("assignments", ["stored", "regenerated"])
 def test_a_model_already_on_the_gpu_converts_there_with_the_cpu_layout(assignments) -> None:
