@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 import torch
 
 from .config import MAX_SEED
-from .errors import PartitionError
+from .errors import PartitionError, first_line
 from .train_command import (
     check_fits_in_memory,
     check_out,
@@ -294,8 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"partition-fx: error: out of memory ({first}); {OUT_OF_MEMORY_HINTS[args.command]}", file=sys.stderr)
+        print(
+            f"partition-fx: error: out of memory ({first_line(e)}); {OUT_OF_MEMORY_HINTS[args.command]}",
+            file=sys.stderr,
+        )
         return 2
     diffs = report["max_relative_difference_to_original"]
     print(

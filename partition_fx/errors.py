@@ -7,6 +7,12 @@ Bad arguments are also ``ValueError``/``TypeError`` so the usual ``except ValueE
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name when it has none (for one-line reports)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class PartitionError(RuntimeError):
     """A model could not be partitioned, run or exported; the message names the part and the fix."""
 

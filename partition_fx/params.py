@@ -115,8 +115,14 @@ class _RegeneratedScatter(torch.autograd.Function):
         flat = grad.reshape(-1)
         needs = ctx.needs_input_grad[1:]
         select = _select_compilable if torch.compiler.is_compiling() else _select
-        sizes = [b - a for a, b in itertools.pairwise(owner.offsets)]
-        return (None, *(select(flat, membership, p, sizes[p]) if need else None for p, need in enumerate(needs)))
+        offsets = owner.offsets
+        return (
+            None,
+            *(
+                select(flat, membership, p, offsets[p + 1] - offsets[p]) if need else None
+                for p, need in enumerate(needs)
+            ),
+        )
 
 
 def _select(flat: torch.Tensor, membership: torch.Tensor, p: int, size: int) -> torch.Tensor:

@@ -44,6 +44,11 @@ LATER_OPTION_DEFAULTS = {"fused": False, "every_partition": False, "assignments"
 DIGITS_EXAMPLES = 1797  # scikit-learn's bundled digits: the images of --data digits and rotdigits
 
 
+def _proportions_text(args: argparse.Namespace) -> str:
+    """``--proportions`` as the user wrote it (comma-separated), for messages."""
+    return ",".join(str(p) for p in args.proportions)
+
+
 def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
     """``partitionify`` with the command line's conversion options."""
     from .rewrite import partitionify
@@ -51,8 +56,9 @@ def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
     try:
         validate_proportions(args.proportions, validate_num_partitions(args.partitions))
     except (PartitionArgumentError, PartitionTypeError) as e:
-        given = ",".join(str(p) for p in args.proportions)
-        raise PartitionArgumentError(f"--partitions {args.partitions} --proportions {given}: {e}") from None
+        raise PartitionArgumentError(
+            f"--partitions {args.partitions} --proportions {_proportions_text(args)}: {e}"
+        ) from None
     return partitionify(
         model,
         args.partitions,
@@ -205,8 +211,9 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     try:
         chunks = split_into_chunks(len(data.train), pmodel.proportions, args.seed)  # refuse empty chunks now
     except PartitionArgumentError as e:
-        given = ",".join(str(p) for p in args.proportions)
-        raise PartitionArgumentError(f"--proportions {given} of {len(data.train)} examples: {e}") from None
+        raise PartitionArgumentError(
+            f"--proportions {_proportions_text(args)} of {len(data.train)} examples: {e}"
+        ) from None
     scale = max(weight_decay_scales(chunks.sizes))
     if not math.isfinite(args.weight_decay * scale):
         raise PartitionArgumentError(
@@ -249,7 +256,8 @@ def _prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
 
 
 def _run_config(run: Path, option: str) -> dict[str, Any]:
-    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write."""
+    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write. Its
+    ``config`` holds every option (``LATER_OPTION_DEFAULTS`` for older runs), with proportions as a tuple."""
     try:
         report = json.loads((run / "report.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -263,6 +271,7 @@ def _run_config(run: Path, option: str) -> dict[str, Any]:
             + (f" (no {', '.join(missing)})" if missing else "")
             + "; pass the --out directory of `partition-fx train`"
         )
+    report["config"] = {**LATER_OPTION_DEFAULTS, **config, "proportions": tuple(config["proportions"])}
     return report
 
 
@@ -284,14 +293,14 @@ def _resumed(args: argparse.Namespace) -> argparse.Namespace:
     given = {key: getattr(args, key) for key in RUN_CONFIG_KEYS if getattr(args, key) != defaults[key]}
     if args.out != defaults["out"] and args.out != run:
         given["out"] = args.out
-    saved = {**config, "proportions": tuple(config["proportions"]), "out": run}
+    saved = {**config, "out": run}
     conflicts = [key for key, value in given.items() if value != saved.get(key)]
     if conflicts:
         options = ", ".join(
             f"--{key.replace('_', '-')} {given[key]} (the run has {saved.get(key)})" for key in conflicts
         )
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
-    return argparse.Namespace(**{**vars(args), **LATER_OPTION_DEFAULTS, **saved, "overwrite": False})
+    return argparse.Namespace(**{**vars(args), **saved, "overwrite": False})
 
 
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
@@ -416,7 +425,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     config = _run_config(run, "--run")["config"]
     out: Path = args.out if args.out is not None else run / "export"
     check_out(out, args.overwrite, {"--run": run})
-    rebuilt = argparse.Namespace(**{**LATER_OPTION_DEFAULTS, **config, "proportions": tuple(config["proportions"])})
+    rebuilt = argparse.Namespace(**config)
     parts = _prepare(rebuilt)
     pmodel = parts["pmodel"]
     if args.subnetwork is not None:

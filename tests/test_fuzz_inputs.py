@@ -351,12 +351,13 @@ def test_each_bad_cli_case_is_refused_once(run_dir, weights, case):
     check_refused(case, value, run_dir, weights, joined=True)
 
 
-def _first_example(strategy: st.SearchStrategy[str]) -> str:
-    found: list[str] = []
+def _first_example(strategy: st.SearchStrategy[Any]) -> Any:
+    """The strategy's first (derandomised) example: every table row runs at least once."""
+    found: list[Any] = []
 
     @settings(max_examples=1, database=None, derandomize=True)
     @given(strategy)
-    def take(value: str) -> None:
+    def take(value: Any) -> None:
         found.append(value)
 
     take()
@@ -541,19 +542,7 @@ def test_bad_fit_argument_is_a_partition_error_naming_it_before_anything_happens
 @pytest.mark.parametrize("case", FIT_BAD, ids=lambda case: f"{case[0]}")
 def test_each_bad_fit_case_is_refused_once(case):
     name, _, values = case
-    check_fit_refuses(name, _first_any(values))
-
-
-def _first_any(strategy: st.SearchStrategy[Any]) -> Any:
-    found: list[Any] = []
-
-    @settings(max_examples=1, database=None, derandomize=True)
-    @given(strategy)
-    def take(value: Any) -> None:
-        found.append(value)
-
-    take()
-    return found[0]
+    check_fit_refuses(name, _first_example(values))
 
 
 def test_ordinary_fit_arguments_pass_the_checks(tmp_path):

@@ -35,6 +35,11 @@ STATE = "state.json"
 FORMAT = 1
 
 
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached, contiguous CPU copy (what safetensors writes, independent of later training)."""
+    return tensor.detach().to("cpu").contiguous().clone()
+
+
 class PartitionCheckpointError(PartitionError):
     """A resume directory is missing, incomplete, corrupted, or from a different configuration."""
 
@@ -67,7 +72,7 @@ def _optimizer_state(optimizer: torch.optim.Optimizer | None, prefix: str, tenso
     for index, entries in state["state"].items():
         for key, value in entries.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"{prefix}/{index}/{key}"] = value.detach().to("cpu").contiguous().clone()
+                tensors[f"{prefix}/{index}/{key}"] = cpu_copy(value)
             else:
                 plain.setdefault(str(index), {})[key] = value
     return {"param_groups": state["param_groups"], "plain_state": plain}
@@ -108,7 +113,7 @@ def save_training_state(trainer: PartitionedTrainer, directory: str | Path) -> N
     if trainer.best is not None:
         for name, state in trainer.best[2].items():
             for key, value in state.items():
-                tensors[f"best/{name}/{key}"] = value.to("cpu").contiguous().clone()
+                tensors[f"best/{name}/{key}"] = cpu_copy(value)
     tensors["rng/torch"] = torch.get_rng_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):

@@ -28,14 +28,20 @@ import torch
 from torch import nn
 
 from ..config import validate_seed
-from ..errors import PartitionArgumentError, PartitionError, PartitionTrainingError, PartitionTypeError
+from ..errors import (
+    PartitionArgumentError,
+    PartitionError,
+    PartitionTrainingError,
+    PartitionTypeError,
+    first_line,
+)
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .likelihoods import Likelihood, resolve_likelihood
 from .lml import LMLEstimate, apply_transform, estimate_lml, forward_log_likelihood, recalibrate_norm_statistics
 from .optim import OptimizerFactory, partition_optimizer
-from .resume import PartitionCheckpointError, load_training_state, save_training_state
+from .resume import PartitionCheckpointError, cpu_copy, load_training_state, save_training_state
 from .sampler import PartitionedSampler
 
 Callback = Callable[["PartitionedTrainer", dict[str, Any]], "bool | None"]
@@ -116,8 +122,7 @@ def _device(value: object) -> torch.device | None:
     try:
         torch.empty(0, device=device)
     except Exception as e:  # no driver, an index beyond the devices, torch built without it, no backend at all
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PartitionArgumentError(f"device {value!r} is not usable here ({first}); use 'cpu'") from None
+        raise PartitionArgumentError(f"device {value!r} is not usable here ({first_line(e)}); use 'cpu'") from None
     return device
 
 
@@ -615,7 +620,7 @@ class PartitionedTrainer:
     def module_tensors(self, sep: str) -> dict[str, torch.Tensor]:
         """CPU copies of the model's, input transform's and likelihood's state, keyed ``<module><sep><key>``."""
         return {
-            f"{name}{sep}{key}": value.detach().to("cpu").contiguous().clone()
+            f"{name}{sep}{key}": cpu_copy(value)
             for name, m in self._modules().items()
             if m is not None
             for key, value in m.state_dict().items()
