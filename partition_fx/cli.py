@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from .config import MAX_SEED
+from ._validation import MAX_SEED
 from .errors import PartitionError, first_line
 from .train_command import (
     check_fits_in_memory,

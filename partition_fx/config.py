@@ -21,14 +21,10 @@ Only the fields a rule sets override; a rule that sets ``default`` only keeps th
 
 from __future__ import annotations
 
-import math
-import numbers
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-import torch
 from torch import nn
 
 from .errors import PartitionArgumentError, PartitionTypeError
@@ -40,9 +36,6 @@ SCHEMES = ("random", "node")
 DEFAULTS = ("init", "zero", "seed")
 ASSIGNMENTS = ("stored", "regenerated")
 KINDS = ("random", "product", "sum")
-PROPORTION_TOLERANCE = 1e-6
-MAX_SEED = 2**63 - 1
-"""The largest seed ``fit`` and the command line take: a signed 64-bit int, what every torch generator accepts."""
 
 
 @dataclass(frozen=True)
@@ -150,59 +143,3 @@ class PartitionConfig:
         for n in sorted(matches, key=len):  # deepest name ends on top
             rule = self.names[n].merged_over(rule)
         return rule
-
-
-def validate_num_partitions(num_partitions: object) -> int:
-    if isinstance(num_partitions, bool) or not isinstance(num_partitions, numbers.Integral):
-        raise PartitionTypeError(
-            f"num_partitions must be an int >= 1, got {num_partitions!r} ({type(num_partitions).__name__})"
-        )
-    if num_partitions < 1:
-        raise PartitionArgumentError(f"num_partitions must be >= 1, got {num_partitions}")
-    if num_partitions > 255:
-        raise PartitionArgumentError(f"num_partitions must be <= 255, got {num_partitions}")
-    return int(num_partitions)
-
-
-def validate_proportions(proportions: Sequence[float] | None, num_partitions: int) -> tuple[float, ...]:
-    """Check proportions (``None`` = equal shares): C non-negative finite numbers summing to 1."""
-    if proportions is None:
-        return tuple(1.0 / num_partitions for _ in range(num_partitions))
-    if isinstance(proportions, torch.Tensor):
-        proportions = proportions.tolist()
-    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
-        raise PartitionTypeError(f"proportions must be a sequence of {num_partitions} numbers, got {proportions!r}")
-    if len(proportions) != num_partitions:
-        raise PartitionArgumentError(
-            f"proportions has {len(proportions)} entries but num_partitions={num_partitions}; "
-            f"give one proportion per partition (or proportions=None for equal shares)"
-        )
-    values = []
-    for i, p in enumerate(proportions):
-        if isinstance(p, bool) or not isinstance(p, numbers.Real):
-            raise PartitionTypeError(f"proportions[{i}] must be a number, got {p!r}")
-        p = float(p)
-        if not math.isfinite(p) or p < 0:
-            raise PartitionArgumentError(f"proportions[{i}] = {p} must be finite and >= 0")
-        values.append(p)
-    total = math.fsum(values)
-    if abs(total - 1.0) > PROPORTION_TOLERANCE:
-        raise PartitionArgumentError(
-            f"proportions must sum to 1 (within {PROPORTION_TOLERANCE}), got {tuple(values)} summing to {total!r}"
-        )
-    return tuple(values)
-
-
-def validate_seed(name: str, value: object) -> int:
-    """``value`` as a seed in 0..MAX_SEED, or a clear error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise PartitionTypeError(f"{name} must be an int in 0..2**63-1, got {value!r} ({type(value).__name__})")
-    if not 0 <= value <= MAX_SEED:
-        raise PartitionArgumentError(f"{name} must be an int in 0..2**63-1, got {value}")
-    return int(value)
-
-
-def validate_choice(name: str, value: object, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise PartitionArgumentError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
-    return str(value)

@@ -30,3 +30,7 @@ class PartitionTrainingError(PartitionError):
 
     The message names the step, the partition or hyperparameter involved, and what was kept on disk.
     """
+
+
+class PartitionCheckpointError(PartitionError):
+    """A checkpoint or resume directory is missing, incomplete, corrupted, or from a different configuration."""

@@ -39,7 +39,7 @@ def export_subnetwork(pmodel: PartitionedModel, k: int | None = None) -> nn.Modu
     k = pmodel.check_subnetwork(k)
     with torch.no_grad():
         state = {name: t.detach().clone() for name, t in pmodel.original_state(k).items()}
-    exported = copy.deepcopy(pmodel._skeleton)
+    exported = copy.deepcopy(pmodel.skeleton)
     # Re-create parameters once per original tensor so tied weights stay tied. The lists keep every
     # meta tensor alive while they are replaced: a freed one's id() could be reused by the next.
     params = list(exported.named_parameters(remove_duplicate=False))

@@ -121,6 +121,17 @@ class PartitionedModel(nn.Module):
         self.__dict__["_one_pass_supported"] = None
 
     @property
+    def records(self) -> tuple[ParameterRecord, ...]:
+        """How each original parameter tensor was treated, in the original ``named_parameters`` order."""
+        return tuple(self._records)
+
+    @property
+    def skeleton(self) -> nn.Module:
+        """The original module tree on the meta device (no memory): what exports are rebuilt from.
+        Deep-copy it before filling it in."""
+        return self._skeleton
+
+    @property
     def original_class(self) -> type:
         """The class of the converted model (and of what ``export_subnetwork`` returns)."""
         return type(self._skeleton)

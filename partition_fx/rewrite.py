@@ -28,6 +28,7 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils.weight_norm import WeightNorm
 
 from . import config as cfg
+from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
 from .assign import name_salt
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
@@ -220,12 +221,12 @@ def _validated_settings(
     if isinstance(model, PartitionedModel):
         raise PartitionArgumentError("model is already a PartitionedModel; export_subnetwork(model) first")
     _check_convertible(model)
-    c = cfg.validate_num_partitions(num_partitions)
-    props = cfg.validate_proportions(proportions, c)  # type: ignore[arg-type]
-    scheme = cfg.validate_choice("scheme", scheme, cfg.SCHEMES)
-    default = cfg.validate_choice("default", default, cfg.DEFAULTS)
-    assignments = cfg.validate_choice("assignments", assignments, cfg.ASSIGNMENTS)
-    seed = cfg.validate_seed("seed", seed)
+    c = check_num_partitions(num_partitions)
+    props = check_proportions(proportions, c)  # type: ignore[arg-type]
+    scheme = check_choice("scheme", scheme, cfg.SCHEMES)
+    default = check_choice("default", default, cfg.DEFAULTS)
+    assignments = check_choice("assignments", assignments, cfg.ASSIGNMENTS)
+    seed = check_seed("seed", seed)
     config = config if config is not None else cfg.PartitionConfig()
     if not isinstance(config, cfg.PartitionConfig):
         raise PartitionTypeError(f"config must be a PartitionConfig, got {type(config).__name__}")

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from .config import validate_num_partitions, validate_proportions
+from ._validation import check_num_partitions, check_proportions
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from .training.metrics import evaluate_classifier
 
 RUN_CONFIG_KEYS = (
     "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
@@ -54,7 +55,7 @@ def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace):
     from .rewrite import partitionify
 
     try:
-        validate_proportions(args.proportions, validate_num_partitions(args.partitions))
+        check_proportions(args.proportions, check_num_partitions(args.partitions))
     except (PartitionArgumentError, PartitionTypeError) as e:
         raise PartitionArgumentError(
             f"--partitions {args.partitions} --proportions {_proportions_text(args)}: {e}"
@@ -139,21 +140,9 @@ def check_fits_in_memory(options: str, what: str, nbytes: int) -> None:
 
 
 def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    from .training.trainer import _save_atomically
+    from ._io import write_json
 
-    _save_atomically(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
-
-
-@torch.no_grad()
-def evaluate_classifier(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512):
-    """(accuracy, mean log-likelihood) of a plain classifier in eval mode."""
-    model.eval()
-    correct, loglik = 0, 0.0
-    for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
-        logits = model(xb)
-        correct += int((logits.argmax(1) == yb).sum())
-        loglik += float(torch.log_softmax(logits.double(), 1).gather(1, yb[:, None]).sum())
-    return correct / len(y), loglik / len(y)
+    write_json(path, payload)
 
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 ``fit(pmodel, dataset, hyper=..., steps=...)`` is the one-liner; ``PartitionedTrainer`` exposes the steps.
 """
 
+from ..errors import PartitionCheckpointError
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
+from .metrics import evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
-from .resume import PartitionCheckpointError, load_training_state, save_training_state
+from .resume import load_training_state, save_training_state
 from .sampler import PartitionedSampler
 from .trainer import FitResult, PartitionedTrainer, fit
 
@@ -25,6 +27,7 @@ __all__ = [
     "PartitionedTrainer",
     "chunks_from_assignment",
     "estimate_lml",
+    "evaluate_classifier",
     "fit",
     "load_training_state",
     "partition_optimizer",

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from .._validation import check_proportions
 from ..assign import partition_sizes
-from ..config import validate_proportions
 from ..errors import PartitionArgumentError, PartitionTypeError
 
 
@@ -70,7 +70,7 @@ def split_into_chunks(num_examples: int, proportions: Sequence[float], seed: int
     """
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
         raise PartitionArgumentError(f"the dataset must hold at least one example, got {num_examples!r}")
-    props = validate_proportions(proportions, len(proportions))
+    props = check_proportions(proportions, len(proportions))
     sizes = partition_sizes(num_examples, props)
     order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
     return DataChunks(tuple(part.sort().values for part in torch.split(order, sizes)))

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..config import validate_choice
+from .._validation import check_choice
 from ..errors import PartitionTypeError
 from ..partitioned_model import PartitionedModel
 
@@ -32,7 +32,7 @@ def weight_decay_scales(chunk_sizes: Sequence[int], scaling: str = "reciprocal")
     >>> weight_decay_scales([80, 10, 10], "sqrt")[0]
     1.118033988749895
     """
-    scaling = validate_choice("weight_decay_scaling", scaling, WEIGHT_DECAY_SCALINGS)
+    scaling = check_choice("weight_decay_scaling", scaling, WEIGHT_DECAY_SCALINGS)
     total = sum(chunk_sizes)
     seen = 0
     scales = []

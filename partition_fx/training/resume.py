@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import PartitionError
+from ..errors import PartitionCheckpointError
 
 if TYPE_CHECKING:
     from .trainer import PartitionedTrainer
@@ -38,10 +38,6 @@ FORMAT = 1
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A detached, contiguous CPU copy (what safetensors writes, independent of later training)."""
     return tensor.detach().to("cpu").contiguous().clone()
-
-
-class PartitionCheckpointError(PartitionError):
-    """A resume directory is missing, incomplete, corrupted, or from a different configuration."""
 
 
 def fingerprint(trainer: PartitionedTrainer) -> dict[str, Any]:

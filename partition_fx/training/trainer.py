@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import validate_seed
+from .._validation import check_seed
 from ..errors import (
     PartitionArgumentError,
     PartitionError,
@@ -253,7 +253,7 @@ class PartitionedTrainer:
         self.examples = Examples(dataset)
         self.hyper = hyper
         self.likelihood = resolve_likelihood(likelihood)
-        self.seed = seed = validate_seed("seed", seed)
+        self.seed = seed = check_seed("seed", seed)
         self.on_nonfinite = on_nonfinite
         self.hyper_every = _positive_int("hyper_every", hyper_every)
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
@@ -303,7 +303,7 @@ class PartitionedTrainer:
 
         shared = [
             r.names[0]
-            for r in pmodel._records
+            for r in pmodel.records
             if r.treatment == "shared" and pmodel.module.get_parameter(r.names[0]).requires_grad
         ]
         if shared:
@@ -825,7 +825,7 @@ def fit(
         steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms
     )
     resume = _directory("resume", resume)
-    torch.manual_seed(validate_seed("seed", seed))
+    torch.manual_seed(check_seed("seed", seed))
     trainer = PartitionedTrainer(
         pmodel,
         dataset,

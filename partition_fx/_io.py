@@ -1,0 +1,131 @@
+"""Atomic file and directory replacement: the one place partition-fx writes results.
+
+A reader (or a crash) sees the old file or the new one, never half of one. Every writer in the package
+(checkpoints, resume state, run directories, ONNX files, JSON reports) goes through these helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it onto ``path``.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+        >>> replace_file(target, lambda tmp: tmp.write_text("hello"))
+        >>> target.read_text()
+        'hello'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: str | os.PathLike[str], payload: Any) -> None:
+    """``payload`` as indented JSON at ``path``, replaced atomically."""
+    replace_file(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
+
+
+def aside_path(directory: str | os.PathLike[str]) -> Path:
+    """Where :func:`replace_directory` keeps the previous directory while it swaps the new one in."""
+    directory = Path(directory)
+    return directory.with_name(f".{directory.name}.old")
+
+
+def existing_directory(directory: str | os.PathLike[str]) -> Path:
+    """``directory``, or the previous version that :func:`replace_directory` set aside if a crash came
+    between moving it aside and moving the new one in."""
+    directory = Path(directory)
+    aside = aside_path(directory)
+    return aside if not directory.is_dir() and aside.is_dir() else directory
+
+
+def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "", ordinary: bool = False) -> Path:
+    """A new empty directory beside ``directory`` to fill before :func:`swap_in`.
+
+    ``mkdtemp`` makes it private (0700); ``ordinary=True`` gives it the mode of any directory the user
+    creates (0777 less the umask), for results that others read.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{suffix}", dir=directory.parent))
+    if ordinary:
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
+    return staging
+
+
+def swap_in(staging: Path, directory: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    """Replace ``directory`` (a directory, a file or nothing) by the filled ``staging`` directory.
+
+    The previous directory is renamed aside first and removed last, so at every moment either it or the
+    new one is complete (:func:`existing_directory` finds whichever is there). ``fsync`` flushes the
+    staged files to disk before the swap.
+    """
+    directory = Path(directory)
+    if fsync:
+        for path in staging.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+    aside = aside_path(directory)
+    if aside.is_dir():
+        shutil.rmtree(aside)
+    elif aside.exists():
+        aside.unlink()
+    if directory.exists():
+        os.replace(directory, aside)
+    os.replace(staging, directory)
+    if aside.is_dir():
+        shutil.rmtree(aside, ignore_errors=True)
+    elif aside.exists():
+        aside.unlink()
+
+
+def replace_directory(
+    directory: str | os.PathLike[str],
+    fill: Callable[[Path], T],
+    *,
+    suffix: str = "",
+    ordinary: bool = False,
+    fsync: bool = False,
+) -> T:
+    """``fill(staging)`` in a directory beside ``directory`` that then replaces it (see :func:`swap_in`);
+    returns what ``fill`` returned. Nothing is left behind if ``fill`` raises.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> run = pathlib.Path(tempfile.mkdtemp()) / "run"
+        >>> replace_directory(run, lambda tmp: (tmp / "report.json").write_text("{}"))
+        2
+        >>> sorted(p.name for p in run.iterdir())
+        ['report.json']
+    """
+    staging = staging_directory(directory, suffix=suffix, ordinary=ordinary)
+    try:
+        result = fill(staging)
+        swap_in(staging, directory, fsync=fsync)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return result

@@ -1,0 +1,163 @@
+"""Argument checks shared by the whole package: each returns the checked value or raises one
+:class:`~partition_fx.errors.PartitionError` that names the argument, what it got and what is allowed.
+
+``PartitionArgumentError`` is also a ``ValueError`` and ``PartitionTypeError`` a ``TypeError``, so callers'
+usual ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .errors import PartitionArgumentError, PartitionTypeError, first_line
+
+PROPORTION_TOLERANCE = 1e-6
+MAX_SEED = 2**63 - 1
+"""The largest seed the package takes: a signed 64-bit int, what every torch generator accepts."""
+
+
+def check_int(name: str, value: object, minimum: int = 1, *, hint: str = "") -> int:
+    """``value`` as an int >= ``minimum``; bool is refused (``steps=True`` is certainly a mistake).
+
+    Example::
+
+        >>> check_int("steps", 3)
+        3
+        >>> check_int("steps", 0)
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: steps must be an int >= 1, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise PartitionArgumentError(f"{name} must be an int >= {minimum}, got {value!r}{hint}")
+    return int(value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` if it is a bool: a truthy ``"False"`` or ``"no"`` would silently switch an option on."""
+    if not isinstance(value, bool):
+        raise PartitionTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_real(name: str, value: object) -> float:
+    """``value`` as a finite float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise PartitionArgumentError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_open_unit(name: str, value: object, *, hint: str = "") -> float:
+    """``value`` as a float strictly between 0 and 1 (a probability or a fraction of the data)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+        raise PartitionArgumentError(f"{name} must be a number strictly between 0 and 1, got {value!r}{hint}")
+    return float(value)
+
+
+def check_seed(name: str, value: object) -> int:
+    """``value`` as a seed in 0..MAX_SEED, or a clear error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PartitionTypeError(f"{name} must be an int in 0..2**63-1, got {value!r} ({type(value).__name__})")
+    if not 0 <= value <= MAX_SEED:
+        raise PartitionArgumentError(f"{name} must be an int in 0..2**63-1, got {value}")
+    return int(value)
+
+
+def check_choice(name: str, value: object, allowed: Sequence[str]) -> str:
+    """``value`` if it is one of ``allowed``."""
+    if value not in allowed:
+        raise PartitionArgumentError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return str(value)
+
+
+def check_callable(name: str, value: object, example: str) -> None:
+    """``value`` is None or callable (an optimiser or scheduler factory, a callback)."""
+    if value is not None and not callable(value):
+        raise PartitionTypeError(f"{name} must be a callable such as {example}, or None; got {value!r}")
+
+
+def check_num_partitions(num_partitions: object) -> int:
+    """C as an int in 1..255 (assignments are stored as bytes)."""
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, numbers.Integral):
+        raise PartitionTypeError(
+            f"num_partitions must be an int >= 1, got {num_partitions!r} ({type(num_partitions).__name__})"
+        )
+    if num_partitions < 1:
+        raise PartitionArgumentError(f"num_partitions must be >= 1, got {num_partitions}")
+    if num_partitions > 255:
+        raise PartitionArgumentError(f"num_partitions must be <= 255, got {num_partitions}")
+    return int(num_partitions)
+
+
+def check_proportions(proportions: Sequence[float] | None, num_partitions: int) -> tuple[float, ...]:
+    """Check proportions (``None`` = equal shares): C non-negative finite numbers summing to 1."""
+    if proportions is None:
+        return tuple(1.0 / num_partitions for _ in range(num_partitions))
+    if isinstance(proportions, torch.Tensor):
+        proportions = proportions.tolist()
+    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
+        raise PartitionTypeError(f"proportions must be a sequence of {num_partitions} numbers, got {proportions!r}")
+    if len(proportions) != num_partitions:
+        raise PartitionArgumentError(
+            f"proportions has {len(proportions)} entries but num_partitions={num_partitions}; "
+            f"give one proportion per partition (or proportions=None for equal shares)"
+        )
+    values = []
+    for i, p in enumerate(proportions):
+        if isinstance(p, bool) or not isinstance(p, numbers.Real):
+            raise PartitionTypeError(f"proportions[{i}] must be a number, got {p!r}")
+        p = float(p)
+        if not math.isfinite(p) or p < 0:
+            raise PartitionArgumentError(f"proportions[{i}] = {p} must be finite and >= 0")
+        values.append(p)
+    total = math.fsum(values)
+    if abs(total - 1.0) > PROPORTION_TOLERANCE:
+        raise PartitionArgumentError(
+            f"proportions must sum to 1 (within {PROPORTION_TOLERANCE}), got {tuple(values)} summing to {total!r}"
+        )
+    return tuple(values)
+
+
+def check_directory(name: str, value: object) -> Path | None:
+    """A directory argument (it need not exist yet), refused before anything is written to it."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise PartitionTypeError(f"{name} must be a path (str or os.PathLike) or None, got {type(value).__name__}")
+    if os.fspath(value) == "":
+        raise PartitionArgumentError(f"{name} must not be empty; pass '.' to mean the current directory")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise PartitionArgumentError(f"{name} {str(path)!r} exists and is not a directory; pass a directory")
+    return path
+
+
+def check_device(value: object) -> torch.device | None:
+    """``device`` as a ``torch.device`` that can hold a model here, or a clear error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise PartitionTypeError(
+            f"device must be a string such as 'cpu' or 'cuda:0', a torch.device or None, got {value!r}"
+        )
+    try:
+        device = torch.device(value)
+    except RuntimeError as e:
+        raise PartitionArgumentError(
+            f"device {value!r} is not a torch device ({e}); use e.g. 'cpu' or 'cuda'"
+        ) from None
+    if device.type == "meta":
+        raise PartitionArgumentError(
+            "device 'meta' holds no values: the model would lose its weights; use 'cpu' or 'cuda'"
+        )
+    try:
+        torch.empty(0, device=device)
+    except Exception as e:  # no driver, an index beyond the devices, torch built without it, no backend at all
+        raise PartitionArgumentError(f"device {value!r} is not usable here ({first_line(e)}); use 'cpu'") from None
+    return device
