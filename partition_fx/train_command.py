@@ -302,8 +302,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
 
     from .export import export_onnx, export_subnetwork
     from .plots import plot_curves, plot_hyperparameters
-    from .training import fit
-    from .training.resume import PartitionCheckpointError, resume_directory
+    from .training import PartitionCheckpointError, fit, resume_directory
 
     resume_from = None
     if getattr(args, "resume", None) is not None:

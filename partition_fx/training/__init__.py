@@ -4,19 +4,24 @@
 """
 
 from ..errors import PartitionCheckpointError
+from .checkpoint import CheckpointWriter, load_training_state, resume_directory, save_training_state
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
+from .fit import fit
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
-from .resume import load_training_state, save_training_state
+from .options import RunOptions, TrainerOptions
+from .result import FitResult
 from .sampler import PartitionedSampler
-from .trainer import FitResult, PartitionedTrainer, fit
+from .trainer import EvaluationHook, PartitionedTrainer
 
 __all__ = [
     "CallableLikelihood",
     "Categorical",
+    "CheckpointWriter",
     "DataChunks",
+    "EvaluationHook",
     "Examples",
     "FitResult",
     "Gaussian",
@@ -25,6 +30,8 @@ __all__ = [
     "PartitionCheckpointError",
     "PartitionedSampler",
     "PartitionedTrainer",
+    "RunOptions",
+    "TrainerOptions",
     "chunks_from_assignment",
     "estimate_lml",
     "evaluate_classifier",
@@ -33,6 +40,7 @@ __all__ = [
     "partition_optimizer",
     "recalibrate_norm_statistics",
     "resolve_likelihood",
+    "resume_directory",
     "save_training_state",
     "split_into_chunks",
     "weight_decay_scales",

@@ -94,6 +94,48 @@ def chunks_from_assignment(assignment: torch.Tensor | Sequence[int], num_chunks:
     return DataChunks(tuple(torch.nonzero(a == k).flatten() for k in range(1, num_chunks + 1)))
 
 
+def resolve_chunks(
+    chunks: DataChunks | torch.Tensor | Sequence[int] | None,
+    num_examples: int,
+    proportions: Sequence[float],
+    seed: int,
+) -> DataChunks:
+    """The data chunks of a run: ``chunks`` as given (``DataChunks``, or one chunk id 1..C per example), or a
+    random split of ``num_examples`` with ``proportions`` from ``seed``; checked against the data and C.
+
+    >>> resolve_chunks(None, 10, (0.8, 0.2), seed=0).sizes
+    [8, 2]
+    >>> resolve_chunks([1, 2, 2], 3, (0.5, 0.5), seed=0).sizes
+    [1, 2]
+    """
+    c, n = len(proportions), num_examples
+    if chunks is None:
+        resolved = split_into_chunks(n, proportions, seed)
+    elif isinstance(chunks, DataChunks):
+        resolved = chunks
+    else:
+        try:
+            assignment = torch.as_tensor(chunks)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise PartitionTypeError(
+                f"chunks must be DataChunks or one chunk id 1..{c} per example (a tensor or a sequence of ints), "
+                f"got {type(chunks).__name__} ({e})"
+            ) from None
+        if assignment.dim() == 1 and assignment.numel() != n:
+            raise PartitionArgumentError(
+                f"chunks assigns {assignment.numel()} examples but the dataset has {n}: one chunk id per example"
+            )
+        try:
+            resolved = chunks_from_assignment(assignment, c)
+        except (PartitionArgumentError, PartitionTypeError) as e:
+            raise type(e)(f"chunks: {e}") from None
+    if resolved.num_chunks != c:
+        raise PartitionArgumentError(f"{resolved.num_chunks} data chunks for a model with {c} partitions")
+    if max(int(idx.max()) for idx in resolved.indices) >= n:
+        raise PartitionArgumentError(f"the chunks index examples beyond the dataset's {n}")
+    return resolved
+
+
 class Examples:
     """Batches of ``(inputs, targets)`` from a dataset by index: a fast path for tensors (one gather),
     ``dataset[i]`` + ``default_collate`` for any other map-style dataset of pairs.

@@ -47,6 +47,40 @@ def forward_log_likelihood(
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
+def _detached_likelihood(likelihood: Likelihood, outputs: torch.Tensor, targets: torch.Tensor, samples: int):
+    """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
+    detached = {name: p.detach() for name, p in likelihood.named_parameters()}
+    return torch.func.functional_call(likelihood, detached, (outputs, targets, samples))
+
+
+def routed_losses(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    ks: torch.Tensor,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    hyper_batch: tuple[int, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and, if given,
+    hyperparameter examples ``(k, x, y)`` (chunk k through subnetwork k-1, training no partition) in ONE
+    forward; returns (parameter loss, hyperparameter loss or None), each a mean negative log-likelihood."""
+    xp, yp = batch
+    xp, samples_p = apply_transform(hyper, xp, grad=False)
+    ks = ks.to(xp.device).repeat(samples_p)  # sample-major, like the inputs
+    inputs, subnetworks, grads = [xp], [ks], [ks]
+    if hyper_batch is not None:
+        k, xh, yh = hyper_batch
+        xh, samples_h = apply_transform(hyper, xh, grad=True)
+        inputs.append(xh)
+        subnetworks.append(torch.full((xh.shape[0],), k - 1, device=xh.device))
+        grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=xh.device))
+    out = pmodel(torch.cat(inputs), subnetwork=torch.cat(subnetworks), grad_partition=torch.cat(grads))
+    n = xp.shape[0]
+    parameter_loss = -_detached_likelihood(likelihood, out[:n], yp, samples_p).mean()
+    hyper_loss = None if hyper_batch is None else -likelihood(out[n:], yh, samples_h).mean()
+    return parameter_loss, hyper_loss
+
+
 @contextmanager
 def buffers_restored(*modules: nn.Module | None) -> Iterator[None]:
     """Run a block and put every buffer (e.g. BatchNorm running statistics) back as it was."""

@@ -1,0 +1,47 @@
+"""Non-finite losses and gradients: finding them, and naming the tensors that hold them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..partitioned_model import PartitionedModel
+
+
+def gradient_norm(params: list[torch.Tensor]) -> float:
+    """The total 2-norm of the gradients that exist (0.0 when none does)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+def nonfinite_problem(value: float, params: list[torch.Tensor], names: dict[int, str]) -> str | None:
+    """None if ``value`` and the gradients of ``params`` are finite, else what is not, e.g.
+    ``gradient norm nan (in 0.weight partition 2, mask.logits)``; ``names`` maps ``id(tensor)`` to a name.
+
+    Example::
+
+        >>> p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([1.0, float("nan")])
+        >>> nonfinite_problem(0.5, [p], {id(p): "w"})
+        'gradient norm nan (in w)'
+    """
+    if not math.isfinite(value):
+        return f"loss {value}"
+    norm = gradient_norm(params)
+    if math.isfinite(norm):
+        return None
+    bad = [names.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return f"gradient norm {norm} (in " + ", ".join(bad[:3]) + more + ")"
+
+
+def tensor_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: nn.Module | None) -> dict[int, str]:
+    """``id(tensor) -> name`` for every trainable tensor: ``0.weight partition 2``, ``hyper.logits``, ..."""
+    names = {id(p): n.removeprefix("module.") for n, p in pmodel.named_parameters()}
+    for name, pt in pmodel.partitioned_tensors():
+        names.update((id(part), f"{name} partition {k}") for k, part in enumerate(pt.parts(), start=1))
+    for prefix, m in (("hyper", hyper), ("likelihood", likelihood)):
+        if m is not None:
+            names.update((id(p), f"{prefix}.{n}") for n, p in m.named_parameters())
+    return names

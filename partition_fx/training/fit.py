@@ -1,0 +1,107 @@
+"""``fit``: partitioned training with hyperparameters learned by the LML, in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._validation import check_directory
+from ..errors import PartitionArgumentError
+from ..partitioned_model import PartitionedModel
+from .checkpoint import load_training_state
+from .options import Callback, RunOptions, TrainerOptions
+from .result import FitResult
+from .trainer import PartitionedTrainer
+
+
+def fit(
+    pmodel: PartitionedModel,
+    dataset: Any,
+    *,
+    steps: int,
+    eval_every: int | None = None,
+    patience: int | None = None,
+    restore_best: bool = False,
+    callbacks: Sequence[Callback] = (),
+    progress: bool | None = None,
+    recalibrate_norms: bool = True,
+    resume: str | Path | None = None,
+    **options: Any,
+) -> FitResult:
+    """Train a partitioned model and learn its hyperparameters by the partitioned marginal likelihood.
+
+    Args (the keyword ``options`` are :class:`TrainerOptions`' fields, with its defaults):
+        pmodel: from ``partitionify`` (C >= 2 to learn hyperparameters).
+        dataset: ``(inputs, targets)`` tensors, a ``TensorDataset``, or a map-style dataset of pairs.
+        hyper: an input transform whose parameters are hyperparameters (``AffineAugmentation``,
+            ``InputMask``, or a module holding several); ``HyperparameterModule`` s inside the model
+            (``ConcreteDropout``) and a Gaussian likelihood's noise scale are learned too.
+        likelihood: ``"classification"``, ``"regression"`` (Gaussian, learned noise scale), a
+            ``Likelihood``, or ``fn(outputs, targets) -> per-example log-likelihood``.
+        steps: iterations (each: one parameter step, plus a hyperparameter step when due).
+        optimizer / hyper_optimizer: ``params -> torch.optim.Optimizer``, e.g.
+            ``functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=1e-4)``; both default to
+            Adam(lr=1e-3). The model optimiser gets one param group per partition, with its weight decay
+            scaled by ``weight_decay_scaling`` (``reciprocal``/``sqrt``/``none`` of |D_1:k|, see
+            ``weight_decay_scales``). ``scheduler``: ``optimizer -> LR scheduler``, stepped every iteration.
+        hyper_every / warmup_steps / hyper_batch_size: a hyperparameter step every ``hyper_every``
+            iterations once ``warmup_steps`` have passed, on ``hyper_batch_size`` (default ``batch_size``).
+        chunks: ``DataChunks`` or a per-example chunk id (1..C, e.g. by client); default: a random split
+            with the model's proportions, from ``seed``.
+        seed: an int in 0..2**63-1; seeds the chunks, the sampler and torch's global RNG (augmentation and
+            dropout noise).
+        eval_every: LML evaluation interval (default ``steps // 10``); the last step is always evaluated.
+        eval_examples_per_chunk: score at most this many examples per chunk (an unbiased estimate).
+        patience / restore_best: stop after ``patience`` evaluations without a better LML; return the
+            state with the best LML (``restore_best``).
+        callbacks: ``cb(trainer, record)`` after each evaluation; returning True stops training.
+        on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
+        checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` at each evaluation (atomically).
+        progress: a tqdm bar; default: only when stderr is a terminal.
+        fused: the parameter and hyperparameter steps of an iteration in one forward and one backward
+            (``PartitionedTrainer.fused_iteration``); not yet with hyperparameter modules inside the model.
+        every_partition: each example of a parameter batch draws its own partition (k_i ~ Cat(u), example
+            from D_1:k_i) and trains only it, so every partition is updated every iteration.
+        resume: a ``resume`` directory written by an earlier ``fit(..., checkpoint_dir=...)`` (at
+            ``checkpoint_dir/resume``, refreshed at every evaluation) with the same arguments: training
+            continues from its step to ``steps`` in total, bit for bit as if it had not stopped (on CPU).
+            A directory from another configuration is refused, naming what differs.
+        recalibrate_norms: at the end, recompute BatchNorm running statistics for the final subnetwork
+            over the training data (see ``recalibrate_norm_statistics``); they are shared by all
+            subnetworks during training. The LML does not use them (it runs in training mode).
+
+    Example::
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> from partition_fx.training import fit
+        >>> from partition_fx.transforms import InputMask
+        >>> x = torch.randn(200, 4); y = (x[:, 0] > 0).long()
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        >>> pmodel = partitionify(model, 2, (0.7, 0.3))
+        >>> result = fit(pmodel, (x, y), hyper=InputMask(4), steps=20, batch_size=32, progress=False)
+        >>> sorted(result.hyperparameters), len(result.history), result.lml < 0
+        (['mask'], 10, True)
+    """
+    run = RunOptions(steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms)
+    resume = check_directory("resume", resume)
+    trainer_options = TrainerOptions.from_kwargs("fit", options)
+    torch.manual_seed(trainer_options.seed)
+    trainer = PartitionedTrainer(pmodel, dataset, trainer_options)
+    if resume is not None:
+        load_training_state(trainer, resume)
+        if trainer.step >= run.steps:
+            raise PartitionArgumentError(
+                f"the run in {resume} is at step {trainer.step}, not before steps={run.steps}: nothing to resume; "
+                "pass a larger steps to train on (with the same LR schedule arguments)"
+            )
+    # the rest of the run; eval_every stays steps // 10 of the whole run, also when resumed
+    rest = replace(run, steps=run.steps - trainer.step)
+    return trainer.run(rest.steps, **{f.name: getattr(rest, f.name) for f in fields(rest) if f.name != "steps"})
+
+
+__all__ = ["fit"]

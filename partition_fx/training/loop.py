@@ -1,0 +1,70 @@
+"""The training loop: iterations, evaluations, callbacks, early stopping, and the end of a run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from .lml import recalibrate_norm_statistics
+from .options import RunOptions
+from .result import FitResult
+
+
+def run_loop(trainer: Any, run: RunOptions) -> FitResult:
+    """Run ``trainer`` (a ``PartitionedTrainer``) for ``run.steps`` iterations from its current step:
+    evaluate every ``run.eval_every`` iterations and at the end, call the callbacks after each evaluation,
+    stop early on ``run.patience``, restore the best state (``run.restore_best``) and recalibrate BatchNorm
+    statistics for the final subnetwork (``run.recalibrate_norms``)."""
+    from tqdm.auto import tqdm
+
+    show = sys.stderr.isatty() if run.progress is None else run.progress
+    started = time.perf_counter()
+    stopped_early = False
+    bar = tqdm(total=run.steps, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
+    try:
+        end = trainer.step + run.steps
+        while trainer.step < end:
+            trainer.iteration()
+            bar.update(1)
+            if trainer.step % run.eval_every == 0 or trainer.step == end:  # type: ignore[operator]
+                record = trainer.evaluate(started)
+                bar.set_postfix(lml=f"{record['lml']:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
+                stop = any(bool(cb(trainer, record)) for cb in run.callbacks)
+                if run.patience is not None and len(trainer.history) - 1 - _best_index(trainer) >= run.patience:
+                    stopped_early = True
+                if stop or stopped_early:
+                    stopped_early = True
+                    break
+    finally:
+        bar.close()
+    assert trainer.best is not None
+    best_lml, best_step, best_state = trainer.best
+    final = trainer.history[-1]
+    if run.restore_best and best_step != trainer.step:
+        trainer.restore_modules(best_state)
+        final = next(r for r in trainer.history if r["step"] == best_step)
+    recalibrated = 0
+    if run.recalibrate_norms:
+        recalibrated = recalibrate_norm_statistics(
+            trainer.pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device
+        )
+    return FitResult(
+        lml=final["lml"],
+        conditional_lml=final["conditional_lml"],
+        history=trainer.history,
+        hyperparameters=trainer.hyperparameter_values(),
+        steps=trainer.step,
+        best_step=best_step,
+        best_lml=best_lml,
+        stopped_early=stopped_early,
+        chunk_sizes=trainer.chunks.sizes,
+        seconds=round(time.perf_counter() - started, 3),
+        skipped_steps=trainer.skipped_steps,
+        recalibrated_norms=recalibrated,
+    )
+
+
+def _best_index(trainer: Any) -> int:
+    assert trainer.best is not None
+    return next(i for i, r in enumerate(trainer.history) if r["step"] == trainer.best[1])

@@ -1,0 +1,194 @@
+"""The options of partitioned training, checked once where they enter the package.
+
+``TrainerOptions`` holds what builds a :class:`~partition_fx.training.PartitionedTrainer` (hyperparameter
+modules, likelihood, batch sizes, optimisers, chunks, ...); ``RunOptions`` holds what a run of it takes
+(steps, evaluation interval, early stopping, callbacks). ``fit`` builds both from its keyword arguments, so
+every argument is checked before anything is built or written, and each has one name, one default and one
+check, here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._validation import (
+    check_callable,
+    check_choice,
+    check_device,
+    check_directory,
+    check_flag,
+    check_int,
+    check_seed,
+)
+from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from .chunks import DataChunks
+from .likelihoods import Likelihood, resolve_likelihood
+from .optim import WEIGHT_DECAY_SCALINGS, OptimizerFactory
+
+Callback = Callable[[Any, dict[str, Any]], "bool | None"]
+"""``cb(trainer, record)`` after each evaluation (``trainer``: the ``PartitionedTrainer``); True stops training."""
+
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """What a :class:`~partition_fx.training.PartitionedTrainer` is built with (see :func:`fit` for each).
+
+    Checked on construction; ``likelihood``, ``checkpoint_dir`` and ``device`` are stored resolved (a
+    ``Likelihood`` module, a ``Path``, a ``torch.device``).
+
+    Example::
+
+        >>> options = TrainerOptions(batch_size=32, seed=3)
+        >>> options.batch_size, type(options.likelihood).__name__
+        (32, 'Categorical')
+        >>> TrainerOptions(batch_size=0)
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: batch_size must be an int >= 1, got 0
+    """
+
+    hyper: nn.Module | None = None
+    likelihood: str | Likelihood | Callable[..., torch.Tensor] = "classification"
+    batch_size: int = 128
+    hyper_batch_size: int | None = None
+    optimizer: OptimizerFactory | None = None
+    hyper_optimizer: OptimizerFactory | None = None
+    scheduler: SchedulerFactory | None = None
+    weight_decay_scaling: str = "reciprocal"
+    hyper_every: int = 1
+    warmup_steps: int = 0
+    chunks: DataChunks | torch.Tensor | Sequence[int] | None = None
+    seed: int = 0
+    eval_batch_size: int = 256
+    eval_examples_per_chunk: int | None = None
+    on_nonfinite: str = "raise"
+    checkpoint_dir: str | Path | None = None
+    device: torch.device | str | None = None
+    fused: bool = False
+    every_partition: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hyper is not None and not isinstance(self.hyper, nn.Module):
+            raise PartitionTypeError(
+                f"hyper must be an nn.Module (e.g. AffineAugmentation()), got {type(self.hyper).__name__}"
+            )
+        if self.on_nonfinite not in ("raise", "skip"):
+            raise PartitionArgumentError(f"on_nonfinite must be 'raise' or 'skip', got {self.on_nonfinite!r}")
+        check_callable("optimizer", self.optimizer, "functools.partial(torch.optim.Adam, lr=1e-3)")
+        check_callable("hyper_optimizer", self.hyper_optimizer, "functools.partial(torch.optim.Adam, lr=0.05)")
+        check_callable(
+            "scheduler", self.scheduler, "functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)"
+        )
+        check_flag("fused", self.fused)
+        check_flag("every_partition", self.every_partition)
+        self._set("likelihood", resolve_likelihood(self.likelihood))
+        check_seed("seed", self.seed)
+        check_int("hyper_every", self.hyper_every)
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_int("eval_batch_size", self.eval_batch_size)
+        if self.eval_examples_per_chunk is not None:
+            check_int("eval_examples_per_chunk", self.eval_examples_per_chunk)
+        check_choice("weight_decay_scaling", self.weight_decay_scaling, WEIGHT_DECAY_SCALINGS)
+        self._set("checkpoint_dir", check_directory("checkpoint_dir", self.checkpoint_dir))
+        self._set("device", check_device(self.device))
+        check_int("batch_size", self.batch_size)
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # a frozen dataclass stores its own normalised values
+
+    @classmethod
+    def from_kwargs(cls, where: str, kwargs: dict[str, Any]) -> TrainerOptions:
+        """The options named in ``kwargs``; an unknown name is refused naming ``where`` and the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise PartitionTypeError(
+                f"{where} got unknown argument(s) {', '.join(unknown)}; it takes {', '.join(sorted(known))}"
+            )
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What one run of the training loop takes (see :func:`fit`); ``eval_every`` defaults to ``steps // 10``.
+
+    Example::
+
+        >>> RunOptions(steps=40).eval_every
+        4
+    """
+
+    steps: int
+    eval_every: int | None = None
+    patience: int | None = None
+    restore_best: bool = False
+    callbacks: Sequence[Callback] = field(default=())
+    progress: bool | None = None
+    recalibrate_norms: bool = True
+
+    def __post_init__(self) -> None:
+        steps = check_int("steps", self.steps)
+        eval_every = self.eval_every if self.eval_every is not None else max(1, steps // 10)
+        object.__setattr__(self, "eval_every", check_int("eval_every", eval_every))
+        if self.patience is not None:
+            check_int("patience", self.patience)
+        check_flag("restore_best", self.restore_best)
+        check_flag("recalibrate_norms", self.recalibrate_norms)
+        if self.progress is not None:
+            check_flag("progress", self.progress)
+        callbacks = self.callbacks
+        if callable(callbacks) or isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+            raise PartitionTypeError(f"callbacks must be a list of callables cb(trainer, record), got {callbacks!r}")
+        callbacks = tuple(callbacks)
+        for i, cb in enumerate(callbacks):
+            if not callable(cb):
+                raise PartitionTypeError(f"callbacks[{i}] must be a callable cb(trainer, record), got {cb!r}")
+        object.__setattr__(self, "callbacks", callbacks)
+
+
+def build(name: str, factory: Callable[..., Any], *args: Any) -> Any:
+    """``factory(*args)`` for a user's optimiser or scheduler factory; its refusal of its own arguments
+    (``partial(torch.optim.Adam, lr=-1)``) is reported naming the argument."""
+    try:
+        return factory(*args)
+    except PartitionError:
+        raise
+    except (TypeError, ValueError) as e:
+        kind = PartitionTypeError if isinstance(e, TypeError) else PartitionArgumentError
+        raise kind(f"{name} could not be built: {e}") from e
+
+
+def check_optimizer(name: str, optimizer: object) -> torch.optim.Optimizer:
+    """``optimizer`` if it is an optimiser whose learning rates and weight decays are finite and >= 0."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PartitionTypeError(
+            f"{name} must be a callable returning a torch.optim.Optimizer (e.g. functools.partial("
+            f"torch.optim.Adam, lr=1e-3)), got {type(optimizer).__name__}"
+        )
+    for group in optimizer.param_groups:
+        for key in ("lr", "weight_decay"):
+            value = float(group.get(key, 0.0))
+            if not (math.isfinite(value) and value >= 0):
+                scaled = " after weight_decay_scaling" if key == "weight_decay" and "partition" in group else ""
+                where = f" (partition {group['partition']}{scaled})" if "partition" in group else ""
+                raise PartitionArgumentError(f"{name}'s {key} must be finite and >= 0, got {value}{where}")
+    return optimizer
+
+
+def check_scheduler(scheduler: object) -> Any:
+    """``scheduler`` if it has a ``step()`` (an LR scheduler)."""
+    if not callable(getattr(scheduler, "step", None)):
+        raise PartitionTypeError(
+            "scheduler must be a callable returning an LR scheduler (with .step()), e.g. functools.partial("
+            f"torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps); got {type(scheduler).__name__}"
+        )
+    return scheduler

@@ -1,0 +1,34 @@
+"""What a partitioned training run returns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns; ``to_dict()`` is plain JSON."""
+
+    lml: float
+    """The final LML estimate (nats, summed over the training set), of the returned model."""
+    history: list[dict[str, Any]]
+    """Per evaluation: ``step``, ``lml``, ``lml_per_chunk``, ``lml_per_example``, ``conditional_lml`` (the sum
+    over chunks 2..C, see ``LMLEstimate.conditional``), ``train_loss`` (mean
+    parameter-step loss since the last evaluation), ``hyper_loss``, ``hyperparameters``, ``seconds``."""
+    conditional_lml: float
+    """The final estimate of log p(D_2:C | D_1, psi): the LML without its chunk-1 term."""
+    hyperparameters: dict[str, Any]
+    """Name -> value (plain floats/lists), e.g. ``{"rotation": 2.9, ...}`` (radians)."""
+    steps: int
+    best_step: int
+    best_lml: float
+    stopped_early: bool
+    chunk_sizes: list[int]
+    seconds: float
+    skipped_steps: int = 0
+    recalibrated_norms: int = 0
+    """BatchNorm modules whose running statistics were recomputed for the final subnetwork at the end."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
