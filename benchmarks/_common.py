@@ -96,7 +96,7 @@ def provenance(meta: dict[str, Any]) -> str:
     """The line that heads a results table: what was run, where and when."""
     when = " to ".join(meta["runs_written"]) if meta.get("runs_written") else meta["date"]
     torch = f"torch {meta['torch']}"
-    where = f"{meta['machine']} ({meta['device']}, {torch})" if meta.get("machine") else f"{meta['device']} ({torch})"
+    where = f"{meta['machine']} ({meta['device']}, {torch})" if meta.get("machine") else f"{meta['device']}, {torch}"
     commit = meta.get("commit")
     return f"Measured {when} on {where}, commit {commit[:12] if commit else 'not recorded'}."
 
