@@ -295,9 +295,7 @@ def model_selection_candidates(result: Results) -> str:
                 ]
             )
     header = ["inputs (informative)", "candidate", "partitioned cond. LML", "Laplace LML", "test RMSE plain"]
-    return markdown_table(
-        [*header, "test RMSE partitioned", "seconds partitioned", "seconds plain + Laplace"], body
-    )
+    return markdown_table([*header, "test RMSE partitioned", "seconds partitioned", "seconds plain + Laplace"], body)
 
 
 def results_markdown(result: Results, *tables: Callable[[Results], str]) -> str:
