@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from partition_fx.datasets import input_selection
 from torch import nn
 
 from benchmarks import tables
@@ -39,6 +38,7 @@ from benchmarks._common import RESULTS, header, results, write_results
 from benchmarks.methods import PassCounter
 from partition_fx import export_subnetwork, partitionify
 from partition_fx._io import replace_file
+from partition_fx.datasets import input_selection
 from partition_fx.training import Gaussian, fit
 from partition_fx.transforms import InputMask
 
