@@ -25,27 +25,25 @@ is not disturbed. The iterations to the target are those of the first evaluation
 estimates (on 16 examples per chunk) are included. Prints a table and writes
 ``benchmarks/results/convergence.json``.
 
-    python benchmarks/convergence.py [--seeds 0,1] [--steps 400] [--eval-every 25] [--target 0.9]
+    python -m benchmarks.convergence [--seeds 0,1] [--steps 400] [--eval-every 25] [--target 0.9]
         [--variants paper,every_partition,fused_every_partition,plain] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork
-from partition_fx.cli import _parser as cli_parser
-from partition_fx.train_command import _prepare, evaluate_classifier, training_recipe
-from partition_fx.training import fit
+from partition_fx.cli import train_job, training_recipe
+from partition_fx.training import evaluate_classifier, fit
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
@@ -54,12 +52,6 @@ VARIANTS = {
     "every_partition": {"fused": False, "every_partition": True},
     "fused_every_partition": {"fused": True, "every_partition": True},
     "plain": {},
-}
-LABELS = {
-    "paper": "(a) paper: one partition per iteration",
-    "every_partition": "(b) every partition every iteration",
-    "fused_every_partition": "(b') (b) + fused",
-    "plain": "(c) plain, learned augmentation fixed",
 }
 DEFAULT_VARIANTS = "paper,every_partition,plain"  # about 48 min on 1 CPU thread; (b') adds about 20 min
 QUICK = ["--batch-size", "8", "--samples", "2", "--image-size", "8"]
@@ -80,9 +72,8 @@ def run(variant: str, seed: int, args: argparse.Namespace, learned: dict[str, fl
     argv = ["train", "--seed", str(seed), "--steps", str(args.steps), *(QUICK if args.quick else [])]
     if plain:
         argv += ["--partitions", "1", "--proportions", "1", "--augment", "none"]
-    job = cli_parser().parse_args(argv)  # the `partition-fx train` defaults
-    parts = _prepare(job)
-    data, pmodel, hyper = parts["data"], parts["pmodel"], parts["hyper"]
+    prepared = train_job(argv)  # the `partition-fx train` defaults, data and partitioned model
+    job, data, pmodel, hyper = prepared.args, prepared.data, prepared.pmodel, prepared.hyper
     if plain:
         assert learned is not None
         init = {name: min(abs(value), DEFAULT_MAX_RANGE[name]) for name, value in learned.items()}
@@ -134,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eval-every", type=int, default=25, help="test-accuracy interval (iterations)")
     parser.add_argument("--target", type=float, default=0.9, help="test accuracy to reach")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"a subset of {','.join(VARIANTS)}")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "convergence.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "convergence.json")
     parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -178,23 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
             row["median_ratio_to_plain"] = _median(ratios)
         rows.append(row)
 
-    def fmt(values: list, spec: str) -> str:
-        return ", ".join("not reached" if v is None else format(v, spec) for v in values)
-
-    header = (
-        f"| variant | iterations to test accuracy >= {args.target:g} (seeds {args.seeds}) | median | "
-        "vs (c), median | final test accuracy | s/iteration |"
-    )
-    lines = [header, "| --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        median, ratio = r["median_iterations_to_target"], r.get("median_ratio_to_plain")
-        lines.append(
-            f"| {LABELS[r['variant']]} | {fmt(r['iterations_to_target'], 'd')} | "
-            f"{'-' if median is None else format(median, 'g')} | {'-' if ratio is None else f'x{ratio:.2f}'} | "
-            f"{fmt(r['final_test_accuracy'], '.3f')} | {statistics.median(r['seconds_per_iteration']):.2f} |"
-        )
-    table = "\n".join(lines)
-    print(table)
+    config = {"steps": args.steps, "eval_every": args.eval_every, "target": args.target}
+    result = results(header("convergence", quick=args.quick), config, rows, runs=list(runs.values()))
+    print(tables.convergence(result))
     by = {r["variant"]: r for r in rows}
     target_met = None
     if "every_partition" in by and "plain" in by:
@@ -202,25 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
         target_met = None if ratio is None else ratio <= 1.3
         verdict = "not measured (a run missed the target)" if ratio is None else "met" if target_met else "NOT met"
         print(f"(b) <= 1.3 x (c) iterations to the target: {verdict}")
-    result = {
-        "benchmark": "convergence",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.processor() or 'cpu'}",
-        "device": "cpu",
-        "torch": torch.__version__,
-        "quick": args.quick,
-        "steps": args.steps,
-        "eval_every": args.eval_every,
-        "target": args.target,
-        "every_partition_within_1_3x_plain": target_met,
-        "rows": rows,
-        "runs": list(runs.values()),
-        "table": table,
-    }
+    result["summary"] = {"every_partition_within_1_3x_plain": target_met}
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_results(args.out, result)
     return result
 
 

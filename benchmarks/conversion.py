@@ -3,23 +3,22 @@
 Prints a table and writes ``benchmarks/results/conversion.json``. Step times are ratios measured in
 one process, alternating plain and partitioned steps, medians over repeats (the machines are noisy).
 
-    python benchmarks/conversion.py [--models resnet18,resnet50] [--repeats 15] [--quick]
+    python -m benchmarks.conversion [--models resnet18,resnet50] [--repeats 15] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import timm
 import torch
 
 import partition_fx  # noqa: F401  (registers the shipped models)
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 
 INPUT = {"fixup_resnet14": 32, "cifar_wrn16_4": 32, "vit_tiny_patch16_224": 224}
@@ -67,38 +66,22 @@ def measure(name: str, repeats: int, batch: int) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="fixup_resnet14,cifar_wrn16_4,resnet18,resnet50,vit_tiny_patch16_224")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--quick", action="store_true", help="one small model, 3 repeats")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "conversion.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / "conversion.json")
+    args = parser.parse_args(argv)
     names = ["fixup_resnet14"] if args.quick else args.models.split(",")
     repeats = 3 if args.quick else args.repeats
     rows = [measure(n, repeats, 8 if args.quick else args.batch) for n in names]
-    header = (
-        f"{'model':24s} {'params':>11s} {'convert s':>9s} {'plain step s':>12s} {'x step k=1':>10s} {'x step k=3':>10s}"
-    )
-    print(header)
-    for r in rows:
-        print(
-            f"{r['model']:24s} {r['parameters']:11,d} {r['conversion_seconds_median']:9.2f} "
-            f"{r['plain_step_seconds_median']:12.4f} {r['step_subnetwork_1']:10.3f} {r['step_subnetwork_3']:10.3f}"
-        )
-    result = {
-        "benchmark": "conversion",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "torch": torch.__version__,
-        "repeats": repeats,
-        "rows": rows,
-    }
+    result = results(header("conversion", quick=args.quick), {"repeats": repeats}, rows)
+    print(tables.conversion(result))
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_results(args.out, result)
+    return result
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ the same iterations, batch, augmentation samples and learning rates (``methods.B
    the partitioned run (same seed) or the best Optuna trial found (appendix G's retraining check).
 
 Tasks: ``rotdigits`` and ``digits`` (16 px) and ``scattered``: digits at random sizes and positions on a
-20 px canvas, written as an image folder (``partition_fx.data.write_scattered_digits``) and loaded back
+20 px canvas, written as an image folder (``partition_fx.datasets.write_scattered_digits``) and loaded back
 with ``image_folder``. The test split is touched only to report; nothing is chosen on it. Every run is
 cached as JSON under ``--runs``, so an interrupted benchmark resumes. Also draws the paper's figure 9 for
 rotdigits: test accuracy of fixed-rotation plain runs against the rotation range, with the partitioned
 runs' trajectories on top. Prints a table and writes ``benchmarks/results/hyperparameter_methods.{json,md,png}``.
 
-    python benchmarks/hyperparameter_methods.py [--jobs 2] [--seeds 0,1,2] [--trials 20] [--steps 400]
+    python -m benchmarks.hyperparameter_methods [--jobs 2] [--seeds 0,1,2] [--trials 20] [--steps 400]
         [--pairs rotdigits:test_resnet,...] [--methods plain,partitioned,...] [--quick]
 """
 
@@ -35,8 +35,6 @@ import json
 import math
 import os
 import platform
-import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
@@ -46,10 +44,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import methods
+from benchmarks import methods, tables
+from benchmarks._common import RESULTS, header, summary, write_results
+from benchmarks._common import results as results_object
+from benchmarks.tables import STRONG_AUGERINO
+from partition_fx._io import replace_file
 
-RESULTS = Path(__file__).parent / "results"
 DEFAULT_PAIRS = ",".join(
     [
         "rotdigits:test_resnet",
@@ -63,29 +63,15 @@ LEARNING = [
     "plain", "hand_chosen", "partitioned", "partitioned_fused", "augerino", "augerino_unsafe", "augerino_unsafe_strong",
     "validation",
 ]  # fmt: skip
-STRONG_AUGERINO = 1.0  # a strong regulariser, to see whether (and when) the unsafe objective diverges
 RETRAINED = ["retrain_partitioned", "retrain_optuna"]
 ALL_METHODS = [*LEARNING, "optuna", *RETRAINED]
-LABELS = {
-    "plain": "1 plain, no augmentation",
-    "hand_chosen": "2 plain, hand-chosen augmentation",
-    "partitioned": "3 partitioned (paper scheme)",
-    "partitioned_fused": "3' partitioned (fused, every partition)",
-    "augerino": "4 Augerino (safe)",
-    "augerino_unsafe": "4' Augerino (unsafe)",
-    "augerino_unsafe_strong": f"4'' Augerino (unsafe, strength {STRONG_AUGERINO})",
-    "validation": "5 validation split",
-    "optuna": "6 Optuna TPE, best trial",
-    "retrain_partitioned": "7 plain, retrained with partitioned's ranges",
-    "retrain_optuna": "7' plain, retrained with Optuna's best ranges",
-}
 SWEEP = [math.pi / 8, math.pi / 4, math.pi / 2, 3 * math.pi / 4]  # plus 0 (plain) and pi (hand-chosen)
 QUICK = {"steps": 4, "batch_size": 8, "samples": 2}
 
 
 @cache
 def load_task(name: str, image_size: int, folder: str) -> methods.Task:
-    from partition_fx.data import image_folder, load_dataset
+    from partition_fx.datasets import image_folder, load_dataset
 
     if name == "scattered":
         truth = json.loads((Path(folder) / "invariances.json").read_text())
@@ -99,7 +85,7 @@ def load_task(name: str, image_size: int, folder: str) -> methods.Task:
 
 
 def _scattered_folder(runs: Path, quick: bool) -> str:
-    from partition_fx.data import write_scattered_digits
+    from partition_fx.datasets import write_scattered_digits
 
     folder = runs / "scattered_digits"
     if not (folder / "invariances.json").is_file():
@@ -155,10 +141,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         seconds=round(result["seconds"], 2),
         steps=result["steps"],
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
     return record
 
 
@@ -274,66 +257,6 @@ def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, 
     return rows
 
 
-def _overview(rows: list[dict[str, Any]]) -> str:
-    """Methods by (task, model): test accuracy, and the cost in images through the network relative to plain
-    training (the median over pairs; Optuna: its whole study)."""
-    pairs = list(dict.fromkeys((r["task"], r["model"]) for r in rows))
-    by = {(r["task"], r["model"], r["method"]): r for r in rows}
-    header = " | ".join(f"{task} / {model}" for task, model in pairs)
-    lines = [f"| method | {header} | cost vs plain |", "| --- |" + " --- |" * (len(pairs) + 1)]
-
-    def images(row: dict[str, Any]) -> float:
-        return statistics.mean(p["forward_images"] + p["backward_images"] for p in row["passes"])
-
-    for method in dict.fromkeys(r["method"] for r in rows):
-        cells = [methods.mean_sd(by[task, model, method]["test_accuracy"], ".3f") for task, model in pairs]
-        ratios = [images(by[t, m, method]) / images(by[t, m, "plain"]) for t, m in pairs if (t, m, "plain") in by]
-        cost = f"x{statistics.median(ratios):.1f}" if ratios else "-"
-        lines.append(f"| {LABELS[method]} | {' | '.join(cells)} | {cost} |")
-    return "\n".join(lines)
-
-
-def _table(rows: list[dict[str, Any]], truths: dict[str, dict[str, float]]) -> str:
-    ms = methods.mean_sd
-
-    lines = [
-        "| task / model | method | test accuracy | test log-lik. | rotation | translation | zoom | "
-        "images fwd+bwd (k) | seconds |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        hyper = row["hyperparameters"]
-
-        def ranges(pick: Any, hyper: list = hyper) -> str:
-            return ms([pick(h) for h in hyper], ".2f") if any(hyper) else "-"
-
-        images = [(p["forward_images"] + p["backward_images"]) / 1000 for p in row["passes"]]
-        cost = f"{ms(images, '.0f')}"
-        seconds = ms(row["seconds"], ".0f")
-        label = LABELS[row["method"]]
-        if row["method"] == "optuna":
-            best = row["best_trial_passes"]
-            cost += f" (best trial {(best['forward_images'] + best['backward_images']) / 1000:.0f})"
-            seconds += f" (best trial {row['best_trial_seconds']:.0f})"
-            label += f" ({len(row['trials'])} trials, 1 study)"
-        if row["method"].startswith("augerino_unsafe"):
-            diverged = [d for d in row["diverged_at"] if d is not None]
-            label += f" (diverged {len(diverged)}/{len(row['diverged_at'])}" + (
-                f", at step {', '.join(map(str, diverged))})" if diverged else ")"
-            )
-        lines.append(
-            f"| {row['task']} / {row['model']} | {label} | {ms(row['test_accuracy'], '.3f')} | "
-            f"{ms(row['test_log_likelihood'], '.3f')} | {ranges(lambda h: h.get('rotation', 0.0))} | "
-            f"{ranges(lambda h: (h.get('translation_x', 0.0) + h.get('translation_y', 0.0)) / 2)} | "
-            f"{ranges(methods.zoom_range)} | {cost} | {seconds} |"
-        )
-    truth_lines = [
-        f"- {task}: " + (", ".join(f"{k} {v:.2f}" for k, v in truth.items()) if truth else "no known invariance")
-        for task, truth in truths.items()
-    ]
-    return "\n".join([*lines, "", "True invariances (same units):", *truth_lines])
-
-
 def _plot(args: argparse.Namespace, results: dict[str, dict], path: Path) -> None:
     import matplotlib
 
@@ -346,7 +269,7 @@ def _plot(args: argparse.Namespace, results: dict[str, dict], path: Path) -> Non
     xs, means, stds = [], [], []
     for name, value in fixed:
         accuracies = [results[_key(name, task, model, seed)]["test_accuracy"] for seed in args.seeds]
-        mean, std = methods.summary(accuracies)
+        mean, std = summary(accuracies)
         xs.append(value)
         means.append(mean)
         stds.append(std)
@@ -431,36 +354,40 @@ def main(argv: list[str] | None = None) -> dict:
     written = [Path(job["path"]).stat().st_mtime for job in [*first, *second]]
     rows = _rows(args, results)
     truths = {task: load_task(task, _image_size(args, task), folder).truth for task in dict(args.pairs)}
-    table = _overview(rows) + "\n\n" + _table(rows, truths)
-    print(table)
-    result = {
-        "benchmark": "hyperparameter_methods",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        # runs are cached: when they were actually trained (their files' first and last write)
-        "runs_written": [
-            datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in (min(written), max(written))
-        ],
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, runs on 1 thread each, {args.jobs} at a time",
-        "device": "cpu",
-        "torch": torch.__version__,
-        "quick": args.quick,
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, runs on 1 thread each, {args.jobs} at a time"
+    meta = header("hyperparameter_methods", quick=args.quick, machine=machine)
+    # runs are cached: when they were actually trained (their files' first and last write)
+    meta["runs_written"] = [
+        datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in (min(written), max(written))
+    ]
+    config = {
         "budget": QUICK
         if args.quick
         else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples},
         "image_size": args.image_size,
         "trials": args.trials,
         "methods": args.methods,
-        # cached runs are reused, so this call's wall time says little; the runs' own training time does
-        "wall_seconds_this_call": round(time.perf_counter() - started, 1),
-        "training_seconds_all_runs": round(sum(r["seconds"] for r in results.values()), 1),
         "true_invariances": truths,
-        "rows": rows,
-        "table": table,
     }
+    result = results_object(
+        meta,
+        config,
+        rows,
+        summary={
+            # cached runs are reused, so this call's wall time says little; the runs' own training time does
+            "wall_seconds_this_call": round(time.perf_counter() - started, 1),
+            "training_seconds_all_runs": round(sum(r["seconds"] for r in results.values()), 1),
+        },
+    )
+    print(tables.hyperparameter_methods(result) + "\n\n" + tables.hyperparameter_methods_runs(result))
     out = args.out if not args.quick else args.runs / "hyperparameter_methods.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(methods.provenance(result) + "\n\n" + table + "\n")
+    write_results(out, result)
+    replace_file(
+        out.with_suffix(".md"),
+        lambda tmp: tmp.write_text(
+            tables.results_markdown(result, tables.hyperparameter_methods, tables.hyperparameter_methods_runs)
+        ),
+    )
     if args.figure:
         _plot(args, results, out.with_name(out.stem + "_rotation.png"))
     return result

@@ -5,20 +5,17 @@ Each run is the `partition-fx train` default (resnet10t, C=3, 0.8/0.1/0.1, 400 i
 data, augmentation and seed changed; a run directory that already holds a completed run of the same
 configuration is reused. Prints a table and writes ``benchmarks/results/learned_augmentation.json``.
 
-    python benchmarks/learned_augmentation.py [--seeds 0,1,2] [--runs runs/learned_augmentation] [--quick]
+    python -m benchmarks.learned_augmentation [--seeds 0,1,2] [--runs runs/learned_augmentation] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx.cli import main as cli
 
 CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("digits", "affine")]
@@ -47,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--runs", type=Path, default=Path("runs/learned_augmentation"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "learned_augmentation.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "learned_augmentation.json")
     parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -73,37 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
             }
         )
 
-    def ms(values: list[float], fmt: str) -> str:
-        if len(values) == 1:
-            return format(values[0], fmt)
-        return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
-
-    header = (
-        "| data | augmentation | test accuracy | LML (nats) | rotation range (rad) | largest other range | time (s) |"
-    )
-    lines = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        lines.append(
-            f"| {r['data']} | {'learned affine' if r['augment'] == 'affine' else 'none'} | "
-            f"{ms(r['test_accuracy'], '.3f')} | {ms(r['lml'], '.0f')} | "
-            f"{ms(r['rotation'], '.2f') if r['rotation'] else '-'} | "
-            f"{ms(r['other_ranges_max'], '.3f') if r['other_ranges_max'] else '-'} | {ms(r['seconds'], '.0f')} |"
-        )
-    table = "\n".join(lines)
-    print(table)
-    result = {
-        "benchmark": "learned_augmentation",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.processor() or 'cpu'}",
-        "device": "cpu",
-        "torch": torch.__version__,
-        "quick": args.quick,
-        "rows": rows,
-        "table": table,
-    }
+    result = results(header("learned_augmentation", quick=args.quick), {"configs": CONFIGS}, rows)
+    print(tables.learned_augmentation(result))
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.out, result)
     return result
 
 

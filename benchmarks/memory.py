@@ -9,15 +9,12 @@ temporaries included.
 On CPU these are tensor bytes, on CUDA the same tracker on device memory. Prints a table and writes
 ``benchmarks/results/memory.json``.
 
-    python benchmarks/memory.py [--models resnet18,fixup_resnet14] [--device cpu|cuda] [--quick]
+    python -m benchmarks.memory [--models resnet18,fixup_resnet14] [--device cpu|cuda] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
@@ -26,6 +23,8 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import partition_fx  # noqa: F401  (registers the shipped models)
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.training import PartitionedTrainer
 
@@ -124,43 +123,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--quick", action="store_true", help="one small model, two variants (a smoke test)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "memory.json")
     args = parser.parse_args(argv)
     names = ["fixup_resnet8"] if args.quick else args.models.split(",")
     variants = VARIANTS[:1] + VARIANTS[3:4] if args.quick else VARIANTS
     rows = [measure(n, *v, device=args.device) for n in names for v in variants]
-    header = (
-        "| model | scheme | default | assignments | parts | defaults | indices, seeds | total overhead "
-        "| params+Adam+buffers vs plain | step peak vs plain |"
-    )
-    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        o = r["overhead_of_parameter_memory"]
-        lines.append(
-            f"| {r['model']} | {r['scheme']} | {r['default']} | {r['assignments']} | "
-            f"+{100 * o['trained_parts']:.2f}% | +{100 * o['defaults']:.1f}% | +{100 * o['indices_and_seeds']:.2f}% | "
-            f"**+{100 * o['total']:.2f}%** | x{r['state_vs_plain']:.3f} | x{r['peak_vs_plain']:.3f} |"
-        )
-    table = "\n".join(lines)
-    print(table)
-    result = {
-        "benchmark": "memory",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": (
-            torch.cuda.get_device_name()
-            if args.device == "cuda"
-            else f"cpu ({platform.processor() or platform.machine()})"
-        ),
-        "batch": BATCH,
-        "image_size": 32,
-        "torch": torch.__version__,
-        "rows": rows,
-        "table": table,
-    }
+    config = {"batch": BATCH, "image_size": 32}
+    result = results(header("memory", quick=args.quick, device=args.device), config, rows)
+    print(tables.memory(result))
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_results(args.out, result)
     return result
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.train_command import build_model, evaluate_classifier, training_recipe
-from partition_fx.training import fit
-from partition_fx.training.chunks import split_into_chunks
-from partition_fx.training.likelihoods import Categorical
+from partition_fx.cli import training_recipe
+from partition_fx.models import build_model
+from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training.lml import apply_transform
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
@@ -298,25 +296,3 @@ def train_partitioned(
             {"step": r["step"], "lml": r["lml"], "hyperparameters": r["hyperparameters"]} for r in result.history
         ],
     }
-
-
-def zoom_range(hyperparameters: dict[str, float]) -> float:
-    """One number for the learned zoom: the mean of the scale_x and scale_y ranges."""
-    return (hyperparameters.get("scale_x", 0.0) + hyperparameters.get("scale_y", 0.0)) / 2
-
-
-def summary(values: Sequence[float]) -> tuple[float, float]:
-    """(mean, sample standard deviation; 0 for one value)."""
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def mean_sd(values: Sequence[float], fmt: str) -> str:
-    """'mean ± sd' for a table (just the value for one)."""
-    mean, sd = summary(values)
-    return format(mean, fmt) + (f" ± {format(sd, fmt)}" if len(values) > 1 else "")
-
-
-def provenance(result: dict[str, Any]) -> str:
-    """The line that heads a results table: what was run, where and when."""
-    when = " to ".join(result["runs_written"]) if "runs_written" in result else result["date"]
-    return f"Measured {when} on {result['machine']} ({result['device']}, torch {result['torch']})."

@@ -1,6 +1,6 @@
 """Input selection: the partitioned LML against the post-hoc Laplace marginal likelihood (laplace-torch).
 
-Synthetic regression (``partition_fx.data.input_selection``): only the first ``informative`` of ``inputs``
+Synthetic regression (``partition_fx.datasets.input_selection``): only the first ``informative`` of ``inputs``
 inputs matter. For each size and seed, every nested candidate subset {x0}, {x0, x1}, ..., {x0..x(D-1)} is
 scored two ways, with no validation set:
 
@@ -17,18 +17,15 @@ each costs (seconds, and forward/backward passes for training). The test split i
 columns. Also learns an ``InputMask`` over all inputs with a C=4 partitioned model (masks above 0.5 count
 as selected). Prints a table and writes ``benchmarks/results/model_selection.{json,md}``.
 
-    python benchmarks/model_selection.py [--seeds 0,1,2] [--steps 1500] [--quick]
+    python -m benchmarks.model_selection [--seeds 0,1,2] [--steps 1500] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 import time
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,15 +33,15 @@ from typing import Any
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from methods import PassCounter, mean_sd, provenance
-
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.methods import PassCounter
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.data import input_selection
+from partition_fx._io import replace_file
+from partition_fx.datasets import input_selection
 from partition_fx.training import Gaussian, fit
 from partition_fx.transforms import InputMask
 
-RESULTS = Path(__file__).parent / "results"
 SIZES = [(4, 1), (6, 3), (8, 3)]  # (inputs, informative)
 QUICK = {"steps": 20, "num_train": 200, "sizes": [(3, 1)]}
 
@@ -151,46 +148,6 @@ def run_size(inputs: int, informative: int, seed: int, steps: int, num_train: in
     }
 
 
-def _table(runs: list[dict[str, Any]]) -> str:
-    ms = mean_sd
-
-    lines = [
-        "| inputs (informative) | candidate | partitioned cond. LML | Laplace LML | test RMSE plain | "
-        "test RMSE partitioned | seconds partitioned | seconds plain + Laplace |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    sizes = sorted({(r["inputs"], r["informative"]) for r in runs}, key=lambda s: s)
-    summary_lines = [
-        "| inputs (informative) | partitioned picks the true subset | Laplace picks it | lowest test RMSE at it | "
-        "InputMask selects exactly it | partitioned s / candidate | plain + Laplace s / candidate |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for inputs, informative in sizes:
-        group = [r for r in runs if (r["inputs"], r["informative"]) == (inputs, informative)]
-        truth = list(range(informative))
-        for i in range(inputs):
-            rows = [r["candidates"][i] for r in group]
-            lines.append(
-                f"| {inputs} ({informative}) | x0..x{i}{' (true)' if i + 1 == informative else ''} | "
-                f"{ms([c['partitioned_conditional_lml'] for c in rows], '.0f')} | "
-                f"{ms([c['laplace_lml'] for c in rows], '.0f')} | {ms([c['plain_test_rmse'] for c in rows], '.3f')} | "
-                f"{ms([c['partitioned_test_rmse'] for c in rows], '.3f')} | "
-                f"{ms([c['partitioned_seconds'] for c in rows], '.1f')} | "
-                f"{ms([c['laplace_seconds'] for c in rows], '.1f')} |"
-            )
-        n = len(group)
-        every = [c for r in group for c in r["candidates"]]
-        summary_lines.append(
-            f"| {inputs} ({informative}) | {sum(r['partitioned_choice'] == truth for r in group)}/{n} | "
-            f"{sum(r['laplace_choice'] == truth for r in group)}/{n} | "
-            f"{sum(r['best_test_rmse_choice'] == truth for r in group)}/{n} | "
-            f"{sum(r['mask_selected'] == truth for r in group)}/{n} | "
-            f"{ms([c['partitioned_seconds'] for c in every], '.1f')} | "
-            f"{ms([c['laplace_seconds'] for c in every], '.1f')} |"
-        )
-    return "\n".join([*summary_lines, "", *lines])
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
@@ -206,25 +163,22 @@ def main(argv: list[str] | None = None) -> dict:
     )
     started = time.perf_counter()
     runs = [run_size(inputs, informative, seed, steps, num_train) for inputs, informative in sizes for seed in seeds]
-    table = _table(runs)
-    print(table)
-    result = {
-        "benchmark": "model_selection",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, 1 thread",
-        "device": "cpu",
-        "torch": torch.__version__,
-        "quick": args.quick,
-        "steps": steps,
-        "num_train": num_train,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "runs": runs,
-        "table": table,
-    }
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, 1 thread"
+    result = results(
+        header("model_selection", quick=args.quick, machine=machine),
+        {"steps": steps, "num_train": num_train},
+        runs,
+        summary={"wall_seconds": round(time.perf_counter() - started, 1)},
+    )
+    print(tables.model_selection(result) + "\n\n" + tables.model_selection_candidates(result))
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(provenance(result) + "\n\n" + table + "\n")
+        write_results(args.out, result)
+        replace_file(
+            args.out.with_suffix(".md"),
+            lambda tmp: tmp.write_text(
+                tables.results_markdown(result, tables.model_selection, tables.model_selection_candidates)
+            ),
+        )
     return result
 
 

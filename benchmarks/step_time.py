@@ -15,18 +15,15 @@ Variants are timed in turn (round robin) in one process and the ratio of medians
 reported, with the device, because these machines are noisy. Prints a table and writes
 ``benchmarks/results/step_time.json`` (``step_time_<device>.json`` on CUDA).
 
-    python benchmarks/step_time.py [--models resnet18,fixup_resnet14] [--repeats 9] [--device cuda] [--quick]
+    python -m benchmarks.step_time [--models resnet18,fixup_resnet14] [--repeats 9] [--device cuda] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
@@ -34,6 +31,8 @@ import timm
 import torch
 
 import partition_fx  # noqa: F401  (registers the shipped models)
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.training import PartitionedTrainer
 from partition_fx.transforms import InputMask
@@ -143,36 +142,10 @@ def main(argv: list[str] | None = None) -> dict:
     schemes, defaults = args.schemes.split(","), args.defaults.split(",")
     repeats, batch = (2, 8) if args.quick else (args.repeats, args.batch)
     rows = [measure(n, s, d, batch, repeats, device) for n in names for s in schemes for d in defaults]
-    header = (
-        "| model | scheme | default | plain step (s) | parameter step | hyper step | paper iteration "
-        "| fused iteration | fused, grouped forward |"
-    )
-    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        fused = f"x{r['fused_iteration_vs_plain_double_batch']:.2f}" + (" (one pass)" if r["fused_one_pass"] else "")
-        grouped = r["fused_grouped_vs_plain_double_batch"]
-        lines.append(
-            f"| {r['model']} | {r['scheme']} | {r['default']} | {r['plain_step_seconds']:.4f} | "
-            f"x{r['parameter_step']:.2f} | x{r['hyper_step']:.2f} | x{r['paper_iteration_vs_two_plain']:.2f} | "
-            f"{fused} | {'-' if grouped is None else f'x{grouped:.2f}'} |"
-        )
-    table = "\n".join(lines)
-    print(table)
-    described = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    result = {
-        "benchmark": "step_time",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": f"{device.type} ({described}, {torch.get_num_threads()} threads)",
-        "torch": torch.__version__,
-        "repeats": repeats,
-        "rows": rows,
-        "table": table,
-    }
+    result = results(header("step_time", quick=args.quick, device=args.device), {"repeats": repeats}, rows)
+    print(tables.step_time(result))
     if not args.quick:
-        out = args.out or Path(__file__).parent / "results" / f"step_time{'' if device.type == 'cpu' else '_cuda'}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {out}")
+        write_results(args.out or RESULTS / f"step_time{'' if device.type == 'cpu' else '_cuda'}.json", result)
     return result
 
 

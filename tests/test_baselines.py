@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import methods
-
+from benchmarks import methods
 from partition_fx.training.chunks import split_into_chunks
 from partition_fx.transforms import AffineAugmentation
 
@@ -62,7 +58,7 @@ def test_unsafe_augerino_divergence_is_detected():
 
 
 def test_validation_baseline_steps_ranges_and_fixed_augmentation_stays():
-    from partition_fx.data import rotdigits
+    from partition_fx.datasets import rotdigits
 
     task = methods.Task("rotdigits", rotdigits(size=8), {"rotation": math.pi}, {})
     budget = methods.Budget(steps=3, batch_size=4, samples=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -11,11 +12,16 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _load(name: str, folder: Path = EXAMPLES):
-    """A script under examples/ (or benchmarks/) as a module, to call its ``main``."""
+    """A script under examples/ as a module, to call its ``main``."""
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _benchmark(name: str):
+    """``benchmarks.NAME`` (run as ``python -m benchmarks.NAME``), to call its ``main``."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_rotation_invariance_example(capsys):
@@ -48,7 +54,7 @@ def test_examples_document_how_to_run_them(name):
 
 
 def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
-    module = _load("learned_augmentation", EXAMPLES.parent / "benchmarks")
+    module = _benchmark("learned_augmentation")
     result = module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])
     assert [(r["data"], r["augment"]) for r in result["rows"]] == module.CONFIGS
     assert "| rotdigits | learned affine |" in capsys.readouterr().out
@@ -57,7 +63,7 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
 
 
 def test_step_time_benchmark_quick(capsys):
-    module = _load("step_time", EXAMPLES.parent / "benchmarks")
+    module = _benchmark("step_time")
     result = module.main(["--quick", "--schemes", "node", "--defaults", "zero"])
     (row,) = result["rows"]
     assert row["scheme"] == "node" and all(
@@ -67,7 +73,7 @@ def test_step_time_benchmark_quick(capsys):
 
 
 def test_memory_benchmark_quick(capsys):
-    module = _load("memory", EXAMPLES.parent / "benchmarks")
+    module = _benchmark("memory")
     rows = module.main(["--quick"])["rows"]
     by = {r["default"]: r["overhead_of_parameter_memory"] for r in rows}
     # stored defaults and int32 indices cost a copy of the parameters each; seed-regenerated ones nearly nothing
@@ -78,7 +84,7 @@ def test_memory_benchmark_quick(capsys):
 
 
 def test_convergence_benchmark_quick(capsys):
-    module = _load("convergence", EXAMPLES.parent / "benchmarks")
+    module = _benchmark("convergence")
     result = module.main(["--quick", "--seeds", "0", "--variants", ",".join(module.VARIANTS)])
     assert [r["variant"] for r in result["rows"]] == list(module.VARIANTS)
     for r in result["runs"]:
@@ -91,7 +97,7 @@ def test_convergence_benchmark_quick(capsys):
 
 
 def test_hyperparameter_methods_benchmark_quick(tmp_path, capsys):
-    module = _load("hyperparameter_methods", EXAMPLES.parent / "benchmarks")
+    module = _benchmark("hyperparameter_methods")
     argv = [
         "--quick",
         "--seeds",
@@ -115,7 +121,7 @@ def test_hyperparameter_methods_benchmark_quick(tmp_path, capsys):
     assert rows["rotdigits", "retrain_partitioned"]["hyperparameters"][0] == pytest.approx(found)
     assert len(rows["scattered", "optuna"]["trials"]) == 2
     assert rows["rotdigits", "plain"]["passes"][0]["backward"] == 4  # one backward per iteration
-    assert result["true_invariances"]["scattered"]["translation_x"] == pytest.approx(0.4)
+    assert result["config"]["true_invariances"]["scattered"]["translation_x"] == pytest.approx(0.4)
     assert (tmp_path / "hyperparameter_methods_rotation.png").is_file()
     assert "| rotdigits / test_resnet | 3 partitioned (paper scheme) |" in capsys.readouterr().out
     # a second call reuses every cached run
@@ -128,8 +134,8 @@ def test_hyperparameter_methods_benchmark_quick(tmp_path, capsys):
 
 
 def test_model_selection_benchmark_quick(capsys):
-    result = _load("model_selection", EXAMPLES.parent / "benchmarks").main(["--quick", "--seeds", "0"])
-    (run,) = result["runs"]
+    result = _benchmark("model_selection").main(["--quick", "--seeds", "0"])
+    (run,) = result["rows"]
     assert [c["inputs"] for c in run["candidates"]] == [[0], [0, 1], [0, 1, 2]]
     assert all(c["laplace_lml"] < 0 and c["partitioned_passes"]["backward"] > 0 for c in run["candidates"])
     assert run["partitioned_choice"] in [c["inputs"] for c in run["candidates"]] and len(run["mask"]) == 3

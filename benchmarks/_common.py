@@ -1,0 +1,119 @@
+"""What every benchmark shares: the results header, the one results format, Markdown tables, mean ± sd.
+
+A results file is one JSON object::
+
+    {
+      "meta":   {"benchmark", "date", "machine", "device", "torch", "commit", "quick", ...},
+      "config": {...},   # what was run: budgets, sizes, repeats (the script's own keys)
+      "rows":   [...],   # one object per table row (or per run, where the table aggregates runs)
+      "runs":    [...],  # optional: per-run records with histories/curves that the rows summarise
+      "summary": {...}   # optional: scalar results that belong to no row (totals, verdicts)
+    }
+
+``meta`` says when (``date``, ISO 8601 UTC), where (``machine``: architecture, cores, threads, CPU;
+``device``: ``cpu`` or the GPU's name) and with what (``torch``, the git ``commit``, ``-dirty`` when the
+working tree had changes) the numbers were measured; results from before this format have
+``machine``/``commit`` null where they were not recorded. Files are written atomically
+(:func:`partition_fx._io.write_json`, through :func:`write_results`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from partition_fx._io import write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+EXTRA_KEYS = ("runs", "summary")  # the only top-level keys besides meta, config and rows
+
+
+def git_commit() -> str | None:
+    """The checked-out commit, with ``-dirty`` if tracked files differ from it; None outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def header(benchmark: str, *, quick: bool = False, device: str = "cpu", machine: str | None = None) -> dict[str, Any]:
+    """The ``meta`` of a results file, measured now: when, where and with what."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = f"cuda ({torch.cuda.get_device_name(torch.device(device))})"
+    if machine is None:
+        cpu = platform.processor() or "cpu"
+        machine = f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, {cpu}"
+    return {
+        "benchmark": benchmark,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+        "device": device,
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "quick": quick,
+    }
+
+
+def results(meta: dict[str, Any], config: dict[str, Any], rows: list[Any], **extra: Any) -> dict[str, Any]:
+    """A results object in the one format; ``extra`` only under the documented names (:data:`EXTRA_KEYS`)."""
+    unknown = sorted(set(extra) - set(EXTRA_KEYS))
+    if unknown:
+        raise ValueError(f"results: unknown top-level keys {unknown}; use {list(EXTRA_KEYS)} or put them in config")
+    return {"meta": meta, "config": config, "rows": rows, **extra}
+
+
+def write_results(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
+    """Write a :func:`results` object atomically and say where."""
+    write_json(path, payload)
+    print(f"wrote {path}")
+
+
+def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+    payload = json.loads(Path(path).read_text())
+    missing = {"meta", "config", "rows"} - set(payload)
+    if missing:
+        raise ValueError(f"{path}: not a benchmark results file (missing {sorted(missing)})")
+    return payload
+
+
+def provenance(meta: dict[str, Any]) -> str:
+    """The line that heads a results table: what was run, where and when."""
+    when = " to ".join(meta["runs_written"]) if meta.get("runs_written") else meta["date"]
+    torch = f"torch {meta['torch']}"
+    where = f"{meta['machine']} ({meta['device']}, {torch})" if meta.get("machine") else f"{meta['device']}, {torch}"
+    commit = meta.get("commit")
+    return f"Measured {when} on {where}, commit {commit[:12] if commit else 'not recorded'}."
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table: a header row, the separator, then one line per row (cells as given, str()-ed)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def mean_sd(values: Sequence[float], fmt: str) -> str:
+    """'mean ± sd' for a table (just the value for one)."""
+    mean, sd = summary(values)
+    return format(mean, fmt) + (f" ± {format(sd, fmt)}" if len(values) > 1 else "")

@@ -1,0 +1,318 @@
+"""The Markdown tables of every benchmark, rendered from its results object (:mod:`benchmarks._common`).
+
+The scripts print these tables and ``python -m benchmarks.report`` puts them into docs/benchmarks.md, so
+a table always shows what its results file holds. Pure Python: rendering needs neither torch nor the
+package.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks._common import markdown_table, mean_sd, provenance
+
+Results = dict[str, Any]
+
+CONVERGENCE_LABELS = {
+    "paper": "(a) paper: one partition per iteration",
+    "every_partition": "(b) every partition every iteration",
+    "fused_every_partition": "(b') (b) + fused",
+    "plain": "(c) plain, learned augmentation fixed",
+}
+STRONG_AUGERINO = 1.0  # hyperparameter_methods' strong regulariser, named in its label
+METHOD_LABELS = {
+    "plain": "1 plain, no augmentation",
+    "hand_chosen": "2 plain, hand-chosen augmentation",
+    "partitioned": "3 partitioned (paper scheme)",
+    "partitioned_fused": "3' partitioned (fused, every partition)",
+    "augerino": "4 Augerino (safe)",
+    "augerino_unsafe": "4' Augerino (unsafe)",
+    "augerino_unsafe_strong": f"4'' Augerino (unsafe, strength {STRONG_AUGERINO})",
+    "validation": "5 validation split",
+    "optuna": "6 Optuna TPE, best trial",
+    "retrain_partitioned": "7 plain, retrained with partitioned's ranges",
+    "retrain_optuna": "7' plain, retrained with Optuna's best ranges",
+}
+
+
+def learned_augmentation(result: Results) -> str:
+    header = ["data", "augmentation", "test accuracy", "LML (nats)", "rotation range (rad)", "largest other range"]
+    body = [
+        [
+            r["data"],
+            "learned affine" if r["augment"] == "affine" else "none",
+            mean_sd(r["test_accuracy"], ".3f"),
+            mean_sd(r["lml"], ".0f"),
+            mean_sd(r["rotation"], ".2f") if r["rotation"] else "-",
+            mean_sd(r["other_ranges_max"], ".3f") if r["other_ranges_max"] else "-",
+            mean_sd(r["seconds"], ".0f"),
+        ]
+        for r in result["rows"]
+    ]
+    return markdown_table([*header, "time (s)"], body)
+
+
+def conversion(result: Results) -> str:
+    body = [
+        [
+            r["model"],
+            f"{r['parameters']:,d}",
+            f"{r['conversion_seconds_median']:.2f}",
+            f"x{r['step_subnetwork_1']:.2f}",
+            f"x{r['step_subnetwork_3']:.2f}",
+        ]
+        for r in result["rows"]
+    ]
+    return markdown_table(["model", "parameters", "conversion (s)", "step, subnetwork 1", "step, subnetwork 3"], body)
+
+
+def step_time(result: Results) -> str:
+    header = ["model", "scheme", "default", "plain step (s)", "parameter step", "hyper step", "paper iteration"]
+    body = []
+    for r in result["rows"]:
+        fused = f"x{r['fused_iteration_vs_plain_double_batch']:.2f}" + (" (one pass)" if r["fused_one_pass"] else "")
+        grouped = r["fused_grouped_vs_plain_double_batch"]
+        body.append(
+            [
+                r["model"],
+                r["scheme"],
+                r["default"],
+                f"{r['plain_step_seconds']:.4f}",
+                f"x{r['parameter_step']:.2f}",
+                f"x{r['hyper_step']:.2f}",
+                f"x{r['paper_iteration_vs_two_plain']:.2f}",
+                fused,
+                "-" if grouped is None else f"x{grouped:.2f}",
+            ]
+        )
+    return markdown_table([*header, "fused iteration", "fused, grouped forward"], body)
+
+
+def convergence(result: Results) -> str:
+    rows = result["rows"]
+
+    def listed(values: list, spec: str) -> str:
+        return ", ".join("not reached" if v is None else format(v, spec) for v in values)
+
+    seeds = ",".join(str(s) for s in rows[0]["seeds"]) if rows else ""
+    header = [
+        "variant",
+        f"iterations to test accuracy >= {result['config']['target']:g} (seeds {seeds})",
+        "median",
+        "vs (c), median",
+        "final test accuracy",
+        "s/iteration",
+    ]
+    body = []
+    for r in rows:
+        median, ratio = r["median_iterations_to_target"], r.get("median_ratio_to_plain")
+        body.append(
+            [
+                CONVERGENCE_LABELS[r["variant"]],
+                listed(r["iterations_to_target"], "d"),
+                "-" if median is None else format(median, "g"),
+                "-" if ratio is None else f"x{ratio:.2f}",
+                listed(r["final_test_accuracy"], ".3f"),
+                f"{statistics.median(r['seconds_per_iteration']):.2f}",
+            ]
+        )
+    return markdown_table(header, body)
+
+
+def memory(result: Results) -> str:
+    header = ["model", "scheme", "default", "assignments", "parts", "defaults", "indices, seeds", "total overhead"]
+    body = []
+    for r in result["rows"]:
+        o = r["overhead_of_parameter_memory"]
+        body.append(
+            [
+                r["model"],
+                r["scheme"],
+                r["default"],
+                r["assignments"],
+                f"+{100 * o['trained_parts']:.2f}%",
+                f"+{100 * o['defaults']:.1f}%",
+                f"+{100 * o['indices_and_seeds']:.2f}%",
+                f"**+{100 * o['total']:.2f}%**",
+                f"x{r['state_vs_plain']:.3f}",
+                f"x{r['peak_vs_plain']:.3f}",
+            ]
+        )
+    return markdown_table([*header, "params+Adam+buffers vs plain", "step peak vs plain"], body)
+
+
+def _images(row: dict[str, Any]) -> float:
+    return statistics.mean(p["forward_images"] + p["backward_images"] for p in row["passes"])
+
+
+def _cost(rows: list[dict[str, Any]], method: str) -> str:
+    """Images through the network relative to plain training: the median over (task, model) pairs."""
+    by = {(r["task"], r["model"], r["method"]): r for r in rows}
+    pairs = list(dict.fromkeys((r["task"], r["model"]) for r in rows))
+    ratios = [_images(by[t, m, method]) / _images(by[t, m, "plain"]) for t, m in pairs if (t, m, "plain") in by]
+    return f"x{statistics.median(ratios):.1f}" if ratios else "-"
+
+
+def hyperparameter_methods(result: Results) -> str:
+    """Methods by (task, model): test accuracy, and the cost in images through the network relative to plain
+    training (the median over pairs; Optuna: its whole study)."""
+    rows = result["rows"]
+    pairs = list(dict.fromkeys((r["task"], r["model"]) for r in rows))
+    by = {(r["task"], r["model"], r["method"]): r for r in rows}
+    body = [
+        [
+            METHOD_LABELS[method],
+            *(mean_sd(by[task, model, method]["test_accuracy"], ".3f") for task, model in pairs),
+            _cost(rows, method),
+        ]
+        for method in dict.fromkeys(r["method"] for r in rows)
+    ]
+    return markdown_table(["method", *(f"{task} / {model}" for task, model in pairs), "cost vs plain"], body)
+
+
+def _zoom_range(hyperparameters: dict[str, float]) -> float:
+    """One number for the learned zoom: the mean of the scale_x and scale_y ranges."""
+    return (hyperparameters.get("scale_x", 0.0) + hyperparameters.get("scale_y", 0.0)) / 2
+
+
+def _ranges(hyper: list[dict[str, float]], pick: Callable[[dict[str, float]], float]) -> str:
+    return mean_sd([pick(h) for h in hyper], ".2f") if any(hyper) else "-"
+
+
+def hyperparameter_methods_runs(result: Results) -> str:
+    """Every (task, model, method): test accuracy and log-likelihood, the learned ranges, passes and seconds."""
+    body = []
+    for row in result["rows"]:
+        hyper = row["hyperparameters"]
+        images = [(p["forward_images"] + p["backward_images"]) / 1000 for p in row["passes"]]
+        cost = mean_sd(images, ".0f")
+        seconds = mean_sd(row["seconds"], ".0f")
+        label = METHOD_LABELS[row["method"]]
+        if row["method"] == "optuna":
+            best = row["best_trial_passes"]
+            cost += f" (best trial {(best['forward_images'] + best['backward_images']) / 1000:.0f})"
+            seconds += f" (best trial {row['best_trial_seconds']:.0f})"
+            label += f" ({len(row['trials'])} trials, 1 study)"
+        if row["method"].startswith("augerino_unsafe"):
+            diverged = [d for d in row["diverged_at"] if d is not None]
+            label += f" (diverged {len(diverged)}/{len(row['diverged_at'])}" + (
+                f", at step {', '.join(map(str, diverged))})" if diverged else ")"
+            )
+        body.append(
+            [
+                f"{row['task']} / {row['model']}",
+                label,
+                mean_sd(row["test_accuracy"], ".3f"),
+                mean_sd(row["test_log_likelihood"], ".3f"),
+                _ranges(hyper, lambda h: h.get("rotation", 0.0)),
+                _ranges(hyper, lambda h: (h.get("translation_x", 0.0) + h.get("translation_y", 0.0)) / 2),
+                _ranges(hyper, _zoom_range),
+                cost,
+                seconds,
+            ]
+        )
+    header = ["task / model", "method", "test accuracy", "test log-lik.", "rotation", "translation", "zoom"]
+    lines = [markdown_table([*header, "images fwd+bwd (k)", "seconds"], body)]
+    truths = result["config"]["true_invariances"]
+    lines += [
+        "",
+        "True invariances (same units):",
+        *(
+            f"- {task}: " + (", ".join(f"{k} {v:.2f}" for k, v in truth.items()) if truth else "no known invariance")
+            for task, truth in truths.items()
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def hyperparameter_methods_long(result: Results) -> str:
+    """One (task, model) pair: test accuracy, the learned rotation range and the cost, per method."""
+    rows = result["rows"]
+    steps = result["config"]["budget"]["steps"]
+    body = [
+        [
+            METHOD_LABELS[r["method"]],
+            mean_sd(r["test_accuracy"], ".3f"),
+            _ranges(r["hyperparameters"], lambda h: h.get("rotation", 0.0)),
+            _cost(rows, r["method"]),
+        ]
+        for r in rows
+    ]
+    return markdown_table([f"method ({steps} iterations)", "test accuracy", "rotation (rad)", "cost vs plain"], body)
+
+
+def model_selection(result: Results) -> str:
+    """How often each method picks the true subset (one row per number of inputs), and the cost."""
+    runs = result["rows"]
+    body = []
+    for inputs, informative in sorted({(r["inputs"], r["informative"]) for r in runs}):
+        group = [r for r in runs if (r["inputs"], r["informative"]) == (inputs, informative)]
+        truth, n = list(range(informative)), len(group)
+        every = [c for r in group for c in r["candidates"]]
+        body.append(
+            [
+                f"{inputs} ({informative})",
+                f"{sum(r['partitioned_choice'] == truth for r in group)}/{n}",
+                f"{sum(r['laplace_choice'] == truth for r in group)}/{n}",
+                f"{sum(r['best_test_rmse_choice'] == truth for r in group)}/{n}",
+                f"{sum(r['mask_selected'] == truth for r in group)}/{n}",
+                mean_sd([c["partitioned_seconds"] for c in every], ".1f"),
+                mean_sd([c["laplace_seconds"] for c in every], ".1f"),
+            ]
+        )
+    header = [
+        "inputs (informative)",
+        "partitioned picks the true subset",
+        "Laplace picks it",
+        "lowest test RMSE at it",
+        "InputMask selects exactly it",
+        "partitioned s / candidate",
+        "plain + Laplace s / candidate",
+    ]
+    return markdown_table(header, body)
+
+
+def model_selection_candidates(result: Results) -> str:
+    """Every candidate subset: both scores, test RMSEs and seconds (mean ± sd over seeds)."""
+    runs = result["rows"]
+    body = []
+    for inputs, informative in sorted({(r["inputs"], r["informative"]) for r in runs}):
+        group = [r for r in runs if (r["inputs"], r["informative"]) == (inputs, informative)]
+        for i in range(inputs):
+            cs = [r["candidates"][i] for r in group]
+            body.append(
+                [
+                    f"{inputs} ({informative})",
+                    f"x0..x{i}{' (true)' if i + 1 == informative else ''}",
+                    mean_sd([c["partitioned_conditional_lml"] for c in cs], ".0f"),
+                    mean_sd([c["laplace_lml"] for c in cs], ".0f"),
+                    mean_sd([c["plain_test_rmse"] for c in cs], ".3f"),
+                    mean_sd([c["partitioned_test_rmse"] for c in cs], ".3f"),
+                    mean_sd([c["partitioned_seconds"] for c in cs], ".1f"),
+                    mean_sd([c["laplace_seconds"] for c in cs], ".1f"),
+                ]
+            )
+    header = ["inputs (informative)", "candidate", "partitioned cond. LML", "Laplace LML", "test RMSE plain"]
+    return markdown_table([*header, "test RMSE partitioned", "seconds partitioned", "seconds plain + Laplace"], body)
+
+
+def results_markdown(result: Results, *tables: Callable[[Results], str]) -> str:
+    """A results file's Markdown companion (``NAME.md`` beside ``NAME.json``): provenance, then the tables."""
+    return "\n\n".join([provenance(result["meta"]), *(table(result) for table in tables)]) + "\n"
+
+
+# name in the report template -> renderer (see benchmarks/report.py)
+TABLES: dict[str, Callable[[Results], str]] = {
+    "learned_augmentation": learned_augmentation,
+    "conversion": conversion,
+    "step_time": step_time,
+    "convergence": convergence,
+    "memory": memory,
+    "hyperparameter_methods": hyperparameter_methods,
+    "hyperparameter_methods_runs": hyperparameter_methods_runs,
+    "hyperparameter_methods_long": hyperparameter_methods_long,
+    "model_selection": model_selection,
+    "model_selection_candidates": model_selection_candidates,
+}
