@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ._io import replace_file
-from .errors import PartitionError, PartitionTypeError
+from .errors import PartitionError, PartitionTypeError, first_line
 from .partitioned_model import PartitionedModel
 
 
@@ -142,7 +142,7 @@ def _write_verified_onnx(
         )
     except Exception as e:
         raise PartitionError(
-            f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {str(e).splitlines()[0]}"
+            f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {first_line(e)}"
             + ("\n  Try dynamic_batch=False if the model specialises on the batch size." if dynamic_batch else "")
         ) from e
     onnx.checker.check_model(str(path), full_check=True)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validation import check_choice, check_int, check_positive, check_real
+from .._validation import check_choice, check_int, check_real
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -231,6 +231,7 @@ def _check_per_generator(
                 f"{name} has key {key!r}, which is not one of this module's generators {generators}; "
                 f"remove it or add it to generators"
             )
-        check = check_positive if positive else check_real
-        out[key] = check(f"{name}[{key!r}]", value)
+        out[key] = check_real(f"{name}[{key!r}]", value)
+        if positive and out[key] <= 0:
+            raise PartitionArgumentError(f"{name}[{key!r}] must be > 0, got {out[key]}")
     return out

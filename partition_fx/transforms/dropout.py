@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
 
-from .._validation import check_open_unit, check_positive
+from .._validation import check_open_unit
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -54,7 +55,14 @@ class ConcreteDropout(HyperparameterModule):
             raise PartitionArgumentError(
                 f"p must be in [p_min, p_max] = [{p_min}, {p_max}], got {p}; change p or widen p_min/p_max"
             )
-        self.temperature = check_positive("temperature", temperature, hint="; 0.1 is the usual choice")
+        # Two messages, not check_positive's one: an infinite temperature is a different mistake from a zero one.
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
+            raise PartitionArgumentError(
+                f"temperature must be a number > 0, got {temperature!r}; 0.1 is the usual choice"
+            )
+        if not math.isfinite(temperature):
+            raise PartitionArgumentError(f"temperature must be finite, got {temperature!r}; 0.1 is the usual choice")
+        self.temperature = float(temperature)
         self.p_min = p_min
         self.p_max = p_max
         self.logit_p = nn.Parameter(torch.tensor(math.log(p) - math.log1p(-p), dtype=torch.float32))

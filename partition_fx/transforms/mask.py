@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .._validation import check_int, check_open_unit, check_positive
+from .._validation import check_positive
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -41,7 +41,10 @@ class InputMask(HyperparameterModule):
         super().__init__()
         self.shape: tuple[int, ...] = _check_shape(shape)
         self.max_logit = check_positive("max_logit", max_logit, hint="; e.g. 10.0")
-        init = check_open_unit("init", init, hint=" (the initial mask value); e.g. init=0.9")
+        if isinstance(init, bool) or not isinstance(init, numbers.Real) or not 0 < init < 1:
+            raise PartitionArgumentError(
+                f"init is the initial mask value and must be strictly between 0 and 1, got {init!r}; e.g. init=0.9"
+            )
         logit = math.log(init) - math.log1p(-init)
         if abs(logit) > self.max_logit:
             low, high = torch.sigmoid(torch.tensor([-self.max_logit, self.max_logit], dtype=torch.float64)).tolist()
@@ -83,4 +86,7 @@ def _check_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
         raise PartitionArgumentError(
             f"shape must be an int or a non-empty sequence of ints (the per-example input shape), got {shape!r}"
         )
-    return tuple(check_int("shape entries", d, hint=f" in {shape!r}; e.g. shape=(3, 32, 32)") for d in dims)
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+            raise PartitionArgumentError(f"shape entries must be ints >= 1, got {shape!r}; e.g. shape=(3, 32, 32)")
+    return tuple(int(d) for d in dims)
