@@ -12,6 +12,7 @@ Learnable hyperparameter modules live in ``partition_fx.transforms``; datasets i
 Importing the package also registers its models with timm (``fixup_resnet8``.., ``cifar_wrn16_4``..).
 """
 
+from . import models as models  # registers the package's models with timm
 from .config import ParameterRule, PartitionConfig
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .export import export_onnx, export_subnetwork
@@ -19,11 +20,6 @@ from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitioned
 from .partitioned_model import PartitionedModel
 from .rewrite import partitionify
 from .training import FitResult, PartitionedTrainer, fit
-
-try:  # timm is a dependency, but the core works on plain torch models without it
-    from . import models as models
-except ImportError:  # pragma: no cover
-    pass
 
 __all__ = [
     "FitResult",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -161,3 +162,102 @@ def check_device(value: object) -> torch.device | None:
     except Exception as e:  # no driver, an index beyond the devices, torch built without it, no backend at all
         raise PartitionArgumentError(f"device {value!r} is not usable here ({first_line(e)}); use 'cpu'") from None
     return device
+
+
+def check_positive(name: str, value: object, *, hint: str = "") -> float:
+    """``value`` as a finite float > 0 (a temperature, a bound).
+
+    Example::
+
+        >>> check_positive("temperature", 0.1)
+        0.1
+        >>> check_positive("temperature", 0, hint="; e.g. 0.1")
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: temperature must be a finite number > 0, got 0; e.g. 0.1
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise PartitionArgumentError(f"{name} must be a finite number > 0, got {value!r}{hint}")
+    return float(value)
+
+
+def check_subnetwork(value: object, num_partitions: int) -> int:
+    """A subnetwork index as an int in 0..C (``None`` means C): an int or a one-element integer tensor.
+
+    Example::
+
+        >>> check_subnetwork(None, 3), check_subnetwork(torch.tensor(1), 3)
+        (3, 1)
+        >>> try:
+        ...     check_subnetwork(4, 3)
+        ... except PartitionArgumentError as e:
+        ...     print(e)
+        subnetwork must be in 0..3 (0 = all defaults, 3 = final model), got 4
+    """
+    if value is None:
+        return num_partitions
+    integral_tensor = (
+        isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    )
+    if isinstance(value, torch.Tensor) and not integral_tensor:
+        raise PartitionTypeError(
+            f"subnetwork must be an int in 0..{num_partitions}, got a tensor of shape "
+            f"{tuple(value.shape)} and dtype {value.dtype}"
+        )
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise PartitionTypeError(
+            f"subnetwork must be an int in 0..{num_partitions}, got {value!r} ({type(value).__name__})"
+        )
+    k = operator.index(value)  # type: ignore[arg-type]
+    if not 0 <= k <= num_partitions:
+        raise PartitionArgumentError(
+            f"subnetwork must be in 0..{num_partitions} (0 = all defaults, {num_partitions} = final model), got {k}"
+        )
+    return k
+
+
+def check_partition(value: object, num_partitions: int) -> int:
+    """A partition index as an int in 1..C (partitions are 1-based; 0 is no partition).
+
+    Example::
+
+        >>> check_partition(2, 3)
+        2
+        >>> check_partition(0, 3)
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: partition must be an int in 1..3, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= num_partitions:
+        raise PartitionArgumentError(f"partition must be an int in 1..{num_partitions}, got {value!r}")
+    return value
+
+
+def check_per_example(name: str, values: torch.Tensor, batch: int, num_partitions: int) -> torch.Tensor:
+    """One subnetwork (or partition) index per example: an integer tensor of shape (batch,) with values in
+    0..C, as int64.
+
+    Example::
+
+        >>> check_per_example("subnetwork", torch.tensor([0, 2]), 2, 2)
+        tensor([0, 2])
+        >>> check_per_example("subnetwork", torch.tensor([0, 3]), 2, 2)
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: subnetwork values must be in 0..2, got 0..3
+    """
+    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise PartitionTypeError(f"{name} per example must be an integer tensor, got {values.dtype}")
+    if values.shape != (batch,):
+        raise PartitionArgumentError(
+            f"{name} per example must have shape ({batch},) (the batch size), got {tuple(values.shape)}"
+        )
+    if values.numel() and (int(values.min()) < 0 or int(values.max()) > num_partitions):
+        raise PartitionArgumentError(
+            f"{name} values must be in 0..{num_partitions}, got {int(values.min())}..{int(values.max())}"
+        )
+    return values.long()

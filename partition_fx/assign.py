@@ -15,6 +15,8 @@ from statistics import NormalDist
 
 import torch
 
+from .errors import PartitionArgumentError
+
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31, so a 32-bit value times one stays below 2**63 in int64 arithmetic.
 _M1 = 0x7FEB352D
@@ -81,7 +83,7 @@ def hash32(stream: int, start: int, end: int, device: torch.device | str = "cpu"
 def hash_keys(seed: int, salt: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Distinct non-negative int64 keys in hashed order: ``(hash31(seed, salt, i) << 32) | i``."""
     if numel >= 2**32:
-        raise ValueError(f"tensors with >= 2**32 entries are not supported (got {numel})")
+        raise PartitionArgumentError(f"tensors with >= 2**32 entries are not supported (got {numel})")
     keys = hash32(_stream(seed, salt), 0, numel, device)
     return keys.bitwise_right_shift_(1).bitwise_left_shift_(32).add_(torch.arange(numel, device=device))
 

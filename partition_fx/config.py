@@ -27,6 +27,7 @@ from typing import Literal
 
 from torch import nn
 
+from ._validation import check_choice, check_flag
 from .errors import PartitionArgumentError, PartitionTypeError
 
 Kind = Literal["random", "product", "sum"]
@@ -56,12 +57,13 @@ class ParameterRule:
     kind: Kind | None = None
 
     def __post_init__(self) -> None:
-        if self.partition is not None and not isinstance(self.partition, bool):
-            raise PartitionTypeError(f"rule partition must be True, False or None, got {self.partition!r}")
-        if self.default is not None and self.default not in DEFAULTS:
-            raise PartitionArgumentError(f"rule default must be one of {DEFAULTS} or None, got {self.default!r}")
-        if self.kind is not None and self.kind not in KINDS:
-            raise PartitionArgumentError(f"rule kind must be one of {KINDS} or None, got {self.kind!r}")
+        # None defers to the next rule, so only set fields are checked.
+        if self.partition is not None:
+            check_flag("rule partition", self.partition)
+        if self.default is not None:
+            check_choice("rule default", self.default, DEFAULTS)
+        if self.kind is not None:
+            check_choice("rule kind", self.kind, KINDS)
 
     def merged_over(self, base: ParameterRule) -> ParameterRule:
         """This rule's set fields on top of ``base``."""

@@ -34,3 +34,8 @@ class PartitionTrainingError(PartitionError):
 
 class PartitionCheckpointError(PartitionError):
     """A checkpoint or resume directory is missing, incomplete, corrupted, or from a different configuration."""
+
+
+class PartitionNotImplementedError(PartitionError, NotImplementedError):
+    """A subclass did not implement a method its base class requires (``PartitionedTensor.value``,
+    ``HyperparameterModule.hyperparameters``); also a ``NotImplementedError``."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import PartitionError, PartitionTypeError
+from ._io import replace_file
+from .errors import PartitionError, PartitionTypeError, first_line
 from .partitioned_model import PartitionedModel
 
 
@@ -112,53 +112,56 @@ def export_onnx(
         >>> path.name
         'm.onnx'
     """
-    import onnx
-    import onnxruntime as ort
-
     inputs = _as_tuple(example_inputs)
     model = export_subnetwork(pmodel, subnetwork).eval()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol))
+    return path
+
+
+def _write_verified_onnx(
+    model: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool, atol: float, rtol: float
+) -> None:
+    """Export ``model`` to ``path``, check the file, and compare onnxruntime's outputs with PyTorch's."""
+    import onnx
+    import onnxruntime as ort
+
     dynamic_shapes = None
     if dynamic_batch:
         batch = torch.export.Dim("batch")
         dynamic_shapes = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        tmp_path = Path(tmp) / path.name
-        try:
-            torch.onnx.export(
-                model,
-                inputs,
-                str(tmp_path),
-                dynamo=True,
-                dynamic_shapes=dynamic_shapes,
-                external_data=False,
-                verbose=False,
-            )
-        except Exception as e:
+    try:
+        torch.onnx.export(
+            model,
+            inputs,
+            str(path),
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            external_data=False,
+            verbose=False,
+        )
+    except Exception as e:
+        raise PartitionError(
+            f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {first_line(e)}"
+            + ("\n  Try dynamic_batch=False if the model specialises on the batch size." if dynamic_batch else "")
+        ) from e
+    onnx.checker.check_model(str(path), full_check=True)
+    with torch.no_grad():
+        expected = flat_tensors(model(*inputs))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {
+        i.name: t.detach().cpu().numpy()
+        for i, t in zip(session.get_inputs(), [t for t in inputs if isinstance(t, torch.Tensor)])
+    }
+    got = session.run(None, feeds)
+    if len(got) != len(expected):
+        raise PartitionError(f"onnxruntime returned {len(got)} outputs, PyTorch {len(expected)}")
+    for i, (e, g) in enumerate(zip(expected, got)):
+        e_np = e.detach().cpu().float().numpy()
+        diff = float(abs(e_np - g).max()) if e_np.size else 0.0
+        bound = atol + rtol * float(abs(e_np).max()) if e_np.size else atol
+        if e_np.shape != g.shape or diff > bound:
             raise PartitionError(
-                f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {str(e).splitlines()[0]}"
-                + ("\n  Try dynamic_batch=False if the model specialises on the batch size." if dynamic_batch else "")
-            ) from e
-        onnx.checker.check_model(str(tmp_path), full_check=True)
-        with torch.no_grad():
-            expected = flat_tensors(model(*inputs))
-        session = ort.InferenceSession(str(tmp_path), providers=["CPUExecutionProvider"])
-        feeds = {
-            i.name: t.detach().cpu().numpy()
-            for i, t in zip(session.get_inputs(), [t for t in inputs if isinstance(t, torch.Tensor)])
-        }
-        got = session.run(None, feeds)
-        if len(got) != len(expected):
-            raise PartitionError(f"onnxruntime returned {len(got)} outputs, PyTorch {len(expected)}")
-        for i, (e, g) in enumerate(zip(expected, got)):
-            e_np = e.detach().cpu().float().numpy()
-            diff = float(abs(e_np - g).max()) if e_np.size else 0.0
-            bound = atol + rtol * float(abs(e_np).max()) if e_np.size else atol
-            if e_np.shape != g.shape or diff > bound:
-                raise PartitionError(
-                    f"ONNX output {i} disagrees with PyTorch: max abs difference {diff:.3g} "
-                    f"(allowed {bound:.3g}), shapes {tuple(e_np.shape)} vs {tuple(g.shape)}"
-                )
-        os.replace(tmp_path, path)
-    return path
+                f"ONNX output {i} disagrees with PyTorch: max abs difference {diff:.3g} "
+                f"(allowed {bound:.3g}), shapes {tuple(e_np.shape)} vs {tuple(g.shape)}"
+            )

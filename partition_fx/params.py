@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ._validation import check_choice
 from .assign import (
     assignment_from_index,
     feistel_factors,
@@ -26,10 +27,13 @@ from .assign import (
     layout_index,
     normal_values,
 )
+from .errors import PartitionError, PartitionNotImplementedError
+
+SCALE_KINDS = ("product", "sum")
 
 _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
 # While set, calling a PartitionedTensor returns the tensor object itself, so that the rewritten graph hands
-# it to its layer (``one_pass``) instead of a value.
+# it to its layer (``per_example.one_pass``) instead of a value.
 HAND_OVER: ContextVar[bool] = ContextVar("partition_fx_hand_over", default=False)
 
 
@@ -78,12 +82,9 @@ class PartitionedTensor(nn.Module):
         """Number of trainable entries each partition holds for this tensor."""
         return [p.numel() for p in self.parts()]
 
-    def effective(self, k: int) -> torch.Tensor:
-        return self.value(k)
-
     def value(self, k: int) -> torch.Tensor:
         """The tensor subnetwork k uses."""
-        raise NotImplementedError
+        raise PartitionNotImplementedError(f"{type(self).__name__} must implement value(k)")
 
     def forward(self, k: int) -> Any:
         return self if HAND_OVER.get() else self.value(k)
@@ -245,7 +246,7 @@ class RandomPartitionedTensor(PartitionedTensor):
             return self.unit_index
         if not self.regenerated:
             return self.index
-        raise RuntimeError("this tensor regenerates its layout: use membership()")
+        raise PartitionError("this tensor regenerates its layout: use membership()")
 
     def membership(self) -> torch.Tensor:
         """The partition (0-based, uint8) of every entry, flat."""
@@ -348,9 +349,7 @@ class ScalePartitionedTensor(PartitionedTensor):
 
     def __init__(self, value: torch.Tensor, num_partitions: int, *, kind: str, default: str) -> None:
         super().__init__()
-        if kind not in ("product", "sum"):
-            raise ValueError(f"kind must be 'product' or 'sum', got {kind!r}")
-        self.kind = kind
+        self.kind = check_choice("kind", kind, SCALE_KINDS)
         self.num_partitions = num_partitions
         self.shape = tuple(value.shape)
         self.default_mode = default

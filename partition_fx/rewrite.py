@@ -1,7 +1,7 @@
 """The fx pass: every use of a partitioned parameter reads the effective tensor of subnetwork k.
 
 ``partitionify`` copies the model, traces it (``tracing``), replaces each parameter tensor by a
-``PartitionedTensor`` (``params``), and rewrites the graph:
+``PartitionedTensor`` (``params``; which kind: ``treatment``), and rewrites the graph:
 
 * a ``get_attr`` of a parameter becomes a call of its ``PartitionedTensor`` with the subnetwork index;
 * a leaf module call becomes ``torch.func.functional_call`` of the same module with the effective
@@ -29,77 +29,12 @@ from torch.nn.utils.weight_norm import WeightNorm
 
 from . import config as cfg
 from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
-from .assign import name_salt
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
-from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
-from .partitioned_model import (
-    ParameterRecord,
-    PartitionedModel,
-    call_leaf,
-    call_leaf_clearing_caches,
-    clear_parameter_caches,
-    get_path,
-    parameter_caches,
-)
+from .partitioned_model import PartitionedModel
+from .records import ParameterRecord
+from .runtime import call_leaf, call_leaf_clearing_caches, clear_parameter_caches, get_path, parameter_caches
 from .tracing import trace_consistently
-from .transforms.base import HyperparameterModule
-
-_NORM_TYPES: tuple[type, ...] = (
-    nn.modules.batchnorm._NormBase,
-    nn.GroupNorm,
-    nn.LayerNorm,
-    nn.LocalResponseNorm,
-    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
-)
-_MULTIPLICATIVE = {operator.mul, operator.imul, operator.truediv, operator.itruediv, torch.mul, torch.div}
-_ADDITIVE = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub}
-_MULTIPLICATIVE_METHODS = {"mul", "mul_", "div", "div_"}
-_ADDITIVE_METHODS = {"add", "add_", "sub", "sub_"}
-
-
-def _has_output_units(owner: nn.Module, local_name: str, param: torch.Tensor) -> bool:
-    """Weight/bias of a conv or linear layer whose dim 0 indexes output units (transposed convs store
-    [in, out/groups, ...] and keep random-weight partitioning)."""
-    if local_name not in ("weight", "bias") or param.dim() == 0:
-        return False
-    if isinstance(owner, nn.Linear):
-        return param.shape[0] == owner.out_features
-    if isinstance(owner, nn.modules.conv._ConvNd) and not owner.transposed:
-        return param.shape[0] == owner.out_channels
-    return False
-
-
-def _is_norm(owner: nn.Module) -> bool:
-    return isinstance(owner, _NORM_TYPES) or "norm" in type(owner).__name__.lower()
-
-
-def _use_kind(nodes: list[fx.Node]) -> str | None:
-    """'product' if every use multiplies/divides by the tensor, 'sum' if every use adds it, else None."""
-    kinds = set()
-    for node in nodes:
-        for user in node.users:
-            if user.op == "call_function" and user.target in _MULTIPLICATIVE:
-                kinds.add("product")
-            elif user.op == "call_function" and user.target in _ADDITIVE:
-                kinds.add("sum")
-            elif user.op == "call_method" and user.target in _MULTIPLICATIVE_METHODS:
-                kinds.add("product")
-            elif user.op == "call_method" and user.target in _ADDITIVE_METHODS:
-                kinds.add("sum")
-            else:
-                return None
-    return kinds.pop() if len(kinds) == 1 else None
-
-
-def _auto_kind(local_name: str, owner: nn.Module, param: torch.Tensor, get_attrs: list[fx.Node]) -> tuple[str, str]:
-    if _is_norm(owner) and param.dim() <= 1 and local_name in ("weight", "bias"):
-        kind = "product" if local_name == "weight" else "sum"
-        return kind, f"affine of {type(owner).__name__}"
-    if param.numel() == 1 and get_attrs:
-        kind = _use_kind(get_attrs)
-        if kind is not None:
-            return kind, "scalar " + ("scale" if kind == "product" else "bias")
-    return "random", "weight"
+from .treatment import treat_parameters
 
 
 def _set_path(root: nn.Module, path: str, value: nn.Module | torch.Tensor, *, buffer: bool = False) -> None:
@@ -283,7 +218,16 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
             if node.op == "get_attr":
                 get_attrs.setdefault(node.target, []).append(node)
 
-    records = _partition_parameters(working, get_attrs, settings)
+    records = treat_parameters(
+        working,
+        get_attrs,
+        settings.config,
+        proportions=settings.proportions,
+        scheme=settings.scheme,
+        default=settings.default,
+        seed=settings.seed,
+        assignments=settings.assignments,
+    )
     for record in records:
         if record.partitioned is not None:
             _set_path(module, f"{container}.{record.names[0]}", record.partitioned)
@@ -312,61 +256,6 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         root_leaf=root_leaf,
         promoted_leaves=promoted,
     )
-
-
-def _partition_parameters(
-    working: nn.Module, get_attrs: dict[str, list[fx.Node]], settings: _Settings
-) -> list[ParameterRecord]:
-    """One record per parameter tensor (tied names together), with its PartitionedTensor if any."""
-    names_by_id: dict[int, list[str]] = {}
-    tensors: dict[int, nn.Parameter] = {}
-    for name, p in working.named_parameters(remove_duplicate=False):
-        names_by_id.setdefault(id(p), []).append(name)
-        tensors[id(p)] = p
-    records = []
-    for pid, names in names_by_id.items():
-        p = tensors[pid]
-        owner_name, _, local = names[0].rpartition(".")
-        owner = working.get_submodule(owner_name)
-        rule = settings.config.rule_for(names[0], owner)
-        record = ParameterRecord(names=names, shape=tuple(p.shape), treatment="", reason="")
-        if isinstance(owner, HyperparameterModule):
-            record.treatment, record.reason = "hyper", f"hyperparameter of {type(owner).__name__}; learned by fit"
-        elif rule.partition is False:
-            record.treatment, record.reason = "shared", "excluded by config; same value in every subnetwork"
-        elif not p.requires_grad and rule.partition is not True:
-            record.treatment, record.reason = "frozen", "requires_grad=False; left as is"
-        else:
-            uses = [node for name in names for node in get_attrs.get(name, [])]
-            kind, reason = _auto_kind(local, owner, p, uses)
-            if rule.kind is not None:
-                kind, reason = rule.kind, "kind set by config"
-            default = rule.default or settings.default
-            if default != settings.default:
-                reason += f"; default={default!r} by config"
-            node = kind == "random" and settings.scheme == "node" and _has_output_units(owner, local, p)
-            if node:
-                reason = f"output units of {type(owner).__name__}"
-            if kind == "random":
-                # Node partitioning salts by the layer, so its weight rows and bias entries agree.
-                salt = name_salt(owner_name if node else names[0])
-                pt: PartitionedTensor = RandomPartitionedTensor(
-                    p,
-                    settings.proportions,
-                    seed=settings.seed,
-                    salt=salt,
-                    default=default,
-                    node=node,
-                    regenerate=settings.assignments == "regenerated",
-                    default_salt=name_salt(names[0]),
-                )
-            else:
-                pt = ScalePartitionedTensor(p, settings.num_partitions, kind=kind, default=default)
-            if not p.requires_grad:  # partitioned on request; its parts keep requires_grad=False
-                reason += "; frozen, partitioned by config"
-            record.treatment, record.reason, record.partitioned = pt.kind, reason, pt
-        records.append(record)
-    return records
 
 
 def _rewrite_graph(

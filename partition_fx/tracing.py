@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.fx as fx
+from timm.layers import get_notrace_functions, get_notrace_modules
 from torch import nn
 
 from .errors import PartitionError
@@ -23,19 +24,12 @@ from .transforms.base import HyperparameterModule
 _MAX_LEAF_ROUNDS = 64
 
 
-def _timm_notrace() -> tuple[set[type], set[Callable[..., Any]]]:
-    try:
-        from timm.layers import get_notrace_functions, get_notrace_modules
-    except ImportError:  # timm is optional for plain torch models
-        return set(), set()
-    return set(get_notrace_modules()), set(get_notrace_functions())
-
-
 class LeafAwareTracer(fx.Tracer):
     """An ``fx.Tracer`` that does not enter the leaves described in the module docstring."""
 
     def __init__(self, leaf_types: Iterable[type] = (), leaf_names: Iterable[str] = ()) -> None:
-        timm_modules, timm_functions = _timm_notrace()
+        # Read at each construction: timm models register theirs when their module is imported.
+        timm_modules, timm_functions = get_notrace_modules(), get_notrace_functions()
         super().__init__(autowrap_functions=tuple(timm_functions))
         # Hyperparameter modules (ConcreteDropout, ...) sample noise and switch with .train(): one call each.
         self.leaf_types = (HyperparameterModule, *timm_modules, *leaf_types)
@@ -203,7 +197,3 @@ def trace_consistently(
         f"{type(model).__name__}: more than {_MAX_LEAF_ROUNDS} modules change their traced code between "
         f"train and eval mode; list them with PartitionConfig().add_leaf_module(...)"
     )
-
-
-def is_inside_leaf(name: str, leaves: Iterable[str]) -> bool:
-    return any(name == leaf or name.startswith(leaf + ".") for leaf in leaves)

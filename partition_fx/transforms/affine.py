@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._validation import check_choice, check_int, check_real
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -88,13 +88,9 @@ class AffineAugmentation(HyperparameterModule):
         align_corners: bool = False,
     ) -> None:
         super().__init__()
-        self.num_samples = _check_num_samples(num_samples, "num_samples")
+        self.num_samples = _check_num_samples(num_samples)
         self.generators: tuple[str, ...] = _check_generators(generators)
-        if padding_mode not in PADDING_MODES:
-            raise PartitionArgumentError(
-                f"padding_mode must be one of {PADDING_MODES} (the modes of F.grid_sample), got {padding_mode!r}"
-            )
-        self.padding_mode = padding_mode
+        self.padding_mode = check_choice("padding_mode", padding_mode, PADDING_MODES)  # F.grid_sample's modes
         self.align_corners = bool(align_corners)
         bounds = {name: DEFAULT_MAX_RANGE[name] for name in self.generators}
         bounds.update(_check_per_generator(max_range or {}, self.generators, "max_range", positive=True))
@@ -103,7 +99,7 @@ class AffineAugmentation(HyperparameterModule):
             start = {name: 0.0 for name in self.generators}
             start.update(_check_per_generator(init, self.generators, "init", positive=False))
         else:
-            value = _check_real(init, "init")
+            value = check_real("init", init)
             start = {name: value for name in self.generators}
         for name, value in start.items():
             # Ranges live in float32, so a range clamped to its bound reads back as the bound rounded to
@@ -128,7 +124,7 @@ class AffineAugmentation(HyperparameterModule):
         _check_images(x)
         if not self.training:
             return x
-        s = self.num_samples if num_samples is None else _check_num_samples(num_samples, "num_samples")
+        s = self.num_samples if num_samples is None else _check_num_samples(num_samples)
         # Drawn on x's device and dtype from the global generator, so torch.manual_seed fixes the samples.
         eps = torch.rand(s, x.shape[0], len(self.generators), device=x.device, dtype=x.dtype) * 2 - 1
         return self.transform(x, eps)
@@ -205,10 +201,8 @@ def _check_images(x: torch.Tensor) -> None:
         )
 
 
-def _check_num_samples(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise PartitionArgumentError(f"{name} must be an int >= 1, got {value!r}; pass e.g. {name}=8")
-    return int(value)
+def _check_num_samples(value: object) -> int:
+    return check_int("num_samples", value, hint="; pass e.g. num_samples=8")
 
 
 def _check_generators(generators: Sequence[str]) -> tuple[str, ...]:
@@ -225,12 +219,6 @@ def _check_generators(generators: Sequence[str]) -> tuple[str, ...]:
     return tuple(generators)
 
 
-def _check_real(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise PartitionArgumentError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
 def _check_per_generator(
     values: Mapping[str, float], generators: tuple[str, ...], name: str, *, positive: bool
 ) -> dict[str, float]:
@@ -243,7 +231,7 @@ def _check_per_generator(
                 f"{name} has key {key!r}, which is not one of this module's generators {generators}; "
                 f"remove it or add it to generators"
             )
-        out[key] = _check_real(value, f"{name}[{key!r}]")
+        out[key] = check_real(f"{name}[{key!r}]", value)
         if positive and out[key] <= 0:
             raise PartitionArgumentError(f"{name}[{key!r}] must be > 0, got {out[key]}")
     return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..errors import PartitionNotImplementedError
+
 
 class HyperparameterModule(nn.Module):
     """A module whose parameters are hyperparameters psi, learned by the partitioned marginal likelihood.
@@ -16,7 +18,7 @@ class HyperparameterModule(nn.Module):
 
     def hyperparameters(self) -> dict[str, float | list[float]]:
         """The current hyperparameter values as plain floats/lists (for logs and ``report.json``)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement hyperparameters()")
+        raise PartitionNotImplementedError(f"{type(self).__name__} must implement hyperparameters()")
 
     def constrain_(self) -> None:
         """Clamp the parameters into their documented bounds, in place (called after each hyper step)."""

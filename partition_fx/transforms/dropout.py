@@ -8,6 +8,7 @@ import numbers
 import torch
 from torch import nn
 
+from .._validation import check_open_unit
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -45,15 +46,16 @@ class ConcreteDropout(HyperparameterModule):
 
     def __init__(self, p: float = 0.1, temperature: float = 0.1, p_min: float = P_MIN, p_max: float = P_MAX) -> None:
         super().__init__()
-        p_min = _check_probability(p_min, "p_min")
-        p_max = _check_probability(p_max, "p_max")
+        p_min = check_open_unit("p_min", p_min)
+        p_max = check_open_unit("p_max", p_max)
         if p_min > p_max:
             raise PartitionArgumentError(f"p_min must be <= p_max, got p_min={p_min}, p_max={p_max}; swap them")
-        p = _check_probability(p, "p")
+        p = check_open_unit("p", p)
         if not p_min <= p <= p_max:
             raise PartitionArgumentError(
                 f"p must be in [p_min, p_max] = [{p_min}, {p_max}], got {p}; change p or widen p_min/p_max"
             )
+        # Two messages, not check_positive's one: an infinite temperature is a different mistake from a zero one.
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
             raise PartitionArgumentError(
                 f"temperature must be a number > 0, got {temperature!r}; 0.1 is the usual choice"
@@ -99,9 +101,3 @@ class ConcreteDropout(HyperparameterModule):
         return (
             f"p={self.hyperparameters()['p']:.4g}, temperature={self.temperature}, bounds=[{self.p_min}, {self.p_max}]"
         )
-
-
-def _check_probability(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
-        raise PartitionArgumentError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
-    return float(value)

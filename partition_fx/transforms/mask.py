@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .._validation import check_positive
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -39,9 +40,7 @@ class InputMask(HyperparameterModule):
     def __init__(self, shape: int | Sequence[int], init: float = 0.9, max_logit: float = MAX_LOGIT) -> None:
         super().__init__()
         self.shape: tuple[int, ...] = _check_shape(shape)
-        if isinstance(max_logit, bool) or not isinstance(max_logit, numbers.Real) or not 0 < max_logit < math.inf:
-            raise PartitionArgumentError(f"max_logit must be a finite number > 0, got {max_logit!r}; e.g. 10.0")
-        self.max_logit = float(max_logit)
+        self.max_logit = check_positive("max_logit", max_logit, hint="; e.g. 10.0")
         if isinstance(init, bool) or not isinstance(init, numbers.Real) or not 0 < init < 1:
             raise PartitionArgumentError(
                 f"init is the initial mask value and must be strictly between 0 and 1, got {init!r}; e.g. init=0.9"

@@ -17,10 +17,9 @@ others (FixUp scalars, ViT position embeddings, random-weight tensors) fall back
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,18 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
+from ..errors import PartitionTypeError
+from ..params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
+from .routing import Routing
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
-
-
-@dataclass(frozen=True)
-class Routing:
-    """Per example: its subnetwork and the partition its loss may train (0: none; None: every one used)."""
-
-    subnetworks: torch.Tensor
-    grad_partitions: torch.Tensor | None
 
 
 _ROUTING: ContextVar[Routing | None] = ContextVar("partition_fx_one_pass_routing", default=None)
@@ -56,9 +49,30 @@ def routed(routing: Routing) -> Iterator[None]:
         _ROUTING.reset(token)
 
 
-def supports_one_pass(gm: torch.fx.GraphModule, tensors: dict[str, PartitionedTensor], leaf_callers: set) -> bool:
+def forward_one_pass(gm: torch.fx.GraphModule, num_partitions: int, args: tuple, kwargs: dict, routing: Routing) -> Any:
+    """Every example of the batch through its own subnetwork in one forward of ``gm`` (a rewritten graph
+    that ``supports_one_pass``). Exact where the grouped forward is; in train mode BatchNorm normalises the
+    whole batch with one set of statistics (the grouped forward uses one per group).
+
+    >>> import torch
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.per_example import Routing
+    >>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(4, 2)), 2, scheme="node", default="zero")
+    >>> x = torch.randn(3, 4)
+    >>> out = forward_one_pass(pmodel.module, 2, (x,), {}, Routing(torch.tensor([0, 1, 2]), None))
+    >>> torch.equal(out[0], torch.zeros(2)), torch.allclose(out[2], pmodel(x[2:], subnetwork=2)[0])
+    (True, True)
+    """
+    with routed(routing):
+        return gm(num_partitions, *args, **kwargs)
+
+
+def supports_one_pass(
+    gm: torch.fx.GraphModule, tensors: dict[str, PartitionedTensor], leaf_callers: Collection[Callable[..., Any]]
+) -> bool:
     """Whether every partitioned tensor (``tensors``: by its name in ``gm``) is node-partitioned and used only
-    as the weight or bias of a ``Linear``/``Conv``, or is a product/sum affine used only by its norm layer."""
+    as the weight or bias of a ``Linear``/``Conv``, or is a product/sum affine used only by its norm layer.
+    ``leaf_callers`` are the functions through which ``gm`` calls its leaf modules (``runtime.LEAF_CALLERS``)."""
     for node in gm.graph.nodes:
         pt = tensors.get(node.target) if node.op == "call_module" else None
         if pt is None:
@@ -100,7 +114,7 @@ def _value(module: nn.Module, params: dict[str, Any], name: str, k: int) -> torc
 def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
     weight_pt = params["weight"]
     if not isinstance(weight_pt, RandomPartitionedTensor) or weight_pt.kind != "node":
-        raise TypeError(f"one-pass routing needs a node-partitioned weight, got {weight_pt!r}")
+        raise PartitionTypeError(f"one-pass routing needs a node-partitioned weight, got {weight_pt!r}")
     c = weight_pt.num_partitions
     ks = routing.subnetworks
     unit_part = weight_pt.unit_membership().to(x.device)  # [U]
