@@ -19,6 +19,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import nn
 from torch.nn import functional as F
 
+from ..errors import PartitionArgumentError
+
 
 class FixupBasicBlock(nn.Module):
     def __init__(self, in_channels: int, channels: int, stride: int, num_residual_layers: int) -> None:
@@ -56,7 +58,7 @@ class FixupResNet(nn.Module):
     def __init__(self, depth: int = 14, num_classes: int = 10, in_chans: int = 3, widths=(16, 32, 64)) -> None:
         super().__init__()
         if (depth - 2) % 6 != 0 or depth < 8:
-            raise ValueError(f"FixUp ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 26, ...), got {depth}")
+            raise PartitionArgumentError(f"FixUp ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 26, ...), got {depth}")
         blocks_per_stage = (depth - 2) // 6
         self.num_classes = num_classes
         self.num_features = widths[-1]
@@ -101,7 +103,8 @@ class FixupResNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _cfg(**kwargs: object) -> dict[str, object]:
+def cifar_cfg(**kwargs: object) -> dict[str, object]:
+    """timm's pretrained config of the shipped CIFAR-sized models (10 classes, 3x32x32, CIFAR-10 statistics)."""
     return {
         "num_classes": 10,
         "input_size": (3, 32, 32),
@@ -115,7 +118,7 @@ def _cfg(**kwargs: object) -> dict[str, object]:
     }
 
 
-default_cfgs = generate_default_cfgs({f"fixup_resnet{d}": _cfg() for d in (8, 14, 20, 26)})
+default_cfgs = generate_default_cfgs({f"fixup_resnet{d}": cifar_cfg() for d in (8, 14, 20, 26)})
 
 
 def _create(variant: str, depth: int, pretrained: bool, **kwargs: object) -> FixupResNet:

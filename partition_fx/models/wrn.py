@@ -14,7 +14,8 @@ import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
-from .fixup import _cfg
+from ..errors import PartitionArgumentError
+from .fixup import cifar_cfg
 
 
 def _norm(kind: str, groups: int) -> type[nn.Module] | partial[nn.Module]:
@@ -22,7 +23,7 @@ def _norm(kind: str, groups: int) -> type[nn.Module] | partial[nn.Module]:
         return nn.BatchNorm2d
     if kind == "groupnorm":
         return partial(nn.GroupNorm, groups)  # type: ignore[return-value]
-    raise ValueError(f"norm must be 'batchnorm' or 'groupnorm', got {kind!r}")
+    raise PartitionArgumentError(f"norm must be 'batchnorm' or 'groupnorm', got {kind!r}")
 
 
 class PreActBlock(nn.Module):
@@ -63,7 +64,7 @@ class CifarWideResNet(nn.Module):
     ) -> None:
         super().__init__()
         if (depth - 4) % 6 != 0 or depth < 10:
-            raise ValueError(f"Wide-ResNet depth must be 6n+4 with n >= 1 (10, 16, 22, 28, ...), got {depth}")
+            raise PartitionArgumentError(f"Wide-ResNet depth must be 6n+4 with n >= 1 (10, 16, 22, 28, ...), got {depth}")
         norm_layer = _norm(norm, gn_groups)
         n = (depth - 4) // 6
         widths = (16 * width, 32 * width, 64 * width)
@@ -114,7 +115,7 @@ _VARIANTS = {
     "cifar_wrn16_4_gn": dict(depth=16, width=4, norm="groupnorm"),
     "cifar_wrn28_10_gn": dict(depth=28, width=10, norm="groupnorm"),
 }
-default_cfgs = generate_default_cfgs({name: _cfg() for name in _VARIANTS})
+default_cfgs = generate_default_cfgs({name: cifar_cfg() for name in _VARIANTS})
 
 
 def _create(variant: str, pretrained: bool, **kwargs: object) -> CifarWideResNet:

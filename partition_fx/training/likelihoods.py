@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PartitionArgumentError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionNotImplementedError, PartitionTypeError
 from ..transforms.base import HyperparameterModule
 
 
@@ -23,7 +23,7 @@ class Likelihood(nn.Module):
     """Base class: ``log_prob(outputs, targets) -> [B]`` per example; ``forward`` adds sample averaging."""
 
     def log_prob(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        raise PartitionNotImplementedError(f"{type(self).__name__} must implement log_prob(outputs, targets)")
 
     def forward(self, outputs: torch.Tensor, targets: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
         """Per-example log-likelihood [B] of ``targets`` [B, ...] given ``outputs`` [S*B, ...] (sample major)."""
