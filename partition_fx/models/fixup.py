@@ -58,7 +58,9 @@ class FixupResNet(nn.Module):
     def __init__(self, depth: int = 14, num_classes: int = 10, in_chans: int = 3, widths=(16, 32, 64)) -> None:
         super().__init__()
         if (depth - 2) % 6 != 0 or depth < 8:
-            raise PartitionArgumentError(f"FixUp ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 26, ...), got {depth}")
+            raise PartitionArgumentError(
+                f"FixUp ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 26, ...), got {depth}"
+            )
         blocks_per_stage = (depth - 2) // 6
         self.num_classes = num_classes
         self.num_features = widths[-1]

@@ -64,7 +64,9 @@ class CifarWideResNet(nn.Module):
     ) -> None:
         super().__init__()
         if (depth - 4) % 6 != 0 or depth < 10:
-            raise PartitionArgumentError(f"Wide-ResNet depth must be 6n+4 with n >= 1 (10, 16, 22, 28, ...), got {depth}")
+            raise PartitionArgumentError(
+                f"Wide-ResNet depth must be 6n+4 with n >= 1 (10, 16, 22, 28, ...), got {depth}"
+            )
         norm_layer = _norm(norm, gn_groups)
         n = (depth - 4) // 6
         widths = (16 * width, 32 * width, 64 * width)
