@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from partition_fx import export_onnx, export_subnetwork, partitionify
-from partition_fx.data import load_dataset
+from partition_fx.datasets import load_dataset
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation
 

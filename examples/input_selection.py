@@ -1,6 +1,6 @@
 """Input selection by the partitioned marginal likelihood (the paper's synthetic experiment, section 5).
 
-Only the first 3 of 8 inputs matter (``partition_fx.data.input_selection``). For each nested candidate
+Only the first 3 of 8 inputs matter (``partition_fx.datasets.input_selection``). For each nested candidate
 subset {x0}, {x0, x1}, ..., {x0..x7}, train a partitioned MLP (C=8 equal chunks, as in the paper) on
 those inputs and compare marginal likelihoods, with no validation set. Then learn an ``InputMask`` over all
 8 inputs directly: the mask should stay open on the informative inputs and close on the others.
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from partition_fx import partitionify
-from partition_fx.data import input_selection
+from partition_fx.datasets import input_selection
 from partition_fx.training import Gaussian, fit
 from partition_fx.transforms import InputMask
 

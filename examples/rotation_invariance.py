@@ -18,7 +18,7 @@ import timm
 import torch
 
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.data import load_dataset
+from partition_fx.datasets import load_dataset
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation
 

@@ -147,7 +147,7 @@ def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that can fail on bad input, before the output directory is touched."""
-    from .data import load_dataset
+    from .datasets import load_dataset
     from .transforms import AffineAugmentation
 
     for name in ("steps", "batch_size", "samples", "hyper_every", "eval_every", "image_size", "channels"):

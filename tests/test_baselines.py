@@ -62,7 +62,7 @@ def test_unsafe_augerino_divergence_is_detected():
 
 
 def test_validation_baseline_steps_ranges_and_fixed_augmentation_stays():
-    from partition_fx.data import rotdigits
+    from partition_fx.datasets import rotdigits
 
     task = methods.Task("rotdigits", rotdigits(size=8), {"rotation": math.pi}, {})
     budget = methods.Budget(steps=3, batch_size=4, samples=2)
