@@ -7,7 +7,7 @@ Public API::
     export_onnx(pmodel, path, example_inputs, *, subnetwork, dynamic_batch) -> Path
     fit(pmodel, dataset, *, hyper, likelihood, steps, ...) -> FitResult      (partition_fx.training)
 
-Learnable hyperparameter modules live in ``partition_fx.transforms``; datasets in ``partition_fx.data``.
+Learnable hyperparameter modules live in ``partition_fx.transforms``; datasets in ``partition_fx.datasets``.
 
 Importing the package also registers its models with timm (``fixup_resnet8``.., ``cifar_wrn16_4``..).
 """

@@ -23,8 +23,10 @@ MAX_SEED = 2**63 - 1
 """The largest seed the package takes: a signed 64-bit int, what every torch generator accepts."""
 
 
-def check_int(name: str, value: object, minimum: int = 1, *, hint: str = "") -> int:
+def check_int(name: str, value: object, minimum: int = 1, *, hint: str = "", noun: str = "an int") -> int:
     """``value`` as an int >= ``minimum``; bool is refused (``steps=True`` is certainly a mistake).
+
+    ``noun`` is how the message names the expected type (the datasets write "an integer").
 
     Example::
 
@@ -36,7 +38,7 @@ def check_int(name: str, value: object, minimum: int = 1, *, hint: str = "") -> 
         partition_fx.errors.PartitionArgumentError: steps must be an int >= 1, got 0
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise PartitionArgumentError(f"{name} must be an int >= {minimum}, got {value!r}{hint}")
+        raise PartitionArgumentError(f"{name} must be {noun} >= {minimum}, got {value!r}{hint}")
     return int(value)
 
 
@@ -261,3 +263,27 @@ def check_per_example(name: str, values: torch.Tensor, batch: int, num_partition
             f"{name} values must be in 0..{num_partitions}, got {int(values.min())}..{int(values.max())}"
         )
     return values.long()
+
+
+def check_fits_in_memory(options: str, what: str, nbytes: int) -> None:
+    """Refuse sizes whose data alone exceed this machine's memory, before trying to allocate them.
+
+    ``options`` names what the user chose (e.g. ``"--image-size 10000"``), ``what`` the data it sizes.
+
+    Example::
+
+        >>> check_fits_in_memory("--image-size 28", "1797 image(s)", 1797 * 28 * 28 * 4)
+        >>> check_fits_in_memory("--image-size 10**9", "1 image(s)", 2**80)
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: --image-size 10**9: 1 image(s) alone would take ...
+    """
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): leave it to the allocator
+        return
+    if nbytes > memory:
+        raise PartitionArgumentError(
+            f"{options}: {what} alone would take {nbytes / 2**30:,.0f} GiB, more than this machine's "
+            f"{memory / 2**30:,.0f} GiB of memory; choose smaller values"
+        )

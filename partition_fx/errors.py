@@ -6,11 +6,30 @@ Bad arguments are also ``ValueError``/``TypeError`` so the usual ``except ValueE
 
 from __future__ import annotations
 
+import sys
+
 
 def first_line(error: BaseException) -> str:
     """The first line of ``error``'s message, or its type's name when it has none (for one-line reports)."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A failed allocation: ``MemoryError``, ``torch.OutOfMemoryError``, or torch's CPU allocator refusing.
+
+    >>> is_out_of_memory(MemoryError()), is_out_of_memory(RuntimeError("can't allocate memory: 8 GiB"))
+    (True, True)
+    >>> is_out_of_memory(ValueError("bad"))
+    False
+    """
+    if isinstance(error, MemoryError):
+        return True
+    # a torch error exists only once torch is imported: this module stays free of torch
+    out_of_memory = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    if out_of_memory is not None and isinstance(error, out_of_memory):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
 class PartitionError(RuntimeError):

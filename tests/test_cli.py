@@ -12,7 +12,8 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from partition_fx.cli import digits_images, main
+from partition_fx.cli import main
+from partition_fx.datasets import normalized_digits
 
 
 def test_convert_writes_a_verified_model(tmp_path, capsys) -> None:
@@ -27,7 +28,7 @@ def test_convert_writes_a_verified_model(tmp_path, capsys) -> None:
     # the exported weights are a plain fixup_resnet8 state dict that reproduces the ONNX outputs
     plain = timm.create_model("fixup_resnet8", num_classes=10).eval()
     plain.load_state_dict(load_file(out / "model.safetensors"))
-    x, _ = digits_images(5, 32)
+    x, _ = normalized_digits(5, 32)
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     (onnx_out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():

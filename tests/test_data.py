@@ -12,8 +12,17 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.nn import functional as F
 
-from partition_fx import data
-from partition_fx.data import digits, image_folder, input_selection, load_dataset, rotdigits, write_scattered_digits
+from partition_fx.datasets import (
+    DatasetSplits,
+    digits,
+    image_folder,
+    input_selection,
+    load_dataset,
+    rotdigits,
+    sklearn_digits,
+    synthetic,
+    write_scattered_digits,
+)
 from partition_fx.errors import PartitionArgumentError, PartitionError
 
 SIZE = 20  # smaller than the default 28 to keep the file fast; the geometry is the same
@@ -26,12 +35,12 @@ def sk_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def plain() -> data.DatasetSplits:
+def plain() -> DatasetSplits:
     return digits(size=SIZE)
 
 
 @pytest.fixture(scope="module")
-def rotated() -> data.DatasetSplits:
+def rotated() -> DatasetSplits:
     return rotdigits(size=SIZE)
 
 
@@ -65,7 +74,7 @@ def test_digits_geometry_values_and_dtypes(plain, sk_digits) -> None:
     assert x.dtype == torch.float32 and y.dtype == torch.int64
     assert x.shape == (1438, 1, SIZE, SIZE)
     assert float(x.min()) == 0.0 and float(x.max()) <= 1.0
-    side = data._digit_side(SIZE)
+    side = sklearn_digits._digit_side(SIZE)
     margin = (SIZE - side) // 2
     assert side == 14 and margin == 3 and side <= SIZE / math.sqrt(2)
     # independent rendering: scale 0..16 to [0, 1], bilinear upsample, paste into the centre of zeros
@@ -101,9 +110,9 @@ def test_rotdigits_same_split_and_zero_angle_is_digits(plain, rotated) -> None:
     assert torch.equal(plain.info["train_indices"], rotated.info["train_indices"])
     assert torch.equal(plain.test.tensors[1], rotated.test.tensors[1])
     x = plain.train.tensors[0]
-    assert torch.allclose(data._rotate(x, torch.zeros(len(x))), x, atol=1e-6)
+    assert torch.allclose(sklearn_digits._rotate(x, torch.zeros(len(x))), x, atol=1e-6)
     # rotdigits is exactly digits rotated by the reported angles
-    expected = data._rotate(plain.test.tensors[0], rotated.info["test_angles"])
+    expected = sklearn_digits._rotate(plain.test.tensors[0], rotated.info["test_angles"])
     assert torch.allclose(rotated.test.tensors[0], expected, atol=1e-6)
 
 
@@ -117,7 +126,7 @@ def test_rotdigits_differ_from_digits_only_by_rotation(plain, rotated) -> None:
     x, xr = plain.train.tensors[0], rotated.train.tensors[0]
     assert float(xr.min()) >= 0.0 and float(xr.max()) <= 1.0
     angles = rotated.info["train_angles"]
-    back = data._rotate(xr, -angles)
+    back = sklearn_digits._rotate(xr, -angles)
     assert float(_correlation(back, x).min()) > 0.95  # two bilinear resamplings blur a little
     assert float(_correlation(xr, x).mean()) < 0.8  # the rotation is real
     # the canvas leaves room: rotation keeps each digit's ink (nothing cut at the corners)
@@ -128,8 +137,8 @@ def test_rotdigits_differ_from_digits_only_by_rotation(plain, rotated) -> None:
 def test_rotation_direction_is_counter_clockwise() -> None:
     image = torch.zeros(1, 1, 7, 7)
     image[0, 0, 3, 5] = 1.0  # right of the centre
-    assert data._rotate(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist() == [[1, 3]]  # above it
-    assert data._rotate(image, torch.tensor([-math.pi / 2]))[0, 0].nonzero().tolist() == [[5, 3]]  # below it
+    assert sklearn_digits._rotate(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist() == [[1, 3]]  # above it
+    assert sklearn_digits._rotate(image, torch.tensor([-math.pi / 2]))[0, 0].nonzero().tolist() == [[5, 3]]  # below it
 
 
 def test_rotdigits_angles_uniform_and_independent_of_split(rotated) -> None:
@@ -279,7 +288,7 @@ def test_input_selection_shapes_and_determinism() -> None:
 def test_input_selection_target_depends_on_informative_inputs_only() -> None:
     splits = input_selection(num_train=500, num_test=10, num_informative=2, num_inputs=6, noise=0.0)
     x, y = splits.train.tensors
-    f = data._input_selection_function(2, seed=0)
+    f = synthetic._input_selection_function(2, seed=0)
     assert torch.equal(f(x).unsqueeze(1), y)
     perturbed = x.clone()
     perturbed[:, 2:] = torch.randn(500, 4, generator=torch.Generator().manual_seed(0))

@@ -32,8 +32,8 @@ from PIL import Image
 from safetensors.torch import save_file
 from torch import nn
 
-import partition_fx.cli
-import partition_fx.export
+import partition_fx.cli.convert
+import partition_fx.cli.export
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.errors import PartitionError
@@ -57,8 +57,8 @@ def nothing_runs() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(PartitionedTrainer, "run", refuse)
-        patch.setattr(partition_fx.cli, "digits_images", refuse)  # convert: after the model is converted
-        patch.setattr(partition_fx.export, "export_subnetwork", refuse)  # export: after the run is rebuilt
+        patch.setattr(partition_fx.cli.convert, "normalized_digits", refuse)  # convert: after the model is converted
+        patch.setattr(partition_fx.cli.export, "export_subnetwork", refuse)  # export: after the run is rebuilt
         yield
 
 

@@ -131,7 +131,7 @@ class _RunsCodeWhenUnpickled:
 def test_a_weights_file_that_would_run_code_is_refused_without_running_it(tmp_path):
     """``--checkpoint`` weights go through torch.load(weights_only=True): no arbitrary object is unpickled."""
     from partition_fx.errors import PartitionError
-    from partition_fx.train_command import build_model
+    from partition_fx.models import build_model
 
     evil, marker = tmp_path / "weights.pt", tmp_path / "code-ran"
     torch.save({"conv1.weight": _RunsCodeWhenUnpickled(str(marker))}, evil)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from partition_fx.cli import main
-from partition_fx.data import digits
+from partition_fx.datasets import digits
 from partition_fx.training import PartitionedTrainer
 
 TINY = ["--model", "fixup_resnet8", "--image-size", "16", "--steps", "4", "--batch-size", "8", "--samples", "2"]

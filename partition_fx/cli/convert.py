@@ -1,0 +1,127 @@
+"""``partition-fx convert`` and ``partition-fx describe``: a model's conversion, verified and exported, or
+only described.
+
+``convert`` (defaults: FixUp ResNet-14, C=3, proportions 0.8/0.1/0.1) builds a timm model (optionally with
+weights from a local file), converts it, checks every subnetwork against the original on scikit-learn's
+bundled digits, and writes to ``--out``: the exported final model (safetensors), ``model.onnx`` verified in
+onnxruntime, ``describe.txt`` and ``report.json``. The output directory is assembled aside and moved into
+place at the end, so a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_model
+
+from .._io import staging_directory, swap_in
+from .._validation import check_fits_in_memory
+from ..datasets import normalized_digits
+from ..errors import PartitionError
+from ..export import export_onnx, export_subnetwork
+from ..models import build_model
+from ..partitioned_model import PartitionedModel
+from ..testing import max_relative_difference
+from .job import partitionify_from_args
+from .runs import check_out
+
+VERIFY_IMAGES = 16  # digits each subnetwork is compared with the original on
+
+
+def run_describe(args: argparse.Namespace) -> str:
+    """The ``describe`` command: how ``--model`` would be partitioned.
+
+    >>> from partition_fx.cli.parser import build_parser
+    >>> args = build_parser().parse_args(["describe", "--model", "fixup_resnet8", "--partitions", "2",
+    ...                                   "--proportions", "0.5,0.5"])
+    >>> run_describe(args).splitlines()[0].startswith("PartitionedModel of FixupResNet: C=2")
+    True
+    """
+    model = build_model(args.model, args.num_classes, args.checkpoint)
+    return partitionify_from_args(model, args).describe()
+
+
+def run_convert(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``convert`` command; returns the report it also writes to ``--out/report.json``.
+
+    >>> import tempfile
+    >>> from partition_fx.cli.parser import build_parser
+    >>> out = Path(tempfile.mkdtemp()) / "converted"
+    >>> report = run_convert(build_parser().parse_args(["convert", "--model", "fixup_resnet8", "--out", str(out)]))
+    >>> report["num_partitions"], max(report["max_relative_difference_to_original"].values())
+    (3, 0.0)
+    """
+    check_out(args.out, args.overwrite, {"--checkpoint": args.checkpoint})
+    model, pmodel, seconds = _converted(args)
+    return _write_atomically(args.out, lambda staging: _convert(args, model, pmodel, seconds, staging))
+
+
+def _converted(args: argparse.Namespace) -> tuple[torch.nn.Module, PartitionedModel, float]:
+    """The model, its conversion and the seconds that took: everything that can fail on bad input, before
+    ``--out`` is touched."""
+    check_fits_in_memory(f"--num-classes {args.num_classes}", "the classifier's biases", args.num_classes * 4)
+    check_fits_in_memory(
+        f"--input-size {args.input_size}", f"{VERIFY_IMAGES} images to verify", VERIFY_IMAGES * args.input_size**2 * 4
+    )
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, args.num_classes, args.checkpoint).eval()
+    start = time.perf_counter()
+    pmodel = partitionify_from_args(model, args).eval()
+    return model, pmodel, time.perf_counter() - start
+
+
+def _convert(
+    args: argparse.Namespace, model: torch.nn.Module, pmodel: PartitionedModel, seconds: float, out: Path
+) -> dict[str, Any]:
+    channels = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
+    x, _ = normalized_digits(VERIFY_IMAGES, args.input_size, channels)
+    with torch.no_grad():
+        reference = model(x)
+        diffs = {k: max_relative_difference(pmodel(x, subnetwork=k), reference) for k in range(args.partitions + 1)}
+    exported = export_subnetwork(pmodel)
+    save_model(exported, str(out / "model.safetensors"))
+    onnx_path = export_onnx(pmodel, out / "model.onnx", (x[:4],))
+    (out / "describe.txt").write_text(pmodel.describe() + "\n")
+    sizes = [sum(p.numel() for p in pmodel.partition_parameters(k)) for k in range(1, args.partitions + 1)]
+    return {
+        "model": args.model,
+        "checkpoint": args.checkpoint,
+        "num_partitions": args.partitions,
+        "proportions": list(pmodel.proportions),
+        "scheme": args.scheme,
+        "default": args.default,
+        "assignments": args.assignments,
+        "seed": args.seed,
+        "original_parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_entries_per_partition": sizes,
+        "conversion_seconds": round(seconds, 3),
+        "max_relative_difference_to_original": {str(k): v for k, v in diffs.items()},
+        "files": {"model": "model.safetensors", "onnx": onnx_path.name, "describe": "describe.txt"},
+        "torch": torch.__version__,
+    }
+
+
+def _write_atomically(out: Path, fill: Any) -> dict[str, Any]:
+    """``fill(staging)`` and its report in an ordinary directory beside ``out`` that then replaces it.
+
+    This is ``_io.replace_directory(..., ordinary=True)`` with one difference: a staging directory that
+    cannot be created is a one-line ``--out`` refusal, while errors of ``fill`` pass through unchanged.
+    """
+    try:
+        staging = staging_directory(out, ordinary=True)
+    except OSError as e:
+        raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+    try:
+        report = fill(staging)
+        # plain write: the whole staged directory is what replaces --out atomically
+        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report

@@ -1,0 +1,88 @@
+"""``partition-fx``'s entry point: parse, run the command, print its summary, and report every refusal as one
+line on stderr with exit status 2 (130 when interrupted)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import PartitionError, first_line, is_out_of_memory
+from .convert import run_convert, run_describe
+from .export import run_export
+from .parser import build_parser
+from .train import run_train
+
+OUT_OF_MEMORY_HINTS = {
+    "train": "lower --image-size, --batch-size or --samples, or choose a smaller --model",
+    "convert": "lower --input-size or --num-classes, or choose a smaller --model",
+    "describe": "lower --num-classes or choose a smaller --model",
+    "export": "export on a machine with more memory",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``partition-fx ARGV`` (default: ``sys.argv[1:]``); returns the exit status.
+
+    >>> main(["convert", "--model", "no_such_net", "--out", "never"])
+    2
+    """
+    args = build_parser().parse_args(None if argv is None else list(argv))
+    try:
+        if args.command == "describe":
+            print(run_describe(args))
+        elif args.command == "train":
+            _print_train(run_train(args), args.resume if args.resume is not None else args.out)
+        elif args.command == "export":
+            _print_export(run_export(args))
+        else:
+            _print_convert(run_convert(args), args.out)
+    except KeyboardInterrupt:
+        print("partition-fx: interrupted; the last checkpoint and report.json are kept", file=sys.stderr)
+        return 130
+    except (PartitionError, NotImplementedError) as e:
+        print(f"partition-fx: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        print(
+            f"partition-fx: error: out of memory ({first_line(e)}); {OUT_OF_MEMORY_HINTS[args.command]}",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def _print_train(report: dict[str, Any], out: Path) -> None:
+    hyper = report["hyperparameters"]
+    learned = ", ".join(f"{k}={v:.3f}" for k, v in hyper.items() if isinstance(v, float)) or "none"
+    print(
+        f"trained {report['config']['model']} on {report['data']['name']} for {report['steps']} iterations in "
+        f"{report['seconds']:.0f}s: test accuracy {report['test_accuracy']:.4f}, LML {report['lml']:.1f} nats "
+        f"({report['lml_per_example']:.3f}/example)"
+    )
+    print(f"learned hyperparameters (ranges; rotation in radians): {learned}")
+    print(f"wrote {out}/: report.json, lml.png, hyperparameters.png, model.safetensors, model.onnx, checkpoint/")
+
+
+def _print_export(summary: dict[str, Any]) -> None:
+    print(
+        f"exported subnetwork {summary['subnetwork']} of {summary['run']} (step {summary['checkpoint_step']}): "
+        f"test accuracy {summary['test_accuracy']:.4f}; wrote model.safetensors, model.onnx, export.json"
+    )
+
+
+def _print_convert(report: dict[str, Any], out: Path) -> None:
+    diffs = report["max_relative_difference_to_original"]
+    print(
+        f"converted {report['model']} ({report['original_parameters']:,} parameters) into "
+        f"{report['num_partitions']} partitions {report['trainable_entries_per_partition']} "
+        f"in {report['conversion_seconds']:.2f}s"
+    )
+    print(
+        f"subnetworks 0..{report['num_partitions']} vs original on digits: max relative difference "
+        f"{max(diffs.values()):.1e}"
+    )
+    print(f"wrote {out}/: model.safetensors, model.onnx (checked in onnxruntime), describe.txt, report.json")

@@ -1,0 +1,206 @@
+"""A ``partition-fx train`` job before any training: the options checked, the data loaded, the model built and
+converted (:func:`train_job`), and the command's optimisation recipe (:func:`training_recipe`).
+
+Everything that can fail on bad input fails here, before an output directory is touched. The benchmarks
+build their runs with these same functions, so they train exactly what the command trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from .._validation import check_fits_in_memory, check_num_partitions, check_proportions
+from ..datasets import NUM_DIGITS, DatasetSplits, load_dataset
+from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..models import build_model
+from ..partitioned_model import PartitionedModel
+from ..rewrite import partitionify
+from ..training import split_into_chunks, weight_decay_scales
+from ..transforms import AffineAugmentation
+from .parser import parse_train
+
+_POSITIVE_OPTIONS = ("steps", "batch_size", "samples", "hyper_every", "eval_every", "image_size", "channels")
+
+
+@dataclass
+class TrainJob:
+    """What ``partition-fx train`` trains: its options, data, model and conversion, and learnable augmentation.
+
+    ``args`` is the parsed command line (``args.device`` as asked, e.g. ``"auto"``); ``device`` is the device
+    it resolved to here (``"cpu"`` or ``"cuda"``); ``hyper`` is None with ``--augment none``.
+    """
+
+    args: argparse.Namespace
+    data: DatasetSplits
+    model: torch.nn.Module
+    pmodel: PartitionedModel
+    hyper: AffineAugmentation | None
+    device: str
+
+
+def train_job(argv: Sequence[str]) -> TrainJob:
+    """The job ``partition-fx train ARGV`` would run (``argv`` without the word ``train``), with the command's
+    own defaults and checks; nothing is trained or written.
+
+    >>> job = train_job(["--model", "fixup_resnet8", "--image-size", "12", "--data", "digits"])
+    >>> job.args.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__, job.device
+    (400, 'digits', 3, 'AffineAugmentation', 'cpu')
+    """
+    return job_from_args(parse_train(list(argv)))
+
+
+def training_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``fit`` options that make up the command's optimisation: iterations, batches, Adam on the weights
+    (cosine-annealed to lr/100) and on the hyperparameters, and the hyperparameter-step schedule.
+
+    >>> recipe = training_recipe(parse_train(["--steps", "10"]))
+    >>> recipe["steps"], recipe["batch_size"], recipe["optimizer"].keywords
+    (10, 64, {'lr': 0.001, 'weight_decay': 0.0})
+    """
+    return {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "optimizer": partial(torch.optim.Adam, lr=args.lr, weight_decay=args.weight_decay),
+        "hyper_optimizer": partial(torch.optim.Adam, lr=args.hyper_lr),
+        "scheduler": partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=args.steps, eta_min=args.lr / 100),
+        "hyper_every": args.hyper_every,
+        "warmup_steps": args.warmup_steps,
+    }
+
+
+def resolve_device(requested: str) -> str:
+    """The device ``--device`` names here: ``auto`` is ``cuda`` when CUDA is available, else ``cpu``.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    >>> resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    True
+    """
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise PartitionError("--device cuda: no CUDA device is available here; use --device cpu")
+    return requested
+
+
+def proportions_text(args: argparse.Namespace) -> str:
+    """``--proportions`` as the user wrote it (comma-separated), for messages.
+
+    >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1)))
+    '0.8,0.1,0.1'
+    """
+    return ",".join(str(p) for p in args.proportions)
+
+
+def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> PartitionedModel:
+    """``partitionify`` with the command line's conversion options (``--partitions``, ``--proportions``,
+    ``--scheme``, ``--default``, ``--seed``, ``--assignments``), refusals naming those options.
+
+    >>> args = parse_train(["--partitions", "2", "--proportions", "0.5,0.5"])
+    >>> partitionify_from_args(torch.nn.Linear(3, 2), args).num_partitions
+    2
+    """
+    try:
+        check_proportions(args.proportions, check_num_partitions(args.partitions))
+    except (PartitionArgumentError, PartitionTypeError) as e:
+        raise PartitionArgumentError(
+            f"--partitions {args.partitions} --proportions {proportions_text(args)}: {e}"
+        ) from None
+    return partitionify(
+        model,
+        args.partitions,
+        args.proportions,
+        scheme=args.scheme,
+        default=args.default,
+        seed=args.seed,
+        assignments=args.assignments,
+    )
+
+
+def job_from_args(args: argparse.Namespace) -> TrainJob:
+    """:func:`train_job` from parsed arguments (also a finished run's configuration, for ``export``).
+
+    >>> job_from_args(parse_train(["--steps", "0"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got 0
+    """
+    _check_options(args)
+    device = resolve_device(args.device)
+    data = _load_data(args)
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
+    pmodel = partitionify_from_args(model, args)
+    _check_chunks(args, len(data.train), pmodel)
+    hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
+    return TrainJob(args=args, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The options' ranges and combinations: what argparse's types alone do not refuse."""
+    for name in _POSITIVE_OPTIONS:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup_steps < 0:
+        raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
+    if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
+        raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
+    resolve_device(args.device)  # refuses --device cuda where there is none
+    if args.augment == "affine" and args.partitions < 2:
+        raise PartitionArgumentError(
+            f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
+            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions or pass --augment none"
+        )
+    if args.data == "input_selection":
+        raise PartitionArgumentError(
+            "--data 'input_selection' is a regression task; `partition-fx train` classifies images "
+            "(see examples/input_selection.py for input selection)"
+        )
+    if not args.data:
+        raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
+
+
+def _load_data(args: argparse.Namespace) -> DatasetSplits:
+    """``--data`` at ``--image-size``/``--channels``, refused if it or one batch of it cannot fit in memory."""
+    sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
+    count = NUM_DIGITS if args.data in ("digits", "rotdigits") else 1
+    check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
+    kwargs: dict[str, Any] = {"size": args.image_size}
+    if args.channels is not None:
+        kwargs["channels"] = args.channels
+    try:
+        data = load_dataset(args.data, **kwargs)
+    except PartitionArgumentError as e:  # the loader names its own arguments (size, channels): name the options
+        raise PartitionArgumentError(f"--data {args.data!r} {sizes}: {e}") from None
+    except PartitionError as e:  # an unknown name, or a folder that is not a dataset
+        raise PartitionError(f"--data {args.data!r}: {e}") from None
+    batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4
+    check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
+    if data.num_classes is None:
+        raise PartitionArgumentError(f"--data {args.data!r} is a regression task; `partition-fx train` classifies")
+    if len(data.input_shape) != 3:
+        raise PartitionArgumentError(f"--data {args.data!r} is not images (example shape {data.input_shape})")
+    return data
+
+
+def _check_chunks(args: argparse.Namespace, num_train: int, pmodel: PartitionedModel) -> None:
+    """Refuse now what ``fit`` would refuse later: an empty data chunk, a non-finite scaled weight decay."""
+    try:
+        chunks = split_into_chunks(num_train, pmodel.proportions, args.seed)
+    except PartitionArgumentError as e:
+        raise PartitionArgumentError(f"--proportions {proportions_text(args)} of {num_train} examples: {e}") from None
+    scale = max(weight_decay_scales(chunks.sizes))
+    if not math.isfinite(args.weight_decay * scale):
+        raise PartitionArgumentError(
+            f"--weight-decay {args.weight_decay} times partition 1's scale {scale:.3g} (N/|D_1|) is not finite; "
+            "choose a smaller --weight-decay"
+        )

@@ -1,0 +1,159 @@
+"""Run directories: the ``--out`` checks, a training run's report and configuration, and ``--resume``.
+
+A run directory is what ``partition-fx train --out DIR`` writes; its ``report.json`` holds the run's
+``config`` (every option in :data:`RUN_CONFIG_KEYS`), from which ``export`` rebuilds the model and ``--resume``
+continues the run with the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..datasets import DatasetSplits
+from ..errors import PartitionArgumentError, PartitionError
+from .parser import train_defaults
+
+RUN_CONFIG_KEYS = (
+    "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
+    "scheme", "default", "assignments", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every",
+    "warmup_steps", "eval_every", "fused", "every_partition", "seed", "device",
+)  # fmt: skip
+"""The ``train`` options a run's report records under ``config`` (``device`` as asked, e.g. ``auto``)."""
+
+LATER_OPTION_DEFAULTS = {"fused": False, "every_partition": False, "assignments": "stored"}
+"""Options added after the first runs were written: what a run's report means when it lacks them."""
+
+
+def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
+    """Refuse an ``--out`` that is or holds the current directory or one of the ``inputs`` (option -> path or
+    None), and one that holds anything unless ``--overwrite``; returns whether there is something to replace.
+
+    >>> import tempfile
+    >>> check_out(Path(tempfile.mkdtemp()) / "new", overwrite=False, inputs={"--checkpoint": None})
+    False
+    """
+    outside = out.resolve()
+    cwd = Path.cwd().resolve()
+    if cwd == outside or outside in cwd.parents:
+        raise PartitionArgumentError(
+            f"--out {str(out)!r} is or holds the current directory; pass a directory below it, e.g. --out runs/new"
+        )
+    for option, path in inputs.items():
+        inside = Path(path).resolve() if path is not None and Path(path).exists() else None
+        if inside is not None and (inside == outside or outside in inside.parents):
+            raise PartitionArgumentError(
+                f"--out {str(out)!r} holds {option} {str(path)!r}, which --overwrite would delete; choose another --out"
+            )
+    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if occupied and not overwrite:
+        what = "is not a directory" if not out.is_dir() else "is not empty"
+        raise PartitionError(f"--out {str(out)!r} exists and {what}; pass --overwrite or choose another directory")
+    return occupied
+
+
+def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
+    """``--out`` as an empty directory (emptied with ``--overwrite``), after :func:`check_out`.
+
+    >>> import tempfile
+    >>> out = Path(tempfile.mkdtemp()) / "run"
+    >>> prepare_out(out, overwrite=False, inputs={}); out.is_dir()
+    True
+    """
+    if check_out(out, overwrite, inputs):
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+
+
+def read_run(run: Path, option: str) -> dict[str, Any]:
+    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write. Its
+    ``config`` holds every option (``LATER_OPTION_DEFAULTS`` for older runs), with proportions as a tuple.
+
+    >>> import tempfile
+    >>> read_run(Path(tempfile.mkdtemp()), "--run")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --run '...': report.json cannot be read (...)
+    """
+    try:
+        report = json.loads((run / "report.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PartitionError(f"{option} {str(run)!r}: report.json cannot be read ({e})") from None
+    config = report.get("config") if isinstance(report, dict) else None
+    needed = [k for k in RUN_CONFIG_KEYS if k not in LATER_OPTION_DEFAULTS]
+    missing = [k for k in needed if k not in config] if isinstance(config, dict) else []
+    if not isinstance(config, dict) or missing:
+        raise PartitionError(
+            f"{option} {str(run)!r}: report.json holds no training configuration"
+            + (f" (no {', '.join(missing)})" if missing else "")
+            + "; pass the --out directory of `partition-fx train`"
+        )
+    report["config"] = {**LATER_OPTION_DEFAULTS, **config, "proportions": tuple(config["proportions"])}
+    return report
+
+
+def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``--resume RUN``: the run's own configuration (from its report), refusing options that contradict it.
+
+    Options left at their defaults take the run's values; so a run written when ``--device`` defaulted to
+    ``cpu`` resumes on the CPU.
+
+    >>> import tempfile
+    >>> from partition_fx.cli.parser import parse_train
+    >>> resumed_args(parse_train(["--resume", tempfile.mkdtemp()]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --resume '...': no report.json there; pass the --out directory of ...
+    """
+    run: Path = args.resume
+    if not (run / "report.json").is_file():
+        raise PartitionError(
+            f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
+        )
+    report = read_run(run, "--resume")
+    if report.get("status") == "completed":
+        raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
+    defaults = train_defaults()
+    given = {key: getattr(args, key) for key in RUN_CONFIG_KEYS if getattr(args, key) != defaults[key]}
+    if args.out != defaults["out"] and args.out != run:
+        given["out"] = args.out
+    saved = {**report["config"], "out": run}
+    conflicts = [key for key, value in given.items() if value != saved.get(key)]
+    if conflicts:
+        options = ", ".join(
+            f"--{key.replace('_', '-')} {given[key]} (the run has {saved.get(key)})" for key in conflicts
+        )
+        raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
+    return argparse.Namespace(**{**vars(args), **saved, "overwrite": False})
+
+
+def starting_report(
+    args: argparse.Namespace, proportions: tuple[float, ...], data: DatasetSplits, device: str
+) -> dict[str, Any]:
+    """The report a run starts with (``"status": "running"``): its configuration, its data, and where it runs
+    (``device``: the device ``--device`` resolved to; ``torch``: the version).
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> from partition_fx.datasets import digits
+    >>> report = starting_report(parse_train([]), (0.8, 0.1, 0.1), digits(size=8), "cpu")
+    >>> report["status"], report["config"]["device"], report["device"], report["data"]["train"]
+    ('running', 'auto', 'cpu', 1438)
+    """
+    config = {key: getattr(args, key) for key in RUN_CONFIG_KEYS}
+    config["proportions"] = list(proportions)
+    return {
+        "status": "running",
+        "config": config,
+        "data": {"name": data.name, "train": len(data.train), "test": len(data.test), "classes": data.num_classes},
+        "history": [],
+        "torch": torch.__version__,
+        "device": device,
+    }

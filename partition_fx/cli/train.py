@@ -1,0 +1,139 @@
+"""``partition-fx train``: the main job.
+
+It builds a timm model (the shipped FixUp/WRN included), converts it, learns its hyperparameters with ``fit``
+and writes to ``--out``:
+
+* ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
+  subnetwork, ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history``, ``config`` and the
+  ``device`` it ran on;
+* ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
+* ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
+* ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
+
+Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
+``"status": "running"`` are replaced atomically at each evaluation, so an interrupted or failed run keeps
+its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_model
+
+from .._io import existing_directory, write_json
+from ..errors import PartitionCheckpointError
+from ..export import export_onnx, export_subnetwork
+from ..training import FitResult, evaluate_classifier, fit
+from .job import TrainJob, job_from_args, training_recipe
+from .plots import plot_curves, plot_hyperparameters
+from .runs import check_out, prepare_out, resumed_args, starting_report
+
+FILES = {
+    "model": "model.safetensors",
+    "onnx": "model.onnx",
+    "plots": ["lml.png", "hyperparameters.png"],
+    "checkpoints": ["checkpoint/last.safetensors", "checkpoint/best.safetensors"],
+}
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``train`` command; returns the final report (also written to ``--out/report.json``).
+
+    With ``args.resume`` (a run directory) it continues that run from its last evaluation, with the run's
+    configuration, bit for bit as if it had not stopped (CPU).
+
+    >>> import tempfile
+    >>> from partition_fx.cli.parser import parse_train
+    >>> out = Path(tempfile.mkdtemp()) / "run"
+    >>> argv = ["--model", "fixup_resnet8", "--image-size", "8", "--steps", "2", "--batch-size", "4", "--quiet"]
+    >>> report = run_train(parse_train([*argv, "--out", str(out)]))
+    >>> report["status"], report["steps"], sorted(p.name for p in out.iterdir())[:2]
+    ('completed', 2, ['checkpoint', 'hyperparameters.png'])
+    """
+    resume_from = None
+    if getattr(args, "resume", None) is not None:
+        args = resumed_args(args)
+        resume_from = args.out / "checkpoint" / "resume"
+    out: Path = args.out
+    inputs = {"--data": args.data, "--checkpoint": args.checkpoint}
+    if resume_from is None:
+        check_out(out, args.overwrite, inputs)  # now, not after minutes of loading
+    job = job_from_args(args)
+    if resume_from is None:
+        prepare_out(out, args.overwrite, inputs)
+    elif not existing_directory(resume_from).is_dir():  # as the trainer will find it
+        raise PartitionCheckpointError(
+            f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
+        )
+    report = starting_report(args, job.pmodel.proportions, job.data, job.device)
+    report_path = out / "report.json"
+    write_json(report_path, report)
+
+    def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
+        report.update(history=trainer.history, lml=record["lml"], hyperparameters=record["hyperparameters"])
+        report["last_checkpoint_step"] = record["step"]
+        write_json(report_path, report)
+
+    started = time.perf_counter()
+    try:
+        result = _fit(job, out, resume_from, [on_evaluation])
+    except BaseException as e:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        report.update(
+            status="interrupted" if interrupted else "failed", seconds=round(time.perf_counter() - started, 1)
+        )
+        if not interrupted:
+            report["error"] = str(e)
+        write_json(report_path, report)
+        raise
+    report.update(status="completed", **_write_results(job, result, out))
+    report.update(seconds=round(time.perf_counter() - started, 1), files=FILES)
+    write_json(report_path, report)
+    return report
+
+
+def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any]) -> FitResult:
+    args = job.args
+    return fit(
+        job.pmodel,
+        job.data.train,
+        hyper=job.hyper,
+        **training_recipe(args),
+        seed=args.seed,
+        eval_every=args.eval_every,
+        callbacks=callbacks,
+        checkpoint_dir=out / "checkpoint",
+        fused=args.fused,
+        every_partition=args.every_partition,
+        progress=None if not args.quiet else False,
+        device=job.device,
+        resume=resume_from,
+    )
+
+
+def _write_results(job: TrainJob, result: FitResult, out: Path) -> dict[str, Any]:
+    """The exported model, its ONNX twin and the plots in ``out``; the report's results."""
+    pmodel = job.pmodel.cpu()
+    exported = export_subnetwork(pmodel).eval()
+    x_test, y_test = job.data.test.tensors
+    accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    save_model(exported, str(out / FILES["model"]))
+    export_onnx(pmodel, out / FILES["onnx"], (x_test[:4],))
+    plot_curves(result.history, out / "lml.png")
+    plot_hyperparameters(result.history, out / "hyperparameters.png")
+    return {
+        "test_accuracy": accuracy,
+        "test_log_likelihood": loglik,
+        "lml": result.lml,
+        "lml_per_example": result.history[-1]["lml_per_example"],
+        "best_lml": result.best_lml,
+        "best_step": result.best_step,
+        "hyperparameters": result.hyperparameters,
+        "history": result.history,
+        "chunk_sizes": result.chunk_sizes,
+        "steps": result.steps,
+    }

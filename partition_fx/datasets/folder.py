@@ -1,0 +1,255 @@
+"""Image folders: :func:`image_folder` loads torchvision's ``ImageFolder`` layout (with or without ``train/``
+and ``test/``) into memory; :func:`write_scattered_digits` writes one (digits at random sizes and positions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+from .._validation import check_int, check_open_unit
+from ..errors import PartitionArgumentError, PartitionError
+from .sklearn_digits import raw_digits
+from .splits import BOTH_SPLITS_HINT, PLACEMENT_STREAM, SPLIT_STREAM, DatasetSplits, seeded_rng, stratified_split
+
+
+def _image_extensions() -> tuple[str, ...]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    return tuple(IMG_EXTENSIONS)
+
+
+def _scan_classes(root: Path) -> dict[str, list[Path]]:
+    """``{class name: sorted image files}`` for the class folders of ``root`` (hidden entries ignored)."""
+    extensions = _image_extensions()
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise PartitionError(
+            f"data folder {root} has no class folders; lay it out as {root}/<class>/<image> "
+            f"(or {root}/train/<class>/... and {root}/test/<class>/...)"
+        )
+    found: dict[str, list[Path]] = {}
+    for folder in classes:
+        candidates = (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        files = sorted(p for p in candidates if p.suffix.lower() in extensions)
+        if not files:
+            raise PartitionError(
+                f"class folder {folder} has no images (looked for {', '.join(extensions)}); add images or remove it"
+            )
+        found[folder.name] = files
+    return found
+
+
+def _pil_mode(channels: int | None, first_mode: str) -> str:
+    """The PIL mode every image is converted to: from ``channels``, else the first image's (made 8-bit)."""
+    from PIL import Image
+
+    if channels == 1:
+        return "L"
+    if channels == 3:
+        return "RGB"
+    if first_mode in ("L", "LA", "RGB", "RGBA"):
+        return first_mode
+    # "1", "I", "I;16", "F" are grey; palette ("P"), CMYK, YCbCr... are colour
+    return "L" if Image.getmodebase(first_mode) == "L" else "RGB"
+
+
+def _load_images(files: list[Path], size: int | None, channels: int | None) -> torch.Tensor:
+    """Load ``files`` as one float32 tensor (N, C, H, W) in [0, 1]."""
+    from PIL import Image
+
+    arrays: list[np.ndarray] = []
+    mode: str | None = None
+    first: tuple[Path, tuple[int, int]] | None = None
+    for path in files:
+        try:
+            with Image.open(path) as img:
+                if mode is None:
+                    mode = _pil_mode(channels, img.mode)
+                img = img.convert(mode)
+                if size is not None:
+                    img = img.resize((size, size), Image.Resampling.BILINEAR)
+                elif first is None:
+                    first = (path, img.size)
+                elif img.size != first[1]:
+                    raise PartitionError(
+                        f"images differ in size: {first[0]} is {first[1][0]}x{first[1][1]} but {path} is "
+                        f"{img.size[0]}x{img.size[1]} (width x height); pass size=... to resize all images"
+                    )
+                arrays.append(np.asarray(img, dtype=np.uint8))
+        except OSError as error:  # includes PIL.UnidentifiedImageError
+            raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
+    stacked = np.stack(arrays)
+    if stacked.ndim == 3:  # single-band modes have no channel axis
+        stacked = stacked[..., None]
+    return torch.from_numpy(stacked).permute(0, 3, 1, 2).float().div_(255.0).contiguous()
+
+
+def image_folder(
+    root: str | Path,
+    size: int | None = None,
+    channels: int | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> DatasetSplits:
+    """Images in torchvision's ``ImageFolder`` layout (``root/<class>/<image>``), loaded into memory.
+
+    If ``root/train`` and ``root/test`` both exist they are the split (same class folders required,
+    ``test_fraction`` unused); otherwise root's images are split stratified by class, ``test_fraction * n_c``
+    (nearest) of each class to test (at least 1, and at least 1 left for train), chosen with ``seed``.
+    Classes are the sorted folder names (targets index them). Images are resized to ``size`` x ``size``
+    (bilinear) if ``size`` is given, else they must all have one size; they are converted to ``channels``
+    (1: "L", 3: "RGB") or else to the first image's mode, and scaled to [0, 1]. Both splits come in a seeded
+    shuffled order (not grouped by class).
+    ``info`` holds ``classes`` and ``train_files``/``test_files`` (aligned with the splits).
+
+    >>> import tempfile
+    >>> from PIL import Image
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     for label in ("a", "b"):
+    ...         (Path(tmp) / label).mkdir()
+    ...         for i in range(5):
+    ...             Image.new("L", (4, 4), color=40 * i).save(Path(tmp) / label / f"{i}.png")
+    ...     splits = image_folder(tmp)
+    >>> len(splits.train), len(splits.test), splits.input_shape, splits.info["classes"]
+    (8, 2, (1, 4, 4), ['a', 'b'])
+    """
+    root = Path(root)
+    if size is not None:
+        size = check_int("size", size, 1, noun="an integer")
+    if channels is not None and channels not in (1, 3):
+        raise PartitionArgumentError(
+            f"channels must be 1 (greyscale), 3 (RGB) or None (the first image's mode), got {channels!r}"
+        )
+    test_fraction = check_open_unit("test_fraction", test_fraction, hint=BOTH_SPLITS_HINT)
+    seed = check_int("seed", seed, 0, noun="an integer")
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise PartitionError(f"data folder {root} {what}; pass a folder laid out as <folder>/<class>/<image>")
+
+    train_dir, test_dir = root / "train", root / "test"
+    if train_dir.is_dir() != test_dir.is_dir():
+        have, missing = (train_dir, test_dir) if train_dir.is_dir() else (test_dir, train_dir)
+        raise PartitionError(
+            f"data folder {root} has {have.name}/ but no {missing.name}/; add {missing} with the same class "
+            f"folders, or move the class folders up into {root} to have them split with test_fraction"
+        )
+    if train_dir.is_dir():
+        train_found, test_found = _scan_classes(train_dir), _scan_classes(test_dir)
+        if list(train_found) != list(test_found):
+            only_train = sorted(set(train_found) - set(test_found))
+            only_test = sorted(set(test_found) - set(train_found))
+            raise PartitionError(
+                f"class folders of {train_dir} and {test_dir} differ (only in train: {only_train}, only in test: "
+                f"{only_test}); both must hold the same classes"
+            )
+        classes = list(train_found)
+        files = [p for found in (train_found, test_found) for paths in found.values() for p in paths]
+        labels = np.array([i for found in (train_found, test_found) for i, ps in enumerate(found.values()) for _ in ps])
+        num_train = sum(len(paths) for paths in train_found.values())
+        # shuffled like the stratified split, so contiguous slices of train are not single classes
+        rng = seeded_rng(seed, SPLIT_STREAM)
+        train_idx = rng.permutation(num_train)
+        test_idx = num_train + rng.permutation(len(files) - num_train)
+        layout = f"train/ and test/ folders: {len(train_idx)} train / {len(test_idx)} test (order seed {seed})"
+    else:
+        found = _scan_classes(root)
+        classes = list(found)
+        files = [p for paths in found.values() for p in paths]
+        labels = np.array([i for i, paths in enumerate(found.values()) for _ in paths])
+        train_idx, test_idx = stratified_split(labels, test_fraction, seed, classes)
+        layout = f"stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
+    x, y = _load_images(files, size, channels), torch.from_numpy(labels).long()
+    train_x, train_y = x[torch.from_numpy(train_idx)], y[torch.from_numpy(train_idx)]
+    test_x, test_y = x[torch.from_numpy(test_idx)], y[torch.from_numpy(test_idx)]
+    train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
+
+    input_shape = tuple(train_x.shape[1:])
+    shape_text = f"{input_shape[0]}x{input_shape[1]}x{input_shape[2]}"
+    return DatasetSplits(
+        train=TensorDataset(train_x, train_y),
+        test=TensorDataset(test_x, test_y),
+        num_classes=len(classes),
+        input_shape=input_shape,
+        name=root.resolve().name,
+        description=f"image folder {root}: {len(classes)} classes, {shape_text} images in [0, 1]; {layout}",
+        info={"classes": classes, "train_files": train_files, "test_files": test_files},
+    )
+
+
+def write_scattered_digits(
+    root: str | Path,
+    size: int = 20,
+    side_range: tuple[int, int] = (7, 14),
+    max_shift: int = 3,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Write the 1797 digits, each at its own random size and position, as an image folder for :func:`image_folder`.
+
+    Each digit is upsampled (bilinear) to a square of side ``s``, with ``log s`` uniform on
+    ``log side_range``, and pasted on a ``size`` x ``size`` zero canvas centred, then shifted by a whole
+    number of pixels uniform in ``[-max_shift, max_shift]`` along each axis. So the labels are invariant to
+    translation and scale over known ranges, not to rotation. Files go to ``root/train/<digit>/`` and
+    ``root/test/<digit>/`` (PNG, greyscale), with the stratified split of :func:`digits`; ``root`` must not
+    exist or be empty. Returns (and writes to ``root/invariances.json``) the data's true ranges in the units of
+    :class:`~partition_fx.transforms.AffineAugmentation`: ``translation_x``/``translation_y`` =
+    ``max_shift / (size / 2)`` (normalised coordinates) and ``scale`` = ``log(max / min) / 2`` (the zoom's
+    log half-width around the geometric middle size).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     truth = write_scattered_digits(tmp, size=12, side_range=(4, 8), max_shift=2)
+    ...     splits = image_folder(tmp)
+    >>> len(splits.train), len(splits.test), splits.input_shape, round(truth["translation_x"], 3)
+    (1438, 359, (1, 12, 12), 0.333)
+    """
+    from PIL import Image
+
+    root = Path(root)
+    size = check_int("size", size, 4, noun="an integer")
+    max_shift = check_int("max_shift", max_shift, 0, noun="an integer")
+    low, high = (check_int("side_range", v, 2, noun="an integer") for v in side_range)
+    if low > high or high + 2 * max_shift > size:
+        raise PartitionArgumentError(
+            f"side_range {side_range} and max_shift {max_shift} do not fit a {size}x{size} canvas: need "
+            f"min <= max and max + 2 * max_shift <= size"
+        )
+    test_fraction = check_open_unit("test_fraction", test_fraction, hint=BOTH_SPLITS_HINT)
+    seed = check_int("seed", seed, 0, noun="an integer")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise PartitionError(f"{root} exists and is not an empty folder; pass a new or empty folder")
+    images, targets = raw_digits()
+    rng = seeded_rng(seed, PLACEMENT_STREAM)
+    sides = np.rint(np.exp(rng.uniform(math.log(low), math.log(high), len(images)))).astype(int)
+    shifts = rng.integers(-max_shift, max_shift + 1, size=(len(images), 2))
+    train_idx, test_idx = stratified_split(targets.numpy(), test_fraction, seed)
+    split_of = {int(i): "train" for i in train_idx} | {int(i): "test" for i in test_idx}
+    for i, (image, side, (dy, dx)) in enumerate(zip(images, sides, shifts)):
+        small = F.interpolate(image[None, None], size=(int(side), int(side)), mode="bilinear", align_corners=False)
+        canvas = torch.zeros(size, size)
+        top, left = (size - side) // 2 + dy, (size - side) // 2 + dx
+        canvas[top : top + side, left : left + side] = small[0, 0].clamp(0.0, 1.0)
+        folder = root / split_of[i] / str(int(targets[i]))
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (canvas * 255).round().to(torch.uint8).numpy()
+        Image.fromarray(pixels).save(folder / f"{i:04d}.png")
+    truth = {
+        "translation_x": max_shift / (size / 2),
+        "translation_y": max_shift / (size / 2),
+        "scale": math.log(high / low) / 2,
+        "rotation": 0.0,
+        "size": size,
+        "side_range": [low, high],
+        "max_shift": max_shift,
+        "seed": seed,
+    }
+    (root / "invariances.json").write_text(json.dumps(truth, indent=2) + "\n")
+    return truth

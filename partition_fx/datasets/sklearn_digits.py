@@ -1,0 +1,168 @@
+"""scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes): :func:`digits`, :func:`rotdigits`
+(each image rotated by a fixed random angle, a RotMNIST analogue) and :func:`normalized_digits` (the images
+``partition-fx convert`` verifies a conversion on). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+from .._validation import check_int, check_open_unit
+from .splits import ANGLE_STREAM, BOTH_SPLITS_HINT, DatasetSplits, seeded_rng, stratified_split
+
+NUM_DIGITS = 1797
+"""How many images scikit-learn's digits hold: the size of ``--data digits`` and ``rotdigits``."""
+_MIN_DIGITS_SIZE = 8
+
+
+@functools.lru_cache(maxsize=1)
+def raw_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1797 digits as (images (1797, 8, 8) in [0, 1], targets int64); cached, do not modify.
+
+    >>> images, targets = raw_digits()
+    >>> tuple(images.shape), float(images.max()), targets[:3].tolist()
+    ((1797, 8, 8), 1.0, [0, 1, 2])
+    """
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float32) / 16.0  # pixel values are 0..16
+    return images, torch.tensor(data.target, dtype=torch.int64)
+
+
+def _digit_side(size: int) -> int:
+    """Side of the square the digit is drawn in: the largest s <= size/sqrt(2) with size - s even.
+
+    size/sqrt(2) keeps the square's corners inside the canvas at any rotation about the centre; an even
+    margin puts the square exactly in the centre, which is the rotation centre.
+
+    >>> _digit_side(28), _digit_side(32), _digit_side(8)
+    (18, 22, 4)
+    """
+    side = math.floor(size / math.sqrt(2))
+    return side - (size - side) % 2
+
+
+def _digit_canvas(size: int) -> torch.Tensor:
+    """All 1797 digits as (1797, 1, size, size): upsampled into the central square, zero background."""
+    images, _ = raw_digits()
+    side = _digit_side(size)
+    small = F.interpolate(images.unsqueeze(1), size=(side, side), mode="bilinear", align_corners=False, antialias=False)
+    margin = (size - side) // 2
+    canvas = torch.zeros(len(images), 1, size, size)
+    canvas[:, :, margin : margin + side, margin : margin + side] = small
+    return canvas.clamp_(0.0, 1.0)
+
+
+def _rotate(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate each image (N, C, H, W) about its centre by its angle in radians, counter-clockwise as displayed.
+
+    Bilinear sampling; what comes from outside the image is 0, which is the digits' background.
+
+    >>> image = torch.zeros(1, 1, 5, 5)
+    >>> image[0, 0, 2, 4] = 1.0  # right of the centre
+    >>> _rotate(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist()  # now above it
+    [[0, 2]]
+    """
+    cos, sin, zero = angles.cos(), angles.sin(), torch.zeros_like(angles)
+    # affine_grid maps output coordinates to input ones; with y pointing down the screen this matrix
+    # makes the content turn counter-clockwise by +angle as displayed
+    theta = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], 1)
+    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
+    rotated = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return rotated.clamp_(0.0, 1.0)  # bilinear weights sum to 1 only up to rounding
+
+
+def _digits_angles(seed: int) -> torch.Tensor:
+    """The rotdigits angle of each of the 1797 digits (in scikit-learn's order), uniform on [-pi, pi]."""
+    return torch.from_numpy(seeded_rng(seed, ANGLE_STREAM).uniform(-math.pi, math.pi, NUM_DIGITS)).float()
+
+
+def _digits_splits(name: str, size: int, channels: int, test_fraction: float, seed: int, rotate: bool) -> DatasetSplits:
+    size = check_int("size", size, _MIN_DIGITS_SIZE, noun="an integer")
+    channels = check_int("channels", channels, 1, noun="an integer")
+    test_fraction = check_open_unit("test_fraction", test_fraction, hint=BOTH_SPLITS_HINT)
+    seed = check_int("seed", seed, 0, noun="an integer")
+    _, targets = raw_digits()
+    x = _digit_canvas(size)
+    info: dict[str, Any] = {}
+    if rotate:
+        angles = _digits_angles(seed)
+        x = _rotate(x, angles)
+    train_idx, test_idx = stratified_split(targets.numpy(), test_fraction, seed)
+    train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+    info["train_indices"], info["test_indices"] = train_idx, test_idx
+    if rotate:
+        info["train_angles"], info["test_angles"] = angles[train_idx], angles[test_idx]
+    x = x.expand(-1, channels, -1, -1)  # grey to `channels` identical channels; indexing below copies
+    side = _digit_side(size)
+    description = (
+        f"scikit-learn 8x8 digits upsampled (bilinear) to {side}x{side} in the centre of a {size}x{size} zero "
+        f"canvas, {channels} channel(s), values in [0, 1] with background 0"
+        + (", each rotated by a fixed angle uniform on [-pi, pi]" if rotate else "")
+        + f"; stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
+    )
+    return DatasetSplits(
+        train=TensorDataset(x[train_idx], targets[train_idx]),
+        test=TensorDataset(x[test_idx], targets[test_idx]),
+        num_classes=10,
+        input_shape=(channels, size, size),
+        name=name,
+        description=description,
+        info=info,
+    )
+
+
+def digits(size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0) -> DatasetSplits:
+    """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) on a ``size`` x ``size`` canvas.
+
+    Geometry: each digit, scaled from 0..16 to [0, 1], is upsampled (bilinear, ``align_corners=False``, no
+    antialias) to ``s x s`` with ``s`` the largest integer <= size/sqrt(2) such that ``size - s`` is even
+    (18 for size 28), and placed exactly in the centre of a zero canvas, so a rotation about the centre
+    never cuts it (see :func:`rotdigits`). Values stay in [0, 1] with background exactly 0 (no mean/std
+    normalisation: rotation pads with 0, which must equal the background). The grey image is repeated to
+    ``channels``. The split is stratified: ``test_fraction * n_c`` (nearest, halves up) images of each class
+    c go to test, chosen with ``seed``. ``info`` holds ``train_indices``/``test_indices`` into scikit-learn's order.
+
+    >>> splits = digits(size=12)
+    >>> len(splits.train), len(splits.test), tuple(splits.train[0][0].shape), splits.num_classes
+    (1438, 359, (1, 12, 12), 10)
+    """
+    return _digits_splits("digits", size, channels, test_fraction, seed, rotate=False)
+
+
+def rotdigits(size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0) -> DatasetSplits:
+    """:func:`digits` with every image (train and test) rotated by its own fixed angle, uniform on [-pi, pi].
+
+    Same images, canvas and split as ``digits(size, channels, test_fraction, seed)``; the angles are drawn
+    per image (in scikit-learn's order, from a stream of ``seed`` separate from the split's, so an image's
+    angle does not depend on ``test_fraction``). Rotation is about the canvas centre, counter-clockwise as
+    displayed, with ``affine_grid``/``grid_sample`` (bilinear, zeros padding, ``align_corners=False``).
+    ``info`` adds ``train_angles``/``test_angles`` (radians, aligned with the splits).
+
+    >>> splits = rotdigits(size=12)
+    >>> bool(splits.info["train_angles"].abs().max() <= math.pi), len(splits.test)
+    (True, 359)
+    """
+    return _digits_splits("rotdigits", size, channels, test_fraction, seed, rotate=True)
+
+
+def normalized_digits(count: int, size: int, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` digits, each stretched (bilinear) to fill ``size`` x ``size``, normalised to [-1, 1]
+    and repeated to ``channels``; with their targets. No canvas, no split: what ``partition-fx convert``
+    compares a converted model with the original on.
+
+    >>> x, y = normalized_digits(4, 32)
+    >>> tuple(x.shape), float(x.min()), y.tolist()
+    ((4, 3, 32, 32), -1.0, [0, 1, 2, 3])
+    """
+    images, targets = raw_digits()
+    x = F.interpolate(images[:count].unsqueeze(1), size=(size, size), mode="bilinear", align_corners=False)
+    x = (x - 0.5) / 0.5
+    return x.expand(-1, channels, -1, -1).contiguous(), targets[:count].clone()

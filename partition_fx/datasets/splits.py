@@ -1,0 +1,96 @@
+"""What every loader returns (:class:`DatasetSplits`), the seeded random streams, and the stratified split.
+
+Randomness comes only from ``numpy.random.default_rng([seed, stream])`` with a separate stream per purpose
+(split, angles, function, samples), never from a global RNG, so the same arguments give identical tensors
+and, e.g., the rotation angles do not change when ``test_fraction`` does. The streams are numbered here, in
+one place, so that two loaders never share one by accident.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from torch.utils.data import TensorDataset
+
+from ..errors import PartitionError
+
+# One numpy stream per purpose (the second entry of the seed sequence), so that changing one use of
+# randomness (e.g. the split) never changes another (e.g. the angles).
+SPLIT_STREAM = 0
+ANGLE_STREAM = 1
+FUNCTION_STREAM = 2
+TRAIN_INPUT_STREAM = 3
+TRAIN_NOISE_STREAM = 4
+TEST_INPUT_STREAM = 5
+TEST_NOISE_STREAM = 6
+PLACEMENT_STREAM = 7
+
+BOTH_SPLITS_HINT = "; both the train and the test split need examples"
+"""Why ``test_fraction`` must be strictly between 0 and 1 (the end of that refusal's message)."""
+
+
+@dataclass(frozen=True)
+class DatasetSplits:
+    """A dataset's fixed train/test split, in memory.
+
+    ``num_classes`` is None for regression. ``input_shape`` is one example's shape (no batch dimension).
+    ``info`` holds extras specific to a loader (indices, angles, class names, informative inputs...).
+
+    >>> import torch
+    >>> splits = DatasetSplits(
+    ...     train=TensorDataset(torch.zeros(4, 3), torch.zeros(4, 1)),
+    ...     test=TensorDataset(torch.zeros(2, 3), torch.zeros(2, 1)),
+    ...     num_classes=None, input_shape=(3,), name="toy", description="zeros")
+    >>> len(splits.train), len(splits.test), splits.input_shape, splits.num_classes
+    (4, 2, (3,), None)
+    """
+
+    train: TensorDataset
+    test: TensorDataset
+    num_classes: int | None
+    input_shape: tuple[int, ...]
+    name: str
+    description: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def seeded_rng(seed: int, stream: int) -> np.random.Generator:
+    """The generator of ``stream`` (one of the ``*_STREAM`` numbers above) for ``seed``.
+
+    >>> float(seeded_rng(0, SPLIT_STREAM).uniform()) == float(seeded_rng(0, SPLIT_STREAM).uniform())
+    True
+    """
+    return np.random.default_rng([seed, stream])
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, seed: int, class_names: list[str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test): ``test_fraction * n_c`` (nearest) of each class c held out, clamped to 1..n_c-1.
+
+    Both index arrays come back in a seeded shuffled order, not grouped by class, so contiguous slices (e.g.
+    the data chunks of partitioned training) hold every class in expectation.
+
+    >>> train, test = stratified_split(np.array([0, 0, 0, 0, 1, 1, 1, 1, 1]), 0.25, seed=0)
+    >>> sorted(np.array([0, 0, 0, 0, 1, 1, 1, 1, 1])[test].tolist()), len(train)
+    ([0, 1], 7)
+    """
+    rng = seeded_rng(seed, SPLIT_STREAM)
+    train_parts, test_parts = [], []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        if len(members) < 2:
+            label = class_names[int(c)] if class_names is not None else str(c)
+            raise PartitionError(
+                f"class {label!r} has {len(members)} example(s); splitting needs at least 2 per class "
+                "(one for train, one for test). Add examples, remove the class, or provide train/ and test/ folders"
+            )
+        members = rng.permutation(members)
+        # nearest, halves up (Python's round() would send halves to even), then at least 1 each side
+        num_test = min(max(math.floor(test_fraction * len(members) + 0.5), 1), len(members) - 1)
+        test_parts.append(members[:num_test])
+        train_parts.append(members[num_test:])
+    return rng.permutation(np.concatenate(train_parts)), rng.permutation(np.concatenate(test_parts))
