@@ -69,7 +69,7 @@ def test_accuracy(model: torch.nn.Module, data: Any, batch_size: int = 256) -> f
 def run(variant: str, seed: int, args: argparse.Namespace, learned: dict[str, float] | None) -> dict[str, Any]:
     """One training run of ``variant``; ``learned``: the ranges (a) learned, for (c)."""
     plain = variant == "plain"
-    argv = ["train", "--seed", str(seed), "--steps", str(args.steps), *(QUICK if args.quick else [])]
+    argv = ["--seed", str(seed), "--steps", str(args.steps), *(QUICK if args.quick else [])]
     if plain:
         argv += ["--partitions", "1", "--proportions", "1", "--augment", "none"]
     prepared = train_job(argv)  # the `partition-fx train` defaults, data and partitioned model
