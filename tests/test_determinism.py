@@ -120,3 +120,25 @@ def test_a_different_seed_gives_a_different_run() -> None:
 
     assert digest(0) == digest(0) != digest(1)
     assert json.dumps(InputMask(3).hyperparameters())  # plain values: the history is JSON
+
+
+def test_how_often_the_lml_is_estimated_does_not_change_the_training_path() -> None:
+    """The LML estimate samples augmentation and dropout noise from its own generator (torch's global one is
+    forked around it), so eval_every changes only which LMLs are recorded, not the trained model or psi."""
+
+    def run(eval_every: int) -> tuple[str, list[float]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), ConcreteDropout(p=0.2), nn.Tanh(), nn.Linear(32, 3))
+        pmodel = partitionify(model, 3, (0.5, 0.25, 0.25), seed=1)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(96, 16, generator=g)
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
+        hyper = InputMask(16)
+        result = fit(pmodel, (x, y), hyper=hyper, steps=12, batch_size=8, eval_every=eval_every, seed=3, progress=False)
+        state = {f"{k}.{name}": v for k in range(4) for name, v in export_subnetwork(pmodel, k).state_dict().items()}
+        state["mask"] = hyper.logits.detach()
+        return hashlib.sha256(save(state)).hexdigest(), [r["step"] for r in result.history]
+
+    (every_2, steps_2), (every_6, steps_6) = run(2), run(6)
+    assert steps_2 == [2, 4, 6, 8, 10, 12] and steps_6 == [6, 12]
+    assert every_2 == every_6

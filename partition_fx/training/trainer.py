@@ -304,18 +304,26 @@ class PartitionedTrainer:
     # --- evaluation ------------------------------------------------------------------------------
 
     def estimate_lml(self) -> LMLEstimate:
-        """The LML of the current model and hyperparameters (see :func:`estimate_lml`)."""
-        return estimate_lml(
-            self.pmodel,
-            self.examples,
-            self.chunks,
-            self.likelihood,
-            self.hyper,
-            batch_size=self.eval_batch_size,
-            max_examples_per_chunk=self.eval_examples_per_chunk,
-            generator=self._lml_generator,
-            device=self.device,
-        )
+        """The LML of the current model and hyperparameters (see :func:`estimate_lml`).
+
+        Its random draws (augmentation and dropout noise, subsampling) come from the trainer's own LML
+        generator: torch's global generator is forked around it, so how often the LML is estimated
+        (``eval_every``) does not change the training path."""
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._lml_generator))
+            torch.manual_seed(seed)
+            return estimate_lml(
+                self.pmodel,
+                self.examples,
+                self.chunks,
+                self.likelihood,
+                self.hyper,
+                batch_size=self.eval_batch_size,
+                max_examples_per_chunk=self.eval_examples_per_chunk,
+                generator=self._lml_generator,
+                device=self.device,
+            )
 
     def evaluate(self, started: float) -> dict[str, Any]:
         """Estimate the LML, append a history record, keep the best state, run the evaluation hooks
