@@ -208,7 +208,7 @@ CLI_BAD: list[Bad] = [
     Bad("train", "--samples", st.integers(10**12, 10**30).map(str), "huge numbers", ("--samples",)),
     Bad("train", "--weight-decay", st.sampled_from(["1.5e308", "1.7e308"]), "huge numbers", ("--weight-decay",)),
     Bad("train", "--augment", _not("affine", "none"), "unknown choices", ("--augment",)),
-    Bad("train", "--device", _not("cpu", "cuda", "auto") if CUDA else _not("cpu", "auto"), "unknown choices", ("--device",)),
+    Bad("train", "--device", _not("cpu", "auto", *(["cuda"] if CUDA else [])), "unknown choices", ("--device",)),
     Bad("train", "--data", _paths("ROOT/missing", "ROOT/afile", "ROOT/emptydir", "ROOT/nonempty", ""), "bad paths",
         ("--data",)),
     Bad("train", "--data", _not("digits", "rotdigits"), "unknown choices", ("--data",)),
