@@ -17,8 +17,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None], *, ordinary: bool = False) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it onto ``path``.
+
+    ``mkstemp`` makes the file private (0600); ``ordinary=True`` gives it the mode of any file the user
+    creates (0666 less the umask).
 
     Example::
 
@@ -34,6 +37,8 @@ def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
     os.close(fd)
     try:
         write(Path(tmp))
+        if ordinary:
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -69,9 +74,7 @@ def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "", or
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{suffix}", dir=directory.parent))
     if ordinary:
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)
+        staging.chmod(0o777 & ~_umask())
     return staging
 
 
@@ -129,3 +132,10 @@ def replace_directory(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: put it straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
