@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None], *, ordinary: bool = False) -> None:
+def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None], *, ordinary: bool = True) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it onto ``path``.
 
-    ``mkstemp`` makes the file private (0600); ``ordinary=True`` gives it the mode of any file the user
-    creates (0666 less the umask).
+    ``mkstemp`` makes the file private (0600); ``ordinary=True`` (the default) gives it the mode of any file
+    the user creates (0666 less the umask), like the files written without a temporary copy.
 
     Example::
 
@@ -50,6 +50,35 @@ def write_json(path: str | os.PathLike[str], payload: Any) -> None:
     replace_file(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
 
 
+def link_file(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Make ``path`` the same file as ``source`` (a hard link: no second copy on disk), replacing ``path``
+    atomically; where the file system has no hard links, a copy. Replacing ``source`` later (through
+    :func:`replace_file`) leaves ``path`` as it was.
+
+    Example::
+
+        >>> import tempfile, pathlib, os
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> (root / "last").write_text("v1"); link_file(root / "last", root / "best")
+        2
+        >>> os.path.samefile(root / "last", root / "best")
+        True
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def aside_path(directory: str | os.PathLike[str]) -> Path:
     """Where :func:`replace_directory` keeps the previous directory while it swaps the new one in."""
     directory = Path(directory)
@@ -64,11 +93,11 @@ def existing_directory(directory: str | os.PathLike[str]) -> Path:
     return aside if not directory.is_dir() and aside.is_dir() else directory
 
 
-def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "", ordinary: bool = False) -> Path:
+def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "", ordinary: bool = True) -> Path:
     """A new empty directory beside ``directory`` to fill before :func:`swap_in`.
 
-    ``mkdtemp`` makes it private (0700); ``ordinary=True`` gives it the mode of any directory the user
-    creates (0777 less the umask), for results that others read.
+    ``mkdtemp`` makes it private (0700); ``ordinary=True`` (the default) gives it the mode of any directory
+    the user creates (0777 less the umask).
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -82,13 +111,16 @@ def swap_in(staging: Path, directory: str | os.PathLike[str], *, fsync: bool = F
     """Replace ``directory`` (a directory, a file or nothing) by the filled ``staging`` directory.
 
     The previous directory is renamed aside first and removed last, so at every moment either it or the
-    new one is complete (:func:`existing_directory` finds whichever is there). ``fsync`` flushes the
-    staged files to disk before the swap.
+    new one is complete (:func:`existing_directory` finds whichever is there). The staged files get the
+    mode of any file the user creates (0666 less the umask); ``fsync`` flushes them to disk before the swap.
     """
     directory = Path(directory)
-    if fsync:
-        for path in staging.rglob("*"):
-            if path.is_file():
+    umask = _umask()
+    for path in staging.rglob("*"):
+        if path.is_file():
+            # writers such as safetensors create private (0600) files: give them the mode of any user file
+            path.chmod(0o666 & ~umask)
+            if fsync:
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
     aside = aside_path(directory)
@@ -110,7 +142,7 @@ def replace_directory(
     fill: Callable[[Path], T],
     *,
     suffix: str = "",
-    ordinary: bool = False,
+    ordinary: bool = True,
     fsync: bool = False,
 ) -> T:
     """``fill(staging)`` in a directory beside ``directory`` that then replaces it (see :func:`swap_in`);

@@ -20,6 +20,9 @@ from .records import ParameterRecord, records_table
 from .runtime import LEAF_CALLERS, call_leaf_clearing_caches, get_path
 from .transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 
+REBUILT_BUFFER_NAMES = ("index", "unit_index", "default")
+"""Buffers of a ``PartitionedTensor`` that ``partitionify`` rebuilds identically (layouts and defaults)."""
+
 PER_EXAMPLE_MODES = ("auto", "grouped", "one_pass")
 
 
@@ -168,6 +171,29 @@ class PartitionedModel(nn.Module):
         for record in self._records:
             if record.partitioned is not None:
                 yield record.names[0], record.partitioned
+
+    def rebuilt_buffers(self, defaults: bool = False) -> dict[str, torch.Tensor]:
+        """The ``state_dict`` entries that ``partitionify`` builds again, identically, from the same arguments:
+        every partitioned tensor's stored layout (``index``, ``unit_index``: a hash of the seed and the name),
+        and with ``defaults=True`` its default values too (``default``: the original model's values, the same
+        only if the model is rebuilt the same way, e.g. the same seed and weights file). None of them train;
+        checkpoints leave them out and store a digest instead (``partition_fx.training.checkpoint``).
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> pmodel = partitionify(torch.nn.Linear(4, 2), 2)
+        >>> sorted(pmodel.rebuilt_buffers()), len(pmodel.rebuilt_buffers(defaults=True))
+        (['module.partitioned.bias.index', 'module.partitioned.weight.index'], 4)
+        """
+        names = REBUILT_BUFFER_NAMES if defaults else REBUILT_BUFFER_NAMES[:2]
+        modules = {id(m): name for name, m in self.named_modules()}
+        found: dict[str, torch.Tensor] = {}
+        for _, pt in self.partitioned_tensors():
+            prefix = modules[id(pt)]
+            for name, buffer in pt.named_buffers(recurse=False):
+                if name in names:
+                    found[f"{prefix}.{name}"] = buffer
+        return found
 
     def effective_parameters(self, k: int | None = None) -> dict[str, torch.Tensor]:
         """Subnetwork k's value of every partitioned tensor, under each of its original names.

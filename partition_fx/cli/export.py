@@ -12,7 +12,7 @@ from typing import Any
 
 from safetensors.torch import save_model
 
-from .._io import write_json
+from .._io import replace_file, write_json
 from ..errors import PartitionArgumentError, PartitionError
 from ..export import export_onnx, export_subnetwork
 from ..training import PartitionedTrainer, evaluate_classifier
@@ -53,7 +53,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
     x_test, y_test = job.data.test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
-    save_model(exported, str(out / "model.safetensors"))
+    replace_file(out / "model.safetensors", lambda tmp: save_model(exported, str(tmp)))
     export_onnx(pmodel, out / "model.onnx", (x_test[:4],), subnetwork=args.subnetwork)
     summary = {
         "run": str(run),

@@ -24,7 +24,7 @@ from typing import Any
 
 from safetensors.torch import save_model
 
-from .._io import existing_directory, write_json
+from .._io import existing_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
 from ..training import FitResult, evaluate_classifier, fit
@@ -107,6 +107,7 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any
         eval_every=args.eval_every,
         callbacks=callbacks,
         checkpoint_dir=out / "checkpoint",
+        checkpoint_defaults=False,  # export and --resume rebuild the model as this run did: its defaults too
         fused=args.fused,
         every_partition=args.every_partition,
         progress=None if not args.quiet else False,
@@ -121,7 +122,7 @@ def _write_results(job: TrainJob, result: FitResult, out: Path) -> dict[str, Any
     exported = export_subnetwork(pmodel).eval()
     x_test, y_test = job.data.test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
-    save_model(exported, str(out / FILES["model"]))
+    replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
     export_onnx(pmodel, out / FILES["onnx"], (x_test[:4],))
     plot_curves(result.history, out / "lml.png")
     plot_hyperparameters(result.history, out / "hyperparameters.png")

@@ -7,6 +7,7 @@ from ..errors import PartitionCheckpointError
 from .checkpoint import CheckpointWriter, load_training_state, resume_directory, save_training_state
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .fit import fit
+from .hooks import TrainingHook
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_classifier
@@ -14,14 +15,13 @@ from .optim import partition_optimizer, weight_decay_scales
 from .options import RunOptions, TrainerOptions
 from .result import FitResult
 from .sampler import PartitionedSampler
-from .trainer import EvaluationHook, PartitionedTrainer
+from .trainer import PartitionedTrainer
 
 __all__ = [
     "CallableLikelihood",
     "Categorical",
     "CheckpointWriter",
     "DataChunks",
-    "EvaluationHook",
     "Examples",
     "FitResult",
     "Gaussian",
@@ -32,6 +32,7 @@ __all__ = [
     "PartitionedTrainer",
     "RunOptions",
     "TrainerOptions",
+    "TrainingHook",
     "chunks_from_assignment",
     "estimate_lml",
     "evaluate_classifier",

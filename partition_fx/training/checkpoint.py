@@ -20,18 +20,22 @@ version loadable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from .._io import existing_directory, replace_directory, replace_file
+from .._io import existing_directory, link_file, replace_directory, replace_file
 from ..errors import PartitionCheckpointError
+from .hooks import TrainingHook
 
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
-FORMAT = 1
+FORMAT = 2
+"""2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
+1: everything stored (still read)."""
 
 
 class Resumable(Protocol):
@@ -54,6 +58,20 @@ def differences(saved: dict[str, Any], expected: dict[str, Any], *, this: str = 
         for key, value in expected.items()
         if saved.get(key) != value
     )
+
+
+def buffers_digest(buffers: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the names and bytes of ``buffers`` (in name order): what a checkpoint that leaves them
+    out stores to recognise a model that rebuilds them differently.
+
+    >>> buffers_digest({"a": torch.zeros(2)}) == buffers_digest({"a": torch.zeros(2)}) != buffers_digest({})
+    True
+    """
+    digest = hashlib.sha256()
+    for key, value in sorted(buffers.items()):
+        digest.update(key.encode())
+        digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _short(value: Any) -> str:
@@ -108,8 +126,12 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
     tensors: dict[str, torch.Tensor] = {}
     for name, module_state in state["modules"].items():
         tensors.update((f"{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
-    for name, module_state in (state["best_modules"] or {}).items():
-        tensors.update((f"best/{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
+    best = state["best"]
+    if best is not None and best["step"] == state["step"]:
+        best = {**best, "same_as_current": True}  # the modules above are the best state: no second copy
+    else:
+        for name, module_state in (state["best_modules"] or {}).items():
+            tensors.update((f"best/{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
     rng = state["rng"]
     tensors["rng/torch"] = rng["torch"]
     tensors.update((f"rng/cuda/{i}", value) for i, value in enumerate(rng["cuda"]))
@@ -119,7 +141,7 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
         "format": FORMAT,
         "step": state["step"],
         "history": state["history"],
-        "best": state["best"],
+        "best": best,
         "skipped_steps": state["skipped_steps"],
         "pending_losses": state["pending_losses"],
         "pending_hyper_losses": state["pending_hyper_losses"],
@@ -167,9 +189,15 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError, OSError) as e:
         raise PartitionCheckpointError(f"{directory} is corrupted or truncated and was not loaded: {e}") from e
-    if plain.get("format") != FORMAT:
-        raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
-    differ = differences(plain["fingerprint"], trainer.fingerprint())
+    if plain.get("format") not in (1, FORMAT):
+        raise PartitionCheckpointError(
+            f"{directory} has format {plain.get('format')!r}; this version reads 1..{FORMAT}"
+        )
+    expected = trainer.fingerprint()
+    if plain["format"] == 1:  # it holds the rebuilt buffers themselves, not their digest
+        expected.pop("omitted", None)
+        expected.pop("omitted_sha256", None)
+    differ = differences(plain["fingerprint"], expected)
     if differ:
         raise PartitionCheckpointError(f"{directory} is from a different configuration ({differ})")
 
@@ -184,7 +212,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "pending_losses": plain["pending_losses"],
             "pending_hyper_losses": plain["pending_hyper_losses"],
             "modules": modules,
-            "best_modules": None if plain["best"] is None else {name: part(f"best/{name}/") for name in modules},
+            "best_modules": _best_modules(plain["best"], modules, part),
             "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
             "scheduler": plain["scheduler"],
@@ -197,6 +225,16 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         }
     )
     return plain
+
+
+def _best_modules(best: dict[str, Any] | None, modules: dict[str, Any], part: Any) -> dict[str, Any] | None:
+    """The best evaluation's module states: stored under ``best/``, or the current ones (format 2 stores no
+    copy when the best evaluation is the last one)."""
+    if best is None:
+        return None
+    if best.get("same_as_current"):
+        return {name: {k: v.clone() for k, v in state.items()} for name, state in modules.items()}
+    return {name: part(f"best/{name}/") for name in modules}
 
 
 def _split_optimizer(state: dict[str, Any] | None, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -227,10 +265,15 @@ def _join_optimizer(saved: Any, prefix: str, tensors: dict[str, torch.Tensor]) -
     return {"state": state, "param_groups": saved["param_groups"]}
 
 
-class CheckpointWriter:
-    """An evaluation hook (``PartitionedTrainer.evaluation_hooks``) that keeps a run recoverable: after each
-    evaluation it writes ``last.safetensors``, ``best.safetensors`` when the LML improved, and the resume
-    directory ``resume/``, all under ``directory``, and records the step in ``trainer.last_checkpoint_step``.
+class CheckpointWriter(TrainingHook):
+    """Keeps a run recoverable and exportable under ``directory`` (``trainer.hooks``; ``fit`` adds one for
+    ``checkpoint_dir``).
+
+    After each evaluation: ``last.safetensors``; ``best.safetensors`` when the LML improved (a hard link to
+    ``last``, so no second copy on disk); the resume directory ``resume/``; ``trainer.last_checkpoint_step``.
+    At the end of a run: ``last.safetensors`` again, with the state the run returns (BatchNorm statistics
+    recalibrated for the final subnetwork, the best state if restored), so an export of it reproduces the
+    run's reported test accuracy.
 
     Example::
 
@@ -239,7 +282,7 @@ class CheckpointWriter:
         >>> from partition_fx.training import PartitionedTrainer
         >>> x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (x, y), batch_size=8)
-        >>> trainer.evaluation_hooks.append(CheckpointWriter(tempfile.mkdtemp()))
+        >>> trainer.hooks.append(CheckpointWriter(tempfile.mkdtemp()))
         >>> _ = trainer.run(2, progress=False)
         >>> trainer.last_checkpoint_step
         2
@@ -248,9 +291,13 @@ class CheckpointWriter:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
 
-    def __call__(self, trainer: Any, record: dict[str, Any], improved: bool) -> None:
-        trainer.save_checkpoint(self.directory / "last.safetensors")
+    def after_evaluation(self, trainer: Any, record: dict[str, Any], improved: bool) -> None:
+        last = self.directory / "last.safetensors"
+        trainer.save_checkpoint(last)
         if improved:
-            trainer.save_checkpoint(self.directory / "best.safetensors")
+            link_file(last, self.directory / "best.safetensors")
         save_training_state(trainer, self.directory / "resume")
         trainer.last_checkpoint_step = trainer.step
+
+    def after_run(self, trainer: Any, result: Any) -> None:
+        trainer.save_checkpoint(self.directory / "last.safetensors", final=True)

@@ -1,8 +1,10 @@
-"""Non-finite losses and gradients: finding them, and naming the tensors that hold them."""
+"""What can make training go wrong: non-finite losses and gradients (found and named), and parameters left
+unpartitioned (warned about)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -45,3 +47,20 @@ def tensor_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: 
         if m is not None:
             names.update((id(p), f"{prefix}.{n}") for n, p in m.named_parameters())
     return names
+
+
+def warn_about_shared_parameters(pmodel: PartitionedModel) -> None:
+    """Warn about trainable parameters a config left unpartitioned: they bias the LML's first term."""
+    shared = [
+        r.names[0]
+        for r in pmodel.records
+        if r.treatment == "shared" and pmodel.module.get_parameter(r.names[0]).requires_grad
+    ]
+    if shared:
+        warnings.warn(
+            f"{len(shared)} parameter(s) left unpartitioned by the config ({', '.join(shared[:3])}"
+            f"{', ...' if len(shared) > 3 else ''}) train with partition 1 on D_1 but are used by every "
+            "subnetwork, including subnetwork 0 that scores D_1: the LML's first term is then biased. "
+            "Freeze them (requires_grad=False) or partition them for an unbiased LML.",
+            stacklevel=4,
+        )

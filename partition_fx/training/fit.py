@@ -60,12 +60,18 @@ def fit(
             state with the best LML (``restore_best``).
         callbacks: ``cb(trainer, record)`` after each evaluation; returning True stops training.
         on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
-        checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` at each evaluation (atomically).
+        checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` and ``resume/`` at each evaluation
+            (atomically; ``best`` is a hard link when it equals ``last``), and ``last`` again at the end with
+            the state the run returns (see ``CheckpointWriter``).
         progress: a tqdm bar; default: only when stderr is a terminal.
         fused: the parameter and hyperparameter steps of an iteration in one forward and one backward
             (``PartitionedTrainer.fused_iteration``); not yet with hyperparameter modules inside the model.
         every_partition: each example of a parameter batch draws its own partition (k_i ~ Cat(u), example
             from D_1:k_i) and trains only it, so every partition is updated every iteration.
+        checkpoint_defaults: store the partitions' default values in checkpoints (default). False leaves
+            them out (a third of an ``init``-default checkpoint) for runs whose model is rebuilt the same way
+            before loading (same seed and weights, as ``partition-fx`` does); a model that rebuilds them
+            differently is refused. Layouts are always left out: ``partitionify`` rebuilds them from its seed.
         resume: a ``resume`` directory written by an earlier ``fit(..., checkpoint_dir=...)`` (at
             ``checkpoint_dir/resume``, refreshed at every evaluation) with the same arguments: training
             continues from its step to ``steps`` in total, bit for bit as if it had not stopped (on CPU).

@@ -75,6 +75,7 @@ class TrainerOptions:
     device: torch.device | str | None = None
     fused: bool = False
     every_partition: bool = False
+    checkpoint_defaults: bool = True
 
     def __post_init__(self) -> None:
         if self.hyper is not None and not isinstance(self.hyper, nn.Module):
@@ -90,6 +91,7 @@ class TrainerOptions:
         )
         check_flag("fused", self.fused)
         check_flag("every_partition", self.every_partition)
+        check_flag("checkpoint_defaults", self.checkpoint_defaults)
         self._set("likelihood", resolve_likelihood(self.likelihood))
         check_seed("seed", self.seed)
         check_int("hyper_every", self.hyper_every)

@@ -10,10 +10,8 @@ likelihood (a Gaussian's noise scale). ``fit`` (``partition_fx.training.fit``) i
 
 from __future__ import annotations
 
-import copy
 import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PartitionArgumentError, PartitionCheckpointError, PartitionTrainingError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
-from .checkpoint import CheckpointWriter, cpu_copy, differences, read_checkpoint, write_checkpoint
+from .checkpoint import CheckpointWriter
 from .chunks import Examples, resolve_chunks
-from .faults import nonfinite_problem, tensor_names
+from .faults import nonfinite_problem, tensor_names, warn_about_shared_parameters
+from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
 from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, routed_losses
 from .loop import run_loop
@@ -34,12 +33,10 @@ from .optim import partition_optimizer
 from .options import Callback, RunOptions, TrainerOptions, build, check_optimizer, check_scheduler
 from .result import FitResult
 from .sampler import PartitionedSampler
-
-EvaluationHook = Callable[["PartitionedTrainer", dict[str, Any], bool], None]
-"""``hook(trainer, record, improved)`` after each evaluation's record is appended (``improved``: a new best LML)."""
+from .state import TrainerState
 
 
-class PartitionedTrainer:
+class PartitionedTrainer(TrainerState):
     """Partitioned training of ``pmodel`` on ``dataset`` with hyperparameters learned by the LML.
 
     Built from ``options`` (a :class:`TrainerOptions`) or from the same names as keyword arguments (see
@@ -86,7 +83,7 @@ class PartitionedTrainer:
         self.chunks = resolve_chunks(options.chunks, len(self.examples), pmodel.proportions, self.seed)
         self.sampler = PartitionedSampler(self.chunks, options.batch_size, options.hyper_batch_size, self.seed)
         self.device = self._place(options.device)
-        self._warn_about_shared_parameters()
+        warn_about_shared_parameters(pmodel)
         self.hyperparameters_list = collect_hyperparameters(pmodel, self.hyper, self.likelihood)
         if self.hyperparameters_list and pmodel.num_partitions < 2:
             raise PartitionArgumentError(
@@ -105,9 +102,11 @@ class PartitionedTrainer:
         """(LML, step, state of the modules) of the best evaluation so far."""
         self.skipped_steps = 0
         self.last_checkpoint_step: int | None = None
-        self.evaluation_hooks: list[EvaluationHook] = []
+        self.hooks: list[TrainingHook] = []
+        """Run after each evaluation and at the end of a run (``checkpoint_dir`` adds a ``CheckpointWriter``)."""
         if self.checkpoint_dir is not None:
-            self.evaluation_hooks.append(CheckpointWriter(self.checkpoint_dir))
+            self.hooks.append(CheckpointWriter(self.checkpoint_dir))
+        self._omitted: dict[str, Any] | None = None
         self._losses: list[float] = []
         self._hyper_losses: list[float] = []
         self._lml_generator = torch.Generator().manual_seed(self.seed + 1)
@@ -122,21 +121,6 @@ class PartitionedTrainer:
                 if m is not None:
                     m.to(device)
         return device
-
-    def _warn_about_shared_parameters(self) -> None:
-        shared = [
-            r.names[0]
-            for r in self.pmodel.records
-            if r.treatment == "shared" and self.pmodel.module.get_parameter(r.names[0]).requires_grad
-        ]
-        if shared:
-            warnings.warn(
-                f"{len(shared)} parameter(s) left unpartitioned by the config ({', '.join(shared[:3])}"
-                f"{', ...' if len(shared) > 3 else ''}) train with partition 1 on D_1 but are used by every "
-                "subnetwork, including subnetwork 0 that scores D_1: the LML's first term is then biased. "
-                "Freeze them (requires_grad=False) or partition them for an unbiased LML.",
-                stacklevel=4,
-            )
 
     def _build_optimizers(self) -> None:
         options = self.options
@@ -346,112 +330,9 @@ class PartitionedTrainer:
         improved = self.best is None or estimate.total > self.best[0]
         if improved:
             self.best = (estimate.total, self.step, self._module_states(copy_values=True))
-        for hook in self.evaluation_hooks:
-            hook(self, record, improved)
+        for hook in self.hooks:
+            hook.after_evaluation(self, record, improved)
         return record
-
-    # --- state -------------------------------------------------------------------------------------
-
-    def _modules(self) -> dict[str, nn.Module]:
-        found = {"model": self.pmodel, "hyper": self.hyper, "likelihood": self.likelihood}
-        return {name: m for name, m in found.items() if m is not None}
-
-    def _module_states(self, copy_values: bool = False) -> dict[str, dict[str, torch.Tensor]]:
-        states = {name: {k: v.detach() for k, v in m.state_dict().items()} for name, m in self._modules().items()}
-        return copy.deepcopy(states) if copy_values else states
-
-    def identity(self) -> dict[str, Any]:
-        """The partitioning a checkpoint belongs to: model class, C, proportions and scheme."""
-        return {
-            "num_partitions": self.pmodel.num_partitions,
-            "proportions": list(self.pmodel.proportions),
-            "scheme": self.pmodel.scheme,
-            "model": self.pmodel.original_class.__name__,
-        }
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What must match for a saved state to resume this trainer: the partitioning, the data chunks, the
-        options that change the iteration, and the names and shapes of everything trained."""
-        return {
-            **self.identity(),
-            "default": self.pmodel.default,
-            "chunk_sizes": self.chunks.sizes,
-            "num_examples": len(self.examples),
-            "batch_size": self.sampler.batch_size,
-            "hyper_batch_size": self.sampler.hyper_batch_size,
-            "hyper_every": self.hyper_every,
-            "warmup_steps": self.warmup_steps,
-            "fused": self.fused,
-            "every_partition": self.every_partition,
-            "parameters": {name: list(p.shape) for name, p in self.pmodel.named_parameters()},
-            "hyperparameters": [list(p.shape) for p in self.hyperparameters_list],
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue bit for bit: the modules, both optimisers, the LR
-        scheduler, the step, history and best state, and every random generator (see
-        ``partition_fx.training.save_training_state`` for its form on disk)."""
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        return {
-            "step": self.step,
-            "history": self.history,
-            "best": None if self.best is None else {"lml": self.best[0], "step": self.best[1]},
-            "best_modules": None if self.best is None else self.best[2],
-            "skipped_steps": self.skipped_steps,
-            "pending_losses": self._losses,
-            "pending_hyper_losses": self._hyper_losses,
-            "modules": self._module_states(),
-            "optimizer": self.optimizer.state_dict(),
-            "hyper_optimizer": self.hyper_optimizer.state_dict() if self.hyper_optimizer is not None else None,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if cuda else [],
-                "sampler": self.sampler.state_dict(),
-                "lml": self._lml_generator.get_state(),
-            },
-            "fingerprint": self.fingerprint(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
-        every field that differs, before anything changes."""
-        differ = differences(state["fingerprint"], self.fingerprint())
-        if differ:
-            raise PartitionCheckpointError(f"the state is from a different configuration ({differ})")
-        self.restore_modules(state["modules"])
-        if self.hyper_optimizer is not None and state["hyper_optimizer"] is not None:
-            self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
-        self.history = state["history"]
-        self.skipped_steps = state["skipped_steps"]
-        self._losses = list(state["pending_losses"])
-        self._hyper_losses = list(state["pending_hyper_losses"])
-        if state["best"] is not None:
-            self.best = (state["best"]["lml"], state["best"]["step"], state["best_modules"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.sampler.load_state_dict(state["rng"]["sampler"])
-        self._lml_generator.set_state(state["rng"]["lml"])
-
-    def save_checkpoint(self, path: str | Path) -> None:
-        """Model, hyperparameter modules and likelihood in one safetensors file (atomic replace), with the
-        step, the latest LML and the configuration in its metadata."""
-        lml = self.history[-1]["lml"] if self.history else None
-        tensors = {
-            f"{name}.{k}": cpu_copy(v) for name, state in self._module_states().items() for k, v in state.items()
-        }
-        write_checkpoint(path, tensors, {"step": self.step, "lml": lml, **self.identity()})
-
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
-        tensors, meta = read_checkpoint(path, self.identity())
-        self.restore_modules({name: _with_prefix(tensors, name + ".") for name in self._modules()})
-        return meta
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -468,17 +349,10 @@ class PartitionedTrainer:
     ) -> FitResult:
         """Train for ``steps`` iterations (see :func:`~partition_fx.training.fit` for the arguments)."""
         run = RunOptions(steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms)
-        return run_loop(self, run)
-
-    def restore_modules(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Load module states as kept in ``best`` (``model``, ``hyper``, ``likelihood``; a missing one: empty)."""
-        for name, m in self._modules().items():
-            m.load_state_dict(states.get(name, {}))
+        result = run_loop(self, run)
+        for hook in self.hooks:
+            hook.after_run(self, result)
+        return result
 
 
-def _with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries of ``tensors`` under ``prefix``, with it removed."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
-__all__ = ["EvaluationHook", "PartitionedTrainer"]
+__all__ = ["PartitionedTrainer"]

@@ -1,0 +1,166 @@
+"""The part of ``PartitionedTrainer`` that saves and restores it: module states, the fingerprint of a
+configuration, ``state_dict()``/``load_state_dict()`` for resuming, and single-file checkpoints."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PartitionCheckpointError
+from .checkpoint import buffers_digest, cpu_copy, differences, read_checkpoint, write_checkpoint
+
+
+class TrainerState:
+    """Mixed into ``PartitionedTrainer``: everything about its state, none of its steps. It reads the
+    trainer's own attributes (``pmodel``, ``hyper``, ``likelihood``, the optimisers, sampler, history)."""
+
+    def _modules(self) -> dict[str, nn.Module]:
+        found = {"model": self.pmodel, "hyper": self.hyper, "likelihood": self.likelihood}
+        return {name: m for name, m in found.items() if m is not None}
+
+    def _omitted_buffers(self) -> dict[str, torch.Tensor]:
+        """The model's buffers that checkpoints leave out: the layouts, and the defaults unless
+        ``checkpoint_defaults`` (see ``PartitionedModel.rebuilt_buffers``)."""
+        return self.pmodel.rebuilt_buffers(defaults=not self.options.checkpoint_defaults)
+
+    def _module_states(self, copy_values: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+        """The modules' state without the buffers checkpoints leave out (they never change)."""
+        rebuilt = self._omitted_buffers().keys()
+        states = {
+            name: {k: v.detach() for k, v in m.state_dict().items() if name != "model" or k not in rebuilt}
+            for name, m in self._modules().items()
+        }
+        return copy.deepcopy(states) if copy_values else states
+
+    def omitted(self) -> dict[str, Any]:
+        """What checkpoints of this trainer leave out of the model and the digest that recognises it:
+        ``{"omitted": "layouts" or "layouts+defaults", "omitted_sha256": ...}``."""
+        if self._omitted is None:
+            kinds = "layouts" if self.options.checkpoint_defaults else "layouts+defaults"
+            self._omitted = {"omitted": kinds, "omitted_sha256": buffers_digest(self._omitted_buffers())}
+        return self._omitted
+
+    def _check_omitted(self, saved: dict[str, Any], source: str) -> None:
+        """Refuse a checkpoint whose left-out buffers this model rebuilds differently."""
+        if "omitted_sha256" not in saved:  # written before anything was left out: it holds them all
+            return
+        defaults = saved["omitted"] == "layouts+defaults"
+        if buffers_digest(self.pmodel.rebuilt_buffers(defaults=defaults)) != saved["omitted_sha256"]:
+            what = "layouts and default values" if defaults else "layouts"
+            raise PartitionCheckpointError(
+                f"{source} leaves out the partition {what}, which this model builds differently: build it as the "
+                f"run did (the same partitionify seed and arguments{', model seed and weights' if defaults else ''})"
+            )
+
+    def identity(self) -> dict[str, Any]:
+        """The partitioning a checkpoint belongs to: model class, C, proportions and scheme."""
+        return {
+            "num_partitions": self.pmodel.num_partitions,
+            "proportions": list(self.pmodel.proportions),
+            "scheme": self.pmodel.scheme,
+            "model": self.pmodel.original_class.__name__,
+        }
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must match for a saved state to resume this trainer: the partitioning, the data chunks, the
+        options that change the iteration, and the names and shapes of everything trained."""
+        return {
+            **self.identity(),
+            **self.omitted(),
+            "default": self.pmodel.default,
+            "chunk_sizes": self.chunks.sizes,
+            "num_examples": len(self.examples),
+            "batch_size": self.sampler.batch_size,
+            "hyper_batch_size": self.sampler.hyper_batch_size,
+            "hyper_every": self.hyper_every,
+            "warmup_steps": self.warmup_steps,
+            "fused": self.fused,
+            "every_partition": self.every_partition,
+            "parameters": {name: list(p.shape) for name, p in self.pmodel.named_parameters()},
+            "hyperparameters": [list(p.shape) for p in self.hyperparameters_list],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit: the modules, both optimisers, the LR
+        scheduler, the step, history and best state, and every random generator (see
+        ``partition_fx.training.save_training_state`` for its form on disk)."""
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        return {
+            "step": self.step,
+            "history": self.history,
+            "best": None if self.best is None else {"lml": self.best[0], "step": self.best[1]},
+            "best_modules": None if self.best is None else self.best[2],
+            "skipped_steps": self.skipped_steps,
+            "pending_losses": self._losses,
+            "pending_hyper_losses": self._hyper_losses,
+            "modules": self._module_states(),
+            "optimizer": self.optimizer.state_dict(),
+            "hyper_optimizer": self.hyper_optimizer.state_dict() if self.hyper_optimizer is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+                "sampler": self.sampler.state_dict(),
+                "lml": self._lml_generator.get_state(),
+            },
+            "fingerprint": self.fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
+        every field that differs, before anything changes."""
+        differ = differences(state["fingerprint"], self.fingerprint())
+        if differ:
+            raise PartitionCheckpointError(f"the state is from a different configuration ({differ})")
+        self.restore_modules(state["modules"])
+        if self.hyper_optimizer is not None and state["hyper_optimizer"] is not None:
+            self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.history = state["history"]
+        self.skipped_steps = state["skipped_steps"]
+        self._losses = list(state["pending_losses"])
+        self._hyper_losses = list(state["pending_hyper_losses"])
+        if state["best"] is not None:
+            self.best = (state["best"]["lml"], state["best"]["step"], state["best_modules"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.sampler.load_state_dict(state["rng"]["sampler"])
+        self._lml_generator.set_state(state["rng"]["lml"])
+
+    def save_checkpoint(self, path: str | Path, *, final: bool = False) -> None:
+        """Model, hyperparameter modules and likelihood in one safetensors file (atomic replace), with the
+        step, the latest LML, the configuration and ``final`` (the state a finished run returned) in its
+        metadata. The model's rebuilt buffers are left out (see :meth:`omitted`)."""
+        lml = self.history[-1]["lml"] if self.history else None
+        states = self._module_states()
+        tensors = {f"{name}.{k}": cpu_copy(v) for name, state in states.items() for k, v in state.items()}
+        meta = {"step": self.step, "lml": lml, "final": final, **self.identity(), **self.omitted()}
+        write_checkpoint(path, tensors, meta)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
+        tensors, meta = read_checkpoint(path, self.identity())
+        self._check_omitted(meta, f"checkpoint {path}")
+        self.restore_modules({name: _with_prefix(tensors, name + ".") for name in self._modules()})
+        return meta
+
+    def restore_modules(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Load module states as kept in ``best`` (``model``, ``hyper``, ``likelihood``; a missing one: empty)."""
+        for name, m in self._modules().items():
+            state = states.get(name, {})
+            if name == "model":  # checkpoints leave out what the model rebuilds; older ones hold it
+                state = {**self.pmodel.rebuilt_buffers(defaults=True), **state}
+            m.load_state_dict(state)
+
+
+def _with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``tensors`` under ``prefix``, with it removed."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -1,0 +1,105 @@
+"""What a run leaves on disk: an export that reproduces the run, files of sensible size and ordinary modes,
+and checkpoints that leave out what the model rebuilds (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from partition_fx import partitionify
+from partition_fx.cli import main
+from partition_fx.errors import PartitionCheckpointError
+from partition_fx.training import PartitionedTrainer, fit
+from partition_fx.transforms import InputMask
+
+# resnet10t has BatchNorm: its running statistics are recalibrated for the final subnetwork at the end
+TINY = ["--model", "resnet10t", "--image-size", "16", "--steps", "6", "--eval-every", "3", "--batch-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "run"
+    umask = os.umask(0o022)
+    try:
+        assert main(["train", *TINY, "--quiet", "--out", str(out)]) == 0
+        assert main(["export", "--run", str(out)]) == 0
+    finally:
+        os.umask(umask)
+    return out
+
+
+def test_export_reports_the_test_accuracy_train_reported_for_a_batchnorm_model(run: Path) -> None:
+    report = json.loads((run / "report.json").read_text())
+    exported = json.loads((run / "export" / "export.json").read_text())
+    assert exported["checkpoint_step"] == report["steps"] == 6
+    assert exported["test_accuracy"] == report["test_accuracy"]
+    assert exported["test_log_likelihood"] == pytest.approx(report["test_log_likelihood"], rel=1e-6)
+
+
+def test_every_file_and_directory_of_a_run_has_the_users_umask(run: Path) -> None:
+    for path in [run, *run.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o755 if path.is_dir() else 0o644), f"{path.relative_to(run)}: {oct(mode)}"
+
+
+def test_a_run_writes_nothing_that_can_be_rebuilt(run: Path) -> None:
+    model = (run / "model.safetensors").stat().st_size  # the plain exported model: the unit of size
+    last = run / "checkpoint" / "last.safetensors"
+    # the parts of every partition and the BatchNorm statistics; no layouts, no defaults
+    assert last.stat().st_size < 1.05 * model
+    with safe_open(str(last), framework="pt") as f:
+        assert not [k for k in f.keys() if k.rsplit(".", 1)[-1] in ("index", "unit_index", "default")]
+    with safe_open(str(run / "checkpoint" / "resume" / "tensors.safetensors"), framework="pt") as f:
+        keys = list(f.keys())
+    report = json.loads((run / "report.json").read_text())
+    best_copy = report["best_step"] != report["steps"]  # no second copy when the last evaluation was the best
+    assert any(k.startswith("best/") for k in keys) == best_copy
+    # model, ONNX, last, best, resume (the model, Adam's two moments, the best state if it is another):
+    # 7 or 8 models' worth; before, 15
+    total = sum(p.stat().st_size for p in run.rglob("*") if p.is_file() and "export" not in p.parts)
+    assert total < (7 + best_copy) * model
+
+
+def _pmodel(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return partitionify(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)), 3, (0.5, 0.25, 0.25), seed=1)
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 6, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def test_best_is_a_link_to_last_and_the_final_last_holds_what_the_run_returned(tmp_path: Path) -> None:
+    x, y = _data()
+    seen = []
+
+    def linked(trainer: PartitionedTrainer, record: dict) -> None:
+        last, best = tmp_path / "last.safetensors", tmp_path / "best.safetensors"
+        if trainer.best[1] == record["step"]:  # this evaluation improved: best is last, on disk once
+            seen.append(os.path.samefile(last, best))
+
+    pmodel = _pmodel(0)
+    fit(pmodel, (x, y), hyper=InputMask(6), steps=8, eval_every=4, checkpoint_dir=tmp_path, callbacks=[linked],
+        progress=False)  # fmt: skip
+    assert seen and all(seen)
+    reloaded = _pmodel(0)
+    PartitionedTrainer(reloaded, (x, y), hyper=InputMask(6)).load_checkpoint(tmp_path / "last.safetensors")
+    for a, b in zip(pmodel.state_dict().values(), reloaded.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_checkpoints_without_defaults_refuse_a_model_that_rebuilds_them_differently(tmp_path: Path) -> None:
+    x, y = _data()
+    fit(_pmodel(0), (x, y), steps=4, checkpoint_dir=tmp_path, checkpoint_defaults=False, progress=False)
+    meta = PartitionedTrainer(_pmodel(0), (x, y)).load_checkpoint(tmp_path / "last.safetensors")
+    assert meta["omitted"] == "layouts+defaults"
+    with pytest.raises(PartitionCheckpointError, match="default values, which this model builds differently"):
+        PartitionedTrainer(_pmodel(9), (x, y)).load_checkpoint(tmp_path / "last.safetensors")
