@@ -99,9 +99,11 @@ def proportions_text(args: argparse.Namespace) -> str:
     '0.8,0.1,0.1'
     >>> proportions_text(argparse.Namespace(proportions=None, partitions=4))
     'not given: equal shares'
+    >>> proportions_text(argparse.Namespace(proportions=None, partitions=3))
+    'not given: the default 0.8,0.1,0.1'
     """
     if args.proportions is None:
-        return "not given: " + ("equal shares" if args.partitions != len(DEFAULT_PROPORTIONS) else "0.8,0.1,0.1")
+        return f"not given: {_without_proportions(args.partitions)}"
     return ",".join(str(p) for p in args.proportions)
 
 
@@ -115,6 +117,12 @@ def command_line_proportions(args: argparse.Namespace) -> tuple[float, ...] | No
     if args.proportions is not None:
         return tuple(args.proportions)
     return DEFAULT_PROPORTIONS if args.partitions == len(DEFAULT_PROPORTIONS) else None
+
+
+def _without_proportions(num_partitions: int) -> str:
+    if num_partitions == len(DEFAULT_PROPORTIONS):
+        return "the default " + ",".join(str(p) for p in DEFAULT_PROPORTIONS)
+    return "equal shares"
 
 
 def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> PartitionedModel:
@@ -138,7 +146,7 @@ def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> 
             f"--partitions {num_partitions} --proportions {proportions_text(args)}: proportions has "
             f"{len(proportions)} entries but num_partitions={num_partitions}; give --proportions {num_partitions} "
             f"comma-separated shares summing to 1, or --partitions {len(proportions)} to match them, or leave "
-            f"--proportions out for equal shares (0.8,0.1,0.1 if --partitions is 3)"
+            f"--proportions out ({_without_proportions(num_partitions)})"
         )
     try:
         check_proportions(proportions, num_partitions)
