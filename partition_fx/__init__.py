@@ -85,7 +85,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
         globals()[name] = value
         return value
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    if name.isidentifier() and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
