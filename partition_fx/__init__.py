@@ -9,17 +9,35 @@ Public API::
 
 Learnable hyperparameter modules live in ``partition_fx.transforms``; datasets in ``partition_fx.datasets``.
 
-Importing the package also registers its models with timm (``fixup_resnet8``.., ``cifar_wrn16_4``..).
+The package registers its models with timm (``fixup_resnet8``.., ``cifar_wrn16_4``..) as soon as both it and
+timm are imported, in either order. Its names are loaded on first use (PEP 562), so that importing it, and
+``partition-fx --help``, does not import torch.
 """
 
-from . import models as models  # registers the package's models with timm
-from .config import ParameterRule, PartitionConfig
-from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
-from .export import export_onnx, export_subnetwork
-from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
-from .partitioned_model import PartitionedModel
-from .rewrite import partitionify
-from .training import FitResult, PartitionedTrainer, fit
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import ParameterRule as ParameterRule
+    from .config import PartitionConfig as PartitionConfig
+    from .errors import PartitionArgumentError as PartitionArgumentError
+    from .errors import PartitionError as PartitionError
+    from .errors import PartitionTypeError as PartitionTypeError
+    from .export import export_onnx as export_onnx
+    from .export import export_subnetwork as export_subnetwork
+    from .params import PartitionedTensor as PartitionedTensor
+    from .params import RandomPartitionedTensor as RandomPartitionedTensor
+    from .params import ScalePartitionedTensor as ScalePartitionedTensor
+    from .partitioned_model import PartitionedModel as PartitionedModel
+    from .rewrite import partitionify as partitionify
+    from .training import FitResult as FitResult
+    from .training import PartitionedTrainer as PartitionedTrainer
+    from .training import fit as fit
 
 __all__ = [
     "FitResult",
@@ -39,3 +57,66 @@ __all__ = [
     "partitionify",
 ]
 __version__ = "0.1.0"
+
+_HOME = {
+    "ParameterRule": "config",
+    "PartitionConfig": "config",
+    "PartitionArgumentError": "errors",
+    "PartitionError": "errors",
+    "PartitionTypeError": "errors",
+    "export_onnx": "export",
+    "export_subnetwork": "export",
+    "PartitionedTensor": "params",
+    "RandomPartitionedTensor": "params",
+    "ScalePartitionedTensor": "params",
+    "PartitionedModel": "partitioned_model",
+    "partitionify": "rewrite",
+    "FitResult": "training",
+    "PartitionedTrainer": "training",
+    "fit": "training",
+}
+"""Each public name's module."""
+
+
+def __getattr__(name: str) -> Any:
+    """A public name (its module imported now, with the models registered), or a submodule not yet imported."""
+    if name in _HOME:
+        importlib.import_module(f"{__name__}.models")  # registers the package's models with timm
+        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+        globals()[name] = value
+        return value
+    if name.isidentifier() and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _RegisterModelsWithTimm:
+    """A meta path finder that waits for ``import timm`` and, once timm is loaded, imports ``partition_fx.models``
+    (which registers the package's models with timm), then steps aside."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "timm":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("timm")  # by the other finders
+        loader = getattr(spec, "loader", None)
+        if loader is not None and hasattr(loader, "exec_module"):
+            load_timm = loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                load_timm(module)
+                importlib.import_module(f"{__name__}.models")
+
+            loader.exec_module = exec_module
+        return spec
+
+
+if "timm" in sys.modules:  # torch is loaded already: registering now costs little
+    importlib.import_module(f"{__name__}.models")
+else:
+    sys.meta_path.insert(0, _RegisterModelsWithTimm())

@@ -133,6 +133,9 @@ BAD_PROPORTIONS = st.one_of(
     _numbers(3).filter(lambda v: abs(sum(v) - 1) > 1e-3).map(lambda v: ",".join(map(repr, v))),  # sum != 1
     st.sampled_from(["nan,0.5,0.5", "inf,0.1,0.1", "0.5,-0.5,1.0", "-0.1,0.6,0.5"]),
 )
+OTHER_COUNTS = st.sampled_from(["2", "4", "7"])  # with THREE_SHARES: a --partitions --proportions mismatch
+THREE_SHARES = ("--proportions", "0.8,0.1,0.1")
+OTHER_SHARES = st.sampled_from(["0.5,0.5", "0.25,0.25,0.25,0.25"])  # with the default 3 partitions
 EMPTY_CHUNK = st.sampled_from(["1,0,0", "0.9999,0.00005,0.00005", "0.5,0.5,0"])  # for train
 
 
@@ -170,7 +173,9 @@ def _common(command: str) -> list[Bad]:
         Bad(command, "--partitions", NOT_INT, "type errors", ("--partitions",)),
         Bad(command, "--partitions", NON_POSITIVE, "out-of-range numbers", ("--partitions",)),
         Bad(command, "--partitions", st.integers(256, 10**6).map(str), "out-of-range numbers", ("--partitions",)),
-        Bad(command, "--partitions", st.sampled_from(["2", "4", "7"]), "conflicting options", ("--partitions",)),
+        # --partitions alone means equal shares; it conflicts only with --proportions given for another count
+        Bad(command, "--partitions", OTHER_COUNTS, "conflicting options", ("--partitions",), THREE_SHARES),
+        Bad(command, "--proportions", OTHER_SHARES, "conflicting options", ("--proportions",)),
         Bad(command, "--proportions", MALFORMED_PROPORTIONS, "malformed lists", ("--proportions",)),
         Bad(command, "--proportions", BAD_PROPORTIONS, "out-of-range numbers", ("--proportions",)),
         Bad(command, "--scheme", _not("random", "node"), "unknown choices", ("--scheme",)),

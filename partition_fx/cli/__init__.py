@@ -10,9 +10,12 @@ available (``--device auto``).
 ``partition-fx convert`` converts a timm model, verifies every subnetwork on digits and exports it;
 ``partition-fx describe --model NAME`` prints how a model would be partitioned.
 
-One module per purpose: ``parser`` (every option and default), ``dispatch`` (the entry point, one-line
+One module per purpose: ``parser`` (every option, help and default), ``dispatch`` (the entry point, one-line
 errors), ``job`` (a train job before training: checks, data, model, conversion, recipe), ``runs`` (run
 directories, reports, ``--resume``), ``train``, ``export``, ``convert`` (and describe) and ``plots``.
+
+Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once);
+``TrainJob``, ``train_job`` and ``training_recipe`` are loaded on first use.
 
 For scripts and benchmarks that train exactly what the command trains::
 
@@ -20,8 +23,25 @@ For scripts and benchmarks that train exactly what the command trains::
     fit(job.pmodel, job.data.train, hyper=job.hyper, **training_recipe(job.args), device=job.device)
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .dispatch import main
-from .job import TrainJob, train_job, training_recipe
 from .parser import build_parser
 
+if TYPE_CHECKING:
+    from .job import TrainJob as TrainJob
+    from .job import train_job as train_job
+    from .job import training_recipe as training_recipe
+
 __all__ = ["TrainJob", "build_parser", "main", "train_job", "training_recipe"]
+_FROM_JOB = ("TrainJob", "train_job", "training_recipe")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_JOB:
+        from . import job
+
+        return getattr(job, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """``partition-fx convert`` and ``partition-fx describe``: a model's conversion, verified and exported, or
 only described.
 
-``convert`` (defaults: FixUp ResNet-14, C=3, proportions 0.8/0.1/0.1) builds a timm model (optionally with
+``convert`` (defaults: timm's resnet10t, C=3, proportions 0.8/0.1/0.1) builds a timm model (optionally with
 weights from a local file), converts it, checks every subnetwork against the original on scikit-learn's
 bundled digits, and writes to ``--out``: the exported final model (safetensors), ``model.onnx`` verified in
 onnxruntime, ``describe.txt`` and ``report.json``. The output directory is assembled aside and moved into

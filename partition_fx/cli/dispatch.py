@@ -1,5 +1,8 @@
 """``partition-fx``'s entry point: parse, run the command, print its summary, and report every refusal as one
-line on stderr with exit status 2 (130 when interrupted)."""
+line on stderr with exit status 2 (130 when interrupted).
+
+The commands (and with them torch) are imported only once the arguments are parsed: ``--help`` and argument
+errors answer without them."""
 
 from __future__ import annotations
 
@@ -9,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PartitionError, first_line, is_out_of_memory
-from .convert import run_convert, run_describe
-from .export import run_export
 from .parser import build_parser
-from .train import run_train
 
 OUT_OF_MEMORY_HINTS = {
     "train": "lower --image-size, --batch-size or --samples, or choose a smaller --model",
@@ -30,14 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(None if argv is None else list(argv))
     try:
-        if args.command == "describe":
-            print(run_describe(args))
-        elif args.command == "train":
-            _print_train(run_train(args), args.resume if args.resume is not None else args.out)
-        elif args.command == "export":
-            _print_export(run_export(args))
-        else:
-            _print_convert(run_convert(args), args.out)
+        _run(args)
     except KeyboardInterrupt:
         print("partition-fx: interrupted; the last checkpoint and report.json are kept", file=sys.stderr)
         return 130
@@ -53,6 +46,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
+
+
+def _run(args: Any) -> None:
+    """Run the parsed command and print its summary (its module imported now: torch comes with it)."""
+    if args.command == "describe":
+        from .convert import run_describe
+
+        print(run_describe(args))
+    elif args.command == "train":
+        from .train import run_train
+
+        _print_train(run_train(args), args.resume if args.resume is not None else args.out)
+    elif args.command == "export":
+        from .export import run_export
+
+        _print_export(run_export(args))
+    else:
+        from .convert import run_convert
+
+        _print_convert(run_convert(args), args.out)
 
 
 def _print_train(report: dict[str, Any], out: Path) -> None:

@@ -8,10 +8,12 @@ build their runs with these same functions, so they train exactly what the comma
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
 from ..training import split_into_chunks, weight_decay_scales
 from ..transforms import AffineAugmentation
-from .parser import parse_train
+from .parser import DATASETS, DEFAULT_PROPORTIONS, parse_train
 
 _POSITIVE_OPTIONS = ("steps", "batch_size", "samples", "hyper_every", "eval_every", "image_size", "channels")
 
@@ -91,32 +93,71 @@ def resolve_device(requested: str) -> str:
 
 
 def proportions_text(args: argparse.Namespace) -> str:
-    """``--proportions`` as the user wrote it (comma-separated), for messages.
+    """``--proportions`` as the user wrote it (comma-separated), or what it is when not given, for messages.
 
-    >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1)))
+    >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1), partitions=3))
     '0.8,0.1,0.1'
+    >>> proportions_text(argparse.Namespace(proportions=None, partitions=4))
+    'not given: equal shares'
+    >>> proportions_text(argparse.Namespace(proportions=None, partitions=3))
+    'not given: the default 0.8,0.1,0.1'
     """
+    if args.proportions is None:
+        return f"not given: {_without_proportions(args.partitions)}"
     return ",".join(str(p) for p in args.proportions)
+
+
+def command_line_proportions(args: argparse.Namespace) -> tuple[float, ...] | None:
+    """The proportions ``--partitions``/``--proportions`` ask for: ``--proportions`` when given, else 0.8,0.1,0.1
+    with 3 partitions and None (equal shares) with any other number.
+
+    >>> command_line_proportions(parse_train([])), command_line_proportions(parse_train(["--partitions", "2"]))
+    ((0.8, 0.1, 0.1), None)
+    """
+    if args.proportions is not None:
+        return tuple(args.proportions)
+    return DEFAULT_PROPORTIONS if args.partitions == len(DEFAULT_PROPORTIONS) else None
+
+
+def _without_proportions(num_partitions: int) -> str:
+    if num_partitions == len(DEFAULT_PROPORTIONS):
+        return "the default " + ",".join(str(p) for p in DEFAULT_PROPORTIONS)
+    return "equal shares"
 
 
 def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> PartitionedModel:
     """``partitionify`` with the command line's conversion options (``--partitions``, ``--proportions``,
     ``--scheme``, ``--default``, ``--seed``, ``--assignments``), refusals naming those options.
 
-    >>> args = parse_train(["--partitions", "2", "--proportions", "0.5,0.5"])
-    >>> partitionify_from_args(torch.nn.Linear(3, 2), args).num_partitions
-    2
+    >>> partitionify_from_args(torch.nn.Linear(3, 2), parse_train(["--partitions", "2"])).proportions
+    (0.5, 0.5)
+    >>> partitionify_from_args(torch.nn.Linear(3, 2), parse_train(["--proportions", "0.5,0.5"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --partitions 3 --proportions 0.5,0.5: proportions has 2 entries ...
     """
+    proportions = command_line_proportions(args)
     try:
-        check_proportions(args.proportions, check_num_partitions(args.partitions))
+        num_partitions = check_num_partitions(args.partitions)
+    except (PartitionArgumentError, PartitionTypeError) as e:
+        raise PartitionArgumentError(f"--partitions {args.partitions}: {e}") from None
+    if proportions is not None and len(proportions) != num_partitions:
+        raise PartitionArgumentError(
+            f"--partitions {num_partitions} --proportions {proportions_text(args)}: proportions has "
+            f"{len(proportions)} entries but num_partitions={num_partitions}; give --proportions {num_partitions} "
+            f"comma-separated shares summing to 1, or --partitions {len(proportions)} to match them, or leave "
+            f"--proportions out ({_without_proportions(num_partitions)})"
+        )
+    try:
+        check_proportions(proportions, num_partitions)
     except (PartitionArgumentError, PartitionTypeError) as e:
         raise PartitionArgumentError(
-            f"--partitions {args.partitions} --proportions {proportions_text(args)}: {e}"
+            f"--partitions {num_partitions} --proportions {proportions_text(args)}: {e}"
         ) from None
     return partitionify(
         model,
-        args.partitions,
-        args.proportions,
+        num_partitions,
+        proportions,
         scheme=args.scheme,
         default=args.default,
         seed=args.seed,
@@ -167,12 +208,27 @@ def _check_options(args: argparse.Namespace) -> None:
         )
     if not args.data:
         raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
+    if args.data not in DATASETS and not _is_folder(args.data):
+        close = difflib.get_close_matches(args.data, DATASETS, n=1)
+        raise PartitionError(
+            f"unknown dataset {args.data!r} for --data: not {' or '.join(DATASETS)}, and not a folder"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + "; pass one of those names or an image folder laid out as FOLDER/<class>/<image> "
+            "or FOLDER/{train,test}/<class>/<image>"
+        )
+
+
+def _is_folder(text: str) -> bool:
+    try:
+        return Path(text).is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, say
+        return False
 
 
 def _load_data(args: argparse.Namespace) -> DatasetSplits:
     """``--data`` at ``--image-size``/``--channels``, refused if it or one batch of it cannot fit in memory."""
     sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
-    count = NUM_DIGITS if args.data in ("digits", "rotdigits") else 1
+    count = NUM_DIGITS if args.data in DATASETS else 1
     check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
     kwargs: dict[str, Any] = {"size": args.image_size}
     if args.channels is not None:

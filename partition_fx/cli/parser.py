@@ -1,5 +1,12 @@
-"""The whole ``partition-fx`` argument tree: every command's options and defaults, in one place, and the
-``type=`` parsers that turn option text into values (refusals are one line, like every other refusal)."""
+"""The whole ``partition-fx`` argument tree: every command's options, help and defaults, in one place, and the
+``type=`` parsers that turn option text into values (refusals are one line, like every other refusal).
+
+This module imports neither torch nor the rest of the package, so ``partition-fx --help`` answers at once; the
+commands import what they need when they run.
+
+Every option's help ends with its default, written once: ``%(default)s`` where the value speaks for itself, and
+what it means where it is None or depends on other options (``--proportions``, ``--eval-every``).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +15,50 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .._validation import MAX_SEED
-
-DESCRIPTION = "The ``partition-fx`` command."
+DESCRIPTION = (
+    "Learn hyperparameters (augmentation ranges, dropout rates, input masks) in one training run, without a "
+    "validation set, by partitioning a network (Mlodozeniec, Reisser & Louizos, ICLR 2023)."
+)
+EPILOG = (
+    "`partition-fx train` alone runs the main job: timm's resnet10t learns affine augmentation on rotdigits "
+    "(a few minutes on 2 CPU cores). `partition-fx COMMAND --help` lists a command's options and defaults."
+)
+DEFAULT_MODEL = "resnet10t"
+"""``--model`` of ``train``, ``convert`` and ``describe``."""
+DEFAULT_PROPORTIONS = (0.8, 0.1, 0.1)
+"""``--proportions`` when it is not given and ``--partitions`` is 3 (the default); other counts get equal shares."""
 TRAIN_DEFAULT_STEPS = 400
 TRAIN_DEFAULT_LR = 1e-3
 TRAIN_DEFAULT_HYPER_LR = 0.05
 DEVICES = ("auto", "cpu", "cuda")
 """``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
+DATASETS = ("rotdigits", "digits")
+"""The named datasets ``train`` accepts (besides an image folder's path)."""
+
+COMMANDS = {
+    "train": (
+        "train a model with learned hyperparameters and export it (the main job)",
+        "Convert a timm model into C partitions, train it while learning its augmentation by the partitioned "
+        "marginal likelihood (no validation set), and write the exported model, ONNX, plots, checkpoints and "
+        "report.json to --out. With no options: resnet10t on rotdigits with learned affine augmentation.",
+    ),
+    "convert": (
+        "convert a model, check every subnetwork against it, and export it",
+        "Convert a timm model into C partitions, check that every subnetwork reproduces the original on "
+        "digits, and write the exported model (safetensors), ONNX, describe.txt and report.json to --out.",
+    ),
+    "describe": (
+        "print how each tensor of a model would be partitioned",
+        "Print, for each parameter tensor of a timm model, how it would be partitioned (treatment, entries "
+        "per partition, why). Nothing is written.",
+    ),
+    "export": (
+        "export a trained run's checkpoint to safetensors and ONNX",
+        "Rebuild a training run's model from its report.json, load a checkpoint, and write one subnetwork as a "
+        "plain model (safetensors), ONNX and export.json (with its test accuracy) to --out.",
+    ),
+}
+"""Each command's one-line help (in ``partition-fx --help``) and its description (in its own ``--help``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +91,8 @@ def _int_at_least(minimum: int) -> Any:
 
 
 def _seed(text: str) -> int:
+    from .._validation import MAX_SEED  # here, not at the top: --help must not import torch
+
     value = _int_at_least(0)(text)
     if value > MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
@@ -67,86 +112,262 @@ def _proportions(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"proportions must be comma-separated numbers, got {text!r}") from None
 
 
+def proportions_default_text() -> str:
+    """What ``--proportions`` is when it is not given, as the help says it.
+
+    >>> proportions_default_text()
+    '0.8,0.1,0.1 with 3 partitions, equal shares with any other --partitions'
+    """
+    shares = ",".join(str(p) for p in DEFAULT_PROPORTIONS)
+    return f"{shares} with {len(DEFAULT_PROPORTIONS)} partitions, equal shares with any other --partitions"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``partition-fx`` parser with its four commands: ``train``, ``convert``, ``describe`` and ``export``.
 
+    ``--proportions`` is None when not given: :func:`partition_fx.cli.job.partitionify_from_args` reads that
+    as 0.8,0.1,0.1 with 3 partitions and equal shares with any other number.
+
     >>> args = build_parser().parse_args(["describe", "--model", "fixup_resnet8"])
-    >>> args.command, args.partitions, args.proportions
-    ('describe', 3, (0.8, 0.1, 0.1))
+    >>> args.command, args.model, args.partitions, args.proportions
+    ('describe', 'fixup_resnet8', 3, None)
+    >>> build_parser().parse_args(["convert", "--proportions", "0.5,0.5"]).proportions
+    (0.5, 0.5)
     """
-    parser = _Parser(prog="partition-fx", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", default="fixup_resnet14", help="timm model name (default: %(default)s)")
-    common.add_argument("--checkpoint", default=None, help="local weights file (safetensors or torch) to load")
-    common.add_argument("--num-classes", type=_int_at_least(1), default=10)
-    common.add_argument("--partitions", type=int, default=3)
-    common.add_argument("--proportions", type=_proportions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
-    common.add_argument("--scheme", default="random", choices=["random", "node"])
-    common.add_argument("--default", default="init", choices=["init", "zero", "seed"])
-    common.add_argument(
+    parser = _Parser(prog="partition-fx", description=DESCRIPTION, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for name, add in (("train", _add_train), ("convert", _add_convert), ("describe", _add_describe)):
+        add(_command(sub, name))
+    _add_export(_command(sub, "export"))
+    return parser
+
+
+def _command(sub: Any, name: str) -> argparse.ArgumentParser:
+    summary, description = COMMANDS[name]
+    return sub.add_parser(name, help=summary, description=description)
+
+
+def _add_model_options(parser: argparse.ArgumentParser, *, classes: bool) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="NAME",
+        help="any timm model name, the shipped FixUp/WRN models included (default: %(default)s)",
+    )
+    group.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="FILE",
+        help="local weights file (safetensors or torch) to start from; nothing is downloaded "
+        "(default: none, the model's own initialisation)",
+    )
+    if classes:
+        group.add_argument(
+            "--num-classes", type=_int_at_least(1), default=10, metavar="N", help="classifier outputs (default: 10)"
+        )
+
+
+def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the partition layout") -> None:
+    group = parser.add_argument_group("partitioning")
+    group.add_argument(
+        "--partitions",
+        type=int,
+        default=3,
+        metavar="C",
+        help="number of partitions C, 1..255; without --proportions, any C but 3 gets equal shares "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--proportions",
+        type=_proportions,
+        default=None,
+        metavar="P1,P2,...",
+        help=f"each partition's share of the parameters and the data, C numbers summing to 1 "
+        f"(default: {proportions_default_text()})",
+    )
+    group.add_argument(
+        "--scheme",
+        default="random",
+        choices=["random", "node"],
+        help="random: each entry of a tensor to a random partition; node: whole output units (default: %(default)s)",
+    )
+    group.add_argument(
+        "--default",
+        default="init",
+        choices=["init", "zero", "seed"],
+        help="the values a subnetwork uses for partitions it does not train: the initial weights, zeros, or "
+        "values regenerated from the seed (default: %(default)s)",
+    )
+    group.add_argument(
         "--assignments",
         default="stored",
         choices=["stored", "regenerated"],
         help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
     )
-    common.add_argument("--seed", type=_seed, default=0)
-    _add_train_parser(sub)
-    convert = sub.add_parser("convert", parents=[common], help="convert, verify and export a model")
-    convert.add_argument(
-        "--input-size", type=_int_at_least(1), default=32, help="image size of the digits used to verify"
+    group.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        metavar="N",
+        help=f"seeds {seeds} (default: %(default)s)",
     )
-    convert.add_argument("--out", type=_path, default=Path("runs/convert"))
-    convert.add_argument("--overwrite", action="store_true")
-    sub.add_parser("describe", parents=[common], help="print how a model is partitioned")
-    export = sub.add_parser("export", help="export a trained run (partition-fx train --out DIR) to safetensors/ONNX")
-    export.add_argument("--run", type=_path, required=True, help="the --out directory of a training run")
-    export.add_argument("--which", choices=["last", "best"], default="last", help="checkpoint (default: last)")
-    export.add_argument("--subnetwork", type=int, default=None, help="0..C (default: C, the final model)")
-    export.add_argument("--out", type=_path, default=None, help="default: RUN/export")
-    export.add_argument("--overwrite", action="store_true")
-    return parser
 
 
-def _add_train_parser(sub: Any) -> None:
-    train = sub.add_parser(
-        "train",
-        help="train with learned hyperparameters (the main job)",
-        description="Convert a timm model, train it with hyperparameters learned by the partitioned marginal "
-        "likelihood, and export it. Defaults: timm's resnet10t on rotdigits with learned affine augmentation.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def _add_output_options(parser: argparse.ArgumentParser, out: str, default: Path | None) -> None:
+    group = parser.add_argument_group("output")
+    group.add_argument("--out", type=_path, default=default, metavar="DIR", help=out)
+    group.add_argument(
+        "--overwrite", action="store_true", help="replace --out if it exists and is not empty (default: off)"
     )
-    train.add_argument("--model", default="resnet10t", help="timm model name (shipped FixUp/WRN included)")
-    train.add_argument("--checkpoint", default=None, help="local weights file to start from (e.g. pretrained)")
-    train.add_argument("--data", default="rotdigits", help="rotdigits, digits, or an image folder path")
-    train.add_argument("--image-size", type=int, default=28, help="images are resized to this (square)")
-    train.add_argument("--channels", type=int, default=None, help="image channels (default: the data's own)")
-    train.add_argument("--augment", choices=["affine", "none"], default="affine", help="learned augmentation")
-    train.add_argument("--samples", type=int, default=4, help="augmentation samples per example")
-    train.add_argument("--partitions", type=int, default=3)
-    train.add_argument("--proportions", type=_proportions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
-    train.add_argument("--scheme", default="random", choices=["random", "node"])
-    train.add_argument(
-        "--default", default="init", choices=["init", "zero", "seed"], help="untrained partitions' values"
+
+
+def _add_convert(convert: argparse.ArgumentParser) -> None:
+    _add_model_options(convert, classes=True)
+    _add_partition_options(convert)
+    convert.add_argument_group("check").add_argument(
+        "--input-size",
+        type=_int_at_least(1),
+        default=32,
+        metavar="PIXELS",
+        help="side of the digit images the subnetworks are checked on (default: %(default)s)",
     )
-    train.add_argument("--assignments", default="stored", choices=["stored", "regenerated"], help="layout index")
-    train.add_argument("--steps", type=int, default=TRAIN_DEFAULT_STEPS, help="iterations")
-    train.add_argument("--batch-size", type=int, default=64)
-    train.add_argument("--lr", type=float, default=TRAIN_DEFAULT_LR, help="Adam, cosine-annealed to lr/100")
-    train.add_argument("--hyper-lr", type=float, default=TRAIN_DEFAULT_HYPER_LR, help="Adam on hyperparameters")
-    train.add_argument("--weight-decay", type=float, default=0.0, help="scaled per partition by N/|D_1:k|")
-    train.add_argument("--hyper-every", type=int, default=1, help="a hyperparameter step every N iterations")
-    train.add_argument("--warmup-steps", type=int, default=0, help="iterations before the first hyper step")
-    train.add_argument("--eval-every", type=int, default=None, help="LML evaluation interval (default steps/10)")
-    train.add_argument("--fused", action="store_true", help="parameter and hyper step in one forward/backward")
-    train.add_argument("--every-partition", action="store_true", help="each example trains its own partition")
-    train.add_argument("--seed", type=_seed, default=0)
-    train.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when available, else CPU")
-    train.add_argument("--out", type=_path, default=Path("runs/train"))
-    train.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.add_argument(
-        "--resume", type=_path, default=None, metavar="RUN", help="continue an interrupted run (its --out directory)"
+    _add_output_options(convert, "directory to write (default: %(default)s)", Path("runs/convert"))
+
+
+def _add_describe(describe: argparse.ArgumentParser) -> None:
+    _add_model_options(describe, classes=True)
+    _add_partition_options(describe)
+
+
+def _add_export(export: argparse.ArgumentParser) -> None:
+    export.add_argument(
+        "--run", type=_path, required=True, metavar="DIR", help="the --out directory of a training run (required)"
+    )
+    export.add_argument(
+        "--which", choices=["last", "best"], default="last", help="which checkpoint of the run (default: %(default)s)"
+    )
+    export.add_argument(
+        "--subnetwork",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the subnetwork to export, 0..C (default: C, the final model)",
+    )
+    _add_output_options(export, "directory to write (default: RUN/export)", None)
+
+
+def _add_train(train: argparse.ArgumentParser) -> None:
+    _add_model_options(train, classes=False)
+    data = train.add_argument_group("data")
+    data.add_argument(
+        "--data",
+        default="rotdigits",
+        metavar="NAME|FOLDER",
+        help=f"{' or '.join(DATASETS)} (bundled, nothing downloaded), or an image folder laid out as "
+        "FOLDER/<class>/<image> or FOLDER/{train,test}/<class>/<image> (default: %(default)s)",
+    )
+    data.add_argument(
+        "--image-size",
+        type=int,
+        default=28,
+        metavar="PIXELS",
+        help="images are resized to this square (default: %(default)s)",
+    )
+    data.add_argument(
+        "--channels", type=int, default=None, metavar="N", help="image channels (default: the data's own)"
+    )
+    _add_partition_options(train, "the partition layout, data chunks, sampler and augmentation noise")
+    hyper = train.add_argument_group("learned hyperparameters")
+    hyper.add_argument(
+        "--augment",
+        choices=["affine", "none"],
+        default="affine",
+        help="learn the ranges of an affine augmentation, or learn nothing (default: %(default)s)",
+    )
+    hyper.add_argument(
+        "--samples", type=int, default=4, metavar="S", help="augmentation samples per example (default: %(default)s)"
+    )
+    hyper.add_argument(
+        "--hyper-lr",
+        type=float,
+        default=TRAIN_DEFAULT_HYPER_LR,
+        metavar="LR",
+        help="Adam's learning rate on the hyperparameters (default: %(default)s)",
+    )
+    hyper.add_argument(
+        "--hyper-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="a hyperparameter step every N iterations (default: %(default)s)",
+    )
+    hyper.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="iterations before the first hyperparameter step (default: %(default)s)",
+    )
+    _add_training_options(train)
+    _add_output_options(train, "directory to write the run to (default: %(default)s)", Path("runs/train"))
+    run = train.add_argument_group("running")
+    run.add_argument(
+        "--device",
+        default="auto",
+        choices=DEVICES,
+        help="auto: CUDA when it is available, else the CPU (default: %(default)s)",
+    )
+    run.add_argument(
+        "--quiet", action="store_true", help="no progress bar (default: off: a bar is shown when stderr is a terminal)"
+    )
+    run.add_argument(
+        "--resume",
+        type=_path,
+        default=None,
+        metavar="RUN",
+        help="continue an interrupted or failed run (its --out directory) with its own options "
+        "(default: none, a new run)",
+    )
+
+
+def _add_training_options(train: argparse.ArgumentParser) -> None:
+    group = train.add_argument_group("training")
+    group.add_argument(
+        "--steps", type=int, default=TRAIN_DEFAULT_STEPS, metavar="N", help="iterations (default: %(default)s)"
+    )
+    group.add_argument(
+        "--batch-size", type=int, default=64, metavar="N", help="examples per parameter step (default: %(default)s)"
+    )
+    group.add_argument(
+        "--lr",
+        type=float,
+        default=TRAIN_DEFAULT_LR,
+        help="Adam's learning rate on the weights, cosine-annealed to lr/100 (default: %(default)s)",
+    )
+    group.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        metavar="WD",
+        help="Adam's weight decay, scaled for partition k by N/|D_1:k| (default: %(default)s)",
+    )
+    group.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="estimate the LML and checkpoint every N iterations (default: --steps/10, at least 1)",
+    )
+    group.add_argument(
+        "--fused",
+        action="store_true",
+        help="the parameter and hyperparameter steps in one forward and backward (default: off)",
+    )
+    group.add_argument(
+        "--every-partition",
+        action="store_true",
+        help="every example draws its own partition, so each iteration trains them all (default: off)",
     )
 
 

@@ -17,6 +17,7 @@ One module per source: ``sklearn_digits``, ``folder`` and ``synthetic``; ``split
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -56,13 +57,20 @@ def load_dataset(name_or_path: str, **kwargs: Any) -> DatasetSplits:
 
     >>> load_dataset("input_selection", num_train=8, num_test=4, num_inputs=4).input_shape
     (4,)
+    >>> load_dataset("rotdigit")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: unknown dataset 'rotdigit': not one of ... (did you mean rotdigits?), ...
     """
     loader = _NAMED.get(str(name_or_path))
     if loader is None:
         if not Path(name_or_path).is_dir():
+            close = difflib.get_close_matches(str(name_or_path), _NAMED, n=1)
             raise PartitionError(
-                f"unknown dataset {name_or_path!r}: not one of {', '.join(_NAMED)}, and no folder of that name "
-                "exists; pass one of those names or the path of an image folder laid out as <folder>/<class>/<image>"
+                f"unknown dataset {name_or_path!r}: not one of {', '.join(_NAMED)}"
+                + (f" (did you mean {close[0]}?)" if close else "")
+                + ", and no folder of that name exists; pass one of those names or the path of an image folder "
+                "laid out as <folder>/<class>/<image>"
             )
         if "root" in kwargs:
             raise PartitionArgumentError(

@@ -3,6 +3,8 @@ from a local file, with every failure a :class:`~partition_fx.errors.PartitionEr
 
 from __future__ import annotations
 
+import difflib
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,14 @@ def build_model(
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: unknown model 'no_such_net' (not in timm's registry)
+    >>> build_model("resnet10", 10)
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: unknown model 'resnet10' (not in timm's registry); did you mean resnet10t, ...
     """
     if not timm.is_model(name):
-        close = timm.list_models(f"*{name}*")[:5]
-        hint = f"; similar: {', '.join(close)}" if close else ""
+        close = similar_model_names(name)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise PartitionError(f"unknown model {name!r} (not in timm's registry){hint}")
     kwargs: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
     if checkpoint is not None:
@@ -54,3 +60,20 @@ def build_model(
         raise PartitionError(
             f"--checkpoint {checkpoint!r} cannot be loaded into {name}: {type(e).__name__}: {detail}"
         ) from e
+
+
+def similar_model_names(name: str, count: int = 5) -> list[str]:
+    """Up to ``count`` names in timm's registry (the shipped models included) like ``name``: the closest by
+    ``difflib`` alternating with the shortest that start with it, best first.
+
+    >>> similar_model_names("resnet10tt")[0], similar_model_names("FIXUP_RESNET8")[0]
+    ('resnet10t', 'fixup_resnet8')
+    >>> "vit_tiny_patch16_224" in similar_model_names("vit_tiny")
+    True
+    """
+    query = name.strip().lower()
+    names = timm.list_models()
+    close = difflib.get_close_matches(query, names, n=count, cutoff=0.6)
+    prefixed = sorted((n for n in names if query and n.startswith(query)), key=len)[:count]
+    merged = [n for pair in zip_longest(close, prefixed) for n in pair if n is not None]
+    return list(dict.fromkeys(merged))[:count]
