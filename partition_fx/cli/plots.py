@@ -95,7 +95,7 @@ def figure_hyperparameters(
         groups.setdefault(_quantity(name)[0], []).append(name)
     fig = Figure(figsize=(11.0, 7.0) if len(groups) > 1 else (7.0, 4.4), layout="constrained")
     steps = [r["step"] for r in history]
-    start = "iteration 0: values at initialisation" if initial else f"from the first evaluation ({_first(steps)})"
+    start = "iteration 0: values at initialisation" if initial else f"from the first evaluation, {_first(steps)}"
     fig.suptitle(f"learned hyperparameters ({start})", fontweight="bold")
     if not groups:
         ax = fig.subplots()
@@ -211,8 +211,10 @@ def _panel(
         else:
             title += f" (bound {bound:.3g})"
     ax.set_title(title, loc="left", fontsize="medium", pad=title_pad)
-    if min(v for name in names for _, v in series[name]) >= 0 and not (draw_bound and len(limits) == 1):
-        ax.set_ylim(bottom=0)
+    if not (draw_bound and len(limits) == 1):
+        top = max(v for name in names for _, v in series[name])
+        bottom = min(0.0, *(v for name in names for _, v in series[name]))
+        ax.set_ylim(bottom, top + 0.15 * (top - bottom) if top > bottom else None)  # room for the words
     if group in READINGS:
         label, forward, inverse = READINGS[group]
         ax.secondary_yaxis("right", functions=(forward, inverse)).set_ylabel(label)
@@ -236,7 +238,7 @@ def _legend_above(ax: Axes, entries: int) -> None:
 def _title_pad(lines: int) -> float:
     """Points between a panel and its title: room for ``_legend_above``'s rows when the lines get a legend."""
     rows = math.ceil(lines / 4) if 1 < lines <= MAX_LEGEND else 0
-    return 6.0 + 14.0 * rows
+    return 6.0 + 18.0 * rows
 
 
 def _start_at_zero(ax: Axes, steps: Sequence[int]) -> None:
