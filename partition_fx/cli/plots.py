@@ -20,11 +20,13 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not when the command line starts
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # What a hyperparameter's name means: (quantity, axis label with its unit). Matched on the name's last dotted
 # component, without a list index (``head.drop.p`` -> ``p``, ``mask[3]`` -> ``mask``).
@@ -51,6 +53,8 @@ MAX_LEGEND = 8
 def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
     """LML per example (top) and the mean parameter / hyperparameter step losses since the previous
     evaluation (bottom), by iteration from 0."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(7.0, 5.6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     steps = [r["step"] for r in history]
@@ -89,6 +93,8 @@ def figure_hyperparameters(
     largest value each may take (e.g. ``AffineAugmentation.max_range``); the main panel draws its bound, the
     others name theirs. List-valued hyperparameters (a mask) give one line per entry.
     """
+    from matplotlib.figure import Figure
+
     series = _series(history, initial or {})
     groups: dict[str, list[str]] = {}
     for name in series:
