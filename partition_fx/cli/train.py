@@ -78,6 +78,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         report["last_checkpoint_step"] = record["step"]
         write_json(report_path, report)
 
+    initial = job.hyper.hyperparameters() if job.hyper is not None else {}  # for the plots' iteration 0
     started = time.perf_counter()
     try:
         result = _fit(job, out, resume_from, [on_evaluation])
@@ -90,7 +91,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             report["error"] = str(e)
         write_json(report_path, report)
         raise
-    report.update(status="completed", **_write_results(job, result, out))
+    report.update(status="completed", **_write_results(job, result, out, initial))
     report.update(seconds=round(time.perf_counter() - started, 1), files=FILES)
     write_json(report_path, report)
     return report
@@ -116,8 +117,9 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any
     )
 
 
-def _write_results(job: TrainJob, result: FitResult, out: Path) -> dict[str, Any]:
-    """The exported model, its ONNX twin and the plots in ``out``; the report's results."""
+def _write_results(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> dict[str, Any]:
+    """The exported model, its ONNX twin and the plots in ``out`` (``initial``: the hyperparameters before
+    training, plotted at iteration 0); the report's results."""
     pmodel = job.pmodel.cpu()
     exported = export_subnetwork(pmodel).eval()
     x_test, y_test = job.data.test.tensors
@@ -125,7 +127,8 @@ def _write_results(job: TrainJob, result: FitResult, out: Path) -> dict[str, Any
     replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
     export_onnx(pmodel, out / FILES["onnx"], (x_test[:4],))
     plot_curves(result.history, out / "lml.png")
-    plot_hyperparameters(result.history, out / "hyperparameters.png")
+    bounds = job.hyper.max_range if job.hyper is not None else {}
+    plot_hyperparameters(result.history, out / "hyperparameters.png", initial, bounds)
     return {
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,

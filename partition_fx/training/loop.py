@@ -8,6 +8,7 @@ from typing import Any
 
 from .lml import recalibrate_norm_statistics
 from .options import RunOptions
+from .progress import ProgressLines, is_terminal
 from .result import FitResult
 
 
@@ -15,21 +16,28 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
     """Run ``trainer`` (a ``PartitionedTrainer``) for ``run.steps`` iterations from its current step:
     evaluate every ``run.eval_every`` iterations and at the end, call the callbacks after each evaluation,
     stop early on ``run.patience``, restore the best state (``run.restore_best``) and recalibrate BatchNorm
-    statistics for the final subnetwork (``run.recalibrate_norms``)."""
+    statistics for the final subnetwork (``run.recalibrate_norms``).
+
+    Progress (``run.progress``): None shows a tqdm bar when stderr is a terminal and otherwise writes one line
+    per evaluation to stderr; True forces the bar, False shows nothing."""
     from tqdm.auto import tqdm
 
-    show = sys.stderr.isatty() if run.progress is None else run.progress
+    terminal = is_terminal(sys.stderr)
+    show = terminal if run.progress is None else run.progress
     started = time.perf_counter()
     stopped_early = False
+    end = trainer.step + run.steps
+    lines = ProgressLines(trainer.step, end, started) if run.progress is None and not terminal else None
     bar = tqdm(total=run.steps, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
     try:
-        end = trainer.step + run.steps
         while trainer.step < end:
             trainer.iteration()
             bar.update(1)
             if trainer.step % run.eval_every == 0 or trainer.step == end:  # type: ignore[operator]
                 record = trainer.evaluate(started)
                 bar.set_postfix(lml=f"{record['lml']:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
+                if lines is not None:
+                    lines(record)
                 stop = any(bool(cb(trainer, record)) for cb in run.callbacks)
                 if run.patience is not None and len(trainer.history) - 1 - _best_index(trainer) >= run.patience:
                     stopped_early = True

@@ -1,0 +1,180 @@
+"""What a run shows while it trains (a bar on a terminal, one line per evaluation otherwise) and the plots it
+writes at the end (one panel per quantity, units, bounds, iteration 0, legends that cover no line)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+
+import pytest
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.text import Text
+
+from partition_fx import partitionify
+from partition_fx.cli import main
+from partition_fx.cli.plots import figure_curves, figure_hyperparameters, plot_curves, plot_hyperparameters
+from partition_fx.training import fit
+from partition_fx.transforms import AffineAugmentation, InputMask
+
+LINE = re.compile(
+    r"^partition-fx: step (\d+)/20 \| LML -?\d+\.\d \(-?\d+\.\d{3}/example\) \| train loss \S+ \| "
+    r"mask mean \S+ of 4 \| \d+:\d\d elapsed, ~(\d+):(\d\d) left$"
+)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def tiny_fit(stderr: io.StringIO, **kwargs):
+    torch.manual_seed(0)
+    x = torch.randn(120, 4)
+    y = (x[:, 0] > 0).long()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    pmodel = partitionify(model, 2, (0.7, 0.3))
+    with contextlib.redirect_stderr(stderr):
+        result = fit(pmodel, (x, y), hyper=InputMask(4), steps=20, eval_every=5, batch_size=16, **kwargs)
+    return pmodel, result
+
+
+def test_without_a_terminal_each_evaluation_is_one_line_with_step_lml_and_remaining_time():
+    err = io.StringIO()
+    tiny_fit(err)
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 4, err.getvalue()
+    matches = [LINE.match(line) for line in lines]
+    assert all(matches), lines
+    assert [int(m.group(1)) for m in matches] == [5, 10, 15, 20]
+    assert matches[-1].group(2, 3) == ("0", "00")  # nothing left at the last evaluation
+
+
+def test_progress_false_prints_nothing_and_true_forces_the_bar():
+    quiet = io.StringIO()
+    tiny_fit(quiet, progress=False)
+    assert quiet.getvalue() == ""
+    forced = io.StringIO()
+    tiny_fit(forced, progress=True)
+    assert "partitioned training" in forced.getvalue() and "partition-fx: step" not in forced.getvalue()
+
+
+def test_a_terminal_gets_the_bar_and_no_lines():
+    err = Terminal()
+    tiny_fit(err)
+    assert "partitioned training" in err.getvalue() and "partition-fx: step" not in err.getvalue()
+
+
+def test_progress_lines_do_not_change_the_run():
+    pmodel_lines, with_lines = tiny_fit(io.StringIO())
+    pmodel_quiet, quiet = tiny_fit(io.StringIO(), progress=False)
+    assert [r["lml"] for r in with_lines.history] == [r["lml"] for r in quiet.history]
+    assert with_lines.hyperparameters == quiet.hyperparameters
+    for (name, a), (_, b) in zip(pmodel_lines.state_dict().items(), pmodel_quiet.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+TINY = ["--model", "fixup_resnet8", "--image-size", "16", "--steps", "4", "--batch-size", "8", "--samples", "2"]
+TINY += ["--eval-every", "2"]
+
+
+def test_train_prints_a_line_per_evaluation_unless_quiet_and_writes_the_plots(tmp_path, capsys):
+    assert main(["train", *TINY, "--out", str(tmp_path / "loud")]) == 0
+    err = capsys.readouterr().err
+    assert [line.split(" | ")[0] for line in err.splitlines() if line.startswith("partition-fx: step")] == [
+        "partition-fx: step 2/4",
+        "partition-fx: step 4/4",
+    ]
+    assert main(["train", *TINY, "--quiet", "--out", str(tmp_path / "quiet")]) == 0
+    assert "partition-fx: step" not in capsys.readouterr().err
+    for name in ("lml.png", "hyperparameters.png"):
+        assert (tmp_path / "quiet" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def affine_history(steps=(10, 20, 30)):
+    aug = AffineAugmentation()
+    history = []
+    for i, step in enumerate(steps, 1):
+        values = {name: 0.01 * i for name in aug.generators}
+        values["rotation"] = 0.5 * i
+        history.append(
+            {"step": step, "lml_per_example": -2.0 + 0.1 * i, "train_loss": 1.0 / i, "hyperparameters": values}
+        )
+    return aug, history
+
+
+def panels(fig):
+    """{left title: axes} of a figure's panels."""
+    return {ax.get_title(loc="left").split(" (")[0]: ax for ax in fig.axes}
+
+
+def draw(fig):
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+def test_hyperparameters_have_a_panel_per_quantity_with_units_bounds_and_iteration_zero():
+    aug, history = affine_history()
+    fig = figure_hyperparameters(history, aug.hyperparameters(), aug.max_range)
+    found = panels(fig)
+    assert list(found) == ["rotation", "translation", "scale", "shear"]
+    assert found["rotation"].get_ylabel() == "rotation range (radians)"
+    assert "half the image" in found["translation"].get_ylabel()
+    assert "log-factor" in found["scale"].get_ylabel() and "log-factor" in found["shear"].get_ylabel()
+    # rotation's bound pi is drawn; the small ranges keep their own scale and name their bound
+    assert any(list(line.get_ydata()) == [math.pi, math.pi] for line in found["rotation"].lines)
+    assert found["translation"].get_ylim()[1] < 0.1
+    assert "bound 0.693" in found["scale"].get_title(loc="left")
+    # every curve starts at iteration 0 with the initial value (0), and so does every axis
+    for ax in found.values():
+        assert ax.get_xlim()[0] == 0
+        for line in ax.lines:
+            if len(line.get_xdata()) > 2:
+                assert line.get_xdata()[0] == 0 and line.get_ydata()[0] == 0
+    assert [line.get_label() for line in found["translation"].lines] == ["x", "y"]
+
+
+def test_legends_cover_no_line_and_no_title():
+    aug, history = affine_history()
+    for fig in (figure_hyperparameters(history, aug.hyperparameters(), aug.max_range), figure_curves(history)):
+        renderer = draw(fig)
+        legends = [ax for ax in fig.axes if ax.get_legend() is not None]
+        assert legends
+        for ax in legends:
+            box = ax.get_legend().get_window_extent(renderer)
+            assert box.y0 >= ax.get_window_extent(renderer).y1 - 1  # above the axes: no line is under it
+            (title,) = [t for t in ax.findobj(Text) if t.get_text() == ax.get_title(loc="left")]
+            assert not box.overlaps(title.get_window_extent(renderer))
+
+
+def test_curves_start_at_zero_and_say_where_the_lml_starts():
+    _, history = affine_history()
+    fig = figure_curves(history)
+    top, bottom = fig.axes
+    assert top.get_xlim()[0] == 0 and "first estimate at iteration 10" in top.get_title(loc="left")
+    assert "LML per example" in top.get_ylabel() and bottom.get_xlabel() == "iteration"
+    assert {line.get_label() for line in bottom.lines} == {"parameter steps (train loss)"}
+
+
+def test_other_hyperparameters_and_none(tmp_path):
+    history = [
+        {"step": s, "hyperparameters": {"mask": [0.9, 0.5 + s / 100], "head.drop.p": 0.1 * s / 10}} for s in (10, 20)
+    ]
+    fig = figure_hyperparameters(history, bounds={"head.drop.p": 0.95})
+    found = panels(fig)
+    assert set(found) == {"input mask", "dropout rate"}
+    assert "first evaluation, iteration 10" in fig.get_suptitle()
+    assert [line.get_label() for line in found["input mask"].lines] == ["[0]", "[1]"]
+    empty = figure_hyperparameters([{"step": 4, "hyperparameters": {}}])
+    assert "no hyperparameters" in [t.get_text() for t in empty.axes[0].texts]
+    assert plot_hyperparameters(history, tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
+    assert plot_curves([{**r, "lml_per_example": -1.0} for r in history], tmp_path / "c.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("initial_at_zero", [True, False])
+def test_a_history_that_has_iteration_zero_is_not_given_it_twice(initial_at_zero):
+    history = [{"step": 0, "hyperparameters": {"rotation": 0.0}}, {"step": 5, "hyperparameters": {"rotation": 1.0}}]
+    fig = figure_hyperparameters(history, {"rotation": 0.0} if initial_at_zero else None, {"rotation": math.pi})
+    assert list(panels(fig)["rotation"].lines[0].get_xdata()) == [0, 5]
