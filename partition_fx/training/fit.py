@@ -63,7 +63,8 @@ def fit(
         checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` and ``resume/`` at each evaluation
             (atomically; ``best`` is a hard link when it equals ``last``), and ``last`` again at the end with
             the state the run returns (see ``CheckpointWriter``).
-        progress: a tqdm bar; default: only when stderr is a terminal.
+        progress: None (default): a tqdm bar when stderr is a terminal, otherwise one line per evaluation on
+            stderr (step, LML, loss, hyperparameters, elapsed and remaining time); True: the bar; False: nothing.
         fused: the parameter and hyperparameter steps of an iteration in one forward and one backward
             (``PartitionedTrainer.fused_iteration``); not yet with hyperparameter modules inside the model.
         every_partition: each example of a parameter batch draws its own partition (k_i ~ Cat(u), example
