@@ -94,6 +94,7 @@ def figure_hyperparameters(
     others name theirs. List-valued hyperparameters (a mask) give one line per entry.
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     series = _series(history, initial or {})
     groups: dict[str, list[str]] = {}
@@ -116,13 +117,18 @@ def figure_hyperparameters(
     main_ax = fig.add_subplot(grid[0, :])
     _panel(main_ax, main, groups[main], series, bounds or {}, True, _title_pad(len(groups[main])))
     pad = max((_title_pad(len(groups[g])) for g in others), default=0)  # the row's titles level
+    small = []
     for i, group in enumerate(others):
-        ax = fig.add_subplot(grid[1 + i // columns, i % columns], sharex=main_ax)
+        ax = fig.add_subplot(grid[1 + i // columns, i % columns])
         _panel(ax, group, groups[group], series, bounds or {}, False, pad)
+        small.append(ax)
     for ax in fig.axes:
         if ax.get_subplotspec() is not None and ax.get_subplotspec().is_last_row():
             ax.set_xlabel("iteration")
     _start_at_zero(main_ax, steps)
+    for ax in small:  # the main panel's iterations, with fewer ticks so that narrow panels stay legible
+        ax.set_xlim(main_ax.get_xlim())
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     return fig
 
 
