@@ -27,8 +27,8 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.nn.utils.weight_norm import WeightNorm
 
-from . import config as cfg
 from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
+from .config import ASSIGNMENTS, DEFAULTS, SCHEMES, PartitionConfig
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .partitioned_model import PartitionedModel
 from .records import ParameterRecord
@@ -90,7 +90,7 @@ def partitionify(
     default: str = "init",
     seed: int = 0,
     assignments: str = "stored",
-    config: cfg.PartitionConfig | None = None,
+    config: PartitionConfig | None = None,
 ) -> PartitionedModel:
     """Convert ``model`` into a partitioned equivalent; ``model`` itself is not modified.
 
@@ -138,7 +138,7 @@ class _Settings:
     default: str
     seed: int
     assignments: str
-    config: cfg.PartitionConfig
+    config: PartitionConfig
 
 
 def _validated_settings(
@@ -158,12 +158,12 @@ def _validated_settings(
     _check_convertible(model)
     c = check_num_partitions(num_partitions)
     props = check_proportions(proportions, c)  # type: ignore[arg-type]
-    scheme = check_choice("scheme", scheme, cfg.SCHEMES)
-    default = check_choice("default", default, cfg.DEFAULTS)
-    assignments = check_choice("assignments", assignments, cfg.ASSIGNMENTS)
+    scheme = check_choice("scheme", scheme, SCHEMES)
+    default = check_choice("default", default, DEFAULTS)
+    assignments = check_choice("assignments", assignments, ASSIGNMENTS)
     seed = check_seed("seed", seed)
-    config = config if config is not None else cfg.PartitionConfig()
-    if not isinstance(config, cfg.PartitionConfig):
+    config = config if config is not None else PartitionConfig()
+    if not isinstance(config, PartitionConfig):
         raise PartitionTypeError(f"config must be a PartitionConfig, got {type(config).__name__}")
     for name in config.leaf_modules:
         if isinstance(name, str) and get_path(model, name) is None:
