@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None], *, ordinary: bool = True) -> None:
+def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it onto ``path``.
 
-    ``mkstemp`` makes the file private (0600); ``ordinary=True`` (the default) gives it the mode of any file
-    the user creates (0666 less the umask), like the files written without a temporary copy.
+    The file gets the mode of any file the user creates (0666 less the umask), although ``mkstemp`` made
+    the temporary one private.
 
     Example::
 
@@ -37,8 +37,7 @@ def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None], *,
     os.close(fd)
     try:
         write(Path(tmp))
-        if ordinary:
-            os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -93,17 +92,13 @@ def existing_directory(directory: str | os.PathLike[str]) -> Path:
     return aside if not directory.is_dir() and aside.is_dir() else directory
 
 
-def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "", ordinary: bool = True) -> Path:
-    """A new empty directory beside ``directory`` to fill before :func:`swap_in`.
-
-    ``mkdtemp`` makes it private (0700); ``ordinary=True`` (the default) gives it the mode of any directory
-    the user creates (0777 less the umask).
-    """
+def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "") -> Path:
+    """A new empty directory beside ``directory`` to fill before :func:`swap_in`, with the mode of any
+    directory the user creates (0777 less the umask; ``mkdtemp`` would make it private)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{suffix}", dir=directory.parent))
-    if ordinary:
-        staging.chmod(0o777 & ~_umask())
+    staging.chmod(0o777 & ~_umask())
     return staging
 
 
@@ -124,17 +119,11 @@ def swap_in(staging: Path, directory: str | os.PathLike[str], *, fsync: bool = F
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
     aside = aside_path(directory)
-    if aside.is_dir():
-        shutil.rmtree(aside)
-    elif aside.exists():
-        aside.unlink()
+    _remove(aside)  # a previous swap's leftover
     if directory.exists():
         os.replace(directory, aside)
     os.replace(staging, directory)
-    if aside.is_dir():
-        shutil.rmtree(aside, ignore_errors=True)
-    elif aside.exists():
-        aside.unlink()
+    _remove(aside, ignore_errors=True)  # the new directory is in place: a failed clean-up loses nothing
 
 
 def replace_directory(
@@ -142,7 +131,6 @@ def replace_directory(
     fill: Callable[[Path], T],
     *,
     suffix: str = "",
-    ordinary: bool = True,
     fsync: bool = False,
 ) -> T:
     """``fill(staging)`` in a directory beside ``directory`` that then replaces it (see :func:`swap_in`);
@@ -157,13 +145,21 @@ def replace_directory(
         >>> sorted(p.name for p in run.iterdir())
         ['report.json']
     """
-    staging = staging_directory(directory, suffix=suffix, ordinary=ordinary)
+    staging = staging_directory(directory, suffix=suffix)
     try:
         result = fill(staging)
         swap_in(staging, directory, fsync=fsync)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _remove(path: Path, ignore_errors: bool = False) -> None:
+    """Remove a file or a directory tree, if there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _umask() -> int:

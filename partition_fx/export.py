@@ -115,7 +115,7 @@ def export_onnx(
     inputs = _as_tuple(example_inputs)
     model = export_subnetwork(pmodel, subnetwork).eval()
     path = Path(path)
-    replace_file(path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol), ordinary=True)
+    replace_file(path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol))
     return path
 
 

@@ -20,8 +20,10 @@ from .records import ParameterRecord, records_table
 from .runtime import LEAF_CALLERS, call_leaf_clearing_caches, get_path
 from .transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 
-REBUILT_BUFFER_NAMES = ("index", "unit_index", "default")
-"""Buffers of a ``PartitionedTensor`` that ``partitionify`` rebuilds identically (layouts and defaults)."""
+LAYOUT_BUFFERS = ("index", "unit_index")
+"""A ``PartitionedTensor``'s stored layout: rebuilt identically from the partitionify seed and the name."""
+DEFAULT_BUFFERS = ("default",)
+"""A ``PartitionedTensor``'s default values: rebuilt identically when the original model is."""
 
 PER_EXAMPLE_MODES = ("auto", "grouped", "one_pass")
 
@@ -185,7 +187,7 @@ class PartitionedModel(nn.Module):
         >>> sorted(pmodel.rebuilt_buffers()), len(pmodel.rebuilt_buffers(defaults=True))
         (['module.partitioned.bias.index', 'module.partitioned.weight.index'], 4)
         """
-        names = REBUILT_BUFFER_NAMES if defaults else REBUILT_BUFFER_NAMES[:2]
+        names = LAYOUT_BUFFERS + DEFAULT_BUFFERS if defaults else LAYOUT_BUFFERS
         modules = {id(m): name for name, m in self.named_modules()}
         found: dict[str, torch.Tensor] = {}
         for _, pt in self.partitioned_tensors():

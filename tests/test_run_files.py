@@ -103,3 +103,37 @@ def test_checkpoints_without_defaults_refuse_a_model_that_rebuilds_them_differen
     assert meta["omitted"] == "layouts+defaults"
     with pytest.raises(PartitionCheckpointError, match="default values, which this model builds differently"):
         PartitionedTrainer(_pmodel(9), (x, y)).load_checkpoint(tmp_path / "last.safetensors")
+
+
+def _as_format_1(resume: Path, pmodel: nn.Module) -> None:
+    """Rewrite a resume directory as the previous format wrote it: every model tensor stored (the layouts
+    and defaults too), a best copy even when it is the current state, no digest in the fingerprint."""
+    from safetensors.torch import load_file, save_file
+
+    state = json.loads((resume / "state.json").read_text())
+    tensors = load_file(str(resume / "tensors.safetensors"))
+    rebuilt = {f"model/{k}": v.clone() for k, v in pmodel.rebuilt_buffers(defaults=True).items()}
+    tensors.update(rebuilt)
+    if state["best"] is not None and state["best"].pop("same_as_current", False):
+        current = {k: v for k, v in tensors.items() if k.split("/")[0] in ("model", "hyper", "likelihood")}
+        tensors.update({f"best/{k}": v.clone() for k, v in current.items()})
+    for key in ("omitted", "omitted_sha256"):
+        state["fingerprint"].pop(key)
+    state["format"] = 1
+    save_file(tensors, str(resume / "tensors.safetensors"))
+    (resume / "state.json").write_text(json.dumps(state))
+
+
+def test_a_resume_directory_of_the_previous_format_resumes_like_the_uninterrupted_run(tmp_path: Path) -> None:
+    x, y = _data()
+    kwargs = dict(steps=8, eval_every=2, batch_size=8, progress=False)
+    whole = _pmodel(0)
+    fit(whole, (x, y), hyper=InputMask(6), **kwargs)
+    first = _pmodel(0)
+    stop_at_4 = [lambda trainer, record: record["step"] == 4]
+    fit(first, (x, y), hyper=InputMask(6), checkpoint_dir=tmp_path, callbacks=stop_at_4, **kwargs)
+    _as_format_1(tmp_path / "resume", first)
+    resumed = _pmodel(0)
+    fit(resumed, (x, y), hyper=InputMask(6), resume=tmp_path / "resume", **kwargs)
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

@@ -110,11 +110,11 @@ def _convert(
 def _write_atomically(out: Path, fill: Any) -> dict[str, Any]:
     """``fill(staging)`` and its report in an ordinary directory beside ``out`` that then replaces it.
 
-    This is ``_io.replace_directory(..., ordinary=True)`` with one difference: a staging directory that
+    This is ``_io.replace_directory`` with one difference: a staging directory that
     cannot be created is a one-line ``--out`` refusal, while errors of ``fill`` pass through unchanged.
     """
     try:
-        staging = staging_directory(out, ordinary=True)
+        staging = staging_directory(out)
     except OSError as e:
         raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
     try:

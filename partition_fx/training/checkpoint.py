@@ -43,7 +43,7 @@ class Resumable(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
     def fingerprint(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], *, source: str = ...) -> None: ...
 
 
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -58,6 +58,15 @@ def differences(saved: dict[str, Any], expected: dict[str, Any], *, this: str = 
         for key, value in expected.items()
         if saved.get(key) != value
     )
+
+
+def with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``tensors`` under ``prefix``, with it removed.
+
+    >>> with_prefix({"model/w": 1, "hyper/r": 2}, "model/")
+    {'w': 1}
+    """
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def buffers_digest(buffers: dict[str, torch.Tensor]) -> str:
@@ -193,26 +202,21 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         raise PartitionCheckpointError(
             f"{directory} has format {plain.get('format')!r}; this version reads 1..{FORMAT}"
         )
-    expected = trainer.fingerprint()
-    if plain["format"] == 1:  # it holds the rebuilt buffers themselves, not their digest
-        expected.pop("omitted", None)
-        expected.pop("omitted_sha256", None)
-    differ = differences(plain["fingerprint"], expected)
-    if differ:
-        raise PartitionCheckpointError(f"{directory} is from a different configuration ({differ})")
-
-    def part(prefix: str) -> dict[str, torch.Tensor]:
-        return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-    modules = {name: part(f"{name}/") for name in ("model", "hyper", "likelihood") if part(f"{name}/")}
-    cuda = part("rng/cuda/")
+    fingerprint = plain["fingerprint"]
+    if plain["format"] == 1:  # it holds the rebuilt buffers themselves, so any model's rebuilt ones fit
+        expected = trainer.fingerprint()
+        fingerprint = {**fingerprint, "omitted": expected["omitted"], "omitted_sha256": expected["omitted_sha256"]}
+    modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
+    modules = {name: state for name, state in modules.items() if state}
+    cuda = with_prefix(tensors, "rng/cuda/")
     trainer.load_state_dict(
         {
-            **{key: plain[key] for key in ("step", "history", "best", "skipped_steps", "fingerprint")},
+            **{key: plain[key] for key in ("step", "history", "best", "skipped_steps")},
+            "fingerprint": fingerprint,
             "pending_losses": plain["pending_losses"],
             "pending_hyper_losses": plain["pending_hyper_losses"],
             "modules": modules,
-            "best_modules": _best_modules(plain["best"], modules, part),
+            "best_modules": _best_modules(plain["best"], modules, tensors),
             "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
             "scheduler": plain["scheduler"],
@@ -222,19 +226,22 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
                 "sampler": {"generator": tensors["rng/sampler"]},
                 "lml": tensors["rng/lml"],
             },
-        }
+        },
+        source=str(directory),
     )
     return plain
 
 
-def _best_modules(best: dict[str, Any] | None, modules: dict[str, Any], part: Any) -> dict[str, Any] | None:
+def _best_modules(
+    best: dict[str, Any] | None, modules: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> dict[str, Any] | None:
     """The best evaluation's module states: stored under ``best/``, or the current ones (format 2 stores no
     copy when the best evaluation is the last one)."""
     if best is None:
         return None
     if best.get("same_as_current"):
         return {name: {k: v.clone() for k, v in state.items()} for name, state in modules.items()}
-    return {name: part(f"best/{name}/") for name in modules}
+    return {name: with_prefix(tensors, f"best/{name}/") for name in modules}
 
 
 def _split_optimizer(state: dict[str, Any] | None, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +105,15 @@ def fit(
                 f"the run in {resume} is at step {trainer.step}, not before steps={run.steps}: nothing to resume; "
                 "pass a larger steps to train on (with the same LR schedule arguments)"
             )
-    # the rest of the run; eval_every stays steps // 10 of the whole run, also when resumed
-    rest = replace(run, steps=run.steps - trainer.step)
-    return trainer.run(rest.steps, **{f.name: getattr(rest, f.name) for f in fields(rest) if f.name != "steps"})
+    return trainer.run(
+        run.steps - trainer.step,
+        eval_every=run.eval_every,  # steps // 10 of the whole run, also when resumed
+        patience=patience,
+        restore_best=restore_best,
+        callbacks=run.callbacks,
+        progress=progress,
+        recalibrate_norms=recalibrate_norms,
+    )
 
 
 __all__ = ["fit"]

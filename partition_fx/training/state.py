@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import PartitionCheckpointError
-from .checkpoint import buffers_digest, cpu_copy, differences, read_checkpoint, write_checkpoint
+from .checkpoint import buffers_digest, cpu_copy, differences, read_checkpoint, with_prefix, write_checkpoint
 
 
 class TrainerState:
@@ -110,12 +110,12 @@ class TrainerState:
             "fingerprint": self.fingerprint(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, source: str = "the state") -> None:
         """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
-        every field that differs, before anything changes."""
+        ``source`` and every field that differs, before anything changes."""
         differ = differences(state["fingerprint"], self.fingerprint())
         if differ:
-            raise PartitionCheckpointError(f"the state is from a different configuration ({differ})")
+            raise PartitionCheckpointError(f"{source} is from a different configuration ({differ})")
         self.restore_modules(state["modules"])
         if self.hyper_optimizer is not None and state["hyper_optimizer"] is not None:
             self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
@@ -149,7 +149,7 @@ class TrainerState:
         """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
         tensors, meta = read_checkpoint(path, self.identity())
         self._check_omitted(meta, f"checkpoint {path}")
-        self.restore_modules({name: _with_prefix(tensors, name + ".") for name in self._modules()})
+        self.restore_modules({name: with_prefix(tensors, name + ".") for name in self._modules()})
         return meta
 
     def restore_modules(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -159,8 +159,3 @@ class TrainerState:
             if name == "model":  # checkpoints leave out what the model rebuilds; older ones hold it
                 state = {**self.pmodel.rebuilt_buffers(defaults=True), **state}
             m.load_state_dict(state)
-
-
-def _with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries of ``tensors`` under ``prefix``, with it removed."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
