@@ -24,10 +24,10 @@ from typing import Any
 
 from safetensors.torch import save_model
 
-from .._io import existing_directory, replace_file, write_json
+from .._io import replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
-from ..training import FitResult, evaluate_classifier, fit
+from ..training import FitResult, evaluate_classifier, fit, resume_directory
 from .job import TrainJob, job_from_args, training_recipe
 from .plots import plot_curves, plot_hyperparameters
 from .runs import check_out, prepare_out, resumed_args, starting_report
@@ -65,7 +65,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     job = job_from_args(args)
     if resume_from is None:
         prepare_out(out, args.overwrite, inputs)
-    elif not existing_directory(resume_from).is_dir():  # as the trainer will find it
+    elif not resume_directory(resume_from).is_dir():  # as the trainer will find it
         raise PartitionCheckpointError(
             f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,14 +19,15 @@ def gradient_norm(params: list[torch.Tensor]) -> float:
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
-def nonfinite_problem(value: float, params: list[torch.Tensor], names: dict[int, str]) -> str | None:
+def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[[], dict[int, str]]) -> str | None:
     """None if ``value`` and the gradients of ``params`` are finite, else what is not, e.g.
-    ``gradient norm nan (in 0.weight partition 2, mask.logits)``; ``names`` maps ``id(tensor)`` to a name.
+    ``gradient norm nan (in 0.weight partition 2, mask.logits)``. ``names()`` maps ``id(tensor)`` to a name;
+    it is called only when something is not finite (every step runs this check).
 
     Example::
 
         >>> p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([1.0, float("nan")])
-        >>> nonfinite_problem(0.5, [p], {id(p): "w"})
+        >>> nonfinite_problem(0.5, [p], lambda: {id(p): "w"})
         'gradient norm nan (in w)'
     """
     if not math.isfinite(value):
@@ -33,7 +35,8 @@ def nonfinite_problem(value: float, params: list[torch.Tensor], names: dict[int,
     norm = gradient_norm(params)
     if math.isfinite(norm):
         return None
-    bad = [names.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
+    named = names()
+    bad = [named.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
     return f"gradient norm {norm} (in " + ", ".join(bad[:3]) + more + ")"
 

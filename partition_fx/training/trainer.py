@@ -152,7 +152,7 @@ class PartitionedTrainer(TrainerState):
     # --- steps -------------------------------------------------------------------------------------
 
     def _check_finite(self, value: float, what: str, params: list[torch.Tensor]) -> bool:
-        problem = nonfinite_problem(value, params, tensor_names(self.pmodel, self.hyper, self.likelihood))
+        problem = nonfinite_problem(value, params, lambda: tensor_names(self.pmodel, self.hyper, self.likelihood))
         if problem is None:
             return True
         if self.on_nonfinite == "skip":
