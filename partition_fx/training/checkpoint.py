@@ -34,6 +34,9 @@ from .hooks import TrainingHook
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
 FORMAT = 2
+
+ADDED_TO_FINGERPRINT = {"hyper_chunks": "one", "hyper_samples": None}
+"""Fingerprint fields added after format 2 was written, with the value every earlier state had."""
 """2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
 1: everything stored (still read)."""
 
@@ -157,6 +160,8 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
         "optimizer": _split_optimizer(state["optimizer"], "optimizer", tensors),
         "hyper_optimizer": _split_optimizer(state["hyper_optimizer"], "hyper_optimizer", tensors),
         "scheduler": state["scheduler"],
+        "hyper_scheduler": state["hyper_scheduler"],
+        "finetune_start": state["finetune_start"],
         "fingerprint": state["fingerprint"],
     }
     try:
@@ -202,7 +207,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         raise PartitionCheckpointError(
             f"{directory} has format {plain.get('format')!r}; this version reads 1..{FORMAT}"
         )
-    fingerprint = plain["fingerprint"]
+    fingerprint = {**ADDED_TO_FINGERPRINT, **plain["fingerprint"]}
     if plain["format"] == 1:  # it holds the rebuilt buffers themselves, so any model's rebuilt ones fit
         expected = trainer.fingerprint()
         fingerprint = {**fingerprint, "omitted": expected["omitted"], "omitted_sha256": expected["omitted_sha256"]}
@@ -220,6 +225,8 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
             "scheduler": plain["scheduler"],
+            "hyper_scheduler": plain.get("hyper_scheduler"),  # states written before it existed: none
+            "finetune_start": plain.get("finetune_start"),
             "rng": {
                 "torch": tensors["rng/torch"],
                 "cuda": [cuda[str(i)] for i in range(len(cuda))],

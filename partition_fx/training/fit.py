@@ -28,6 +28,7 @@ def fit(
     callbacks: Sequence[Callback] = (),
     progress: bool | None = None,
     recalibrate_norms: bool = True,
+    finetune_steps: int = 0,
     resume: str | Path | None = None,
     **options: Any,
 ) -> FitResult:
@@ -79,6 +80,22 @@ def fit(
         recalibrate_norms: at the end, recompute BatchNorm running statistics for the final subnetwork
             over the training data (see ``recalibrate_norm_statistics``); they are shared by all
             subnetworks during training. The LML does not use them (it runs in training mode).
+        finetune_steps: the last ``finetune_steps`` of the ``steps`` iterations fine-tune the final model
+            (the paper's Table 2): psi is frozen, every weight of subnetwork C (all partitions, as exported)
+            trains on ALL the data with the learned augmentation, the optimiser and ``scheduler`` carry on
+            (so a schedule over ``steps`` spans both phases) and the weight decay is no longer scaled. The
+            LML is not estimated then (no subnetwork is unseen by a chunk any more): those evaluations
+            record ``phase: "finetune"`` and the training loss. ``patience`` ends the partitioned phase
+            early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best-LML state
+            before fine-tuning. Default 0: partitioned training only.
+        hyper_chunks: ``"one"`` (default, the paper's): a hyperparameter step scores one chunk k ~ Cat(u_2..C);
+            ``"all"``: it scores a minibatch of every chunk 2..C (each through its own subnetwork k-1),
+            weighted by the same probabilities: the same expected gradient, without the variance of the
+            draw of k, at C-1 times the hyper step's cost.
+        hyper_samples: augmentation samples per example in hyperparameter steps (default: the input
+            transform's own ``num_samples``); more samples lower the variance of the hyper-gradient.
+        hyper_scheduler: ``hyper_optimizer -> LR scheduler``, stepped after every hyperparameter step.
+        hooks: ``TrainingHook`` s run after each evaluation, when fine-tuning begins and at the end.
 
     Example::
 
@@ -93,7 +110,12 @@ def fit(
         >>> sorted(result.hyperparameters), len(result.history), result.lml < 0
         (['mask'], 10, True)
     """
-    run = RunOptions(steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms)
+    run = RunOptions(steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms, finetune_steps)
+    if run.finetune_steps == run.steps:
+        raise PartitionArgumentError(
+            f"finetune_steps ({finetune_steps}) must be less than steps ({steps}): partitioned training needs at "
+            "least one iteration to learn the hyperparameters that fine-tuning keeps"
+        )
     resume = check_directory("resume", resume)
     trainer_options = TrainerOptions.from_kwargs("fit", options)
     torch.manual_seed(trainer_options.seed)
@@ -113,6 +135,8 @@ def fit(
         callbacks=run.callbacks,
         progress=progress,
         recalibrate_norms=recalibrate_norms,
+        # The switch stays at iteration steps - finetune_steps of the whole run, also when resumed.
+        finetune_steps=min(run.finetune_steps, run.steps - trainer.step),
     )
 
 

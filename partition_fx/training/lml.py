@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -15,14 +15,17 @@ from .chunks import DataChunks, Examples
 from .likelihoods import Likelihood
 
 
-def apply_transform(hyper: nn.Module | None, x: torch.Tensor, grad: bool = True) -> tuple[torch.Tensor, int]:
+def apply_transform(
+    hyper: nn.Module | None, x: torch.Tensor, grad: bool = True, samples: int | None = None
+) -> tuple[torch.Tensor, int]:
     """``(hyper(x), S)``: the input transform's S samples per example, sample major (``(x, 1)`` without one).
-    ``grad=False`` runs it without autograd (a parameter loss needs no gradient of psi)."""
+    ``grad=False`` runs it without autograd (a parameter loss needs no gradient of psi); ``samples`` asks
+    the transform for that many samples (``hyper(x, num_samples=samples)``) instead of its own number."""
     if hyper is None:
         return x, 1
     batch = x.shape[0]
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        out = hyper(x)
+        out = hyper(x) if samples is None else hyper(x, num_samples=samples)
     if out.shape[0] % batch:
         raise PartitionArgumentError(
             f"the input transform {type(hyper).__name__} returned {out.shape[0]} inputs for {batch} examples; "
@@ -39,11 +42,13 @@ def forward_log_likelihood(
     subnetwork: int,
     hyper: nn.Module | None = None,
     transform_grad: bool = True,
+    samples: int | None = None,
 ) -> torch.Tensor:
     """Per-example log p(y | x) through ``subnetwork``, after the input transform ``hyper`` (whose S
     samples per example are averaged by the likelihood). ``transform_grad=False`` runs the transform
-    without autograd (a parameter step needs no gradient of psi)."""
-    x, samples = apply_transform(hyper, x, transform_grad)
+    without autograd (a parameter step needs no gradient of psi); ``samples`` overrides the transform's
+    number of samples (see :func:`apply_transform`)."""
+    x, samples = apply_transform(hyper, x, transform_grad, samples)
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
@@ -53,31 +58,43 @@ def _detached_likelihood(likelihood: Likelihood, outputs: torch.Tensor, targets:
     return torch.func.functional_call(likelihood, detached, (outputs, targets, samples))
 
 
+HyperBatch = tuple[float, int, torch.Tensor, torch.Tensor]
+"""``(weight, k, x, y)``: examples of chunk k, scored by subnetwork k-1, their mean loss weighted by ``weight``."""
+
+
 def routed_losses(
     pmodel: PartitionedModel,
     likelihood: Likelihood,
     hyper: nn.Module | None,
     ks: torch.Tensor,
     batch: tuple[torch.Tensor, torch.Tensor],
-    hyper_batch: tuple[int, torch.Tensor, torch.Tensor] | None = None,
+    hyper_batches: Sequence[HyperBatch] = (),
+    hyper_samples: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and, if given,
-    hyperparameter examples ``(k, x, y)`` (chunk k through subnetwork k-1, training no partition) in ONE
-    forward; returns (parameter loss, hyperparameter loss or None), each a mean negative log-likelihood."""
+    """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and hyperparameter
+    examples (each ``(weight, k, x, y)`` of ``hyper_batches``: chunk k through subnetwork k-1, training no
+    partition) in ONE forward; returns (parameter loss, hyperparameter loss or None): the parameter
+    examples' mean negative log-likelihood, and the weighted sum of each hyper batch's mean. The hyper
+    examples draw ``hyper_samples`` augmentation samples each (default: the transform's own number)."""
     xp, yp = batch
     xp, samples_p = apply_transform(hyper, xp, grad=False)
     ks = ks.to(xp.device).repeat(samples_p)  # sample-major, like the inputs
     inputs, subnetworks, grads = [xp], [ks], [ks]
-    if hyper_batch is not None:
-        k, xh, yh = hyper_batch
-        xh, samples_h = apply_transform(hyper, xh, grad=True)
+    hyper_parts = []
+    for weight, k, xh, yh in hyper_batches:
+        xh, samples_h = apply_transform(hyper, xh, grad=True, samples=hyper_samples)
         inputs.append(xh)
         subnetworks.append(torch.full((xh.shape[0],), k - 1, device=xh.device))
         grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=xh.device))
+        hyper_parts.append((weight, xh.shape[0], yh, samples_h))
     out = pmodel(torch.cat(inputs), subnetwork=torch.cat(subnetworks), grad_partition=torch.cat(grads))
     n = xp.shape[0]
     parameter_loss = -_detached_likelihood(likelihood, out[:n], yp, samples_p).mean()
-    hyper_loss = None if hyper_batch is None else -likelihood(out[n:], yh, samples_h).mean()
+    hyper_loss = None
+    for weight, rows, yh, samples_h in hyper_parts:
+        term = -weight * likelihood(out[n : n + rows], yh, samples_h).mean()
+        hyper_loss = term if hyper_loss is None else hyper_loss + term
+        n += rows
     return parameter_loss, hyper_loss
 
 

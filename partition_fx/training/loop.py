@@ -27,31 +27,48 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
     started = time.perf_counter()
     stopped_early = False
     end = trainer.step + run.steps
+    # Fine-tuning takes the last run.finetune_steps iterations; patience may move the switch earlier.
+    switch = end - run.finetune_steps if run.finetune_steps else None
     lines = ProgressLines(trainer.step, end, started) if run.progress is None and not terminal else None
     bar = tqdm(total=run.steps, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
     try:
         while trainer.step < end:
+            if switch is not None and trainer.step >= switch and not trainer.finetuning:
+                trainer.begin_finetuning(run.restore_best)
+                bar.set_description("fine-tuning")
             trainer.iteration()
             bar.update(1)
-            if trainer.step % run.eval_every == 0 or trainer.step == end:  # type: ignore[operator]
+            if trainer.step % run.eval_every == 0 or trainer.step in (end, switch):  # type: ignore[operator]
                 record = trainer.evaluate(started)
-                bar.set_postfix(lml=f"{record['lml']:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
+                if record["lml"] is not None:
+                    bar.set_postfix(lml=f"{record['lml']:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
+                else:
+                    bar.set_postfix(loss=f"{record['train_loss'] or float('nan'):.3f}")
                 if lines is not None:
                     lines(record)
                 stop = any(bool(cb(trainer, record)) for cb in run.callbacks)
-                if run.patience is not None and len(trainer.history) - 1 - _best_index(trainer) >= run.patience:
-                    stopped_early = True
-                if stop or stopped_early:
+                if stop:
                     stopped_early = True
                     break
+                if (
+                    run.patience is not None
+                    and not trainer.finetuning
+                    and len(trainer.history) - 1 - _best_index(trainer) >= run.patience
+                ):
+                    stopped_early = True
+                    if switch is None:
+                        break
+                    switch = trainer.step  # end partitioned training now; fine-tune until the end
     finally:
         bar.close()
     assert trainer.best is not None
     best_lml, best_step, best_state = trainer.best
-    final = trainer.history[-1]
-    if run.restore_best and best_step != trainer.step:
-        trainer.restore_modules(best_state)
-        final = next(r for r in trainer.history if r["step"] == best_step)
+    partitioned = [r for r in trainer.history if r["lml"] is not None]  # fine-tuning estimates no LML
+    final = partitioned[-1]
+    if run.restore_best:
+        final = next(r for r in partitioned if r["step"] == best_step)
+        if best_step != trainer.step and not trainer.finetuning:  # begin_finetuning restored it already
+            trainer.restore_modules(best_state)
     recalibrated = 0
     if run.recalibrate_norms:
         recalibrated = recalibrate_norm_statistics(
@@ -70,9 +87,11 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
         seconds=round(time.perf_counter() - started, 3),
         skipped_steps=trainer.skipped_steps,
         recalibrated_norms=recalibrated,
+        finetune_start=trainer.finetune_start,
     )
 
 
 def _best_index(trainer: Any) -> int:
+    """The position in ``trainer.history`` of the best evaluation."""
     assert trainer.best is not None
     return next(i for i, r in enumerate(trainer.history) if r["step"] == trainer.best[1])

@@ -9,6 +9,7 @@ check, here.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -29,6 +30,7 @@ from .._validation import (
 )
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .chunks import DataChunks
+from .hooks import TrainingHook
 from .likelihoods import Likelihood, resolve_likelihood
 from .optim import WEIGHT_DECAY_SCALINGS, OptimizerFactory
 
@@ -36,6 +38,27 @@ Callback = Callable[[Any, dict[str, Any]], "bool | None"]
 """``cb(trainer, record)`` after each evaluation (``trainer``: the ``PartitionedTrainer``); True stops training."""
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+HYPER_CHUNKS = ("one", "all")
+"""How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted."""
+
+
+def check_takes_num_samples(hyper: nn.Module | None) -> None:
+    """Refuse ``hyper_samples`` for an input transform that cannot be asked for a number of samples."""
+    if hyper is None:
+        raise PartitionArgumentError(
+            "hyper_samples sets the input transform's samples in hyperparameter steps, but there is no input "
+            "transform: pass hyper=AffineAugmentation(...) or leave hyper_samples out"
+        )
+    try:
+        accepts = "num_samples" in inspect.signature(hyper.forward).parameters
+    except (TypeError, ValueError):  # a builtin or C forward without a signature
+        accepts = False
+    if not accepts:
+        raise PartitionArgumentError(
+            f"hyper_samples needs an input transform whose forward takes num_samples= (as AffineAugmentation's "
+            f"does); {type(hyper).__name__}.forward does not: leave hyper_samples out or add the argument"
+        )
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,9 @@ class TrainerOptions:
     optimizer: OptimizerFactory | None = None
     hyper_optimizer: OptimizerFactory | None = None
     scheduler: SchedulerFactory | None = None
+    hyper_scheduler: SchedulerFactory | None = None
+    hyper_chunks: str = "one"
+    hyper_samples: int | None = None
     weight_decay_scaling: str = "reciprocal"
     hyper_every: int = 1
     warmup_steps: int = 0
@@ -76,6 +102,7 @@ class TrainerOptions:
     fused: bool = False
     every_partition: bool = False
     checkpoint_defaults: bool = True
+    hooks: Sequence[TrainingHook] = ()
 
     def __post_init__(self) -> None:
         if self.hyper is not None and not isinstance(self.hyper, nn.Module):
@@ -89,9 +116,19 @@ class TrainerOptions:
         check_callable(
             "scheduler", self.scheduler, "functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)"
         )
+        check_callable(
+            "hyper_scheduler",
+            self.hyper_scheduler,
+            "functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)",
+        )
+        check_choice("hyper_chunks", self.hyper_chunks, HYPER_CHUNKS)
+        if self.hyper_samples is not None:
+            check_int("hyper_samples", self.hyper_samples)
+            check_takes_num_samples(self.hyper)
         check_flag("fused", self.fused)
         check_flag("every_partition", self.every_partition)
         check_flag("checkpoint_defaults", self.checkpoint_defaults)
+        self._set("hooks", _check_sequence_of("hooks", self.hooks, TrainingHook, "TrainingHook s", "a TrainingHook"))
         self._set("likelihood", resolve_likelihood(self.likelihood))
         check_seed("seed", self.seed)
         check_int("hyper_every", self.hyper_every)
@@ -136,9 +173,16 @@ class RunOptions:
     callbacks: Sequence[Callback] = field(default=())
     progress: bool | None = None
     recalibrate_norms: bool = True
+    finetune_steps: int = 0
 
     def __post_init__(self) -> None:
         steps = check_int("steps", self.steps)
+        check_int("finetune_steps", self.finetune_steps, 0)
+        if self.finetune_steps > steps:
+            raise PartitionArgumentError(
+                f"finetune_steps ({self.finetune_steps}) must be at most steps ({steps}): they are the last "
+                "iterations of the run, after partitioned training has learned the hyperparameters"
+            )
         eval_every = self.eval_every if self.eval_every is not None else max(1, steps // 10)
         object.__setattr__(self, "eval_every", check_int("eval_every", eval_every))
         if self.patience is not None:
@@ -147,14 +191,24 @@ class RunOptions:
         check_flag("recalibrate_norms", self.recalibrate_norms)
         if self.progress is not None:
             check_flag("progress", self.progress)
-        callbacks = self.callbacks
-        if callable(callbacks) or isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
-            raise PartitionTypeError(f"callbacks must be a list of callables cb(trainer, record), got {callbacks!r}")
-        callbacks = tuple(callbacks)
-        for i, cb in enumerate(callbacks):
-            if not callable(cb):
-                raise PartitionTypeError(f"callbacks[{i}] must be a callable cb(trainer, record), got {cb!r}")
+        callbacks = _check_sequence_of(
+            "callbacks", self.callbacks, callable, "callables cb(trainer, record)", "a callable cb(trainer, record)"
+        )
         object.__setattr__(self, "callbacks", callbacks)
+
+
+def _check_sequence_of(
+    name: str, values: Any, kind: type | Callable[[Any], bool], many: str, one: str
+) -> tuple[Any, ...]:
+    """``values`` as a tuple if it is a list of ``kind`` (a class, or a predicate such as ``callable``);
+    ``many``/``one`` name what it holds in the refusal."""
+    if callable(values) or isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise PartitionTypeError(f"{name} must be a list of {many}, got {values!r}")
+    values = tuple(values)
+    for i, value in enumerate(values):
+        if not (isinstance(value, kind) if isinstance(kind, type) else kind(value)):
+            raise PartitionTypeError(f"{name}[{i}] must be {one}, got {value!r}")
+    return values
 
 
 def build(name: str, factory: Callable[..., Any], *args: Any) -> Any:
@@ -186,11 +240,11 @@ def check_optimizer(name: str, optimizer: object) -> torch.optim.Optimizer:
     return optimizer
 
 
-def check_scheduler(scheduler: object) -> Any:
+def check_scheduler(scheduler: object, name: str = "scheduler") -> Any:
     """``scheduler`` if it has a ``step()`` (an LR scheduler)."""
     if not callable(getattr(scheduler, "step", None)):
         raise PartitionTypeError(
-            "scheduler must be a callable returning an LR scheduler (with .step()), e.g. functools.partial("
+            f"{name} must be a callable returning an LR scheduler (with .step()), e.g. functools.partial("
             f"torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps); got {type(scheduler).__name__}"
         )
     return scheduler

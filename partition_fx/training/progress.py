@@ -68,11 +68,14 @@ def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining:
     ...           "hyperparameters": {"rotation": 1.2}}
     >>> print(progress_line(record, 400, 62.0, 558.0))
     partition-fx: step 40/400 | LML -123.5 (-0.864/example) | train loss 0.412 | rotation 1.2 | 1:02 elapsed, ~9:18 left
+    >>> print(progress_line({"step": 380, "lml": None, "train_loss": 0.05}, 400, 600.0, 30.0))
+    partition-fx: step 380/400 | fine-tuning | train loss 0.05 | 10:00 elapsed, ~0:30 left
     """
     loss = record.get("train_loss")
+    lml = record.get("lml")
     parts = [
         f"partition-fx: step {record['step']}/{total}",
-        f"LML {record['lml']:.1f} ({record['lml_per_example']:.3f}/example)",
+        "fine-tuning" if lml is None else f"LML {lml:.1f} ({record['lml_per_example']:.3f}/example)",
         f"train loss {loss:.3g}" if loss is not None else "train loss -",
     ]
     if record.get("hyperparameters"):

@@ -13,7 +13,8 @@ class FitResult:
     lml: float
     """The final LML estimate (nats, summed over the training set), of the returned model."""
     history: list[dict[str, Any]]
-    """Per evaluation: ``step``, ``lml``, ``lml_per_chunk``, ``lml_per_example``, ``conditional_lml`` (the sum
+    """Per evaluation: ``step``, ``phase`` (``partitioned`` or ``finetune``; no LML in the latter), ``lml``,
+    ``lml_per_chunk``, ``lml_per_example``, ``conditional_lml`` (the sum
     over chunks 2..C, see ``LMLEstimate.conditional``), ``train_loss`` (mean
     parameter-step loss since the last evaluation), ``hyper_loss``, ``hyperparameters``, ``seconds``."""
     conditional_lml: float
@@ -29,6 +30,9 @@ class FitResult:
     skipped_steps: int = 0
     recalibrated_norms: int = 0
     """BatchNorm modules whose running statistics were recomputed for the final subnetwork at the end."""
+    finetune_start: int | None = None
+    """The iteration fine-tuning began at (``fit(..., finetune_steps=...)``), or None: no fine-tuning. The
+    ``lml``s are then those of partitioned training (its last or, with ``restore_best``, best evaluation)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,6 +18,8 @@ class PartitionedSampler:
       drawn with probability proportional to u_j + ... + u_C.
     * hyperparameter step: k ~ Cat(u_2..u_C renormalised), then ``hyper_batch_size`` examples from D_k
       alone; the step scores them with subnetwork k-1 (an unbiased gradient of the LML, D_1 excluded).
+      ``hyper_batches`` draws a minibatch from EVERY chunk 2..C instead, to be weighted by those same
+      probabilities: the same expected gradient without the variance of drawing k.
 
     u are the chunk sizes over the dataset size (the configured proportions, up to rounding). All draws
     come from one CPU generator seeded with ``seed``, so the sequence is the same on every run and device.
@@ -29,6 +31,8 @@ class PartitionedSampler:
     True
     >>> sampler.hyper_batch()[0] in (2, 3)
     True
+    >>> [(round(w, 2), k, len(i)) for w, k, i in sampler.hyper_batches()]
+    [(0.5, 2, 4), (0.5, 3, 4)]
     """
 
     def __init__(self, chunks: DataChunks, batch_size: int, hyper_batch_size: int | None = None, seed: int = 0) -> None:
@@ -68,12 +72,27 @@ class PartitionedSampler:
                 indices[rows] = self._draw(self.chunks.prefix(k), rows.numel())
         return ks, indices
 
+    def finetune_batch(self) -> torch.Tensor:
+        """``batch_size`` examples uniformly from all the data, D_1:C (the fine-tuning phase)."""
+        return self._draw(self.chunks.prefix(self.chunks.num_chunks), self.batch_size)
+
     def hyper_batch(self) -> tuple[int, torch.Tensor]:
         """``(k, indices)``: chunk k in 2..C and a minibatch from D_k (scored by subnetwork k-1)."""
         if self.chunks.num_chunks < 2:
             raise PartitionArgumentError("hyperparameter steps need at least 2 chunks (num_partitions >= 2)")
         k = int(torch.multinomial(self.hyper_chunk_probabilities, 1, generator=self.generator)) + 2
         return k, self._draw(self.chunks.chunk(k), self.hyper_batch_size)
+
+    def hyper_batches(self) -> list[tuple[float, int, torch.Tensor]]:
+        """``[(weight, k, indices)]`` for every chunk k in 2..C: the probability ``hyper_batch`` would have
+        drawn k with, and a minibatch from D_k. The weighted sum of the per-chunk mean losses has the
+        expected value of one ``hyper_batch``'s loss, and a lower variance."""
+        if self.chunks.num_chunks < 2:
+            raise PartitionArgumentError("hyperparameter steps need at least 2 chunks (num_partitions >= 2)")
+        return [
+            (float(self.hyper_chunk_probabilities[k - 2]), k, self._draw(self.chunks.chunk(k), self.hyper_batch_size))
+            for k in range(2, self.chunks.num_chunks + 1)
+        ]
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}

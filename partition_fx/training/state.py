@@ -78,6 +78,8 @@ class TrainerState:
             "hyper_batch_size": self.sampler.hyper_batch_size,
             "hyper_every": self.hyper_every,
             "warmup_steps": self.warmup_steps,
+            "hyper_chunks": self.options.hyper_chunks,
+            "hyper_samples": self.options.hyper_samples,
             "fused": self.fused,
             "every_partition": self.every_partition,
             "parameters": {name: list(p.shape) for name, p in self.pmodel.named_parameters()},
@@ -101,6 +103,8 @@ class TrainerState:
             "optimizer": self.optimizer.state_dict(),
             "hyper_optimizer": self.hyper_optimizer.state_dict() if self.hyper_optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "hyper_scheduler": self.hyper_scheduler.state_dict() if self.hyper_scheduler is not None else None,
+            "finetune_start": self.finetune_start,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if cuda else [],
@@ -122,6 +126,9 @@ class TrainerState:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.hyper_scheduler is not None and state.get("hyper_scheduler") is not None:
+            self.hyper_scheduler.load_state_dict(state["hyper_scheduler"])
+        self.finetune_start = state.get("finetune_start")
         self.step = state["step"]
         self.history = state["history"]
         self.skipped_steps = state["skipped_steps"]

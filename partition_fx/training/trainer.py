@@ -97,13 +97,16 @@ class PartitionedTrainer(TrainerState):
             )
         self._build_optimizers()
         self.step = 0
+        self.finetune_start: int | None = None
+        """The step the fine-tuning phase began at (None while partitioned training goes on)."""
         self.history: list[dict[str, Any]] = []
         self.best: tuple[float, int, dict[str, Any]] | None = None
         """(LML, step, state of the modules) of the best evaluation so far."""
         self.skipped_steps = 0
         self.last_checkpoint_step: int | None = None
-        self.hooks: list[TrainingHook] = []
-        """Run after each evaluation and at the end of a run (``checkpoint_dir`` adds a ``CheckpointWriter``)."""
+        self.hooks: list[TrainingHook] = list(options.hooks)
+        """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
+        (``options.hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
         if self.checkpoint_dir is not None:
             self.hooks.append(CheckpointWriter(self.checkpoint_dir))
         self._omitted: dict[str, Any] | None = None
@@ -138,6 +141,11 @@ class PartitionedTrainer(TrainerState):
         self.scheduler = None
         if options.scheduler is not None:
             self.scheduler = check_scheduler(build("scheduler", options.scheduler, self.optimizer))
+        self.hyper_scheduler = None
+        if options.hyper_scheduler is not None and self.hyper_optimizer is not None:
+            self.hyper_scheduler = check_scheduler(
+                build("hyper_scheduler", options.hyper_scheduler, self.hyper_optimizer), "hyper_scheduler"
+            )
 
     # --- what is trained -------------------------------------------------------------------------
 
@@ -186,22 +194,50 @@ class PartitionedTrainer(TrainerState):
 
     def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
         """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C); returns (k, loss)."""
-        if self.hyper_optimizer is None:
-            raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
+        self._check_hyperparameters()
         if k is None or indices is None:
             drawn_k, drawn = self.sampler.hyper_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
-        self._train_mode()
-        x, y = self.examples.batch(indices, self.device)
-        loss = -forward_log_likelihood(self.pmodel, self.likelihood, x, y, k - 1, self.hyper).mean()
+        loss = self._hyper_loss([(1.0, k, indices)])
         return k, self._step(None, loss, [], f"hyperparameter step (chunk D_{k} through subnetwork {k - 1})")
+
+    def hyper_step_all_chunks(self) -> float:
+        """Step psi on a minibatch of EVERY chunk D_k (k in 2..C) through its subnetwork k-1, the chunks'
+        mean losses weighted by the probabilities ``hyper_step`` draws them with (``hyper_chunks="all"``):
+        the expected gradient of ``hyper_step``, without the variance of drawing k; returns the loss."""
+        self._check_hyperparameters()
+        loss = self._hyper_loss(self.sampler.hyper_batches())
+        return self._step(None, loss, [], "hyperparameter step (chunks D_2..D_C through subnetworks 1..C-1)")
+
+    def _check_hyperparameters(self) -> None:
+        if self.hyper_optimizer is None:
+            raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
+
+    def _hyper_loss(self, batches: list[tuple[float, int, torch.Tensor]]) -> torch.Tensor:
+        """sum over ``(weight, k, indices)`` of weight * the mean negative log-likelihood of those examples of
+        chunk k through subnetwork k-1, each chunk in its own forward (BatchNorm statistics per subnetwork)."""
+        self._train_mode()
+        total = None
+        for weight, k, indices in batches:
+            x, y = self.examples.batch(indices, self.device)
+            log_likelihood = forward_log_likelihood(
+                self.pmodel, self.likelihood, x, y, k - 1, self.hyper, samples=self.options.hyper_samples
+            )
+            term = -weight * log_likelihood.mean()
+            total = term if total is None else total + term
+        assert total is not None
+        return total
 
     def _hyper_due(self, step: int) -> bool:
         return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
 
     def iteration(self) -> None:
         """One iteration: the paper's parameter step then hyperparameter step (when due), or both in one
-        forward and one backward (``fused=True``)."""
+        forward and one backward (``fused=True``); in the fine-tuning phase, a ``finetune_step``."""
+        if self.finetuning:
+            self.finetune_step()
+            self.step += 1
+            return
         if self.fused:
             self.fused_iteration()
             return
@@ -211,22 +247,28 @@ class PartitionedTrainer(TrainerState):
             self.parameter_step()
         self.step += 1
         if self._hyper_due(self.step):
-            self.hyper_step()
+            if self.options.hyper_chunks == "all":
+                self.hyper_step_all_chunks()
+            else:
+                self.hyper_step()
 
-    def _routed_losses(self, ks: torch.Tensor, indices: torch.Tensor, hyper: tuple[int, torch.Tensor] | None):
-        """The parameter and (if ``hyper`` = (k, indices) is given) hyperparameter losses in one forward."""
+    def _routed_losses(
+        self, ks: torch.Tensor, indices: torch.Tensor, hyper: list[tuple[float, int, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The parameter loss and (if ``hyper`` lists ``(weight, k, indices)`` batches) the hyperparameter loss
+        in one forward."""
         self._train_mode()
         batch = self.examples.batch(indices, self.device)
-        hyper_batch = None
-        if hyper is not None:
-            hyper_batch = (hyper[0], *self.examples.batch(hyper[1], self.device))
-        return routed_losses(self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batch)
+        hyper_batches = [(w, k, *self.examples.batch(i, self.device)) for w, k, i in hyper]
+        return routed_losses(
+            self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.options.hyper_samples
+        )
 
     def parameter_step_every_partition(self) -> float:
         """A parameter step in which each example trains its own partition (``sampler.parameter_examples``):
         one forward and one backward, every partition drawn at least once updated."""
         ks, indices = self.sampler.parameter_examples()
-        loss, _ = self._routed_losses(ks, indices, None)
+        loss, _ = self._routed_losses(ks, indices, [])
         params, drawn = self._parameters_of(ks)
         return self._step(loss, None, params, f"parameter step of partitions {drawn}")
 
@@ -244,12 +286,55 @@ class PartitionedTrainer(TrainerState):
         else:
             k, indices = self.sampler.parameter_batch()
             ks = torch.full((indices.numel(),), k)
-        due = self._hyper_due(self.step + 1)
-        hyper = self.sampler.hyper_batch() if due else None
+        hyper: list[tuple[float, int, torch.Tensor]] = []
+        if self._hyper_due(self.step + 1):
+            if self.options.hyper_chunks == "all":
+                hyper = self.sampler.hyper_batches()
+            else:
+                hyper = [(1.0, *self.sampler.hyper_batch())]
         loss, hyper_loss = self._routed_losses(ks, indices, hyper)
         params, drawn = self._parameters_of(ks)
         self._step(loss, hyper_loss, params, f"fused iteration (partitions {drawn})")
         self.step += 1
+
+    # --- the fine-tuning phase ---------------------------------------------------------------------
+
+    @property
+    def finetuning(self) -> bool:
+        """Whether partitioned training has ended and the final subnetwork is being fine-tuned."""
+        return self.finetune_start is not None
+
+    def begin_finetuning(self, restore_best: bool = False) -> None:
+        """End partitioned training (paper, Table 2): from here psi is frozen and every weight of the final
+        subnetwork (all partitions together, as ``export_subnetwork`` merges them) trains on ALL the data.
+
+        The optimiser and LR scheduler carry on (the schedule spans both phases); each partition's weight
+        decay returns to the unscaled one, since every weight now sees all N examples. With
+        ``restore_best`` the state with the best LML is restored first. Then each hook's
+        ``before_finetuning`` runs. Draws no random number, so a resumed run that repeats it stays exact."""
+        if self.finetuning:
+            return
+        if restore_best and self.best is not None and self.best[1] != self.step:
+            self.restore_modules(self.best[2])
+        self.finetune_start = self.step
+        for group in self.optimizer.param_groups:
+            group["weight_decay"] = group["base_weight_decay"]
+        for hook in self.hooks:
+            hook.before_finetuning(self)
+
+    def finetune_step(self, indices: torch.Tensor | None = None) -> float:
+        """Train every weight of the final subnetwork C on a minibatch of all the data (default: drawn by the
+        sampler), with the input transform's psi fixed; returns the loss."""
+        if indices is None:
+            indices = self.sampler.finetune_batch()
+        self._train_mode()
+        x, y = self.examples.batch(indices, self.device)
+        final = self.pmodel.num_partitions
+        loss = -forward_log_likelihood(
+            self.pmodel, self.likelihood, x, y, final, self.hyper, transform_grad=False
+        ).mean()
+        params = [p for k in range(1, final + 1) for p in self.pmodel.partition_parameters(k)]
+        return self._step(loss, None, params, f"fine-tuning step (subnetwork {final}, all data)")
 
     def _step(
         self, loss: torch.Tensor | None, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
@@ -277,6 +362,8 @@ class PartitionedTrainer(TrainerState):
                 self.hyper_optimizer.step()  # type: ignore[union-attr]
                 for _, m in self.hyperparameter_modules():
                     m.constrain_()
+                if self.hyper_scheduler is not None:
+                    self.hyper_scheduler.step()
                 self._hyper_losses.append(float(hyper_loss.detach()))
         self.optimizer.zero_grad(set_to_none=True)
         if self.hyper_optimizer is not None:
@@ -310,16 +397,19 @@ class PartitionedTrainer(TrainerState):
             )
 
     def evaluate(self, started: float) -> dict[str, Any]:
-        """Estimate the LML, append a history record, keep the best state, run the evaluation hooks
-        (with ``checkpoint_dir``: write the checkpoints and the resume directory)."""
-        estimate = self.estimate_lml()
+        """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state, run
+        the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume directory)."""
         mean = lambda xs: float(sum(xs) / len(xs)) if xs else None  # noqa: E731
+        # Once fine-tuning has trained every weight on every chunk, no subnetwork k-1 is unseen by chunk k:
+        # there is no partitioned LML to estimate.
+        estimate = None if self.finetuning else self.estimate_lml()
         record = {
             "step": self.step,
-            "lml": estimate.total,
-            "lml_per_chunk": estimate.per_chunk,
-            "lml_per_example": estimate.per_example,
-            "conditional_lml": estimate.conditional,
+            "phase": "finetune" if self.finetuning else "partitioned",
+            "lml": None if estimate is None else estimate.total,
+            "lml_per_chunk": None if estimate is None else estimate.per_chunk,
+            "lml_per_example": None if estimate is None else estimate.per_example,
+            "conditional_lml": None if estimate is None else estimate.conditional,
             "train_loss": mean(self._losses),
             "hyper_loss": mean(self._hyper_losses),
             "hyperparameters": self.hyperparameter_values(),
@@ -327,7 +417,7 @@ class PartitionedTrainer(TrainerState):
         }
         self._losses, self._hyper_losses = [], []
         self.history.append(record)
-        improved = self.best is None or estimate.total > self.best[0]
+        improved = estimate is not None and (self.best is None or estimate.total > self.best[0])
         if improved:
             self.best = (estimate.total, self.step, self._module_states(copy_values=True))
         for hook in self.hooks:
@@ -346,9 +436,13 @@ class PartitionedTrainer(TrainerState):
         callbacks: Sequence[Callback] = (),
         progress: bool | None = None,
         recalibrate_norms: bool = True,
+        finetune_steps: int = 0,
     ) -> FitResult:
-        """Train for ``steps`` iterations (see :func:`~partition_fx.training.fit` for the arguments)."""
-        run = RunOptions(steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms)
+        """Train for ``steps`` iterations, the last ``finetune_steps`` of them fine-tuning (see
+        :func:`~partition_fx.training.fit` for the arguments)."""
+        run = RunOptions(
+            steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms, finetune_steps
+        )
         result = run_loop(self, run)
         for hook in self.hooks:
             hook.after_run(self, result)
