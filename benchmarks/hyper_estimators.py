@@ -42,6 +42,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "all_s16_lr02": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_lr": 0.02},
     "all_s16_cos": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_cosine": True},
     "all_s16_every2": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_every": 2},
+    # The same images per iteration in hyper steps as the paper's (64 x 4): 2 chunks x 16 x 16 every 2nd,
+    # or 2 x 32 x 16 every 4th iteration.
+    "all_s16_b16_every2": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 16, "hyper_every": 2},
+    "all_s16_b32_every4": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 32, "hyper_every": 4},
+    "all_s16_b16_every2_ft25": {
+        "hyper_chunks": "all",
+        "hyper_samples": 16,
+        "hyper_batch_size": 16,
+        "hyper_every": 2,
+        "finetune": 0.25,
+    },
+    "all_s16_b32_every4_ft25": {
+        "hyper_chunks": "all",
+        "hyper_samples": 16,
+        "hyper_batch_size": 32,
+        "hyper_every": 4,
+        "finetune": 0.25,
+    },
     # Fine-tuning the final model for the last quarter / half of the iterations.
     "all_s16_ft25": {"hyper_chunks": "all", "hyper_samples": 16, "finetune": 0.25},
     "all_s16_ft50": {"hyper_chunks": "all", "hyper_samples": 16, "finetune": 0.5},
@@ -72,7 +90,8 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
         argv += ["--partitions", "1", "--augment", "none"]
     job = train_job(argv)
     recipe = training_recipe(job.args)
-    options: dict[str, Any] = {key: spec[key] for key in ("hyper_chunks", "hyper_samples") if key in spec}
+    names = ("hyper_chunks", "hyper_samples", "hyper_batch_size")
+    options: dict[str, Any] = {key: spec[key] for key in names if key in spec}
     hyper = job.hyper
     if plain and spec["plain"] is not None:
         hyper = AffineAugmentation(num_samples=job.args.samples, init=spec["plain"])

@@ -157,7 +157,7 @@ def test_one_pass_is_refused_where_it_does_not_apply():
     assert fixup(torch.randn(2, 3, 32, 32), subnetwork=torch.tensor([1, 2])).shape[0] == 2
 
 
-def _trainer(fused: bool = False, every_partition: bool = False, scheme: str = "random"):
+def _trainer(fused: bool = False, every_partition: bool = False, scheme: str = "random", hyper_chunks: str = "one"):
     from functools import partial
 
     from partition_fx.training import PartitionedTrainer
@@ -179,6 +179,7 @@ def _trainer(fused: bool = False, every_partition: bool = False, scheme: str = "
         hyper_optimizer=sgd,
         fused=fused,
         every_partition=every_partition,
+        hyper_chunks=hyper_chunks,
         seed=3,
     )
 
@@ -187,12 +188,22 @@ def _snapshot(trainer):
     return [p.detach().clone() for p in _parts(trainer.pmodel)] + [trainer.hyper.logits.detach().clone()]
 
 
-@pytest.mark.parametrize("scheme", ["random", "node"])  # node: the fused forward runs in one pass
-@pytest.mark.parametrize("every_partition", [False, True])
-def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_partition, scheme):
+@pytest.mark.parametrize(
+    ("scheme", "every_partition", "hyper_chunks"),
+    [
+        ("random", False, "one"),
+        ("random", True, "one"),
+        ("node", False, "one"),  # node: the fused forward runs in one pass
+        ("node", True, "one"),
+        ("random", True, "all"),
+        ("node", False, "all"),
+    ],
+)
+def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_partition, scheme, hyper_chunks):
     """Definition: the parameter loss's gradient w.r.t. the drawn partition(s) and the hyper loss's gradient
-    w.r.t. psi, both at the same weights (one routed example at a time for every_partition)."""
-    fused = _trainer(fused=True, every_partition=every_partition, scheme=scheme)
+    w.r.t. psi, both at the same weights (one routed example at a time for every_partition); with
+    hyper_chunks="all", the hyper loss is every chunk's, weighted by its probability of being drawn."""
+    fused = _trainer(fused=True, every_partition=every_partition, scheme=scheme, hyper_chunks=hyper_chunks)
     reference = _trainer(scheme=scheme)
     before = _snapshot(fused)
     fused.iteration()
@@ -205,7 +216,7 @@ def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_par
     else:
         k, idx = sampler.parameter_batch()
         ks = torch.full((16,), k)
-    kh, hidx = sampler.hyper_batch()
+    hyper_batches = sampler.hyper_batches() if hyper_chunks == "all" else [(1.0, *sampler.hyper_batch())]
     params = _parts(pmodel)
     want = [torch.zeros_like(p) for p in params] + [torch.zeros_like(mask.logits)]
     for i in range(16):  # the parameter loss: mean over examples, each through its own subnetwork
@@ -216,8 +227,9 @@ def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_par
         own = pmodel.partition_parameters(k)
         for p, g in zip(own, torch.autograd.grad(loss, own)):
             want[next(j for j, q in enumerate(params) if q is p)] += g
-    hyper_loss = nn.functional.cross_entropy(pmodel(mask(x[hidx]), subnetwork=kh - 1), y[hidx])
-    want[-1] += torch.autograd.grad(hyper_loss, mask.logits)[0]
+    for weight, kh, hidx in hyper_batches:
+        hyper_loss = weight * nn.functional.cross_entropy(pmodel(mask(x[hidx]), subnetwork=kh - 1), y[hidx])
+        want[-1] += torch.autograd.grad(hyper_loss, mask.logits)[0]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     assert fused.step == 1

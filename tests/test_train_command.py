@@ -31,7 +31,11 @@ def test_train_writes_report_plots_model_and_onnx(run_dir):
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "completed" and report["steps"] == 4
     assert 0.0 <= report["test_accuracy"] <= 1.0 and report["test_log_likelihood"] < 0
-    assert report["lml"] < 0 and [h["step"] for h in report["history"]] == [2, 4]
+    # the last quarter of --steps fine-tunes: an evaluation where it begins, none of the LML after it
+    assert report["lml"] < 0 and [h["step"] for h in report["history"]] == [2, 3, 4]
+    assert [h["phase"] for h in report["history"]] == ["partitioned", "partitioned", "finetune"]
+    assert report["finetune_start"] == 3 and 0.0 <= report["partitioned_test_accuracy"] <= 1.0
+    assert report["history"][1]["partitioned_test_accuracy"] == report["partitioned_test_accuracy"]
     assert set(report["hyperparameters"]) >= {"rotation", "translation_x", "scale_y", "shear"}
     assert report["config"]["data"] == "rotdigits" and report["config"]["proportions"] == [0.8, 0.1, 0.1]
     assert (run_dir / "lml.png").stat().st_size > 1000

@@ -26,9 +26,12 @@ from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
 from ..training import split_into_chunks, weight_decay_scales
 from ..transforms import AffineAugmentation
-from .parser import DATASETS, DEFAULT_PROPORTIONS, parse_train
+from .parser import DATASETS, DEFAULT_PROPORTIONS, TRAIN_DEFAULT_FINETUNE_FRACTION, parse_train
 
-_POSITIVE_OPTIONS = ("steps", "batch_size", "samples", "hyper_every", "eval_every", "image_size", "channels")
+_POSITIVE_OPTIONS = (
+    "steps", "batch_size", "samples", "hyper_every", "hyper_samples", "hyper_batch_size", "eval_every", "image_size",
+    "channels",
+)  # fmt: skip
 
 
 @dataclass
@@ -63,18 +66,33 @@ def training_recipe(args: argparse.Namespace) -> dict[str, Any]:
     (cosine-annealed to lr/100) and on the hyperparameters, and the hyperparameter-step schedule.
 
     >>> recipe = training_recipe(parse_train(["--steps", "10"]))
-    >>> recipe["steps"], recipe["batch_size"], recipe["optimizer"].keywords
-    (10, 64, {'lr': 0.001, 'weight_decay': 0.0})
+    >>> recipe["steps"], recipe["batch_size"], recipe["optimizer"].keywords, recipe["finetune_steps"]
+    (10, 64, {'lr': 0.001, 'weight_decay': 0.0}, 2)
     """
     return {
         "steps": args.steps,
+        "finetune_steps": finetune_steps(args),
         "batch_size": args.batch_size,
+        "hyper_batch_size": args.hyper_batch_size,
+        "hyper_chunks": args.hyper_chunks,
+        "hyper_samples": args.hyper_samples if args.augment != "none" else None,
         "optimizer": partial(torch.optim.Adam, lr=args.lr, weight_decay=args.weight_decay),
         "hyper_optimizer": partial(torch.optim.Adam, lr=args.hyper_lr),
         "scheduler": partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=args.steps, eta_min=args.lr / 100),
         "hyper_every": args.hyper_every,
         "warmup_steps": args.warmup_steps,
     }
+
+
+def finetune_steps(args: argparse.Namespace) -> int:
+    """``--finetune-steps``, or when not given ``TRAIN_DEFAULT_FINETUNE_FRACTION`` of ``--steps`` (rounded down).
+
+    >>> finetune_steps(parse_train(["--steps", "400"])), finetune_steps(parse_train(["--finetune-steps", "0"]))
+    (100, 0)
+    """
+    if args.finetune_steps is not None:
+        return args.finetune_steps
+    return int(args.steps * TRAIN_DEFAULT_FINETUNE_FRACTION)
 
 
 def resolve_device(requested: str) -> str:
@@ -191,6 +209,11 @@ def _check_options(args: argparse.Namespace) -> None:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup_steps < 0:
         raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if args.finetune_steps is not None and not 0 <= args.finetune_steps < args.steps:
+        raise PartitionArgumentError(
+            f"--finetune-steps must be >= 0 and less than --steps {args.steps} (they are its last iterations), "
+            f"got {args.finetune_steps}"
+        )
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
         raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
     if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
@@ -241,6 +264,14 @@ def _load_data(args: argparse.Namespace) -> DatasetSplits:
         raise PartitionError(f"--data {args.data!r}: {e}") from None
     batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
+    # A run written before these options existed has None: the parameter step's batch and samples.
+    hyper_batch, hyper_samples = args.hyper_batch_size or args.batch_size, args.hyper_samples or args.samples
+    hyper = max(1, args.partitions - 1) * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
+    check_fits_in_memory(
+        f"--hyper-batch-size {hyper_batch} --hyper-samples {hyper_samples}",
+        "one hyperparameter batch of inputs",
+        hyper,
+    )
     if data.num_classes is None:
         raise PartitionArgumentError(f"--data {args.data!r} is a regression task; `partition-fx train` classifies")
     if len(data.input_shape) != 3:

@@ -30,6 +30,12 @@ DEFAULT_PROPORTIONS = (0.8, 0.1, 0.1)
 TRAIN_DEFAULT_STEPS = 400
 TRAIN_DEFAULT_LR = 1e-3
 TRAIN_DEFAULT_HYPER_LR = 0.05
+TRAIN_DEFAULT_HYPER_CHUNKS = "all"
+TRAIN_DEFAULT_HYPER_SAMPLES = 16
+TRAIN_DEFAULT_HYPER_BATCH_SIZE = 16
+TRAIN_DEFAULT_HYPER_EVERY = 2
+TRAIN_DEFAULT_FINETUNE_FRACTION = 0.25
+"""Without ``--finetune-steps``, this share of ``--steps`` fine-tunes the final model."""
 DEVICES = ("auto", "cpu", "cuda")
 """``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
 DATASETS = ("rotdigits", "digits")
@@ -298,9 +304,30 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     hyper.add_argument(
         "--hyper-every",
         type=int,
-        default=1,
+        default=TRAIN_DEFAULT_HYPER_EVERY,
         metavar="N",
         help="a hyperparameter step every N iterations (default: %(default)s)",
+    )
+    hyper.add_argument(
+        "--hyper-chunks",
+        choices=["one", "all"],
+        default=TRAIN_DEFAULT_HYPER_CHUNKS,
+        help="a hyperparameter step scores one drawn chunk (the paper's) or every chunk 2..C, weighted "
+        "(default: %(default)s)",
+    )
+    hyper.add_argument(
+        "--hyper-samples",
+        type=int,
+        default=TRAIN_DEFAULT_HYPER_SAMPLES,
+        metavar="S",
+        help="augmentation samples per example in hyperparameter steps (default: %(default)s)",
+    )
+    hyper.add_argument(
+        "--hyper-batch-size",
+        type=int,
+        default=TRAIN_DEFAULT_HYPER_BATCH_SIZE,
+        metavar="N",
+        help="examples per chunk in a hyperparameter step (default: %(default)s)",
     )
     hyper.add_argument(
         "--warmup-steps",
@@ -338,6 +365,14 @@ def _add_training_options(train: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--batch-size", type=int, default=64, metavar="N", help="examples per parameter step (default: %(default)s)"
+    )
+    group.add_argument(
+        "--finetune-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the last N of --steps fine-tune the final model on all the data with the learned hyperparameters "
+        f"frozen; 0: none (default: {TRAIN_DEFAULT_FINETUNE_FRACTION:g} of --steps)",
     )
     group.add_argument(
         "--lr",

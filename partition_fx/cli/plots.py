@@ -58,7 +58,9 @@ def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
     fig = Figure(figsize=(7.0, 5.6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     steps = [r["step"] for r in history]
-    top.plot(steps, [r["lml_per_example"] for r in history], "o-", color="tab:blue", markersize=4)
+    scored = [(r["step"], r["lml_per_example"]) for r in history if r.get("lml_per_example") is not None]
+    if scored:  # fine-tuning evaluations estimate no LML
+        top.plot(*zip(*scored), "o-", color="tab:blue", markersize=4)
     top.set_ylabel("LML per example (nats)\nhigher is better")
     first = f"first estimate at iteration {steps[0]}, none at 0" if steps else "no evaluations"
     top.set_title(f"partitioned marginal likelihood ({first})", loc="left", fontsize="medium")
@@ -76,6 +78,7 @@ def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
         _legend_above(bottom, len(bottom.lines))
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
+        _mark_finetuning(ax, history)
     _start_at_zero(top, steps)
     fig.suptitle("partitioned training", fontweight="bold")
     return fig
@@ -126,10 +129,36 @@ def figure_hyperparameters(
         if ax.get_subplotspec() is not None and ax.get_subplotspec().is_last_row():
             ax.set_xlabel("iteration")
     _start_at_zero(main_ax, steps)
+    for ax in (main_ax, *small):
+        _mark_finetuning(ax, history)
     for ax in small:  # the main panel's iterations, with fewer ticks so that narrow panels stay legible
         ax.set_xlim(main_ax.get_xlim())
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     return fig
+
+
+def finetune_start(history: Sequence[Mapping[str, Any]]) -> int | None:
+    """The iteration fine-tuning began at: the last partitioned evaluation before a fine-tuning one, or None.
+
+    >>> finetune_start([{"step": 10, "phase": "partitioned"}, {"step": 20, "phase": "finetune"}])
+    10
+    >>> finetune_start([{"step": 10}]) is None
+    True
+    """
+    previous = None
+    for r in history:
+        if r.get("phase") == "finetune":
+            return previous
+        previous = r["step"]
+    return None
+
+
+def _mark_finetuning(ax: Any, history: Sequence[Mapping[str, Any]]) -> None:
+    """A dashed line where fine-tuning began (psi frozen, all data), labelled once at the top."""
+    start = finetune_start(history)
+    if start is not None:
+        ax.axvline(start, color="0.4", linestyle="--", linewidth=1)
+        ax.text(start, 1.0, " fine-tuning", transform=ax.get_xaxis_transform(), va="top", fontsize="small")
 
 
 def plot_curves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:

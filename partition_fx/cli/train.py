@@ -4,8 +4,9 @@ It builds a timm model (the shipped FixUp/WRN included), converts it, learns its
 and writes to ``--out``:
 
 * ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
-  subnetwork, ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history``, ``config`` and the
-  ``device`` it ran on;
+  model (fine-tuned for the last ``--finetune-steps``), ``partitioned_test_accuracy`` (its final subnetwork
+  before fine-tuning), ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
+  phases), ``config`` and the ``device`` it ran on;
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
 * ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
@@ -18,6 +19,7 @@ its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from safetensors.torch import save_model
 from .._io import replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
-from ..training import FitResult, evaluate_classifier, fit, resume_directory
+from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
 from .job import TrainJob, job_from_args, training_recipe
 from .plots import plot_curves, plot_hyperparameters
 from .runs import check_out, prepare_out, resumed_args, starting_report
@@ -74,7 +76,9 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     write_json(report_path, report)
 
     def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
-        report.update(history=trainer.history, lml=record["lml"], hyperparameters=record["hyperparameters"])
+        report.update(history=trainer.history, hyperparameters=record["hyperparameters"])
+        if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
+            report["lml"] = record["lml"]
         report["last_checkpoint_step"] = record["step"]
         write_json(report_path, report)
 
@@ -114,7 +118,39 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any
         progress=None if not args.quiet else False,
         device=job.device,
         resume=resume_from,
+        hooks=[PartitionedAccuracy(job)],
     )
+
+
+class PartitionedAccuracy(TrainingHook):
+    """When fine-tuning begins, the test accuracy of the partitioned model's final subnetwork as it stands (its
+    BatchNorm statistics recalibrated on a copy, as at the end of a run), kept in the last partitioned
+    evaluation's record as ``partitioned_test_accuracy``: it reaches the resume state with the run's next
+    checkpoint, and a run resumed from before that repeats this hook for the same weights."""
+
+    def __init__(self, job: TrainJob) -> None:
+        self.job = job
+
+    def before_finetuning(self, trainer: Any) -> None:
+        pmodel = copy.deepcopy(trainer.pmodel)
+        recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device)
+        x_test, y_test = self.job.data.test.tensors
+        accuracy, _ = evaluate_classifier(export_subnetwork(pmodel.cpu()).eval(), x_test, y_test)
+        trainer.history[-1]["partitioned_test_accuracy"] = accuracy
+
+
+def partitioned_test_accuracy(history: list[dict[str, Any]], test_accuracy: float) -> float | None:
+    """The final subnetwork's test accuracy before fine-tuning: from the history, or ``test_accuracy`` when the run
+    did not fine-tune (the exported model is then the partitioned one).
+
+    >>> partitioned_test_accuracy([{"phase": "partitioned"}], 0.9)
+    0.9
+    >>> partitioned_test_accuracy([{"partitioned_test_accuracy": 0.8}, {"phase": "finetune"}], 0.9)
+    0.8
+    """
+    if not any(r.get("phase") == "finetune" for r in history):
+        return test_accuracy
+    return next((r["partitioned_test_accuracy"] for r in history if "partitioned_test_accuracy" in r), None)
 
 
 def _write_results(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> dict[str, Any]:
@@ -132,8 +168,10 @@ def _write_results(job: TrainJob, result: FitResult, out: Path, initial: dict[st
     return {
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,
+        "partitioned_test_accuracy": partitioned_test_accuracy(result.history, accuracy),
+        "finetune_start": result.finetune_start,
         "lml": result.lml,
-        "lml_per_example": result.history[-1]["lml_per_example"],
+        "lml_per_example": next(r for r in reversed(result.history) if r["lml"] is not None)["lml_per_example"],
         "best_lml": result.best_lml,
         "best_step": result.best_step,
         "hyperparameters": result.hyperparameters,

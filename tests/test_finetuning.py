@@ -1,0 +1,242 @@
+"""The hyperparameter-step estimators and the fine-tuning phase, against their definitions.
+
+* ``hyper_chunks="all"``: the hyper-gradient is the sum over chunks k=2..C of u_k / (u_2 + ... + u_C) times
+  the gradient of chunk k's mean loss through subnetwork k-1;
+* ``hyper_samples``: hyper steps draw that many augmentation samples, parameter steps their own;
+* fine-tuning: every weight trains on all chunks through subnetwork C, psi never moves, the LR schedule
+  spans both phases, and a run resumed in either phase equals the uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from partition_fx import partitionify
+from partition_fx.errors import PartitionArgumentError, PartitionTypeError
+from partition_fx.training import PartitionedTrainer, TrainingHook, fit
+from partition_fx.training.lml import forward_log_likelihood
+from partition_fx.transforms import AffineAugmentation, InputMask
+
+PROPORTIONS = (0.5, 0.3, 0.2)
+
+
+def _images(n: int = 60, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _pmodel(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3)
+    )  # fmt: skip
+    return partitionify(model, 3, PROPORTIONS, seed=seed)
+
+
+def _trainer(**options):
+    sgd = partial(torch.optim.SGD, lr=1.0)  # new = old - grad: the update is the gradient
+    defaults = {"hyper": AffineAugmentation(num_samples=2, init=0.3), "optimizer": sgd, "hyper_optimizer": sgd}
+    return PartitionedTrainer(_pmodel(), _images(), **{"batch_size": 8, "seed": 5, **defaults, **options})
+
+
+def _weights(trainer):
+    return [p.detach().clone() for k in (1, 2, 3) for p in trainer.pmodel.partition_parameters(k)]
+
+
+# --- the hyper-step estimators ----------------------------------------------------------------------
+
+
+def test_the_all_chunks_hyper_gradient_is_the_weighted_sum_of_the_per_chunk_gradients():
+    trainer = _trainer(hyper_chunks="all", hyper_samples=3)
+    reference = _trainer()
+    before = trainer.hyper.ranges.detach().clone()
+    state, rng = trainer.sampler.generator.get_state(), torch.get_rng_state()
+    trainer.hyper_step_all_chunks()
+    got = before - trainer.hyper.ranges.detach()
+
+    reference.sampler.generator.set_state(state)
+    torch.set_rng_state(rng)
+    batches = reference.sampler.hyper_batches()
+    sizes = reference.chunks.sizes
+    later = sizes[1] + sizes[2]
+    assert [(k, w) for w, k, _ in batches] == [(2, sizes[1] / later), (3, sizes[2] / later)]
+    assert all(set(i.tolist()) <= set(reference.chunks.chunk(k).tolist()) for _, k, i in batches)
+    want = torch.zeros_like(before)
+    x, y = reference.examples.tensors
+    for weight, k, indices in batches:
+        loss = -forward_log_likelihood(
+            reference.pmodel, reference.likelihood, x[indices], y[indices], k - 1, reference.hyper, samples=3
+        ).mean()
+        want += weight * torch.autograd.grad(loss, reference.hyper.ranges)[0]
+    torch.testing.assert_close(got, want)
+    assert got.abs().sum() > 0
+
+
+def test_hyper_samples_apply_to_hyperparameter_steps_only():
+    trainer = _trainer(hyper_samples=5)
+    seen = []
+    trainer.hyper.register_forward_hook(lambda m, args, out: seen.append(out.shape[0] // args[0].shape[0]))
+    trainer.parameter_step()
+    trainer.hyper_step()
+    assert seen == [2, 5]
+
+
+def test_hyper_samples_are_refused_without_a_transform_that_takes_them():
+    with pytest.raises(PartitionArgumentError, match="there is no input transform"):
+        _trainer(hyper=None, hyper_samples=4)
+    with pytest.raises(PartitionArgumentError, match=r"InputMask\.forward does not"):
+        PartitionedTrainer(_pmodel(), (torch.randn(60, 4), torch.zeros(60)), hyper=InputMask(4), hyper_samples=4)
+    with pytest.raises(PartitionArgumentError, match="hyper_chunks must be one of"):
+        _trainer(hyper_chunks="both")
+
+
+def test_the_hyper_scheduler_follows_hyperparameter_steps():
+    scheduler = partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    trainer = _trainer(hyper_scheduler=scheduler, hyper_every=2)
+    for _ in range(4):
+        trainer.iteration()
+    assert trainer.hyper_optimizer.param_groups[0]["lr"] == 0.25  # two hyper steps in four iterations
+    assert trainer.optimizer.param_groups[0]["lr"] == 1.0
+
+
+# --- the fine-tuning phase ----------------------------------------------------------------------------
+
+
+def test_a_finetuning_step_trains_every_weight_on_all_data_through_the_final_subnetwork():
+    trainer = _trainer()
+    trainer.begin_finetuning()
+    ranges = trainer.hyper.ranges.detach().clone()
+    indices = torch.arange(60)[::3]  # examples of every chunk
+    assert all(any(int(i) in set(trainer.chunks.chunk(k).tolist()) for i in indices) for k in (1, 2, 3))
+    before = _weights(trainer)
+    rng = torch.get_rng_state()
+    trainer.finetune_step(indices)
+    got = [a - b for a, b in zip(before, _weights(trainer))]
+
+    reference = _trainer()
+    torch.set_rng_state(rng)
+    x, y = reference.examples.tensors
+    params = [p for k in (1, 2, 3) for p in reference.pmodel.partition_parameters(k)]
+    with torch.no_grad():
+        xs = reference.hyper(x[indices])
+    loss = -reference.likelihood(reference.pmodel(xs, subnetwork=3), y[indices], 2).mean()
+    want = torch.autograd.grad(loss, params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert all(g.abs().sum() > 0 for g in got)  # every partition moved
+    assert torch.equal(trainer.hyper.ranges, ranges)  # psi did not
+
+
+def test_finetuning_draws_from_every_chunk_and_never_steps_psi():
+    trainer = _trainer(hyper_every=1)
+    drawn = torch.cat([trainer.sampler.finetune_batch() for _ in range(40)])
+    assert set(drawn.tolist()) == set(range(60))
+    result = trainer.run(10, finetune_steps=4, eval_every=2, progress=False)
+    ranges = [r["hyperparameters"]["rotation"] for r in result.history]
+    phases = [r["phase"] for r in result.history]
+    assert phases == ["partitioned"] * 3 + ["finetune"] * 2 and result.finetune_start == 6
+    assert len(set(ranges[2:])) == 1 and len(set(ranges[:3])) > 1  # learned, then frozen
+    assert [r["lml"] is None for r in result.history] == [False] * 3 + [True] * 2
+    assert result.lml == result.history[2]["lml"]
+
+
+def test_the_lr_schedule_spans_both_phases_and_weight_decay_is_no_longer_scaled():
+    cosine = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=12, eta_min=0.0)
+    adamw = partial(torch.optim.AdamW, lr=0.1, weight_decay=0.01)
+    trainer = _trainer(optimizer=adamw, scheduler=cosine)
+    assert trainer.optimizer.param_groups[0]["weight_decay"] > 0.01  # partition 1: scaled by N / |D_1|
+    lrs = []
+
+    class Record(TrainingHook):
+        def before_finetuning(self, trainer):
+            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+
+    trainer.hooks.append(Record())
+    trainer.run(12, finetune_steps=4, progress=False)
+    assert lrs == [pytest.approx(0.1 * (1 + math.cos(math.pi * 8 / 12)) / 2)]
+    assert trainer.scheduler.last_epoch == 12 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+    assert {g["weight_decay"] for g in trainer.optimizer.param_groups} == {0.01}
+
+
+def test_patience_ends_partitioned_training_early_and_finetuning_runs_to_the_end():
+    trainer = _trainer()
+    calls = []
+
+    class Record(TrainingHook):
+        def before_finetuning(self, trainer):
+            calls.append((trainer.step, trainer.history[-1]["phase"]))
+
+    trainer.hooks.append(Record())
+    result = trainer.run(30, finetune_steps=4, eval_every=1, patience=1, progress=False)
+    assert result.steps == 30 and result.stopped_early
+    assert calls == [(result.finetune_start, "partitioned")] and result.finetune_start < 26
+
+
+def test_finetuning_arguments_are_checked():
+    with pytest.raises(PartitionArgumentError, match="finetune_steps \\(4\\) must be less than steps \\(4\\)"):
+        fit(_pmodel(), _images(), steps=4, finetune_steps=4)
+    with pytest.raises(PartitionArgumentError, match="finetune_steps must be an int >= 0"):
+        fit(_pmodel(), _images(), steps=4, finetune_steps=-1)
+    with pytest.raises(PartitionTypeError, match=r"hooks\[0\] must be a TrainingHook"):
+        fit(_pmodel(), _images(), steps=4, hooks=[print])
+
+
+def _fit(pmodel, **kwargs):
+    options = {
+        "steps": 12,
+        "finetune_steps": 5,
+        "hyper_chunks": "all",
+        "hyper_samples": 3,
+        "scheduler": partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=12, eta_min=1e-4),
+        **kwargs,
+    }
+    return fit(
+        pmodel,
+        _images(),
+        hyper=AffineAugmentation(num_samples=2),
+        batch_size=8,
+        optimizer=partial(torch.optim.Adam, lr=1e-2, weight_decay=1e-3),
+        hyper_optimizer=partial(torch.optim.Adam, lr=0.05),
+        eval_every=3,
+        seed=3,
+        progress=False,
+        **options,
+    )
+
+
+@pytest.mark.parametrize("stop_at", [6, 7, 9])  # partitioned; the switch (7 = 12 - 5); fine-tuning
+def test_a_run_resumed_in_either_phase_equals_the_uninterrupted_one(tmp_path, stop_at):
+    reference = _pmodel()
+    expected = _fit(reference)
+    assert expected.finetune_start == 7
+
+    _fit(_pmodel(), checkpoint_dir=tmp_path, callbacks=[lambda trainer, record: record["step"] == stop_at])
+    assert json.loads((tmp_path / "resume" / "state.json").read_text())["step"] == stop_at
+    resumed_model = _pmodel()
+    resumed = _fit(resumed_model, resume=tmp_path / "resume")
+
+    strip = lambda history: [{k: v for k, v in r.items() if k != "seconds"} for r in history]  # noqa: E731
+    assert resumed.finetune_start == 7 and strip(resumed.history) == strip(expected.history)
+    assert resumed.hyperparameters == expected.hyperparameters
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed_model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_a_resume_directory_from_before_the_estimator_options_still_resumes(tmp_path):
+    _fit(_pmodel(), checkpoint_dir=tmp_path, hyper_chunks="one", hyper_samples=None, steps=4, finetune_steps=0)
+    state_path = tmp_path / "resume" / "state.json"
+    state = json.loads(state_path.read_text())
+    for key in ("hyper_chunks", "hyper_samples"):
+        del state["fingerprint"][key]
+    for key in ("hyper_scheduler", "finetune_start"):
+        del state[key]
+    state_path.write_text(json.dumps(state))
+    paper = {"hyper_chunks": "one", "hyper_samples": None, "finetune_steps": 0}
+    result = _fit(_pmodel(), resume=tmp_path / "resume", steps=6, **paper)
+    assert result.steps == 6
