@@ -194,11 +194,17 @@ CLI_BAD: list[Bad] = [
     *_common("train"),
     *[
         Bad("train", f"--{name}", values, category, (f"--{name}",))
-        for name in ("steps", "batch-size", "samples", "hyper-every", "eval-every", "image-size", "channels")
+        for name in ("steps", "batch-size", "samples", "hyper-every", "hyper-samples", "hyper-batch-size",
+                     "eval-every", "image-size", "channels")
         for values, category in ((NOT_INT, "type errors"), (NON_POSITIVE, "out-of-range numbers"))
     ],
     Bad("train", "--warmup-steps", NOT_INT, "type errors", ("--warmup-steps",)),
     Bad("train", "--warmup-steps", NEGATIVE, "out-of-range numbers", ("--warmup-steps",)),
+    Bad("train", "--finetune-steps", NOT_INT, "type errors", ("--finetune-steps",)),
+    Bad("train", "--finetune-steps", NEGATIVE, "out-of-range numbers", ("--finetune-steps",)),
+    Bad("train", "--finetune-steps", st.integers(400, 10**30).map(str), "conflicting options", ("--finetune-steps",)),
+    Bad("train", "--hyper-chunks", _not("one", "all"), "unknown choices", ("--hyper-chunks",)),
+    Bad("train", "--hyper-samples", st.integers(10**12, 10**30).map(str), "huge numbers", ("--hyper-samples",)),
     *[
         Bad("train", f"--{name}", values, category, (f"--{name}",))
         for name, bad in (
@@ -388,6 +394,9 @@ def good_train_options(draw: st.DrawFn) -> dict[str, Any]:
         "hyper-lr": draw(st.floats(1e-6, 10.0)),
         "weight-decay": draw(st.floats(0.0, 1.0)),
         "hyper-every": draw(st.integers(1, 20)),
+        "hyper-chunks": draw(st.sampled_from(["one", "all"])),
+        "hyper-samples": draw(st.integers(1, 8)),
+        "hyper-batch-size": draw(st.integers(1, 64)),
         "warmup-steps": draw(st.integers(0, 100)),
         "eval-every": draw(st.sampled_from([None, 1, 7, 10**6])),
         "scheme": draw(st.sampled_from(["random", "node"])),
@@ -432,6 +441,10 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
     assert started["eval_every"] == (options["eval-every"] or max(1, options["steps"] // 10))
     assert trainer.sampler.batch_size == options["batch-size"] and trainer.seed == options["seed"]
     assert (trainer.hyper_every, trainer.warmup_steps) == (options["hyper-every"], options["warmup-steps"])
+    assert trainer.options.hyper_chunks == options["hyper-chunks"]
+    assert trainer.sampler.hyper_batch_size == options["hyper-batch-size"]
+    assert trainer.options.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)
+    assert started["finetune_steps"] == options["steps"] // 4
     assert (trainer.fused, trainer.every_partition) == (options["fused"], options["every-partition"])
     assert trainer.pmodel.num_partitions == options["partitions"] and min(trainer.chunks.sizes) >= 1
     assert all(math.isfinite(g["weight_decay"]) for g in trainer.optimizer.param_groups)
@@ -489,6 +502,11 @@ FIT_BAD: list[tuple[str, str, st.SearchStrategy[Any]]] = [
     *[(name, "type errors / out-of-range numbers", NOT_POSITIVE_INT) for name in
       ("hyper_batch_size", "eval_every", "eval_examples_per_chunk", "patience")],
     ("warmup_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none()),
+    ("finetune_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none() | st.integers(4, 10**6)),
+    ("hyper_samples", "type errors / out-of-range numbers", NOT_POSITIVE_INT),
+    ("hyper_chunks", "unknown choices", _not("one", "all") | NOT_BOOL | st.none()),
+    ("hyper_scheduler", "bad factories", st.one_of(st.integers(), st.text(max_size=3), st.just(lambda o: _NoStep()))),
+    ("hooks", "type errors", st.one_of(st.none(), st.integers(), st.just(print), st.lists(st.integers(), min_size=1))),
     ("seed", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none() | st.integers(min_value=2**63)),
     *[(name, "type errors", NOT_BOOL | st.none()) for name in
       ("restore_best", "recalibrate_norms", "fused", "every_partition")],

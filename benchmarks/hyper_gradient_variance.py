@@ -1,0 +1,146 @@
+"""Where the variance of the hyper-gradient comes from, and what each estimator does to it.
+
+The `partition-fx train` job (resnet10t, rotdigits, C=3, 0.8/0.1/0.1) is trained with the paper's scheme for
+``--at`` iterations; then, at those fixed weights and ranges, the gradient of one hyperparameter step's loss
+with respect to the rotation range is drawn ``--draws`` times per estimator, each draw with fresh randomness
+in some parts and fixed randomness in the others:
+
+* ``paper``: chunk k ~ Cat(u_2..C), 64 examples of D_k, 4 augmentation samples each (appendix I.1);
+* ``fixed_chunk``: k = 2 always (the draw of k removed);
+* ``fixed_batch``: one k and minibatch for every draw (only the augmentation noise left);
+* ``fixed_noise``: the augmentation noise fixed (torch seed), k and minibatch drawn (only the data left);
+* ``all``: every chunk 2..C (``hyper_chunks="all"``), 64 examples each, weighted;
+* ``s16``: the paper's with 16 augmentation samples;
+* ``all_s16_b16``: every chunk, 16 examples each, 16 samples (512 images, the cost of ``all``'s half).
+
+For each: the mean and standard deviation of the rotation component over the draws, the signal-to-noise
+ratio |mean| / sd of ONE draw, and the images one draw puts through the network. The weights are those of
+the paper's scheme at ``--at``; every estimator has the same expected gradient except ``s16`` (more samples
+change the objective: log of a mean of more probabilities). Prints a table and writes
+``benchmarks/results/hyper_gradient_variance.json``.
+
+    python -m benchmarks.hyper_gradient_variance [--at 200] [--draws 48] [--seed 0] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from benchmarks._common import RESULTS, header, markdown_table, results, write_results
+
+ESTIMATORS = ("paper", "fixed_chunk", "fixed_batch", "fixed_noise", "all", "s16", "all_s16_b16")
+
+
+def _rotation_gradient(trainer: Any, batches: list[tuple[float, int, torch.Tensor]], samples: int | None) -> float:
+    """d/d(rotation range) of sum_k weight_k * mean NLL of chunk k's batch through subnetwork k-1."""
+    from partition_fx.training.lml import forward_log_likelihood
+
+    ranges = trainer.hyper.ranges
+    loss = 0.0
+    for weight, k, indices in batches:
+        x, y = trainer.examples.batch(indices, trainer.device)
+        log_likelihood = forward_log_likelihood(
+            trainer.pmodel, trainer.likelihood, x, y, k - 1, trainer.hyper, samples=samples
+        )
+        loss = loss + weight * -log_likelihood.mean()
+    (grad,) = torch.autograd.grad(loss, ranges)
+    return float(grad[trainer.hyper.generators.index("rotation")])
+
+
+def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.Generator) -> tuple[float, int]:
+    """One gradient draw of ``estimator`` and the images it put through the network."""
+    sampler = trainer.sampler
+    batch = 64 if estimator != "all_s16_b16" else 16
+    samples = 16 if estimator in ("s16", "all_s16_b16") else None
+
+    def chunk_batch(k: int) -> torch.Tensor:
+        pool = trainer.chunks.chunk(k)
+        return pool[torch.randint(pool.numel(), (batch,), generator=generator)]
+
+    if estimator in ("all", "all_s16_b16"):
+        batches = [(w, k, chunk_batch(k)) for w, k, _ in sampler.hyper_batches()]
+    elif estimator == "fixed_batch":
+        batches = [fixed["batch"]]
+    else:
+        k = (
+            2
+            if estimator == "fixed_chunk"
+            else 2 + int(torch.multinomial(sampler.hyper_chunk_probabilities, 1, generator=generator))
+        )
+        batches = [(1.0, k, chunk_batch(k))]
+    if estimator == "fixed_noise":
+        torch.manual_seed(fixed["noise_seed"])
+    images = sum(int(i.numel()) for _, _, i in batches) * (samples or trainer.hyper.num_samples)
+    return _rotation_gradient(trainer, batches, samples), images
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from partition_fx.cli import train_job, training_recipe
+    from partition_fx.training import PartitionedTrainer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--at", type=int, default=200, help="paper-scheme iterations before measuring")
+    parser.add_argument("--draws", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=RESULTS / "hyper_gradient_variance.json")
+    parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
+    args = parser.parse_args(argv)
+    argv_job = ["--seed", str(args.seed), "--device", args.device, "--steps", str(max(args.at, 1))]
+    argv_job += ["--hyper-chunks", "one", "--hyper-every", "1", "--finetune-steps", "0", "--quiet"]
+    if args.quick:
+        argv_job += ["--model", "fixup_resnet8", "--image-size", "12", "--samples", "2"]
+    job = train_job(argv_job)
+    recipe = training_recipe(job.args)
+    steps = recipe.pop("steps")
+    recipe.pop("finetune_steps")
+    recipe.update(hyper_samples=None, hyper_batch_size=None)
+    torch.manual_seed(args.seed)
+    trainer = PartitionedTrainer(job.pmodel, job.data.train, hyper=job.hyper, seed=args.seed, **recipe)
+    started = time.perf_counter()
+    if args.at:
+        trainer.run(steps, progress=False, recalibrate_norms=False)
+    trained_seconds = time.perf_counter() - started
+    trainer.pmodel.train()
+    trainer.hyper.train()
+    generator = torch.Generator().manual_seed(args.seed + 100)
+    fixed = {"batch": (1.0, 2, trainer.chunks.chunk(2)[:64]), "noise_seed": args.seed + 7}
+    rows = []
+    for estimator in ESTIMATORS:
+        torch.manual_seed(args.seed + 1000)
+        values, images = [], 0
+        for _ in range(args.draws):
+            value, images = draw(trainer, estimator, fixed, generator)
+            values.append(value)
+        mean, sd = statistics.fmean(values), statistics.stdev(values)
+        rows.append(
+            {
+                "estimator": estimator,
+                "mean": mean,
+                "sd": sd,
+                "snr": abs(mean) / sd if sd > 0 else float("inf"),
+                "images_per_draw": images,
+                "draws": values,
+            }
+        )
+    rotation = trainer.hyperparameter_values()["rotation"]
+    config = {"at": args.at, "draws": args.draws, "seed": args.seed, "rotation_at": rotation}
+    payload = results(header("hyper_gradient_variance", quick=args.quick, device=args.device), config, rows)
+    payload["config"]["trained_seconds"] = round(trained_seconds, 1)
+    body = [
+        [r["estimator"], f"{r['mean']:+.3g}", f"{r['sd']:.3g}", f"{r['snr']:.2f}", r["images_per_draw"]] for r in rows
+    ]
+    print(f"rotation range at iteration {args.at}: {config['rotation_at']:.3f} rad")
+    print(markdown_table(["estimator", "mean gradient", "sd of one draw", "|mean| / sd", "images per draw"], body))
+    if not args.quick:
+        write_results(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
