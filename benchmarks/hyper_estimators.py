@@ -32,6 +32,16 @@ import torch
 
 from benchmarks._common import RESULTS, header, results, write_results
 
+PAPER: dict[str, Any] = {
+    "data": "rotdigits",
+    "hyper_chunks": "one",
+    "hyper_samples": None,
+    "hyper_batch_size": None,
+    "hyper_every": 1,
+    "finetune": 0.0,
+}
+"""What every variant changes: the paper's hyperparameter step (appendix I.1), no fine-tuning, rotdigits."""
+
 VARIANTS: dict[str, dict[str, Any]] = {
     # The paper's estimator (appendix I.1): one chunk k ~ Cat(u_2..C) per hyper step, S=4, Adam 0.05.
     "paper": {},
@@ -60,6 +70,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "hyper_every": 4,
         "finetune": 0.25,
     },
+    "all_s16_b16_every2_lr1_ft25": {
+        "hyper_chunks": "all",
+        "hyper_samples": 16,
+        "hyper_batch_size": 16,
+        "hyper_every": 2,
+        "hyper_lr": 0.1,
+        "finetune": 0.25,
+    },
+    "digits_all_s16_b16_every2_lr1_ft25": {
+        "hyper_chunks": "all",
+        "hyper_samples": 16,
+        "hyper_batch_size": 16,
+        "hyper_every": 2,
+        "hyper_lr": 0.1,
+        "finetune": 0.25,
+        "data": "digits",
+    },
     # Fine-tuning the final model for the last quarter / half of the iterations.
     "all_s16_ft25": {"hyper_chunks": "all", "hyper_samples": 16, "finetune": 0.25},
     "all_s16_ft50": {"hyper_chunks": "all", "hyper_samples": 16, "finetune": 0.5},
@@ -77,36 +104,34 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
     from partition_fx.training import evaluate_classifier, fit
     from partition_fx.transforms import AffineAugmentation
 
-    spec = VARIANTS[variant]
+    spec = {**PAPER, **VARIANTS[variant]}
     plain = "plain" in spec
-    argv = ["--steps", str(steps), "--seed", str(seed), "--device", device, "--quiet"]
+    argv = ["--steps", str(steps), "--seed", str(seed), "--device", device, "--data", spec["data"], "--quiet"]
     if quick:
         argv += ["--image-size", "12", "--batch-size", "8", "--samples", "2", "--model", "fixup_resnet8"]
     if "hyper_lr" in spec:
         argv += ["--hyper-lr", str(spec["hyper_lr"])]
-    if "hyper_every" in spec:
-        argv += ["--hyper-every", str(spec["hyper_every"])]
     if plain:
         argv += ["--partitions", "1", "--augment", "none"]
     job = train_job(argv)
     recipe = training_recipe(job.args)
-    names = ("hyper_chunks", "hyper_samples", "hyper_batch_size")
-    options: dict[str, Any] = {key: spec[key] for key in names if key in spec}
+    for key in ("hyper_chunks", "hyper_samples", "hyper_batch_size", "hyper_every"):
+        recipe[key] = spec[key]
+    recipe["finetune_steps"] = round(steps * spec["finetune"])
+    if plain:
+        recipe["hyper_samples"] = None
     hyper = job.hyper
     if plain and spec["plain"] is not None:
         hyper = AffineAugmentation(num_samples=job.args.samples, init=spec["plain"])
         hyper.ranges.requires_grad_(False)  # fixed by hand: nothing to learn
     if spec.get("hyper_cosine"):
-        options["hyper_scheduler"] = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)
-    finetune = round(steps * spec.get("finetune", 0.0))
+        recipe["hyper_scheduler"] = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)
     started = time.perf_counter()
     result = fit(
         job.pmodel,
         job.data.train,
         hyper=hyper,
         **recipe,
-        **options,
-        finetune_steps=finetune,
         seed=seed,
         device=job.device,
         progress=False,
@@ -119,7 +144,8 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
         "variant": variant,
         "seed": seed,
         "steps": steps,
-        "finetune_steps": finetune,
+        "data": spec["data"],
+        "finetune_steps": recipe["finetune_steps"],
         "test_accuracy": accuracy,
         "test_log_likelihood": log_likelihood,
         "hyperparameters": result.hyperparameters,

@@ -8,10 +8,13 @@ the same iterations, batch, augmentation samples and learning rates (``methods.B
    +-15 degrees and +-10% shifts, the usual MNIST choice; scattered: the ranges the data was generated with);
 3. ``partitioned`` / ``partitioned_fused``: this project (C=3, 0.8/0.1/0.1; the paper's iteration scheme, and
    fused steps with every partition every iteration), learning the six affine ranges by the LML;
+   ``partitioned_finetuned``: the paper scheme whose last iterations (`partition-fx train`'s default
+   share, ``Budget.finetune_steps``) fine-tune the final model on all the data with the ranges frozen;
 4. ``augerino`` / ``augerino_unsafe``: Benton et al. 2020 (``methods.augerino_loss``), safe and unsafe, with
    the authors' regulariser strength 0.01; ``augerino_unsafe_strong``: unsafe with strength 1.0;
 5. ``validation``: the ranges stepped on the loss of a held-out last chunk (10%) through the model trained
-   on the other 90%;
+   on the other 90%; ``validation_finetuned``: the same, its last iterations (as many as
+   ``partitioned_finetuned``'s) training on all the data with the ranges frozen (the paper's Table 2);
 6. ``optuna``: TPE (seeded) over the six ranges, ``--trials`` full plain runs on the 90% split, each scored
    by its validation log-likelihood; reported: the best trial's model, the total cost and the best trial's;
 7. ``retrain_partitioned`` / ``retrain_optuna``: plain runs from scratch on all training data with the ranges
@@ -20,11 +23,24 @@ the same iterations, batch, augmentation samples and learning rates (``methods.B
 Tasks: ``rotdigits`` and ``digits`` (16 px) and ``scattered``: digits at random sizes and positions on a
 20 px canvas, written as an image folder (``partition_fx.datasets.write_scattered_digits``) and loaded back
 with ``image_folder``. The test split is touched only to report; nothing is chosen on it. Every run is
-cached as JSON under ``--runs``, so an interrupted benchmark resumes. Also draws the paper's figure 9 for
-rotdigits: test accuracy of fixed-rotation plain runs against the rotation range, with the partitioned
-runs' trajectories on top. Prints a table and writes ``benchmarks/results/hyperparameter_methods.{json,md,png}``.
+cached as JSON under ``--runs``, so an interrupted benchmark resumes.
 
-    python -m benchmarks.hyperparameter_methods [--jobs 2] [--seeds 0,1,2] [--trials 20] [--steps 400]
+The per-run table gives each learned range (rotation; translation: the mean of x and y; zoom: the mean
+of the two scales) as ``min / median / max`` over the seeds: the smallest, middle and largest value the
+runs ended with, so one outlying seed shows as such instead of widening a standard deviation. Every method
+that learns ranges (``partitioned*``, ``augerino*``, ``validation*``) also records their trajectory, about
+ten points per run (``ranges_trajectory`` in each run's JSON, ``ranges_trajectories`` in the rows).
+
+Figures: ``<out>_trajectories.png``, one row per task (its first model) and one column per learning method
+(partitioned, its fine-tuned variant, validation, its fine-tuned variant, Augerino) among those run: the
+task's main learned range (rotation on rotdigits and digits, the mean of the x and y translations on
+scattered) against the iteration, one line per seed, the true value dashed (digits has no invariance: 0,
+labelled "none"); and the paper's figure 9 for rotdigits (``<out>_rotation.png``): test accuracy of
+fixed-rotation plain runs against the rotation range, with the partitioned runs' trajectories on top.
+Prints the tables and writes ``benchmarks/results/hyperparameter_methods.{json,md}`` and the figures beside
+them.
+
+    python -m benchmarks.hyperparameter_methods [--jobs 2] [--seeds 0,1,2,3,4] [--trials 20] [--steps 400]
         [--pairs rotdigits:test_resnet,...] [--methods plain,partitioned,...] [--quick]
 """
 
@@ -36,6 +52,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from functools import cache
@@ -60,11 +77,13 @@ DEFAULT_PAIRS = ",".join(
     ]
 )
 LEARNING = [
-    "plain", "hand_chosen", "partitioned", "partitioned_fused", "augerino", "augerino_unsafe", "augerino_unsafe_strong",
-    "validation",
+    "plain", "hand_chosen", "partitioned", "partitioned_finetuned", "partitioned_fused", "augerino", "augerino_unsafe",
+    "augerino_unsafe_strong", "validation", "validation_finetuned",
 ]  # fmt: skip
 RETRAINED = ["retrain_partitioned", "retrain_optuna"]
 ALL_METHODS = [*LEARNING, "optuna", *RETRAINED]
+# the columns of the trajectories figure, when run
+TRAJECTORY_METHODS = ["partitioned", "partitioned_finetuned", "validation", "validation_finetuned", "augerino"]
 SWEEP = [math.pi / 8, math.pi / 4, math.pi / 2, 3 * math.pi / 4]  # plus 0 (plain) and pi (hand-chosen)
 QUICK = {"steps": 4, "batch_size": 8, "samples": 2}
 
@@ -98,12 +117,19 @@ def _scattered_folder(runs: Path, quick: bool) -> str:
     return str(folder)
 
 
+def learns_ranges(method: str) -> bool:
+    """Whether ``method`` learns the ranges while it trains (so its runs record their trajectory)."""
+    return method.startswith(("partitioned", "augerino", "validation"))
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """One cached run: ``job`` names the method, task, model, seed and budget; returns JSON."""
     path = Path(job["path"])
     if path.is_file():
         cached = json.loads(path.read_text())
-        if cached.get("job") == {k: v for k, v in job.items() if k != "path"}:
+        # runs cached before trajectories were recorded are trained again
+        complete = not learns_ranges(job["method"]) or "ranges_trajectory" in cached
+        if cached.get("job") == {k: v for k, v in job.items() if k != "path"} and complete:
             return cached
     torch.set_num_threads(1)
     task = load_task(job["task"], job["image_size"], job["folder"])
@@ -120,17 +146,34 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             trajectory.append({"step": evaluation["step"], "test_accuracy": accuracy, **evaluation["hyperparameters"]})
 
         result = methods.train_partitioned(
-            task, model, seed, budget, fused=method == "partitioned_fused", on_evaluation=on_evaluation
+            task,
+            model,
+            seed,
+            budget,
+            fused=method == "partitioned_fused",
+            on_evaluation=on_evaluation,
+            finetune_steps=budget.finetune_steps() if method == "partitioned_finetuned" else 0,
         )
         record.update(lml=result["lml"], history=result["history"], trajectory=trajectory)
     else:
-        learn = {"augerino_unsafe_strong": "augerino_unsafe"}.get(method, method)
-        learn = learn if learn in ("augerino", "augerino_unsafe", "validation") else None
+        base = {"augerino_unsafe_strong": "augerino_unsafe", "validation_finetuned": "validation"}.get(method, method)
+        learn = base if base in ("augerino", "augerino_unsafe", "validation") else None
         strength = job.get("augerino_strength", methods.AUGERINO_STRENGTH)
         result = methods.train_plain(
-            task, model, seed, budget, augmentation=job.get("augmentation"), learn=learn, augerino_strength=strength
+            task,
+            model,
+            seed,
+            budget,
+            augmentation=job.get("augmentation"),
+            learn=learn,
+            augerino_strength=strength,
+            finetune_steps=budget.finetune_steps() if method == "validation_finetuned" else 0,
+            trajectory_every=max(1, budget.steps // 10) if learn is not None else None,
         )
         record["diverged_at"] = result["diverged_at"]
+    if learns_ranges(method):
+        # the learned ranges along training ("trajectory" of partitioned runs holds their test accuracy)
+        record["ranges_trajectory"] = result["trajectory"]
     accuracy, loglik = methods.evaluate(result["model"], task.data)
     record.update(
         job={k: v for k, v in job.items() if k != "path"},
@@ -190,6 +233,10 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
     def job(method: str, task: str, model: str, seed: int, name: str | None = None, **extra: Any) -> None:
         size = _image_size(args, task)
         path = args.runs / task / model / f"{name or method}_s{seed}.json"
+        if method.startswith("partitioned"):  # part of the cache key: runs of another estimator are not reused
+            recipe = methods.Budget(**budget).recipe()
+            extra["estimator"] = {k: recipe[k] for k in ("hyper_chunks", "hyper_samples", "hyper_batch_size")}
+            extra["estimator"]["hyper_every"] = recipe["hyper_every"]
         jobs.append(
             {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
             | {"budget": budget, "path": str(path), **extra}
@@ -251,6 +298,8 @@ def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, 
             row["passes"] = [r["passes"] for r in runs]
             if method.startswith("augerino_unsafe"):
                 row["diverged_at"] = [r["diverged_at"] for r in runs]
+            if learns_ranges(method):
+                row["ranges_trajectories"] = [r["ranges_trajectory"] for r in runs]
             if method == "optuna":
                 row |= {k: runs[0][k] for k in ("best_trial", "best_trial_seconds", "best_trial_passes", "trials")}
             rows.append(row)
@@ -313,10 +362,106 @@ def _plot(args: argparse.Namespace, results: dict[str, dict], path: Path) -> Non
     plt.close(fig)
 
 
+def _main_quantity(task: str) -> tuple[str, Callable[[dict[str, float]], float]]:
+    """The range a task is about, as (axis label, value of a ranges dict): rotation on the digit tasks,
+    the mean of the x and y translation ranges on scattered (in ``AffineAugmentation`` units)."""
+    if task == "scattered":
+        label = "translation range\n(mean of x, y; 1 = half the image)"
+        return label, lambda ranges: (ranges.get("translation_x", 0.0) + ranges.get("translation_y", 0.0)) / 2
+    return "rotation range (rad)", lambda ranges: ranges.get("rotation", 0.0)
+
+
+def _plot_trajectories(
+    args: argparse.Namespace,
+    results: dict[str, dict],
+    truths: dict[str, dict[str, float]],
+    budget: methods.Budget,
+    path: Path,
+) -> None:
+    """One row per task (its first model), one column per learning method run: the task's main learned
+    range against the iteration, one line per seed, the true value dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    columns = [method for method in TRAJECTORY_METHODS if method in args.methods]
+    first_models: dict[str, str] = {}
+    for task, model in args.pairs:
+        first_models.setdefault(task, model)
+    tasks = list(first_models)
+    fig, axes = plt.subplots(
+        len(tasks),
+        len(columns),
+        figsize=(0.6 + 2.9 * len(columns), 0.8 + 2.5 * len(tasks)),
+        sharex=True,
+        sharey="row",
+        squeeze=False,
+    )
+    colours = plt.get_cmap("tab10").colors
+    finetune_from = budget.steps - budget.finetune_steps()
+    for i, task in enumerate(tasks):
+        model = first_models[task]
+        label, pick = _main_quantity(task)
+        truth = truths[task]
+        true_value = pick(truth) if truth else 0.0
+        true_text = "none (no invariance), 0" if not truth else f"{true_value:.2f}"
+        true_text += " = π" if math.isclose(true_value, math.pi) else ""
+        highest = true_value
+        for j, method in enumerate(columns):
+            ax = axes[i, j]
+            for k, seed in enumerate(args.seeds):
+                trajectory = results[_key(method, task, model, seed)]["ranges_trajectory"]
+                values = [pick(t) for t in trajectory]
+                highest = max([highest, *values])
+                ax.plot(
+                    [t["step"] for t in trajectory],
+                    values,
+                    "o-",
+                    markersize=2.5,
+                    linewidth=1.2,
+                    color=colours[k % len(colours)],
+                    alpha=0.85,
+                    label=f"seed {seed}",
+                )
+            ax.axhline(true_value, linestyle="--", color="0.3", linewidth=1.0, label="true value")
+            ax.text(
+                0.03,
+                0.96,
+                f"true (dashed): {true_text}",
+                transform=ax.transAxes,
+                va="top",
+                fontsize=7,
+                color="0.25",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5},
+            )
+            if method.endswith("_finetuned"):
+                ax.axvline(finetune_from, linestyle=":", color="0.6", linewidth=1.0, label="fine-tuning starts")
+            ax.set_title(f"{task} / {model}\n{tables.METHOD_LABELS[method]}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(label, fontsize=8)
+            if i == len(tasks) - 1:
+                ax.set_xlabel("iteration", fontsize=8)
+        axes[i, 0].set_ylim(0.0, 1.2 * highest if highest > 0 else 0.1)  # room for the truth's label
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(text, handle)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle("Learned ranges during training (the task's main range; dashed: the data's true value)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=DEFAULT_PAIRS, help="task:model,... (first: the figure's pair)")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--trials", type=int, default=20, help="Optuna trials per study")
     parser.add_argument("--steps", type=int, default=methods.Budget.steps)
     parser.add_argument("--batch-size", type=int, default=methods.Budget.batch_size)
@@ -390,6 +535,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if args.figure:
         _plot(args, results, out.with_name(out.stem + "_rotation.png"))
+    if any(method in args.methods for method in TRAJECTORY_METHODS):
+        budget = methods.Budget(**config["budget"])
+        _plot_trajectories(args, results, truths, budget, out.with_name(out.stem + "_trajectories.png"))
     return result
 
 

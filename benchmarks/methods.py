@@ -17,7 +17,6 @@ images they carried (augmentation samples included), LML estimates and BatchNorm
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections.abc import Callable
@@ -30,6 +29,8 @@ from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.cli import training_recipe
+from partition_fx.cli.job import finetune_steps as default_finetune_steps
+from partition_fx.cli.parser import parse_train
 from partition_fx.models import build_model
 from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training.lml import apply_transform
@@ -56,13 +57,16 @@ class Budget:
     lr: float = 1e-3
     hyper_lr: float = 0.05
 
-    def recipe(self) -> dict[str, Any]:
-        """``fit``'s optimisation options, from `partition-fx train`'s own recipe."""
-        job = argparse.Namespace(
-            steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=0.0, hyper_lr=self.hyper_lr,
-            hyper_every=1, warmup_steps=0,
-        )  # fmt: skip
-        return training_recipe(job)
+    def recipe(self, finetune_steps: int = 0) -> dict[str, Any]:
+        """``fit``'s optimisation options, from `partition-fx train`'s own recipe and defaults (the hyper-step
+        estimator included), with this budget's iterations, batch and learning rates."""
+        argv = ["--steps", str(self.steps), "--batch-size", str(self.batch_size), "--samples", str(self.samples)]
+        argv += ["--lr", str(self.lr), "--hyper-lr", str(self.hyper_lr), "--finetune-steps", str(finetune_steps)]
+        return training_recipe(parse_train(argv))
+
+    def finetune_steps(self) -> int:
+        """The iterations a fine-tuned method spends fine-tuning: `partition-fx train`'s default share."""
+        return default_finetune_steps(parse_train(["--steps", str(self.steps)]))
 
 
 class PassCounter:
@@ -165,17 +169,24 @@ def train_plain(
     learn: str | None = None,
     train_indices: torch.Tensor | None = None,
     augerino_strength: float = AUGERINO_STRENGTH,
+    finetune_steps: int = 0,
+    trajectory_every: int | None = None,
 ) -> dict[str, Any]:
     """Plain training with a fixed augmentation (``learn=None``) or a baseline that learns it.
 
     ``learn``: ``"augerino"`` (safe), ``"augerino_unsafe"`` (unbounded ranges, regulariser always on; stops
     when it diverges) or ``"validation"`` (a hyperparameter step per iteration on a batch of the held-out
     last chunk; the network trains on the rest); ``augerino_strength``: Augerino's regulariser weight.
+    ``finetune_steps`` (``validation`` only): the last iterations train on ALL the training data (the
+    held-out chunk too) with the ranges frozen, the LR schedule running on: the paper's fine-tuning of
+    its validation-set baseline (Table 2). ``trajectory_every``: record the learned ranges this often.
     ``train_indices`` restricts the training examples (Optuna's trials). Returns the model, the ranges, the
     pass counts, seconds and (unsafe Augerino) ``diverged_at``.
     """
     if learn not in (None, "augerino", "augerino_unsafe", "validation"):
         raise ValueError(f"unknown baseline {learn!r}")
+    if finetune_steps and learn != "validation":
+        raise ValueError("finetune_steps applies to the validation baseline only")
     model = _model(task, model_name, seed)
     x_all, y_all = task.data.train.tensors
     indices = torch.arange(len(x_all)) if train_indices is None else train_indices
@@ -198,8 +209,12 @@ def train_plain(
     started = time.perf_counter()
     augerino = learn is not None and learn.startswith("augerino")
     model.train()
+    trajectory = []
+    everything = torch.arange(len(x_all))
     for step in range(budget.steps):
-        batch = indices[torch.randint(len(indices), (budget.batch_size,), generator=generator)]
+        finetuning = step >= budget.steps - finetune_steps if finetune_steps else False
+        pool = everything if finetuning else indices
+        batch = pool[torch.randint(len(pool), (budget.batch_size,), generator=generator)]
         x, y = x_all[batch], y_all[batch]
         xs, samples = apply_transform(aug, x, grad=augerino)
         outputs = model(xs)
@@ -219,7 +234,7 @@ def train_plain(
             if learn == "augerino_unsafe" and _diverged(loss, aug):
                 diverged_at = step + 1
                 break
-        if learn == "validation":
+        if learn == "validation" and not finetuning:
             batch = validation[torch.randint(len(validation), (budget.batch_size,), generator=generator)]
             xs, samples = apply_transform(aug, x_all[batch])
             hyper_loss = -likelihood(model(xs), y_all[batch], samples).mean()
@@ -227,8 +242,11 @@ def train_plain(
             hyper_loss.backward()
             hyper_optimizer.step()
             aug.constrain_()
+        if trajectory_every and aug is not None and (step + 1) % trajectory_every == 0:
+            trajectory.append({"step": step + 1, **aug.hyperparameters()})
     seconds = time.perf_counter() - started
     return {
+        "trajectory": trajectory,
         "model": model.eval(),
         "hyperparameters": aug.hyperparameters() if aug is not None else {},
         "passes": counter.as_dict(),
@@ -251,8 +269,10 @@ def train_partitioned(
     fused: bool = False,
     eval_every: int | None = None,
     on_evaluation: Callable[[nn.Module, dict[str, Any]], None] | None = None,
+    finetune_steps: int = 0,
 ) -> dict[str, Any]:
-    """This project: a C=3 (0.8/0.1/0.1) partitioned model learning the affine ranges by the LML.
+    """This project: a C=3 (0.8/0.1/0.1) partitioned model learning the affine ranges by the LML, with
+    `partition-fx train`'s hyper-step estimator; the last ``finetune_steps`` fine-tune the final model.
 
     ``fused``: fused steps with every partition trained every iteration; else the paper's scheme.
     ``on_evaluation(final_model_copy, record)`` runs at each LML evaluation (not timed, not counted).
@@ -274,7 +294,7 @@ def train_partitioned(
         pmodel,
         task.data.train,
         hyper=aug,
-        **budget.recipe(),
+        **budget.recipe(finetune_steps),
         seed=seed,
         eval_every=eval_every,
         eval_examples_per_chunk=64,
@@ -295,4 +315,5 @@ def train_partitioned(
         "history": [
             {"step": r["step"], "lml": r["lml"], "hyperparameters": r["hyperparameters"]} for r in result.history
         ],
+        "trajectory": [{"step": r["step"], **r["hyperparameters"]} for r in result.history],
     }

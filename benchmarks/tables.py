@@ -26,11 +26,13 @@ METHOD_LABELS = {
     "plain": "1 plain, no augmentation",
     "hand_chosen": "2 plain, hand-chosen augmentation",
     "partitioned": "3 partitioned (paper scheme)",
+    "partitioned_finetuned": "3'' partitioned + fine-tuning",
     "partitioned_fused": "3' partitioned (fused, every partition)",
     "augerino": "4 Augerino (safe)",
     "augerino_unsafe": "4' Augerino (unsafe)",
     "augerino_unsafe_strong": f"4'' Augerino (unsafe, strength {STRONG_AUGERINO})",
     "validation": "5 validation split",
+    "validation_finetuned": "5' validation split + fine-tuning",
     "optuna": "6 Optuna TPE, best trial",
     "retrain_partitioned": "7 plain, retrained with partitioned's ranges",
     "retrain_optuna": "7' plain, retrained with Optuna's best ranges",
@@ -178,11 +180,21 @@ def _zoom_range(hyperparameters: dict[str, float]) -> float:
 
 
 def _ranges(hyper: list[dict[str, float]], pick: Callable[[dict[str, float]], float]) -> str:
-    return mean_sd([pick(h) for h in hyper], ".2f") if any(hyper) else "-"
+    """The spread of one learned range over seeds: 'min / median / max' (just the value for one seed; '-'
+    for a method without ranges)."""
+    if not any(hyper):
+        return "-"
+    values = [pick(h) for h in hyper]
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return " / ".join(f"{v:.2f}" for v in (min(values), statistics.median(values), max(values)))
 
 
 def hyperparameter_methods_runs(result: Results) -> str:
-    """Every (task, model, method): test accuracy and log-likelihood, the learned ranges, passes and seconds."""
+    """Every (task, model, method): test accuracy and log-likelihood (mean ± sd over seeds), the learned
+    ranges (rotation, translation: the mean of x and y, zoom: the mean of the two scales; each as min /
+    median / max over seeds: the smallest, middle and largest value the runs ended with), passes and
+    seconds; then the data's true invariances in the same units."""
     body = []
     for row in result["rows"]:
         hyper = row["hyperparameters"]
@@ -218,6 +230,8 @@ def hyperparameter_methods_runs(result: Results) -> str:
     truths = result["config"]["true_invariances"]
     lines += [
         "",
+        "Learned ranges (rotation, translation, zoom): min / median / max over the seeds.",
+        "",
         "True invariances (same units):",
         *(
             f"- {task}: " + (", ".join(f"{k} {v:.2f}" for k, v in truth.items()) if truth else "no known invariance")
@@ -228,7 +242,8 @@ def hyperparameter_methods_runs(result: Results) -> str:
 
 
 def hyperparameter_methods_long(result: Results) -> str:
-    """One (task, model) pair: test accuracy, the learned rotation range and the cost, per method."""
+    """One (task, model) pair: test accuracy (mean ± sd), the learned rotation range (min / median / max over
+    seeds) and the cost, per method."""
     rows = result["rows"]
     steps = result["config"]["budget"]["steps"]
     body = [
@@ -240,7 +255,8 @@ def hyperparameter_methods_long(result: Results) -> str:
         ]
         for r in rows
     ]
-    return markdown_table([f"method ({steps} iterations)", "test accuracy", "rotation (rad)", "cost vs plain"], body)
+    header = [f"method ({steps} iterations)", "test accuracy", "rotation (rad), min / median / max", "cost vs plain"]
+    return markdown_table(header, body)
 
 
 def model_selection(result: Results) -> str:
