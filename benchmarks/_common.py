@@ -117,3 +117,17 @@ def mean_sd(values: Sequence[float], fmt: str) -> str:
     """'mean ± sd' for a table (just the value for one)."""
     mean, sd = summary(values)
     return format(mean, fmt) + (f" ± {format(sd, fmt)}" if len(values) > 1 else "")
+
+
+def paper_scheme(samples: int = 4, batch_size: int = 64) -> list[str]:
+    """`partition-fx train` options for the paper's iteration (appendix I.1) instead of the command's defaults:
+    one drawn chunk per hyperparameter step, every iteration, on a batch and samples like the parameter step's,
+    and no fine-tuning.
+
+    >>> paper_scheme()[:4]
+    ['--hyper-chunks', 'one', '--hyper-every', '1']
+    """
+    return [
+        "--hyper-chunks", "one", "--hyper-every", "1", "--hyper-samples", str(samples),
+        "--hyper-batch-size", str(batch_size), "--finetune-steps", "0",
+    ]  # fmt: skip

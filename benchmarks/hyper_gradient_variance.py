@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, markdown_table, results, write_results
+from benchmarks._common import RESULTS, header, markdown_table, paper_scheme, results, write_results
 
 ESTIMATORS = ("paper", "fixed_chunk", "fixed_batch", "fixed_noise", "all", "s16", "all_s16_b16")
 
@@ -92,14 +92,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
     args = parser.parse_args(argv)
     argv_job = ["--seed", str(args.seed), "--device", args.device, "--steps", str(max(args.at, 1))]
-    argv_job += ["--hyper-chunks", "one", "--hyper-every", "1", "--finetune-steps", "0", "--quiet"]
+    argv_job += ["--quiet", *paper_scheme(*((2, 64) if args.quick else (4, 64)))]
     if args.quick:
         argv_job += ["--model", "fixup_resnet8", "--image-size", "12", "--samples", "2"]
     job = train_job(argv_job)
     recipe = training_recipe(job.args)
     steps = recipe.pop("steps")
     recipe.pop("finetune_steps")
-    recipe.update(hyper_samples=None, hyper_batch_size=None)
     torch.manual_seed(args.seed)
     trainer = PartitionedTrainer(job.pmodel, job.data.train, hyper=job.hyper, seed=args.seed, **recipe)
     started = time.perf_counter()
