@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import tables
 from benchmarks._common import RESULTS, header, results, write_results
 
 PAPER: dict[str, Any] = {
@@ -199,19 +200,6 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return lines
 
 
-def table(lines: list[dict[str, Any]]) -> str:
-    out = ["| variant | iterations | rotation min / median / max | per seed | accuracy min / mean / max | s |"]
-    out.append("| --- | --- | --- | --- | --- | --- |")
-    for line in lines:
-        rotation = "-" if line["rotation"] is None else " / ".join(f"{v:.2f}" for v in line["rotation"])
-        per_seed = ", ".join(f"{v:.2f}" for v in line["rotation_per_seed"]) or "-"
-        accuracy = " / ".join(f"{v:.3f}" for v in line["accuracy"])
-        out.append(
-            f"| {line['variant']} | {line['steps']} | {rotation} | {per_seed} | {accuracy} | {line['seconds']:.0f} |"
-        )
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
@@ -242,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     lines = summarise(rows)
     config = {"variants": {v: VARIANTS[v] for v in variants}, "seeds": seeds, "steps": args.steps}
     payload = results(header("hyper_estimators", quick=args.quick, device=args.device), config, rows, summary=lines)
-    print(table(lines))
+    print(tables.hyper_estimators(payload))
     if not args.quick:
         write_results(args.out, payload)
     return payload

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, markdown_table, paper_scheme, results, write_results
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, paper_scheme, results, write_results
 
 ESTIMATORS = ("paper", "fixed_chunk", "fixed_batch", "fixed_noise", "all", "s16", "all_s16_b16")
 
@@ -131,11 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
     config = {"at": args.at, "draws": args.draws, "seed": args.seed, "rotation_at": rotation}
     payload = results(header("hyper_gradient_variance", quick=args.quick, device=args.device), config, rows)
     payload["config"]["trained_seconds"] = round(trained_seconds, 1)
-    body = [
-        [r["estimator"], f"{r['mean']:+.3g}", f"{r['sd']:.3g}", f"{r['snr']:.2f}", r["images_per_draw"]] for r in rows
-    ]
-    print(f"rotation range at iteration {args.at}: {config['rotation_at']:.3f} rad")
-    print(markdown_table(["estimator", "mean gradient", "sd of one draw", "|mean| / sd", "images per draw"], body))
+    print(f"rotation range at iteration {args.at}: {rotation:.3f} rad")
+    print(tables.hyper_gradient_variance(payload))
     if not args.quick:
         write_results(args.out, payload)
     return payload

@@ -320,7 +320,39 @@ def results_markdown(result: Results, *tables: Callable[[Results], str]) -> str:
 
 
 # name in the report template -> renderer (see benchmarks/report.py)
+def hyper_estimators(result: Results) -> str:
+    """Per (variant, iterations): the learned rotation range (min / median / max and per seed), the exported
+    model's test accuracy (min / mean / max) and the median wall time of one run."""
+    body = []
+    for line in result["summary"]:
+        rotation = "-" if line["rotation"] is None else " / ".join(f"{v:.2f}" for v in line["rotation"])
+        body.append(
+            [
+                line["variant"],
+                line["steps"],
+                rotation,
+                ", ".join(f"{v:.2f}" for v in line["rotation_per_seed"]) or "-",
+                " / ".join(f"{v:.3f}" for v in line["accuracy"]),
+                f"{line['seconds']:.0f}",
+            ]
+        )
+    header = ["variant", "iterations", "rotation (rad) min / median / max", "per seed", "test accuracy", "s"]
+    return markdown_table(header, body)
+
+
+def hyper_gradient_variance(result: Results) -> str:
+    """Per estimator: the mean and spread of one draw of the rotation range's hyper-gradient, their ratio
+    (the signal-to-noise ratio of one draw), and the images one draw puts through the network."""
+    body = [
+        [r["estimator"], f"{r['mean']:+.3g}", f"{r['sd']:.3g}", f"{r['snr']:.2f}", r["images_per_draw"]]
+        for r in result["rows"]
+    ]
+    return markdown_table(["estimator", "mean gradient", "sd of one draw", "|mean| / sd", "images per draw"], body)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
+    "hyper_estimators": hyper_estimators,
+    "hyper_gradient_variance": hyper_gradient_variance,
     "learned_augmentation": learned_augmentation,
     "conversion": conversion,
     "step_time": step_time,

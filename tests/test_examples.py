@@ -140,3 +140,25 @@ def test_model_selection_benchmark_quick(capsys):
     assert all(c["laplace_lml"] < 0 and c["partitioned_passes"]["backward"] > 0 for c in run["candidates"])
     assert run["partitioned_choice"] in [c["inputs"] for c in run["candidates"]] and len(run["mask"]) == 3
     assert "Laplace picks it" in capsys.readouterr().out
+
+
+def test_hyper_estimators_benchmark_quick(tmp_path, capsys):
+    """Every variant builds and trains (worker processes); the table has one line per variant."""
+    module = _benchmark("hyper_estimators")
+    variants = ["paper", "all_s16_b16_every2_ft25", "digits_all_s16_b16_every2_lr1_ft25", "plain_oracle"]
+    argv = ["--quick", "--seeds", "0", "--steps", "4", "--workers", "2", "--scratch", str(tmp_path)]
+    result = module.main([*argv, "--variants", ",".join(variants)])
+    assert [line["variant"] for line in result["summary"]] == variants
+    by = {row["variant"]: row for row in result["rows"]}
+    assert by["all_s16_b16_every2_ft25"]["finetune_steps"] == 1 and by["paper"]["finetune_steps"] == 0
+    assert by["plain_oracle"]["hyperparameters"]["rotation"] == pytest.approx(3.14159265, abs=1e-6)  # fixed
+    assert by["digits_all_s16_b16_every2_lr1_ft25"]["data"] == "digits"
+    assert "| paper | 4 |" in capsys.readouterr().out
+
+
+def test_hyper_gradient_variance_benchmark_quick(capsys):
+    module = _benchmark("hyper_gradient_variance")
+    result = module.main(["--quick", "--at", "2", "--draws", "3"])
+    assert [r["estimator"] for r in result["rows"]] == list(module.ESTIMATORS)
+    assert all(len(r["draws"]) == 3 and r["sd"] >= 0 for r in result["rows"])
+    assert "| fixed_batch |" in capsys.readouterr().out
