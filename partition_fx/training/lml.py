@@ -52,6 +52,40 @@ def forward_log_likelihood(
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
+def hyper_loss(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    examples: Examples,
+    batches: Sequence[tuple[float, int, torch.Tensor]],
+    device: torch.device | None = None,
+    samples: int | None = None,
+) -> torch.Tensor:
+    """A hyperparameter step's loss: the sum over ``(weight, k, indices)`` of weight times the mean negative
+    log-likelihood of those examples of chunk k through subnetwork k-1, each chunk in its own forward (so
+    BatchNorm statistics are those of one subnetwork), with ``samples`` augmentation samples per example.
+
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import Categorical
+    >>> examples = Examples((torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])))
+    >>> pmodel, likelihood = partitionify(nn.Linear(3, 2), 3), Categorical()
+    >>> batches = [(0.5, 2, torch.tensor([2, 3])), (0.5, 3, torch.tensor([4]))]
+    >>> total = hyper_loss(pmodel, likelihood, None, examples, batches)
+    >>> a = -likelihood(pmodel(examples.tensors[0][2:4], subnetwork=1), torch.tensor([0, 1])).mean()
+    >>> b = -likelihood(pmodel(examples.tensors[0][4:5], subnetwork=2), torch.tensor([0])).mean()
+    >>> torch.allclose(total, 0.5 * a + 0.5 * b)
+    True
+    """
+    total: torch.Tensor | None = None
+    for weight, k, indices in batches:
+        x, y = examples.batch(indices, device)
+        term = -weight * forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper, samples=samples).mean()
+        total = term if total is None else total + term
+    if total is None:
+        raise PartitionArgumentError("a hyperparameter loss needs at least one chunk's batch")
+    return total
+
+
 def _detached_likelihood(likelihood: Likelihood, outputs: torch.Tensor, targets: torch.Tensor, samples: int):
     """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
     detached = {name: p.detach() for name, p in likelihood.named_parameters()}

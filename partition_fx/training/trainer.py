@@ -27,7 +27,7 @@ from .chunks import Examples, resolve_chunks
 from .faults import nonfinite_problem, tensor_names, warn_about_shared_parameters
 from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
-from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, routed_losses
+from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, hyper_loss, routed_losses
 from .loop import run_loop
 from .optim import partition_optimizer
 from .options import Callback, RunOptions, TrainerOptions, build, check_optimizer, check_scheduler
@@ -214,19 +214,10 @@ class PartitionedTrainer(TrainerState):
             raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
 
     def _hyper_loss(self, batches: list[tuple[float, int, torch.Tensor]]) -> torch.Tensor:
-        """sum over ``(weight, k, indices)`` of weight * the mean negative log-likelihood of those examples of
-        chunk k through subnetwork k-1, each chunk in its own forward (BatchNorm statistics per subnetwork)."""
         self._train_mode()
-        total = None
-        for weight, k, indices in batches:
-            x, y = self.examples.batch(indices, self.device)
-            log_likelihood = forward_log_likelihood(
-                self.pmodel, self.likelihood, x, y, k - 1, self.hyper, samples=self.options.hyper_samples
-            )
-            term = -weight * log_likelihood.mean()
-            total = term if total is None else total + term
-        assert total is not None
-        return total
+        return hyper_loss(
+            self.pmodel, self.likelihood, self.hyper, self.examples, batches, self.device, self.options.hyper_samples
+        )
 
     def _hyper_due(self, step: int) -> bool:
         return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
