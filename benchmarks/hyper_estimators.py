@@ -79,6 +79,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "hyper_lr": 0.1,
         "finetune": 0.25,
     },
+    "digits_all_s16_b16_every2_ft25": {
+        "hyper_chunks": "all",
+        "hyper_samples": 16,
+        "hyper_batch_size": 16,
+        "hyper_every": 2,
+        "finetune": 0.25,
+        "data": "digits",
+    },
     "digits_all_s16_b16_every2_lr1_ft25": {
         "hyper_chunks": "all",
         "hyper_samples": 16,
