@@ -115,24 +115,25 @@ def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypa
     assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors", "resume"]
 
 
-def test_resumed_run_equals_the_uninterrupted_one(run_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("interrupted_at", [2, 3])  # partitioned training; fine-tuning (it begins at step 3)
+def test_resumed_run_equals_the_uninterrupted_one(run_dir, tmp_path, monkeypatch, capsys, interrupted_at):
     original = PartitionedTrainer.iteration
 
-    def interrupt_after_step_2(self):
-        if self.step == 2:
+    def interrupt(self):
+        if self.step == interrupted_at:
             raise KeyboardInterrupt
         original(self)
 
     out = tmp_path / "run"
     with monkeypatch.context() as patched:
-        patched.setattr(PartitionedTrainer, "iteration", interrupt_after_step_2)
+        patched.setattr(PartitionedTrainer, "iteration", interrupt)
         assert main(["train", *TINY, "--out", str(out)]) == 130
     assert main(["train", "--resume", str(out), "--steps", "5"]) == 2  # contradicts the run's --steps 4
     assert "drop --steps 5 (the run has 4)" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--quiet"]) == 0
     resumed, uninterrupted = (json.loads((d / "report.json").read_text()) for d in (out, run_dir))
     assert resumed["status"] == "completed" and resumed["steps"] == 4
-    for key in ("test_accuracy", "test_log_likelihood", "lml", "hyperparameters"):
+    for key in ("test_accuracy", "test_log_likelihood", "partitioned_test_accuracy", "lml", "hyperparameters"):
         assert resumed[key] == uninterrupted[key], key
     strip = lambda history: [{k: v for k, v in r.items() if k != "seconds"} for r in history]  # noqa: E731
     assert strip(resumed["history"]) == strip(uninterrupted["history"])
