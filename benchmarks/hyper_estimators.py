@@ -106,8 +106,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> dict[str, Any]:
-    """One run of ``variant``: the learned hyperparameters at every evaluation, test accuracy, seconds."""
+def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand_in: bool = False) -> dict[str, Any]:
+    """One run of ``variant``: the learned hyperparameters at every evaluation, test accuracy, seconds, and the
+    images it put through the network. ``stand_in``: a tiny model on 8 px images instead, with the same
+    iterations, batches, samples and evaluations, so the same image counts in seconds (the numbers of images
+    do not depend on the model)."""
+    from benchmarks.methods import PassCounter
     from partition_fx import export_subnetwork
     from partition_fx.cli import train_job, training_recipe
     from partition_fx.training import evaluate_classifier, fit
@@ -118,6 +122,8 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
     argv = ["--steps", str(steps), "--seed", str(seed), "--device", device, "--data", spec["data"], "--quiet"]
     if quick:
         argv += ["--image-size", "12", "--batch-size", "8", "--samples", "2", "--model", "fixup_resnet8"]
+    elif stand_in:
+        argv += ["--image-size", "8", "--model", "fixup_resnet8"]
     if "hyper_lr" in spec:
         argv += ["--hyper-lr", str(spec["hyper_lr"])]
     if plain:
@@ -135,6 +141,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
         hyper.ranges.requires_grad_(False)  # fixed by hand: nothing to learn
     if spec.get("hyper_cosine"):
         recipe["hyper_scheduler"] = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)
+    counter = PassCounter(job.pmodel)
     started = time.perf_counter()
     result = fit(
         job.pmodel,
@@ -146,6 +153,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
         progress=False,
     )
     seconds = time.perf_counter() - started
+    passes = counter.as_dict()
     model = export_subnetwork(job.pmodel).cpu()
     x, y = job.data.test.tensors
     accuracy, log_likelihood = evaluate_classifier(model, x, y)
@@ -161,6 +169,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool) -> di
         "trajectory": [(r["step"], r["hyperparameters"].get("rotation")) for r in result.history],
         "lml": result.lml,
         "seconds": seconds,
+        "images": passes["forward_images"] + passes["backward_images"],
     }
 
 
@@ -185,8 +194,9 @@ def _launch(job: tuple[str, int, int], device: str, quick: bool, scratch: Path) 
     return json.loads(out.read_text())
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per (variant, steps): rotation min/median/max, accuracy min/mean/max, median seconds."""
+def summarise(rows: list[dict[str, Any]], images: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """One line per (variant, steps): rotation min/median/max, accuracy min/mean/max, median seconds, and
+    ``images`` (forward + backward, counted on the stand-in model) per run."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["variant"], row["steps"]), []).append(row)
@@ -203,6 +213,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "rotation_per_seed": [round(v, 3) for v in rotation],
                 "accuracy": [min(accuracy), statistics.mean(accuracy), max(accuracy)],
                 "seconds": statistics.median(r["seconds"] for r in group),
+                "images": images.get((variant, steps)),
             }
         )
     return lines
@@ -235,7 +246,10 @@ def main(argv: list[str] | None = None) -> dict:
     with ThreadPoolExecutor(args.workers) as pool:
         found = list(pool.map(lambda job: _launch(job, args.device, args.quick, args.scratch), jobs))
     rows = [row for row in found if row is not None]
-    lines = summarise(rows)
+    # Exact costs in images, the same for every seed: one stand-in run per (variant, steps).
+    pairs = dict.fromkeys((variant, steps) for variant, _, steps in jobs)
+    images = {(v, n): run_one(v, 0, n, "cpu", args.quick, stand_in=True)["images"] for v, n in pairs}
+    lines = summarise(rows, images)
     config = {"variants": {v: VARIANTS[v] for v in variants}, "seeds": seeds, "steps": args.steps}
     payload = results(header("hyper_estimators", quick=args.quick, device=args.device), config, rows, summary=lines)
     print(tables.hyper_estimators(payload))

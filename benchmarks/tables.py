@@ -322,9 +322,13 @@ def results_markdown(result: Results, *tables: Callable[[Results], str]) -> str:
 # name in the report template -> renderer (see benchmarks/report.py)
 def hyper_estimators(result: Results) -> str:
     """Per (variant, iterations): the learned rotation range (min / median / max and per seed), the exported
-    model's test accuracy (min / mean / max) and the median wall time of one run."""
+    model's test accuracy (min / mean / max), the images one run puts through the network (forward plus
+    backward) relative to the hand-chosen plain run of as many iterations, and the median wall time."""
+    plain = {line["steps"]: line.get("images") for line in result["summary"] if line["variant"] == "plain_oracle"}
     body = []
     for line in result["summary"]:
+        reference = plain.get(line["steps"])
+        cost = f"x{line['images'] / reference:.2f}" if line.get("images") and reference else "-"
         rotation = "-" if line["rotation"] is None else " / ".join(f"{v:.2f}" for v in line["rotation"])
         body.append(
             [
@@ -333,10 +337,12 @@ def hyper_estimators(result: Results) -> str:
                 rotation,
                 ", ".join(f"{v:.2f}" for v in line["rotation_per_seed"]) or "-",
                 " / ".join(f"{v:.3f}" for v in line["accuracy"]),
+                cost,
                 f"{line['seconds']:.0f}",
             ]
         )
-    header = ["variant", "iterations", "rotation (rad) min / median / max", "per seed", "test accuracy", "s"]
+    header = ["variant", "iterations", "rotation (rad) min / median / max", "per seed", "test accuracy"]
+    header += ["images vs plain", "s"]
     return markdown_table(header, body)
 
 
