@@ -29,16 +29,20 @@ def run(dataset: str, steps: int, augment: bool, seed: int = 0, image_size: int 
     model = timm.create_model("resnet10t", num_classes=10, in_chans=1)
     pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=seed)
     augmentation = AffineAugmentation(num_samples=4) if augment else None
+    # the command's hyperparameter step (every chunk, 16 samples of 16 examples each, every 2nd iteration)
+    hyper_step = {"hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 16, "hyper_every": 2}
     result = fit(
         pmodel,
         data.train,
         hyper=augmentation,
         steps=steps,
+        finetune_steps=steps // 4,  # the last quarter fine-tunes the final model with the ranges frozen
         batch_size=64,
         optimizer=partial(torch.optim.Adam, lr=1e-3),
         hyper_optimizer=partial(torch.optim.Adam, lr=0.05),
         scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps, eta_min=1e-5),
         seed=seed,
+        **(hyper_step if augment else {}),
     )
     final = export_subnetwork(pmodel).eval()  # a plain timm ResNet
     x, y = data.test.tensors
