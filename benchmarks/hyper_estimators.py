@@ -4,7 +4,8 @@ Every run is the `partition-fx train` job (resnet10t, rotdigits, C=3, 0.8/0.1/0.
 samples, Adam 1e-3 cosine) built by the command's own functions, with one variant's ``fit`` options on top
 (``hyper_chunks``, ``hyper_samples``, the hyper learning rate and its schedule, ``finetune_steps``), and two
 references trained without partitioning (C=1): no augmentation, and the full rotation fixed by hand (the
-oracle). Each run reports the learned ranges after every evaluation, the test accuracy of the exported
+oracle). ``all_s16_b16_every2_ft25`` is the command's defaults (:data:`COMMAND`), ``paper`` the paper's
+step without fine-tuning. Each run reports the learned ranges after every evaluation, the test accuracy of the exported
 final model (the test split is used only for that) and its wall time. Runs go in parallel processes (one
 thread each), so variants share the machine alike. Prints a table and writes
 ``benchmarks/results/hyper_estimators.json``.
@@ -43,6 +44,12 @@ PAPER: dict[str, Any] = {
 }
 """What every variant changes: the paper's hyperparameter step (appendix I.1), no fine-tuning, rotdigits."""
 
+COMMAND: dict[str, Any] = {
+    "hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 16, "hyper_every": 2, "finetune": 0.25
+}  # fmt: skip
+"""`partition-fx train`'s defaults: every chunk, 16 samples of 16 examples per chunk every 2nd iteration (the
+paper's 64 x 4 images per iteration), the last quarter fine-tuning."""
+
 VARIANTS: dict[str, dict[str, Any]] = {
     # The paper's estimator (appendix I.1): one chunk k ~ Cat(u_2..C) per hyper step, S=4, Adam 0.05.
     "paper": {},
@@ -57,45 +64,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # or 2 x 32 x 16 every 4th iteration.
     "all_s16_b16_every2": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 16, "hyper_every": 2},
     "all_s16_b32_every4": {"hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 32, "hyper_every": 4},
-    "all_s16_b16_every2_ft25": {
-        "hyper_chunks": "all",
-        "hyper_samples": 16,
-        "hyper_batch_size": 16,
-        "hyper_every": 2,
-        "finetune": 0.25,
-    },
-    "all_s16_b32_every4_ft25": {
-        "hyper_chunks": "all",
-        "hyper_samples": 16,
-        "hyper_batch_size": 32,
-        "hyper_every": 4,
-        "finetune": 0.25,
-    },
-    "all_s16_b16_every2_lr1_ft25": {
-        "hyper_chunks": "all",
-        "hyper_samples": 16,
-        "hyper_batch_size": 16,
-        "hyper_every": 2,
-        "hyper_lr": 0.1,
-        "finetune": 0.25,
-    },
-    "digits_all_s16_b16_every2_ft25": {
-        "hyper_chunks": "all",
-        "hyper_samples": 16,
-        "hyper_batch_size": 16,
-        "hyper_every": 2,
-        "finetune": 0.25,
-        "data": "digits",
-    },
-    "digits_all_s16_b16_every2_lr1_ft25": {
-        "hyper_chunks": "all",
-        "hyper_samples": 16,
-        "hyper_batch_size": 16,
-        "hyper_every": 2,
-        "hyper_lr": 0.1,
-        "finetune": 0.25,
-        "data": "digits",
-    },
+    "all_s16_b16_every2_ft25": COMMAND,
+    "all_s16_b32_every4_ft25": {**COMMAND, "hyper_batch_size": 32, "hyper_every": 4},
+    "all_s16_b16_every2_lr1_ft25": {**COMMAND, "hyper_lr": 0.1},
+    "digits_all_s16_b16_every2_ft25": {**COMMAND, "data": "digits"},
+    "digits_all_s16_b16_every2_lr1_ft25": {**COMMAND, "hyper_lr": 0.1, "data": "digits"},
     # Fine-tuning the final model for the last quarter / half of the iterations.
     "all_s16_ft25": {"hyper_chunks": "all", "hyper_samples": 16, "finetune": 0.25},
     "all_s16_ft50": {"hyper_chunks": "all", "hyper_samples": 16, "finetune": 0.5},
