@@ -266,9 +266,10 @@ def _load_data(args: argparse.Namespace) -> DatasetSplits:
     check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
     # A run written before these options existed has None: the parameter step's batch and samples.
     hyper_batch, hyper_samples = args.hyper_batch_size or args.batch_size, args.hyper_samples or args.samples
-    hyper = max(1, args.partitions - 1) * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
+    chunks = max(1, args.partitions - 1)  # a hyperparameter step takes a batch from each chunk 2..C
+    hyper = chunks * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(
-        f"--hyper-batch-size {hyper_batch} --hyper-samples {hyper_samples}",
+        f"--partitions {args.partitions} --hyper-batch-size {hyper_batch} --hyper-samples {hyper_samples}",
         "one hyperparameter batch of inputs",
         hyper,
     )
