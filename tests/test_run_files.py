@@ -61,9 +61,10 @@ def test_a_run_writes_nothing_that_can_be_rebuilt(run: Path) -> None:
     best_copy = report["best_step"] != report["steps"]  # no second copy when the last evaluation was the best
     assert any(k.startswith("best/") for k in keys) == best_copy
     # model, ONNX, last, best, resume (the model, Adam's two moments, the best state if it is another):
-    # 7 or 8 models' worth; before, 15
-    total = sum(p.stat().st_size for p in run.rglob("*") if p.is_file() and "export" not in p.parts)
-    assert total < (7 + best_copy) * model
+    # 7 or 8 models' worth, each file a few % over the bare weights (names, metadata); before, 15. With
+    # fine-tuning (the default) the best-LML state is a partitioned one, never the last: 8.
+    weights = [p for p in run.rglob("*") if p.suffix in (".safetensors", ".onnx") and "export" not in p.parts]
+    assert sum(p.stat().st_size for p in weights) < (7 + best_copy) * 1.03 * model
 
 
 def _pmodel(seed: int) -> nn.Module:
