@@ -34,11 +34,11 @@ from .hooks import TrainingHook
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
 FORMAT = 2
+"""2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
+1: everything stored (still read)."""
 
 ADDED_TO_FINGERPRINT = {"hyper_chunks": "one", "hyper_samples": None}
 """Fingerprint fields added after format 2 was written, with the value every earlier state had."""
-"""2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
-1: everything stored (still read)."""
 
 
 class Resumable(Protocol):

@@ -209,6 +209,12 @@ class PartitionedTrainer(TrainerState):
         loss = self._hyper_loss(self.sampler.hyper_batches())
         return self._step(None, loss, [], "hyperparameter step (chunks D_2..D_C through subnetworks 1..C-1)")
 
+    def _draw_hyper_batches(self) -> list[tuple[float, int, torch.Tensor]]:
+        """The ``(weight, k, indices)`` batches of one hyperparameter step, as ``options.hyper_chunks`` asks."""
+        if self.options.hyper_chunks == "all":
+            return self.sampler.hyper_batches()
+        return [(1.0, *self.sampler.hyper_batch())]
+
     def _check_hyperparameters(self) -> None:
         if self.hyper_optimizer is None:
             raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
@@ -277,12 +283,7 @@ class PartitionedTrainer(TrainerState):
         else:
             k, indices = self.sampler.parameter_batch()
             ks = torch.full((indices.numel(),), k)
-        hyper: list[tuple[float, int, torch.Tensor]] = []
-        if self._hyper_due(self.step + 1):
-            if self.options.hyper_chunks == "all":
-                hyper = self.sampler.hyper_batches()
-            else:
-                hyper = [(1.0, *self.sampler.hyper_batch())]
+        hyper = self._draw_hyper_batches() if self._hyper_due(self.step + 1) else []
         loss, hyper_loss = self._routed_losses(ks, indices, hyper)
         params, drawn = self._parameters_of(ks)
         self._step(loss, hyper_loss, params, f"fused iteration (partitions {drawn})")
@@ -324,7 +325,7 @@ class PartitionedTrainer(TrainerState):
         loss = -forward_log_likelihood(
             self.pmodel, self.likelihood, x, y, final, self.hyper, transform_grad=False
         ).mean()
-        params = [p for k in range(1, final + 1) for p in self.pmodel.partition_parameters(k)]
+        params, _ = self._parameters_of(torch.arange(1, final + 1))
         return self._step(loss, None, params, f"fine-tuning step (subnetwork {final}, all data)")
 
     def _step(
