@@ -15,12 +15,19 @@ Variants are timed in turn (round robin) in one process and the ratio of medians
 reported, with the device, because these machines are noisy. Prints a table and writes
 ``benchmarks/results/step_time.json`` (``step_time_<device>.json`` on CUDA).
 
+Operator counts (``--operators``): the aten operators one step dispatches (forward, backward and optimiser
+step; nested calls included), counted with the torch profiler on CPU. They do not depend on the machine's
+noise, so they are the figure to watch without a GPU: a host-bound GPU step costs about one kernel launch
+per operator. ``--operators`` counts without timing and writes ``benchmarks/results/operator_counts.json``.
+
     python -m benchmarks.step_time [--models resnet18,fixup_resnet14] [--repeats 9] [--device cuda] [--quick]
+    python -m benchmarks.step_time --operators [--models ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 from collections.abc import Callable
@@ -56,6 +63,22 @@ def _plain_step(model, optimizer, x, y) -> None:
     optimizer.step()
 
 
+def count_operators(fn: Callable[[], object], warmup: int = 2) -> dict[str, int]:
+    """The aten operators one call of ``fn`` dispatches on CPU, by name (nested calls included), after
+    ``warmup`` calls (optimisers create their state on the first step).
+
+    >>> counts = count_operators(lambda: torch.ones(2).add(1))
+    >>> counts["aten::add"], sum(counts.values()) >= 2
+    (1, True)
+    """
+    for _ in range(warmup):
+        fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    counts = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+    return dict(sorted(counts.items()))
+
+
 def _grouped(pmodel, fn: Callable[[], None]) -> None:
     pmodel.per_example = "grouped"
     try:
@@ -64,7 +87,9 @@ def _grouped(pmodel, fn: Callable[[], None]) -> None:
         pmodel.per_example = "auto"
 
 
-def measure(name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device) -> dict:
+def _setup(name: str, scheme: str, default: str, batch: int, device: torch.device):
+    """The partitioned model and every step to measure, each a no-argument callable ("plain": the exported
+    model's step on the same batch; "plain_double": on twice the batch)."""
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=10, **MODELS.get(name, {}))
     assignments = "regenerated" if default == "seed" else "stored"
@@ -96,6 +121,11 @@ def measure(name: str, scheme: str, default: str, batch: int, repeats: int, devi
     }
     if pmodel.supports_one_pass():  # the fused iteration runs in one pass: time the grouped forward too
         variants["fused_iteration_grouped"] = partial(_grouped, pmodel, fused.fused_iteration)
+    return pmodel, assignments, variants
+
+
+def measure(name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device) -> dict:
+    _, assignments, variants = _setup(name, scheme, default, batch, device)
     times: dict[str, list[float]] = {key: [] for key in variants}
     for _ in range(2):  # warm-up
         for fn in variants.values():
@@ -126,6 +156,34 @@ def measure(name: str, scheme: str, default: str, batch: int, repeats: int, devi
     }
 
 
+OPERATOR_STEPS = ("plain", "parameter_step", "hyper_step", "fused_iteration", "plain_double")
+
+
+def count(name: str, scheme: str, default: str, batch: int) -> dict:
+    """Aten operators per step on CPU: plain, parameter, hyper and fused steps, and the excess per partitioned
+    tensor (what grows with the model's number of tensors)."""
+    torch.set_num_threads(1)  # the count does not depend on threads; one keeps intra-op dispatch simple
+    pmodel, assignments, variants = _setup(name, scheme, default, batch, torch.device("cpu"))
+    counts = {key: count_operators(variants[key]) for key in OPERATOR_STEPS}
+    totals = {key: sum(c.values()) for key, c in counts.items()}
+    tensors = sum(1 for _ in pmodel.partitioned_tensors())
+    plain = totals["plain"]
+    excess = {op: n - counts["plain"].get(op, 0) for op, n in counts["parameter_step"].items()}
+    return {
+        "model": name,
+        "scheme": scheme,
+        "default": default,
+        "assignments": assignments,
+        "partitioned_tensors": tensors,
+        "operators": totals,
+        "parameter_step": totals["parameter_step"] / plain,
+        "hyper_step": totals["hyper_step"] / plain,
+        "fused_iteration_vs_plain_double_batch": totals["fused_iteration"] / totals["plain_double"],
+        "parameter_step_excess_per_tensor": (totals["parameter_step"] - plain) / tensors,
+        "parameter_step_top_excess": dict(sorted(excess.items(), key=lambda kv: -kv[1])[:8]),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -135,13 +193,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="one small model, 2 repeats (a smoke run)")
+    parser.add_argument("--operators", action="store_true", help="count aten operators per step on CPU, no timing")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     names = ["fixup_resnet14"] if args.quick else args.models.split(",")
     schemes, defaults = args.schemes.split(","), args.defaults.split(",")
     repeats, batch = (2, 8) if args.quick else (args.repeats, args.batch)
-    rows = [measure(n, s, d, batch, repeats, device) for n in names for s in schemes for d in defaults]
+    combos = [(n, s, d) for n in names for s in schemes for d in defaults]
+    if args.operators:
+        rows = [count(n, s, d, batch) for n, s, d in combos]
+        result = results(header("operator_counts", quick=args.quick), {"batch": batch}, rows)
+        print(tables.operator_counts(result))
+        if not args.quick:
+            write_results(args.out or RESULTS / "operator_counts.json", result)
+        return result
+    rows = [measure(n, s, d, batch, repeats, device) for n, s, d in combos]
     result = results(header("step_time", quick=args.quick, device=args.device), {"repeats": repeats}, rows)
     print(tables.step_time(result))
     if not args.quick:

@@ -92,6 +92,28 @@ def step_time(result: Results) -> str:
     return markdown_table([*header, "fused iteration", "fused, grouped forward"], body)
 
 
+def operator_counts(result: Results) -> str:
+    header = [
+        "model", "scheme", "default", "tensors", "plain step", "parameter step", "hyper step",
+        "fused iteration (vs plain, double batch)", "excess per tensor",
+    ]  # fmt: skip
+    body = [
+        [
+            r["model"],
+            r["scheme"],
+            r["default"],
+            r["partitioned_tensors"],
+            r["operators"]["plain"],
+            f"{r['operators']['parameter_step']} (x{r['parameter_step']:.2f})",
+            f"{r['operators']['hyper_step']} (x{r['hyper_step']:.2f})",
+            f"{r['operators']['fused_iteration']} (x{r['fused_iteration_vs_plain_double_batch']:.2f})",
+            f"{r['parameter_step_excess_per_tensor']:+.1f}",
+        ]
+        for r in result["rows"]
+    ]
+    return markdown_table(header, body)
+
+
 def convergence(result: Results) -> str:
     rows = result["rows"]
 
@@ -362,6 +384,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "learned_augmentation": learned_augmentation,
     "conversion": conversion,
     "step_time": step_time,
+    "operator_counts": operator_counts,
     "convergence": convergence,
     "memory": memory,
     "hyperparameter_methods": hyperparameter_methods,
