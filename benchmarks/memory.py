@@ -87,8 +87,9 @@ def measure(name: str, scheme: str, default: str, assignments: str, device: str 
     param_bytes = _bytes(plain.parameters())
     parts = _bytes(pmodel.parameters())
     defaults = indices = 0
-    for _, t in pmodel.partitioned_tensors():
-        for buffer_name, buffer in t.named_buffers():
+    holders = [t for _, t in pmodel.partitioned_tensors()] + [g for _, g in pmodel.flat_groups()]
+    for t in holders:  # flat groups hold their members' layouts and defaults
+        for buffer_name, buffer in t.named_buffers(recurse=False):
             if buffer_name == "default":
                 defaults += _bytes([buffer])
             else:  # layout indices, seeds, moments

@@ -37,6 +37,11 @@ _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partitio
 HAND_OVER: ContextVar[bool] = ContextVar("partition_fx_hand_over", default=False)
 
 
+def grad_partition() -> int | None:
+    """The partition that effective tensors pass gradients to now (see ``gradient_only_to``; None: all)."""
+    return _GRAD_PARTITION.get()
+
+
 @contextmanager
 def gradient_only_to(partition: int | None) -> Iterator[None]:
     """Inside the block, effective tensors pass gradients to partition ``partition`` only (0: to none;
@@ -57,14 +62,57 @@ def gradient_only_to(partition: int | None) -> Iterator[None]:
 
 
 class PartitionedTensor(nn.Module):
-    """Base class: ``forward(k)`` (and ``value(k)``) return the tensor subnetwork k uses (k in 0..C)."""
+    """Base class: ``forward(k)`` (and ``value(k)``) return the tensor subnetwork k uses (k in 0..C).
+
+    Its parts are its own parameters ``part1`` .. ``partC``, or, once ``partitionify`` has put it in flat
+    storage (``partition_fx.flat``), views of a ``FlatGroup`` 's parameters shared with other tensors:
+    ``storage(k)`` is then the parameter an optimiser steps and ``part_grad(k)`` reads this tensor's share of
+    its gradient.
+    """
 
     kind: str
     num_partitions: int
+    _flat: tuple[Any, int] | None = None  # (FlatGroup, slot) once in flat storage
 
-    def part(self, k: int) -> nn.Parameter:
-        """The trained values of partition k (1-based)."""
+    @property
+    def is_flat(self) -> bool:
+        """Whether the parts live in a ``FlatGroup`` (see ``partition_fx.flat``)."""
+        return self._flat is not None
+
+    def attach(self, group: nn.Module, slot: int) -> None:
+        """Hand this tensor's parameters and stored layout/defaults over to ``group`` (``FlatGroup`` calls it
+        after copying them)."""
+        for k in range(1, self.num_partitions + 1):
+            del self._parameters[f"part{k}"]
+        for name in ("index", "default"):
+            self._buffers.pop(name, None)
+            self.__dict__.pop(name, None)
+        self.__dict__["_flat"] = (group, slot)  # a plain reference: the group is registered elsewhere
+
+    def part(self, k: int) -> torch.Tensor:
+        """The trained values of partition k (1-based): the parameter itself, or its view in flat storage."""
+        if self._flat is not None:
+            group, slot = self._flat
+            return group.member_part(slot, k)
         return getattr(self, f"part{k}")
+
+    def storage(self, k: int) -> nn.Parameter:
+        """The parameter that holds partition k's values (shared with the other tensors of a flat group).
+
+        >>> t = RandomPartitionedTensor(torch.ones(4), (0.5, 0.5), seed=0, salt=0, default="init")
+        >>> t.storage(1) is t.part(1)
+        True
+        """
+        if self._flat is not None:
+            return self._flat[0].storage(k)
+        return getattr(self, f"part{k}")
+
+    def part_grad(self, k: int) -> torch.Tensor | None:
+        """The gradient of part k (None when partition k received none)."""
+        if self._flat is not None:
+            group, slot = self._flat
+            return group.member_part(slot, k, grad=True)
+        return self.part(k).grad
 
     def trained_parts(self, k: int) -> list[torch.Tensor]:
         """Parts 1..k as subnetwork k uses them: detached except where gradients may flow (see
@@ -75,8 +123,15 @@ class PartitionedTensor(nn.Module):
             return parts
         return [p if i == only else p.detach() for i, p in enumerate(parts, start=1)]
 
-    def parts(self) -> list[nn.Parameter]:
+    def parts(self) -> list[torch.Tensor]:
         return [self.part(k) for k in range(1, self.num_partitions + 1)]
+
+    def stored_defaults(self) -> torch.Tensor | None:
+        """The stored default values (random-weight: in layout order; None when they are not stored)."""
+        if self._flat is not None:
+            group, slot = self._flat
+            return group.member_defaults(slot)
+        return getattr(self, "default", None)
 
     def partition_sizes(self) -> list[int]:
         """Number of trainable entries each partition holds for this tensor."""
@@ -244,6 +299,9 @@ class RandomPartitionedTensor(PartitionedTensor):
         Regenerated indices are not materialised: see ``membership``."""
         if hasattr(self, "unit_index"):
             return self.unit_index
+        if self._flat is not None:
+            group, slot = self._flat
+            return group.member_layout_index(slot)
         if not self.regenerated:
             return self.index
         raise PartitionError("this tensor regenerates its layout: use membership()")
@@ -254,7 +312,7 @@ class RandomPartitionedTensor(PartitionedTensor):
         if not self.regenerated:
             return assignment_from_index(self._flat_index(), sizes)
         assert self._feistel is not None
-        device = self.part1.device
+        device = self.part(1).device
         if self._tables is None or self._tables[0].device != device:
             # The round tables hold a + b entries for a * b weights: cached, not persisted.
             self._tables = feistel_tables(*self._feistel, self._seed, self._salt, device)
@@ -302,10 +360,11 @@ class RandomPartitionedTensor(PartitionedTensor):
     def _default_slice(self, start: int) -> torch.Tensor:
         """Defaults of partitions start+1..C, in layout order."""
         if self.default_mode == "seed":
-            return self._seeded_defaults(self.offsets[start], self.part1.device).to(self.part1.dtype)
-        if self.default is None:
-            return self.part1.new_zeros(self.offsets[-1] - self.offsets[start])
-        return self.default[self.offsets[start] :]
+            return self._seeded_defaults(self.offsets[start], self.part(1).device).to(self.part(1).dtype)
+        stored = self.stored_defaults()
+        if stored is None:
+            return self.part(1).new_zeros(self.offsets[-1] - self.offsets[start])
+        return stored[self.offsets[start] :]
 
     def value(self, k: int) -> torch.Tensor:
         trained = self.trained_parts(k)
@@ -326,7 +385,7 @@ class RandomPartitionedTensor(PartitionedTensor):
             start = self.offsets[k]
             trained += [defaults[a - start : b - start] for a, b in itertools.pairwise(self.offsets[k:])]
         if not trained:
-            return self.part1.new_zeros(self.shape).detach()
+            return self.part(1).new_zeros(self.shape).detach()
         return _RegeneratedScatter.apply(self, *trained)
 
     def extra_repr(self) -> str:
@@ -365,7 +424,7 @@ class ScalePartitionedTensor(PartitionedTensor):
 
     def value(self, k: int) -> torch.Tensor:
         if k == 0:
-            return self.default
+            return self.stored_defaults()
         # A view, never the Parameter itself: functional_call would register a Parameter it is given in
         # the leaf's _parameters and, when restoring, leave the meta stand-in there as a parameter.
         first, *rest = self.trained_parts(k)

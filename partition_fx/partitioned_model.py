@@ -14,6 +14,7 @@ from torch import nn
 
 from ._validation import check_choice, check_partition, check_subnetwork
 from .errors import PartitionArgumentError
+from .flat import FlatGroup
 from .params import PartitionedTensor, gradient_only_to
 from .per_example import batch_size, checked_routing, forward_grouped, forward_one_pass, supports_one_pass
 from .records import ParameterRecord, records_table
@@ -157,7 +158,8 @@ class PartitionedModel(nn.Module):
         (True, False)
         """
         if self._one_pass_supported is None:
-            tensors = {name: m for name, m in self.module.named_modules() if isinstance(m, PartitionedTensor)}
+            kinds = (PartitionedTensor, FlatGroup)
+            tensors = {name: m for name, m in self.module.named_modules() if isinstance(m, kinds)}
             ok = self.scheme == "node" and not self._root_leaf and isinstance(self.module, torch.fx.GraphModule)
             self.__dict__["_one_pass_supported"] = ok and supports_one_pass(self.module, tensors, LEAF_CALLERS)
         return self._one_pass_supported
@@ -174,27 +176,38 @@ class PartitionedModel(nn.Module):
             if record.partitioned is not None:
                 yield record.names[0], record.partitioned
 
+    def flat_groups(self) -> Iterator[tuple[str, FlatGroup]]:
+        """``(name, FlatGroup)`` for every group of partitioned tensors in flat storage (``partition_fx.flat``).
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> [(group.kind, len(group.members)) for _, group in partitionify(torch.nn.Linear(3, 2), 2).flat_groups()]
+        [('random', 2)]
+        """
+        for name, module in self.named_modules():
+            if isinstance(module, FlatGroup):
+                yield name, module
+
     def rebuilt_buffers(self, defaults: bool = False) -> dict[str, torch.Tensor]:
         """The ``state_dict`` entries that ``partitionify`` builds again, identically, from the same arguments:
-        every partitioned tensor's stored layout (``index``, ``unit_index``: a hash of the seed and the name),
-        and with ``defaults=True`` its default values too (``default``: the original model's values, the same
-        only if the model is rebuilt the same way, e.g. the same seed and weights file). None of them train;
+        every stored layout (``index``, ``unit_index``: a hash of the seed and the names), and with
+        ``defaults=True`` the default values too (``default``: the original model's values, the same only if
+        the model is rebuilt the same way, e.g. the same seed and weights file). None of them train;
         checkpoints leave them out and store a digest instead (``partition_fx.training.checkpoint``).
 
         >>> import torch
         >>> from partition_fx import partitionify
         >>> pmodel = partitionify(torch.nn.Linear(4, 2), 2)
         >>> sorted(pmodel.rebuilt_buffers()), len(pmodel.rebuilt_buffers(defaults=True))
-        (['module.partitioned.bias.index', 'module.partitioned.weight.index'], 4)
+        (['module.partitioned.flat_groups.0.index'], 2)
         """
         names = LAYOUT_BUFFERS + DEFAULT_BUFFERS if defaults else LAYOUT_BUFFERS
-        modules = {id(m): name for name, m in self.named_modules()}
         found: dict[str, torch.Tensor] = {}
-        for _, pt in self.partitioned_tensors():
-            prefix = modules[id(pt)]
-            for name, buffer in pt.named_buffers(recurse=False):
-                if name in names:
-                    found[f"{prefix}.{name}"] = buffer
+        for prefix, module in self.named_modules():
+            if isinstance(module, (PartitionedTensor, FlatGroup)):
+                for name, buffer in module.named_buffers(recurse=False):
+                    if name in names:
+                        found[f"{prefix}.{name}"] = buffer
         return found
 
     def effective_parameters(self, k: int | None = None) -> dict[str, torch.Tensor]:
@@ -206,10 +219,12 @@ class PartitionedModel(nn.Module):
         ['bias', 'weight']
         """
         k = self.check_subnetwork(k)
+        grouped = {id(m): v for _, group in self.flat_groups() for m, v in zip(group.members, group(k))}
         out = {}
         for record in self._records:
             if record.partitioned is not None:
-                value = record.partitioned(k)
+                pt = record.partitioned
+                value = grouped[id(pt)] if id(pt) in grouped else pt(k)
                 out.update((name, value) for name in record.names)
         return out
 
@@ -228,11 +243,13 @@ class PartitionedModel(nn.Module):
         """
         check_partition(k, self.num_partitions)
         params: list[nn.Parameter] = []
+        seen: set[int] = set()
         for record in self._records:
             if record.partitioned is not None:
-                part = record.partitioned.part(k)
-                if part.requires_grad and part.numel() > 0:
+                part = record.partitioned.storage(k)  # flat storage: one parameter for the whole group
+                if id(part) not in seen and part.requires_grad and part.numel() > 0:
                     params.append(part)
+                    seen.add(id(part))
             elif k == 1 and record.treatment == "shared":
                 params.append(self.module.get_parameter(record.names[0]))
         return params

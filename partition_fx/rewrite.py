@@ -9,8 +9,9 @@
   running statistics in place; dropout still follows ``.train()``);
 * a ``subnetwork`` placeholder is added as the graph's first input.
 
-Each effective tensor is computed once per forward, just before its first use, and shared by every
-use (tied weights stay tied).
+Each effective tensor is computed once per forward and shared by every use (tied weights stay tied):
+tensors in flat storage (``flat``) all at once, by one call of their group just before the first use of
+any of them; the others just before their first use.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.nn.utils.weight_norm import WeightNorm
 from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
 from .config import ASSIGNMENTS, DEFAULTS, SCHEMES, PartitionConfig
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from .flat import flat_groups
 from .partitioned_model import PartitionedModel
 from .records import ParameterRecord
 from .runtime import call_leaf, call_leaf_clearing_caches, clear_parameter_caches, get_path, parameter_caches
@@ -231,9 +233,10 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
     for record in records:
         if record.partitioned is not None:
             _set_path(module, f"{container}.{record.names[0]}", record.partitioned)
+    slots = _store_flat(module, container, records)
     if not root_leaf:
         record_by_name = {name: record for record in records for name in record.names}
-        _rewrite_graph(module, graph, working, record_by_name, container)  # type: ignore[arg-type]
+        _rewrite_graph(module, graph, working, record_by_name, container, slots)  # type: ignore[arg-type]
     for record in records:
         if record.partitioned is not None:
             for name in record.names:
@@ -258,23 +261,52 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
     )
 
 
+def _store_flat(module: nn.Module, container: str, records: list[ParameterRecord]) -> dict[int, tuple[str, int]]:
+    """Put the partitioned tensors in flat storage (``flat``), registered under ``<container>.flat_groups``;
+    returns ``id(tensor) -> (group path, slot)`` for every grouped tensor."""
+    groups = flat_groups([r.partitioned for r in records if r.partitioned is not None])
+    if not groups:
+        return {}
+    owner = get_path(module, container)
+    name = "flat_groups"
+    while hasattr(owner, name):  # a model with its own submodule of that name
+        name += "_"
+    owner.add_module(name, nn.ModuleList(groups))
+    return {
+        id(member): (f"{container}.{name}.{i}", slot)
+        for i, group in enumerate(groups)
+        for slot, member in enumerate(group.members)
+    }
+
+
 def _rewrite_graph(
     gm: fx.GraphModule,
     graph: fx.Graph,
     working: nn.Module,
     record_by_name: dict[str, ParameterRecord],
     container: str,
+    slots: dict[int, tuple[str, int]],
 ) -> None:
     first = next(iter(graph.nodes))
     with graph.inserting_before(first):
         subnetwork = graph.placeholder("subnetwork")
     effective: dict[int, fx.Node] = {}
+    group_calls: dict[str, fx.Node] = {}
 
     def effective_node(record: ParameterRecord, before: fx.Node) -> fx.Node:
+        """The node of the record's effective tensor: its own module's call, or an item of its flat group's
+        call, which computes every member at the first use of any (one call per group and forward)."""
         key = id(record)
         if key not in effective:
+            slot = slots.get(id(record.partitioned))
             with graph.inserting_before(before):
-                effective[key] = graph.call_module(f"{container}.{record.names[0]}", (subnetwork,))
+                if slot is None:
+                    effective[key] = graph.call_module(f"{container}.{record.names[0]}", (subnetwork,))
+                else:
+                    path, i = slot
+                    if path not in group_calls:
+                        group_calls[path] = graph.call_module(path, (subnetwork,))
+                    effective[key] = graph.call_function(operator.getitem, (group_calls[path], i))
         return effective[key]
 
     for node in list(graph.nodes):

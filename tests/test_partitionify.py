@@ -84,9 +84,10 @@ def test_subnetwork_k_mixes_trained_and_default_entries_as_defined() -> None:
     assert isinstance(pt, RandomPartitionedTensor)
     assignment = torch.empty(63, dtype=torch.long)
     offsets = [0, *torch.tensor(pt.partition_sizes()).cumsum(0).tolist()]
+    index = pt.layout_index()
     for k in range(3):  # which partition each flat entry belongs to, recovered from the index
-        assignment[(pt.index >= offsets[k]) & (pt.index < offsets[k + 1])] = k + 1
-    full = torch.cat([p.detach() for p in pt.parts()])[pt.index.long()].view(9, 7)
+        assignment[(index >= offsets[k]) & (index < offsets[k + 1])] = k + 1
+    full = torch.cat([p.detach() for p in pt.parts()])[index.long()].view(9, 7)
     for k in range(4):
         want = torch.where(assignment.view(9, 7) <= k, full, torch.zeros(()))
         assert torch.equal(export_subnetwork(pmodel, k).weight, want)
@@ -144,14 +145,19 @@ def test_every_part_of_a_trainable_tensor_is_trainable() -> None:
 def test_gradients_reach_only_partitions_the_subnetwork_uses() -> None:
     torch.manual_seed(0)
     pmodel = partitionify(ConvBN(), 3)
-    assert len(pmodel.partition_parameters(2)) == 6  # conv w/b, fc w/b parts and the two BN affines
+    # flat storage: one parameter per group (conv and fc weights and biases; BN scales; BN shifts)
+    assert len(pmodel.partition_parameters(2)) == 3
     assert not pmodel(torch.randn(2, 3, 5, 5), subnetwork=0).requires_grad  # all defaults: nothing to train
+    tensors = dict(pmodel.partitioned_tensors())
+    assert len(tensors) == 6
     for k in range(1, 4):
         pmodel.zero_grad(set_to_none=True)
         pmodel(torch.randn(2, 3, 5, 5), subnetwork=k).square().sum().backward()
         for i in range(1, 4):
             for p in pmodel.partition_parameters(i):
                 assert (p.grad is not None) == (i <= k), (k, i)
+            for name, pt in tensors.items():
+                assert (pt.part_grad(i) is not None) == (i <= k), (k, i, name)
 
 
 def test_tied_weights_stay_tied_in_model_and_export() -> None:

@@ -17,6 +17,7 @@ others (FixUp scalars, ViT position embeddings, random-weight tensors) fall back
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -67,23 +68,40 @@ def forward_one_pass(gm: torch.fx.GraphModule, num_partitions: int, args: tuple,
         return gm(num_partitions, *args, **kwargs)
 
 
-def supports_one_pass(
-    gm: torch.fx.GraphModule, tensors: dict[str, PartitionedTensor], leaf_callers: Collection[Callable[..., Any]]
-) -> bool:
-    """Whether every partitioned tensor (``tensors``: by its name in ``gm``) is node-partitioned and used only
-    as the weight or bias of a ``Linear``/``Conv``, or is a product/sum affine used only by its norm layer.
-    ``leaf_callers`` are the functions through which ``gm`` calls its leaf modules (``runtime.LEAF_CALLERS``)."""
+def _tensor_nodes(gm: torch.fx.GraphModule, modules: dict[str, nn.Module]) -> dict[torch.fx.Node, Any] | None:
+    """The graph node that yields each partitioned tensor: its module's call, or the item of its flat group's
+    call (``partition_fx.flat``); None if a group's call is used otherwise."""
+    found: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
-        pt = tensors.get(node.target) if node.op == "call_module" else None
-        if pt is None:
-            continue
+        module = modules.get(node.target) if node.op == "call_module" else None
+        if isinstance(module, PartitionedTensor):
+            found[node] = module
+        elif module is not None:  # a FlatGroup: every user takes one member
+            for user in node.users:
+                if user.op != "call_function" or user.target is not operator.getitem:
+                    return None
+                found[user] = module.members[user.args[1]]
+    return found
+
+
+def supports_one_pass(
+    gm: torch.fx.GraphModule, modules: dict[str, nn.Module], leaf_callers: Collection[Callable[..., Any]]
+) -> bool:
+    """Whether every partitioned tensor (``modules``: the ``PartitionedTensor`` s and ``FlatGroup`` s of
+    ``gm`` by name) is node-partitioned and used only as the weight or bias of a ``Linear``/``Conv``, or is
+    a product/sum affine used only by its norm layer. ``leaf_callers`` are the functions through which ``gm``
+    calls its leaf modules (``runtime.LEAF_CALLERS``)."""
+    tensors = _tensor_nodes(gm, modules)
+    if tensors is None:
+        return False
+    for node, pt in tensors.items():
         for user in node.users:
             if user.op != "call_function" or user.target not in leaf_callers or user.args[0].op != "get_attr":
                 return False
             leaf = gm.get_submodule(user.args[0].target)
             params = user.args[1]
             if isinstance(leaf, _LAYERS):
-                weight = tensors.get(getattr(params.get("weight"), "target", None))
+                weight = tensors.get(params.get("weight"))
                 ok = isinstance(weight, RandomPartitionedTensor) and weight.kind == "node"
                 ok = ok and all(v is node or k in ("weight", "bias") for k, v in params.items())
                 ok = ok and (pt is weight or (isinstance(pt, RandomPartitionedTensor) and pt.kind == "node"))

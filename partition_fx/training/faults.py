@@ -44,8 +44,19 @@ def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[
 def tensor_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: nn.Module | None) -> dict[int, str]:
     """``id(tensor) -> name`` for every trainable tensor: ``0.weight partition 2``, ``hyper.logits``, ..."""
     names = {id(p): n.removeprefix("module.") for n, p in pmodel.named_parameters()}
+    shared: dict[int, list[str]] = {}  # a flat group's part: the members whose share of its gradient is bad
     for name, pt in pmodel.partitioned_tensors():
-        names.update((id(part), f"{name} partition {k}") for k, part in enumerate(pt.parts(), start=1))
+        for k in range(1, pt.num_partitions + 1):
+            storage = pt.storage(k)
+            if storage is pt.part(k):
+                names[id(storage)] = f"{name} partition {k}"
+                continue
+            grad = pt.part_grad(k)
+            bad = grad is not None and not torch.isfinite(grad).all()
+            shared.setdefault(id(storage), [])
+            if bad:
+                shared[id(storage)].append(name)
+                names[id(storage)] = ", ".join(f"{bad_name} partition {k}" for bad_name in shared[id(storage)])
     for prefix, m in (("hyper", hyper), ("likelihood", likelihood)):
         if m is not None:
             names.update((id(p), f"{prefix}.{n}") for n, p in m.named_parameters())
