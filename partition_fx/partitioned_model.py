@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ._validation import check_choice, check_partition, check_subnetwork
-from .errors import PartitionArgumentError
+from .errors import PartitionArgumentError, PartitionCheckpointError
 from .flat import FlatGroup
 from .params import PartitionedTensor, gradient_only_to
 from .per_example import batch_size, checked_routing, forward_grouped, forward_one_pass, supports_one_pass
@@ -175,6 +175,19 @@ class PartitionedModel(nn.Module):
         for record in self._records:
             if record.partitioned is not None:
                 yield record.names[0], record.partitioned
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``, refusing with one clear message a state written before flat storage
+        (``partition_fx.flat``), whose partitions are stored per tensor."""
+        own = set(self.state_dict(keep_vars=True))
+        legacy = [key for key in state_dict if key.endswith(".part1") and key not in own]
+        if legacy and any(".flat_groups" in key for key in own):
+            raise PartitionCheckpointError(
+                f"this state dict stores partitions per tensor ({legacy[0]}, ...), as partition-fx did before flat "
+                "storage; this model keeps them in flat groups (module.partitioned.flat_groups.*). Export the old "
+                "model with that version (export_subnetwork) or partitionify and train again"
+            )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def flat_groups(self) -> Iterator[tuple[str, FlatGroup]]:
         """``(name, FlatGroup)`` for every group of partitioned tensors in flat storage (``partition_fx.flat``).

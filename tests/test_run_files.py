@@ -16,6 +16,7 @@ from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.errors import PartitionCheckpointError
 from partition_fx.training import PartitionedTrainer, fit
+from partition_fx.training.checkpoint import read_checkpoint
 from partition_fx.transforms import InputMask
 
 # resnet10t has BatchNorm: its running statistics are recalibrated for the final subnetwork at the end
@@ -125,16 +126,25 @@ def _as_format_1(resume: Path, pmodel: nn.Module) -> None:
     (resume / "state.json").write_text(json.dumps(state))
 
 
-def test_a_resume_directory_of_the_previous_format_resumes_like_the_uninterrupted_run(tmp_path: Path) -> None:
+def test_state_from_before_flat_storage_is_refused_with_one_clear_message(tmp_path: Path) -> None:
+    """Formats 1 and 2 kept one optimiser state per tensor and partition, which flat groups do not map onto:
+    their resume directories, checkpoint files and per-tensor state dicts are refused, naming why."""
     x, y = _data()
-    kwargs = dict(steps=8, eval_every=2, batch_size=8, progress=False)
-    whole = _pmodel(0)
-    fit(whole, (x, y), hyper=InputMask(6), **kwargs)
+    kwargs = dict(steps=4, eval_every=2, batch_size=8, progress=False)
     first = _pmodel(0)
-    stop_at_4 = [lambda trainer, record: record["step"] == 4]
-    fit(first, (x, y), hyper=InputMask(6), checkpoint_dir=tmp_path, callbacks=stop_at_4, **kwargs)
+    fit(first, (x, y), hyper=InputMask(6), checkpoint_dir=tmp_path, **kwargs)
     _as_format_1(tmp_path / "resume", first)
-    resumed = _pmodel(0)
-    fit(resumed, (x, y), hyper=InputMask(6), resume=tmp_path / "resume", **kwargs)
-    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    with pytest.raises(PartitionCheckpointError, match="before flat storage"):
+        fit(_pmodel(0), (x, y), hyper=InputMask(6), resume=tmp_path / "resume", **kwargs)
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "last.safetensors"
+    meta = read_checkpoint(path, {})[1]
+    assert meta["storage"] == "flat"
+    del meta["storage"]
+    save_file(load_file(str(path)), str(path), metadata={"partition_fx": json.dumps(meta)})
+    with pytest.raises(PartitionCheckpointError, match="before flat storage"):
+        PartitionedTrainer(_pmodel(0), (x, y)).load_checkpoint(path)
+    per_tensor = {"module.partitioned.0.weight.part1": torch.zeros(3)}
+    with pytest.raises(PartitionCheckpointError, match="per tensor"):
+        _pmodel(0).load_state_dict(per_tensor)

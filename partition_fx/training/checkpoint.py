@@ -33,9 +33,11 @@ from .hooks import TrainingHook
 
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
-FORMAT = 2
-"""2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
-1: everything stored (still read)."""
+FORMAT = 3
+"""3: partitioned tensors in flat storage (``partition_fx.flat``): the optimiser state is per group parameter.
+2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
+1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused (their model
+weights, in ``last.safetensors``/``best.safetensors``, still load)."""
 
 ADDED_TO_FINGERPRINT = {"hyper_chunks": "one", "hyper_samples": None}
 """Fingerprint fields added after format 2 was written, with the value every earlier state had."""
@@ -203,14 +205,15 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError, OSError) as e:
         raise PartitionCheckpointError(f"{directory} is corrupted or truncated and was not loaded: {e}") from e
-    if plain.get("format") not in (1, FORMAT):
+    if plain.get("format") in (1, 2):
         raise PartitionCheckpointError(
-            f"{directory} has format {plain.get('format')!r}; this version reads 1..{FORMAT}"
+            f"{directory} was written before flat storage (format {plain['format']}): its optimiser state is per "
+            "tensor, which this version does not map onto flat groups. Resume it with partition-fx 0.x before "
+            "flat storage, or start a new run; its model weights (last.safetensors, best.safetensors) still load"
         )
+    if plain.get("format") != FORMAT:
+        raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
     fingerprint = {**ADDED_TO_FINGERPRINT, **plain["fingerprint"]}
-    if plain["format"] == 1:  # it holds the rebuilt buffers themselves, so any model's rebuilt ones fit
-        expected = trainer.fingerprint()
-        fingerprint = {**fingerprint, "omitted": expected["omitted"], "omitted_sha256": expected["omitted_sha256"]}
     modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
     modules = {name: state for name, state in modules.items() if state}
     cuda = with_prefix(tensors, "rng/cuda/")

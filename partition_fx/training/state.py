@@ -45,9 +45,15 @@ class TrainerState:
         return self._omitted
 
     def _check_omitted(self, saved: dict[str, Any], source: str) -> None:
-        """Refuse a checkpoint whose left-out buffers this model rebuilds differently."""
+        """Refuse a checkpoint whose left-out buffers this model rebuilds differently, or that was written
+        before flat storage (its layouts were per tensor, so its digest cannot be checked)."""
         if "omitted_sha256" not in saved:  # written before anything was left out: it holds them all
             return
+        if saved.get("storage") != "flat" and any(True for _ in self.pmodel.flat_groups()):
+            raise PartitionCheckpointError(
+                f"{source} was written before flat storage (its partitions are stored per tensor); this version "
+                "cannot load it: export its model with that version (export_subnetwork), or train again"
+            )
         defaults = saved["omitted"] == "layouts+defaults"
         if buffers_digest(self.pmodel.rebuilt_buffers(defaults=defaults)) != saved["omitted_sha256"]:
             what = "layouts and default values" if defaults else "layouts"
@@ -149,7 +155,7 @@ class TrainerState:
         lml = self.history[-1]["lml"] if self.history else None
         states = self._module_states()
         tensors = {f"{name}.{k}": cpu_copy(v) for name, state in states.items() for k, v in state.items()}
-        meta = {"step": self.step, "lml": lml, "final": final, **self.identity(), **self.omitted()}
+        meta = {"step": self.step, "lml": lml, "final": final, "storage": "flat", **self.identity(), **self.omitted()}
         write_checkpoint(path, tensors, meta)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
