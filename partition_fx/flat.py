@@ -7,10 +7,11 @@ A ``FlatGroup`` holds the parts of all its member tensors as C flat ``nn.Paramet
 ``partC``; part k is the concatenation of every member's part k), so subnetwork k's effective tensors of the
 whole group are a constant number of operations:
 
-- random-weight tensors with a stored layout: one ``cat`` of parts 1..k and the defaults of partitions
-  k+1..C (both partition-major over the group), one ``index_select`` by the group's layout index (``index``:
-  each member entry's position in ``cat(part1, ..., partC)``, int32, the same memory as the members' own
-  indices), one ``split`` into the members' views;
+- random-weight and node-partitioned tensors with a stored layout: one ``cat`` of parts 1..k and the
+  defaults of partitions k+1..C (both partition-major over the group), one ``index_select`` by the group's
+  layout index (``index``: each member row's position in ``cat(part1, ..., partC)``, int32, the same memory
+  as the members' own indices; a row is an entry, or an output unit under node partitioning), one
+  ``split`` into the members' views;
 - product/sum scales: k-1 elementwise products or sums of the flat parts, one ``split``.
 
 Stock optimisers still keep per-partition state (each group part is one parameter of one partition) and
@@ -19,8 +20,9 @@ their foreach kernels see C large tensors per group instead of C per tensor. The
 k, ``part_grad(k)`` its gradient, ``storage(k)`` the group parameter itself, and their own ``value(k)``
 computes one tensor the per-tensor way, which is the definition the group is tested against.
 
-Node-partitioned tensors, regenerated layouts and ``"seed"`` defaults are not grouped yet: they keep their
-own parameters and per-tensor evaluation.
+Node-partitioned tensors are grouped by row length (the entries of one output unit): their index addresses
+whole rows, one per unit, as their own did. Regenerated layouts and ``"seed"`` defaults are not grouped
+yet: they keep their own parameters and per-tensor evaluation.
 """
 
 from __future__ import annotations
@@ -35,26 +37,23 @@ from torch import nn
 from .assign import assignment_from_index
 from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, grad_partition
 
-_RANDOM = "random"
+_LAYOUTS = ("random", "node")  # kinds gathered through a layout index; the others are product/sum scales
 
 
 def groupable(pt: PartitionedTensor) -> bool:
-    """Whether ``pt`` can live in a ``FlatGroup``: a product/sum scale, or a random-weight tensor with a
-    stored layout and ``"init"`` or ``"zero"`` defaults."""
+    """Whether ``pt`` can live in a ``FlatGroup``: a product/sum scale, or a random-weight or node-partitioned
+    tensor with a stored layout and ``"init"`` or ``"zero"`` defaults."""
     if isinstance(pt, ScalePartitionedTensor):
         return True
-    return (
-        isinstance(pt, RandomPartitionedTensor)
-        and pt.kind == "random"
-        and not pt.regenerated
-        and pt.default_mode in ("init", "zero")
-    )
+    return isinstance(pt, RandomPartitionedTensor) and not pt.regenerated and pt.default_mode in ("init", "zero")
 
 
 def _group_key(pt: PartitionedTensor) -> tuple[Any, ...]:
     part = pt.part(1)
-    default = pt.default_mode if pt.kind == "random" else "stored"
-    return (pt.kind, default, part.dtype, part.device, part.requires_grad, pt.num_partitions)
+    if isinstance(pt, RandomPartitionedTensor):
+        # node partitioning gathers whole rows: one group per row length
+        return (pt.kind, pt.default_mode, pt.per_unit, part.dtype, part.device, part.requires_grad, pt.num_partitions)
+    return (pt.kind, "stored", 1, part.dtype, part.device, part.requires_grad, pt.num_partitions)
 
 
 def flat_groups(tensors: Sequence[PartitionedTensor]) -> list[FlatGroup]:
@@ -87,6 +86,8 @@ class FlatGroup(nn.Module):
         self.__dict__["members"] = list(members)  # not submodules: they stay where partitionify put them
         self.shapes = [tuple(m.shape) for m in members]
         self.numels = [math.prod(shape) for shape in self.shapes]
+        # Entries gathered together: a node-partitioned tensor's output unit (its row), else one entry.
+        self.row = first.per_unit if first.kind == "node" else 1
         c = self.num_partitions
         # sizes[k][i]: entries of member i in partition k (1-based k); starts: where they begin in group part k
         self.sizes = [[]] + [[m.part(k).numel() for m in members] for k in range(1, c + 1)]
@@ -98,8 +99,11 @@ class FlatGroup(nn.Module):
         for k in range(1, c + 1):
             flat = torch.cat([m.part(k).detach().reshape(-1) for m in members])
             self.register_parameter(f"part{k}", nn.Parameter(flat, requires_grad=first.part(k).requires_grad))
-        if self.kind == _RANDOM:
-            positions = [self._positions(i, m.layout_index().long()) for i, m in enumerate(members)]
+        if self.kind in _LAYOUTS:
+            # The index addresses rows: units of node-partitioned tensors, entries otherwise.
+            positions = [
+                self._positions(i, m.layout_index().long() * self.row) // self.row for i, m in enumerate(members)
+            ]
             dtype = torch.int32 if self.offsets[-1] < 2**31 else torch.int64
             self.register_buffer("index", torch.cat(positions).to(dtype))
             defaults = [m.stored_defaults() for m in members]
@@ -151,21 +155,21 @@ class FlatGroup(nn.Module):
             return None
         start = self.starts[k][slot]
         part = source[start : start + self.sizes[k][slot]]
-        return part.view(self.shapes[slot]) if self.kind != _RANDOM else part
+        return part.view(self.shapes[slot]) if self.kind not in _LAYOUTS else part
 
     def member_layout_index(self, slot: int) -> torch.Tensor:
         """Member ``slot``'s layout index (its entries' positions in cat(its parts)), int32."""
-        start, end = self._member_span(slot)
-        positions = self.index[start:end].long()
+        start, end = (i // self.row for i in self._member_span(slot))
+        positions = self.index[start:end].long() * self.row
         partition = assignment_from_index(positions, [b - a for a, b in zip(self.offsets, self.offsets[1:])]).long()
-        return (positions - self._bases(slot).to(positions.device)[partition]).to(torch.int32)
+        return ((positions - self._bases(slot).to(positions.device)[partition]) // self.row).to(torch.int32)
 
     def member_defaults(self, slot: int) -> torch.Tensor | None:
         """Member ``slot``'s stored defaults: in its layout order (random-weight; None for zero defaults), or
         its default value (scales)."""
         if self.default is None:
             return None
-        if self.kind != _RANDOM:
+        if self.kind not in _LAYOUTS:
             start, end = self._member_span(slot)
             return self.default[start:end].view(self.shapes[slot])
         pieces = []
@@ -185,7 +189,7 @@ class FlatGroup(nn.Module):
 
     def flat_value(self, k: int) -> torch.Tensor:
         """Every member's effective tensor of subnetwork k, flat and concatenated in member order."""
-        if self.kind != _RANDOM:
+        if self.kind not in _LAYOUTS:
             if k == 0:
                 return self.default
             first, *rest = self._trained(k)
@@ -200,7 +204,9 @@ class FlatGroup(nn.Module):
             else:
                 pieces.append(self.part1.new_zeros(self.offsets[-1] - self.offsets[k]))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        return source.index_select(0, self.index)
+        if self.row == 1:
+            return source.index_select(0, self.index)
+        return source.view(-1, self.row).index_select(0, self.index).view(-1)
 
     def forward(self, k: int) -> tuple[Any, ...]:
         if HAND_OVER.get():

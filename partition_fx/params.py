@@ -84,7 +84,7 @@ class PartitionedTensor(nn.Module):
         after copying them)."""
         for k in range(1, self.num_partitions + 1):
             del self._parameters[f"part{k}"]
-        for name in ("index", "default"):
+        for name in ("index", "unit_index", "default"):
             self._buffers.pop(name, None)
             self.__dict__.pop(name, None)
         self.__dict__["_flat"] = (group, slot)  # a plain reference: the group is registered elsewhere
@@ -297,11 +297,11 @@ class RandomPartitionedTensor(PartitionedTensor):
     def layout_index(self) -> torch.Tensor:
         """Each entry's position in ``cat(parts)`` (int32, flat; node partitioning: one per output unit).
         Regenerated indices are not materialised: see ``membership``."""
-        if hasattr(self, "unit_index"):
-            return self.unit_index
         if self._flat is not None:
             group, slot = self._flat
             return group.member_layout_index(slot)
+        if self.kind == "node":
+            return self.unit_index
         if not self.regenerated:
             return self.index
         raise PartitionError("this tensor regenerates its layout: use membership()")
@@ -326,21 +326,22 @@ class RandomPartitionedTensor(PartitionedTensor):
     def unit_membership(self) -> torch.Tensor:
         """Node partitioning: the partition (1-based, int64) of every output unit."""
         unit_sizes = [(b - a) // self.per_unit for a, b in itertools.pairwise(self.offsets)]
-        return assignment_from_index(self.unit_index, unit_sizes).long() + 1
+        return assignment_from_index(self.layout_index(), unit_sizes).long() + 1
 
     def unit_defaults(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Node partitioning: the output units of partitions k+1..C and their default rows, both in layout
         order (only those rows are read or regenerated)."""
-        layout_order = torch.empty_like(self.unit_index)
-        layout_order[self.unit_index.long()] = torch.arange(
-            self.unit_index.numel(), dtype=layout_order.dtype, device=layout_order.device
+        unit_index = self.layout_index()
+        layout_order = torch.empty_like(unit_index)
+        layout_order[unit_index.long()] = torch.arange(
+            unit_index.numel(), dtype=layout_order.dtype, device=layout_order.device
         )
         units = layout_order[self.offsets[k] // self.per_unit :].long()
         return units, self._default_slice(k).view(units.numel(), *self.shape[1:])
 
     def _flat_index(self) -> torch.Tensor:
         index = self.layout_index()
-        return self._expand_units(index) if hasattr(self, "unit_index") else index
+        return self._expand_units(index) if self.kind == "node" else index
 
     def _seeded_defaults(self, start: int, device: torch.device) -> torch.Tensor:
         """The regenerated defaults of layout positions ``start..`` (``default="seed"``)."""
@@ -374,7 +375,7 @@ class RandomPartitionedTensor(PartitionedTensor):
             trained.append(self._default_slice(k))
         flat = trained[0] if len(trained) == 1 else torch.cat(trained)
         index = self.layout_index()
-        if hasattr(self, "unit_index"):
+        if self.kind == "node":
             rows = flat.view(index.numel(), -1) if index.numel() else flat.view(0, 0)
             return rows.index_select(0, index).view(self.shape)
         return flat.index_select(0, index).view(self.shape)

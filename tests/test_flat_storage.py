@@ -73,9 +73,15 @@ def test_groups_follow_kind_default_dtype_and_trainability() -> None:
 
 
 def test_what_is_not_grouped_keeps_its_own_parameters() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.BatchNorm1d(40))
-    node = dict(partitionify(model, 2, scheme="node").partitioned_tensors())
-    assert not node["0.weight"].is_flat and node["1.weight"].is_flat  # node layers: per tensor for now
+    model = torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.BatchNorm1d(40), torch.nn.Linear(40, 40))
+    pmodel = partitionify(model, 2, scheme="node")
+    node = dict(pmodel.partitioned_tensors())
+    assert all(pt.is_flat for pt in node.values())
+    assert node["0.weight"].storage(1) is node["2.weight"].storage(1)  # node: grouped by row length
+    assert node["0.weight"].storage(1) is not node["0.bias"].storage(1)
+    assert sorted(g.row for _, g in pmodel.flat_groups() if g.kind == "node") == [1, 40]
+    seed_node = dict(partitionify(model, 2, scheme="node", default="seed").partitioned_tensors())
+    assert not seed_node["0.weight"].is_flat  # "seed" defaults: per tensor for now
     seed = dict(partitionify(model, 2, default="seed", assignments="regenerated").partitioned_tensors())
     assert not seed["0.weight"].is_flat and seed["0.weight"].storage(1) is seed["0.weight"].part(1)
     assert isinstance(seed["0.weight"], RandomPartitionedTensor) and isinstance(seed["1.bias"], ScalePartitionedTensor)
