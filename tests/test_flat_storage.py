@@ -128,3 +128,19 @@ def test_operators_per_step_do_not_grow_with_the_number_of_grouped_tensors() -> 
     plain_2, partitioned_2 = _step_operators(2)
     plain_8, partitioned_8 = _step_operators(8)
     assert partitioned_8 - plain_8 <= partitioned_2 - plain_2
+
+
+def test_a_kind_is_split_into_groups_of_bounded_size(monkeypatch) -> None:
+    """Groups close at GROUP_ENTRIES (cache-friendly gathers on CPU); the subnetworks do not change."""
+    import partition_fx.flat as flat
+    from partition_fx.testing import assert_subnetworks_match_exports
+
+    model = _mlp(4)
+    whole = partitionify(model, 3)
+    monkeypatch.setattr(flat, "GROUP_ENTRIES", 100)
+    split = partitionify(model, 3)
+    count = lambda pm: sum(g.kind == "random" for _, g in pm.flat_groups())  # noqa: E731
+    assert count(whole) == 1 and count(split) > 2
+    assert all(sum(m.part(1).numel() for m in g.members) <= 100 or len(g.members) == 1 for _, g in split.flat_groups())
+    perturb_partitions(split)
+    assert_subnetworks_match_exports(split, (torch.randn(5, 16),))
