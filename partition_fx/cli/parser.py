@@ -400,6 +400,13 @@ def _add_training_options(train: argparse.ArgumentParser) -> None:
         help="the parameter and hyperparameter steps in one forward and backward (default: off)",
     )
     group.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="the dtype forwards run in under torch.autocast; weights and optimiser state stay fp32 "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
         "--every-partition",
         action="store_true",
         help="every example draws its own partition, so each iteration trains them all (default: off)",

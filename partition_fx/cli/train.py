@@ -115,6 +115,7 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any
         checkpoint_defaults=False,  # export and --resume rebuild the model as this run did: its defaults too
         fused=args.fused,
         every_partition=args.every_partition,
+        precision=args.precision,
         progress=None if not args.quiet else False,
         device=job.device,
         resume=resume_from,

@@ -144,9 +144,10 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
     if routing.grad_partitions is None:
         out = _forward(module, x, weight, bias)
     else:
-        grad_mask = (unit_part[None, :] == routing.grad_partitions[:, None]).to(x.dtype).view(shape)
+        gs = routing.grad_partitions.to(x.device)
+        grad_mask = (unit_part[None, :] == gs[:, None]).to(x.dtype).view(shape)
         out = _RoutedLayer.apply(x, weight, bias, grad_mask, module)
-    trained = (unit_part[None, :] <= ks[:, None]).view(shape)
+    trained = (unit_part[None, :] <= ks.to(x.device)[:, None]).view(shape)  # ks itself stays on the host
     if bool(trained.all()):
         return out
     bias_pt = params.get("bias")
@@ -252,4 +253,5 @@ def _per_example(module: nn.Module, params: dict[str, Any], name: str, routing: 
         k, g = divmod(key, pt.num_partitions + 1)
         with gradient_only_to(g if gs is not None else None):
             rows.append(pt.value(k))
-    return torch.stack(rows).index_select(0, inverse)
+    values = torch.stack(rows)
+    return values.index_select(0, inverse.to(values.device))

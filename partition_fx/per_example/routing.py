@@ -50,8 +50,9 @@ def checked_routing(
     if not (isinstance(gs, torch.Tensor) and gs.dim() == 1):
         gs = torch.full((batch,), check_subnetwork(gs, num_partitions), dtype=torch.long, device=ks.device)
     gs = check_per_example("grad_partition", gs, batch, num_partitions).to(ks.device)
-    if bool((gs > ks).any()):
-        i = int(torch.nonzero(gs > ks)[0])
+    wrong = torch.nonzero(gs > ks)  # one pass; no read of a value (routings built on the host stay there)
+    if wrong.numel():
+        i = int(wrong[0])
         raise PartitionArgumentError(
             f"example {i} would train partition {int(gs[i])} through subnetwork {int(ks[i])}, which "
             "does not use it; grad_partition must be <= subnetwork (0: no partition)"

@@ -164,6 +164,7 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
         "scheduler": state["scheduler"],
         "hyper_scheduler": state["hyper_scheduler"],
         "finetune_start": state["finetune_start"],
+        "grad_scaler": state["grad_scaler"],
         "fingerprint": state["fingerprint"],
     }
     try:
@@ -230,6 +231,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "scheduler": plain["scheduler"],
             "hyper_scheduler": plain.get("hyper_scheduler"),  # states written before it existed: none
             "finetune_start": plain.get("finetune_start"),
+            "grad_scaler": plain.get("grad_scaler"),  # fp16 runs' loss scale
             "rng": {
                 "torch": tensors["rng/torch"],
                 "cuda": [cuda[str(i)] for i in range(len(cuda))],

@@ -41,9 +41,18 @@ def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[
     return f"gradient norm {norm} (in " + ", ".join(bad[:3]) + more + ")"
 
 
+def _parameter_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: nn.Module | None) -> dict[int, str]:
+    """``id(parameter) -> name`` for the model's own parameters and the hyperparameter modules'."""
+    names = {id(p): n.removeprefix("module.") for n, p in pmodel.named_parameters()}
+    for prefix, m in (("hyper", hyper), ("likelihood", likelihood)):
+        if m is not None:
+            names.update((id(p), f"{prefix}.{n}") for n, p in m.named_parameters())
+    return names
+
+
 def tensor_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: nn.Module | None) -> dict[int, str]:
     """``id(tensor) -> name`` for every trainable tensor: ``0.weight partition 2``, ``hyper.logits``, ..."""
-    names = {id(p): n.removeprefix("module.") for n, p in pmodel.named_parameters()}
+    names = _parameter_names(pmodel, hyper, likelihood)
     shared: dict[int, list[str]] = {}  # a flat group's part: the members whose share of its gradient is bad
     for name, pt in pmodel.partitioned_tensors():
         for k in range(1, pt.num_partitions + 1):
@@ -57,9 +66,24 @@ def tensor_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: 
             if bad:
                 shared[id(storage)].append(name)
                 names[id(storage)] = ", ".join(f"{bad_name} partition {k}" for bad_name in shared[id(storage)])
-    for prefix, m in (("hyper", hyper), ("likelihood", likelihood)):
-        if m is not None:
-            names.update((id(p), f"{prefix}.{n}") for n, p in m.named_parameters())
+    return names
+
+
+def storage_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: nn.Module | None) -> dict[int, str]:
+    """``id(tensor) -> name`` for every trainable tensor once its gradient is gone (a lazy check): a flat
+    group's storage of partition k is named by its members, ``0.weight, 0.bias and 4 more partition 2``."""
+    names = _parameter_names(pmodel, hyper, likelihood)
+    members: dict[int, tuple[int, list[str]]] = {}
+    for name, pt in pmodel.partitioned_tensors():
+        for k in range(1, pt.num_partitions + 1):
+            storage = pt.storage(k)
+            if storage is pt.part(k):
+                names[id(storage)] = f"{name} partition {k}"
+            else:
+                members.setdefault(id(storage), (k, []))[1].append(name)
+    for key, (k, held) in members.items():
+        more = f" and {len(held) - 2} more" if len(held) > 2 else ""
+        names[key] = ", ".join(held[:2]) + more + f" partition {k}"
     return names
 
 

@@ -60,6 +60,15 @@ def fit(
             state with the best LML (``restore_best``).
         callbacks: ``cb(trainer, record)`` after each evaluation; returning True stops training.
         on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
+        check_every: steps between reads of the device for the non-finite check (default: 1 on the CPU,
+            50 on an accelerator, which then runs ahead of Python between reads). With ``"raise"`` and more
+            than 1, a fault is found at the next read, at the latest at the next evaluation and before any
+            state is saved: the error names the step it happened at, and the last checkpoint is the one
+            written before it. ``"skip"`` decides before each step, so it reads every step.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: the forwards (training and LML) run under
+            ``torch.autocast`` to that dtype; the partitions, their gradients and the optimiser state stay
+            fp32. fp16 adds a ``torch.amp.GradScaler`` (its loss scale is saved for resuming); a step whose
+            scaled gradient overflows is skipped by the scaler, not reported as a fault.
         checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` and ``resume/`` at each evaluation
             (atomically; ``best`` is a hard link when it equals ``last``), and ``last`` again at the end with
             the state the run returns (see ``CheckpointWriter``).

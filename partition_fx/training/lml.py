@@ -112,14 +112,16 @@ def routed_losses(
     examples draw ``hyper_samples`` augmentation samples each (default: the transform's own number)."""
     xp, yp = batch
     xp, samples_p = apply_transform(hyper, xp, grad=False)
-    ks = ks.to(xp.device).repeat(samples_p)  # sample-major, like the inputs
+    # The routing stays where the sampler drew it (the host): checking it and grouping examples by it then
+    # read no value from the accelerator.
+    ks = ks.repeat(samples_p)  # sample-major, like the inputs
     inputs, subnetworks, grads = [xp], [ks], [ks]
     hyper_parts = []
     for weight, k, xh, yh in hyper_batches:
         xh, samples_h = apply_transform(hyper, xh, grad=True, samples=hyper_samples)
         inputs.append(xh)
-        subnetworks.append(torch.full((xh.shape[0],), k - 1, device=xh.device))
-        grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=xh.device))
+        subnetworks.append(torch.full((xh.shape[0],), k - 1, device=ks.device))
+        grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=ks.device))
         hyper_parts.append((weight, xh.shape[0], yh, samples_h))
     out = pmodel(torch.cat(inputs), subnetwork=torch.cat(subnetworks), grad_partition=torch.cat(grads))
     n = xp.shape[0]

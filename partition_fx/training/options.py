@@ -33,6 +33,7 @@ from .chunks import DataChunks
 from .hooks import TrainingHook
 from .likelihoods import Likelihood, resolve_likelihood
 from .optim import WEIGHT_DECAY_SCALINGS, OptimizerFactory
+from .stepping import PRECISIONS
 
 Callback = Callable[[Any, dict[str, Any]], "bool | None"]
 """``cb(trainer, record)`` after each evaluation (``trainer``: the ``PartitionedTrainer``); True stops training."""
@@ -97,6 +98,8 @@ class TrainerOptions:
     eval_batch_size: int = 256
     eval_examples_per_chunk: int | None = None
     on_nonfinite: str = "raise"
+    check_every: int | None = None
+    precision: str = "fp32"
     checkpoint_dir: str | Path | None = None
     device: torch.device | str | None = None
     fused: bool = False
@@ -122,6 +125,9 @@ class TrainerOptions:
             "functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)",
         )
         check_choice("hyper_chunks", self.hyper_chunks, HYPER_CHUNKS)
+        check_choice("precision", self.precision, tuple(PRECISIONS))
+        if self.check_every is not None:
+            check_int("check_every", self.check_every)
         if self.hyper_samples is not None:
             check_int("hyper_samples", self.hyper_samples)
             check_takes_num_samples(self.hyper)

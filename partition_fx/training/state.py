@@ -96,15 +96,18 @@ class TrainerState:
         """Everything a resumed run needs to continue bit for bit: the modules, both optimisers, the LR
         scheduler, the step, history and best state, and every random generator (see
         ``partition_fx.training.save_training_state`` for its form on disk)."""
+        self.check_nonfinite()  # never save weights a non-finite step has updated
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        losses, hyper_losses = self.pending_losses()
         return {
             "step": self.step,
             "history": self.history,
             "best": None if self.best is None else {"lml": self.best[0], "step": self.best[1]},
             "best_modules": None if self.best is None else self.best[2],
             "skipped_steps": self.skipped_steps,
-            "pending_losses": self._losses,
-            "pending_hyper_losses": self._hyper_losses,
+            "pending_losses": losses,
+            "pending_hyper_losses": hyper_losses,
+            "grad_scaler": self.precision.state_dict(),
             "modules": self._module_states(),
             "optimizer": self.optimizer.state_dict(),
             "hyper_optimizer": self.hyper_optimizer.state_dict() if self.hyper_optimizer is not None else None,
@@ -138,8 +141,9 @@ class TrainerState:
         self.step = state["step"]
         self.history = state["history"]
         self.skipped_steps = state["skipped_steps"]
-        self._losses = list(state["pending_losses"])
-        self._hyper_losses = list(state["pending_hyper_losses"])
+        self._losses = [torch.tensor(v) for v in state["pending_losses"]]
+        self._hyper_losses = [torch.tensor(v) for v in state["pending_hyper_losses"]]
+        self.precision.load_state_dict(state.get("grad_scaler"))
         if state["best"] is not None:
             self.best = (state["best"]["lml"], state["best"]["step"], state["best_modules"])
         torch.set_rng_state(state["rng"]["torch"])

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
 from .checkpoint import CheckpointWriter
 from .chunks import Examples, resolve_chunks
-from .faults import nonfinite_problem, tensor_names, warn_about_shared_parameters
+from .faults import warn_about_shared_parameters
 from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
 from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, hyper_loss, routed_losses
@@ -34,9 +34,10 @@ from .options import Callback, RunOptions, TrainerOptions, build, check_optimize
 from .result import FitResult
 from .sampler import PartitionedSampler
 from .state import TrainerState
+from .stepping import LAZY_CHECK_EVERY, NonfiniteWatch, Precision, Stepping
 
 
-class PartitionedTrainer(TrainerState):
+class PartitionedTrainer(TrainerState, Stepping):
     """Partitioned training of ``pmodel`` on ``dataset`` with hyperparameters learned by the LML.
 
     Built from ``options`` (a :class:`TrainerOptions`) or from the same names as keyword arguments (see
@@ -50,8 +51,8 @@ class PartitionedTrainer(TrainerState):
         >>> from partition_fx import partitionify
         >>> x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (x, y), batch_size=16)
-        >>> k, loss = trainer.parameter_step()
-        >>> k in (1, 2) and loss > 0
+        >>> k, loss = trainer.parameter_step()  # loss: a 0-dim tensor, still on the device
+        >>> k in (1, 2) and float(loss) > 0
         True
     """
 
@@ -83,6 +84,12 @@ class PartitionedTrainer(TrainerState):
         self.chunks = resolve_chunks(options.chunks, len(self.examples), pmodel.proportions, self.seed)
         self.sampler = PartitionedSampler(self.chunks, options.batch_size, options.hyper_batch_size, self.seed)
         self.device = self._place(options.device)
+        self.precision = Precision(options.precision, self.device)
+        on_cpu = self.device is None or self.device.type == "cpu"
+        self.check_every = options.check_every or (1 if on_cpu else LAZY_CHECK_EVERY)
+        """Steps between reads of the device for the non-finite check (see ``Stepping``): 1 on the CPU, where a
+        read costs nothing, ``LAZY_CHECK_EVERY`` on an accelerator, unless ``check_every`` says."""
+        self.watch = NonfiniteWatch()
         warn_about_shared_parameters(pmodel)
         self.hyperparameters_list = collect_hyperparameters(pmodel, self.hyper, self.likelihood)
         if self.hyperparameters_list and pmodel.num_partitions < 2:
@@ -110,8 +117,8 @@ class PartitionedTrainer(TrainerState):
         if self.checkpoint_dir is not None:
             self.hooks.append(CheckpointWriter(self.checkpoint_dir))
         self._omitted: dict[str, Any] | None = None
-        self._losses: list[float] = []
-        self._hyper_losses: list[float] = []
+        self._losses: list[torch.Tensor] = []
+        self._hyper_losses: list[torch.Tensor] = []
         self._lml_generator = torch.Generator().manual_seed(self.seed + 1)
 
     def _place(self, device: torch.device | None) -> torch.device | None:
@@ -159,40 +166,26 @@ class PartitionedTrainer(TrainerState):
 
     # --- steps -------------------------------------------------------------------------------------
 
-    def _check_finite(self, value: float, what: str, params: list[torch.Tensor]) -> bool:
-        problem = nonfinite_problem(value, params, lambda: tensor_names(self.pmodel, self.hyper, self.likelihood))
-        if problem is None:
-            return True
-        if self.on_nonfinite == "skip":
-            self.skipped_steps += 1
-            return False
-        kept = (
-            f"; the last checkpoint (step {self.last_checkpoint_step}) in {self.checkpoint_dir} is kept"
-            if self.last_checkpoint_step is not None
-            else ""
-        )
-        raise PartitionTrainingError(
-            f"step {self.step}: non-finite {problem} in the {what}{kept}. Lower the learning rate, check the data "
-            "for NaN/inf, or pass on_nonfinite='skip' to skip such steps"
-        )
-
     def _train_mode(self) -> None:
         self.pmodel.train()
         if self.hyper is not None:
             self.hyper.train()
 
-    def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
+    def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
         """Train partition k (default: drawn by the sampler) on a minibatch of D_1:k; returns (k, loss)."""
         if k is None or indices is None:
             drawn_k, drawn = self.sampler.parameter_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
         self._train_mode()
         x, y = self.examples.batch(indices, self.device)
-        loss = -forward_log_likelihood(self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False).mean()
+        with self.precision.autocast():
+            loss = -forward_log_likelihood(
+                self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False
+            ).mean()
         what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
         return k, self._step(loss, None, self.pmodel.partition_parameters(k), what)
 
-    def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, float]:
+    def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
         """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C); returns (k, loss)."""
         self._check_hyperparameters()
         if k is None or indices is None:
@@ -201,7 +194,7 @@ class PartitionedTrainer(TrainerState):
         loss = self._hyper_loss([(1.0, k, indices)])
         return k, self._step(None, loss, [], f"hyperparameter step (chunk D_{k} through subnetwork {k - 1})")
 
-    def hyper_step_all_chunks(self) -> float:
+    def hyper_step_all_chunks(self) -> torch.Tensor:
         """Step psi on a minibatch of EVERY chunk D_k (k in 2..C) through its subnetwork k-1, the chunks'
         mean losses weighted by the probabilities ``hyper_step`` draws them with (``hyper_chunks="all"``):
         the expected gradient of ``hyper_step``, without the variance of drawing k; returns the loss."""
@@ -221,9 +214,16 @@ class PartitionedTrainer(TrainerState):
 
     def _hyper_loss(self, batches: list[tuple[float, int, torch.Tensor]]) -> torch.Tensor:
         self._train_mode()
-        return hyper_loss(
-            self.pmodel, self.likelihood, self.hyper, self.examples, batches, self.device, self.options.hyper_samples
-        )
+        with self.precision.autocast():
+            return hyper_loss(
+                self.pmodel,
+                self.likelihood,
+                self.hyper,
+                self.examples,
+                batches,
+                self.device,
+                self.options.hyper_samples,
+            )
 
     def _hyper_due(self, step: int) -> bool:
         return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
@@ -257,11 +257,12 @@ class PartitionedTrainer(TrainerState):
         self._train_mode()
         batch = self.examples.batch(indices, self.device)
         hyper_batches = [(w, k, *self.examples.batch(i, self.device)) for w, k, i in hyper]
-        return routed_losses(
-            self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.options.hyper_samples
-        )
+        with self.precision.autocast():
+            return routed_losses(
+                self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.options.hyper_samples
+            )
 
-    def parameter_step_every_partition(self) -> float:
+    def parameter_step_every_partition(self) -> torch.Tensor:
         """A parameter step in which each example trains its own partition (``sampler.parameter_examples``):
         one forward and one backward, every partition drawn at least once updated."""
         ks, indices = self.sampler.parameter_examples()
@@ -306,6 +307,7 @@ class PartitionedTrainer(TrainerState):
         ``before_finetuning`` runs. Draws no random number, so a resumed run that repeats it stays exact."""
         if self.finetuning:
             return
+        self.check_nonfinite()
         if restore_best and self.best is not None and self.best[1] != self.step:
             self.restore_modules(self.best[2])
         self.finetune_start = self.step
@@ -314,7 +316,7 @@ class PartitionedTrainer(TrainerState):
         for hook in self.hooks:
             hook.before_finetuning(self)
 
-    def finetune_step(self, indices: torch.Tensor | None = None) -> float:
+    def finetune_step(self, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Train every weight of the final subnetwork C on a minibatch of all the data (default: drawn by the
         sampler), with the input transform's psi fixed; returns the loss."""
         if indices is None:
@@ -322,47 +324,12 @@ class PartitionedTrainer(TrainerState):
         self._train_mode()
         x, y = self.examples.batch(indices, self.device)
         final = self.pmodel.num_partitions
-        loss = -forward_log_likelihood(
-            self.pmodel, self.likelihood, x, y, final, self.hyper, transform_grad=False
-        ).mean()
+        with self.precision.autocast():
+            loss = -forward_log_likelihood(
+                self.pmodel, self.likelihood, x, y, final, self.hyper, transform_grad=False
+            ).mean()
         params, _ = self._parameters_of(torch.arange(1, final + 1))
         return self._step(loss, None, params, f"fine-tuning step (subnetwork {final}, all data)")
-
-    def _step(
-        self, loss: torch.Tensor | None, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
-    ) -> float:
-        """One backward of the given losses, then a step of each optimiser whose loss was given.
-
-        ``backward(inputs=...)`` gives .grad only to ``params`` (the partitions being trained) and, with a
-        hyper loss, to psi: every other part keeps grad None, which stock optimisers skip, so a partition's
-        state advances only when it is stepped. The LR scheduler follows parameter steps."""
-        inputs = list(params) if loss is not None else []
-        if hyper_loss is not None:
-            inputs += self.hyperparameters_list
-        total = sum(x for x in (loss, hyper_loss) if x is not None)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.hyper_optimizer is not None:
-            self.hyper_optimizer.zero_grad(set_to_none=True)
-        if inputs and total.requires_grad:
-            total.backward(inputs=inputs)
-        value = float(total.detach())
-        if self._check_finite(value, what, inputs):
-            if loss is not None:
-                self.optimizer.step()
-                self._losses.append(float(loss.detach()))
-            if hyper_loss is not None:
-                self.hyper_optimizer.step()  # type: ignore[union-attr]
-                for _, m in self.hyperparameter_modules():
-                    m.constrain_()
-                if self.hyper_scheduler is not None:
-                    self.hyper_scheduler.step()
-                self._hyper_losses.append(float(hyper_loss.detach()))
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.hyper_optimizer is not None:
-            self.hyper_optimizer.zero_grad(set_to_none=True)
-        if loss is not None and self.scheduler is not None:
-            self.scheduler.step()
-        return value
 
     # --- evaluation ------------------------------------------------------------------------------
 
@@ -376,22 +343,25 @@ class PartitionedTrainer(TrainerState):
         with torch.random.fork_rng(devices=devices):
             seed = int(torch.randint(0, 2**62, (1,), generator=self._lml_generator))
             torch.manual_seed(seed)
-            return estimate_lml(
-                self.pmodel,
-                self.examples,
-                self.chunks,
-                self.likelihood,
-                self.hyper,
-                batch_size=self.eval_batch_size,
-                max_examples_per_chunk=self.eval_examples_per_chunk,
-                generator=self._lml_generator,
-                device=self.device,
-            )
+            with self.precision.autocast():
+                return estimate_lml(
+                    self.pmodel,
+                    self.examples,
+                    self.chunks,
+                    self.likelihood,
+                    self.hyper,
+                    batch_size=self.eval_batch_size,
+                    max_examples_per_chunk=self.eval_examples_per_chunk,
+                    generator=self._lml_generator,
+                    device=self.device,
+                )
 
     def evaluate(self, started: float) -> dict[str, Any]:
         """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state, run
         the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume directory)."""
+        self.check_nonfinite()  # before anything is recorded or written from these weights
         mean = lambda xs: float(sum(xs) / len(xs)) if xs else None  # noqa: E731
+        losses, hyper_losses = self.pending_losses()
         # Once fine-tuning has trained every weight on every chunk, no subnetwork k-1 is unseen by chunk k:
         # there is no partitioned LML to estimate.
         estimate = None if self.finetuning else self.estimate_lml()
@@ -402,8 +372,8 @@ class PartitionedTrainer(TrainerState):
             "lml_per_chunk": None if estimate is None else estimate.per_chunk,
             "lml_per_example": None if estimate is None else estimate.per_example,
             "conditional_lml": None if estimate is None else estimate.conditional,
-            "train_loss": mean(self._losses),
-            "hyper_loss": mean(self._hyper_losses),
+            "train_loss": mean(losses),
+            "hyper_loss": mean(hyper_losses),
             "hyperparameters": self.hyperparameter_values(),
             "seconds": round(time.perf_counter() - started, 3),
         }

@@ -1,0 +1,261 @@
+"""How a step's losses become updates: the backward (scaled for fp16), the non-finite check, the optimiser
+steps, and the loss history, without reading the device after every step.
+
+A GPU runs ahead of the Python that issues its work until something reads a value back. Reading the loss
+(``float(loss)``) after every step stops it there, so the trainer keeps losses and finiteness flags on the
+device and reads them every ``check_every`` steps, at every evaluation and before any state is saved
+(``Precision`` and ``NonfiniteWatch`` here, ``Stepping`` mixed into ``PartitionedTrainer``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PartitionTrainingError
+from .faults import nonfinite_problem, storage_names, tensor_names
+
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""What ``precision=`` takes: the dtype the forward runs in under ``torch.autocast`` (None: no autocast)."""
+
+LAZY_CHECK_EVERY = 50
+"""Steps between reads of an accelerator for the non-finite check, unless ``check_every`` says otherwise."""
+
+
+class Precision:
+    """The dtype a trainer's forwards run in (``torch.autocast``) and, for fp16, the ``GradScaler`` that keeps
+    small gradients from flushing to zero. Parameters, gradients and optimiser state stay fp32.
+
+    Example::
+
+        >>> precision = Precision("bf16", torch.device("cpu"))
+        >>> with precision.autocast():
+        ...     torch.nn.Linear(2, 2)(torch.randn(1, 2)).dtype
+        torch.bfloat16
+        >>> Precision("fp16", torch.device("cpu")).scaler is not None
+        True
+    """
+
+    def __init__(self, name: str, device: torch.device | None) -> None:
+        self.name = name
+        self.dtype = PRECISIONS[name]
+        self.device_type = device.type if device is not None else "cpu"
+        self.scaler = torch.amp.GradScaler(self.device_type) if name == "fp16" else None
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context the forwards run in: autocast to ``dtype``, or nothing for fp32."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, total: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+        """``total.backward(inputs=inputs)``, the loss scaled first under fp16."""
+        (total if self.scaler is None else self.scaler.scale(total)).backward(inputs=inputs)
+
+    def unscale(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Bring the gradients back to their true scale (fp16), so checks and stepping see true values."""
+        if self.scaler is not None:
+            for optimizer in optimizers:
+                self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, scaled: bool) -> None:
+        """Step ``optimizer``; under fp16 the scaler skips it when a gradient overflowed (``scaled``: this
+        step's backward went through the scaler)."""
+        if self.scaler is not None and scaled:
+            self.scaler.step(optimizer)
+        else:
+            optimizer.step()
+
+    def update(self, scaled: bool) -> None:
+        """Adjust the fp16 loss scale after a scaled step (halve it on overflow, grow it when steady)."""
+        if self.scaler is not None and scaled:
+            self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+@dataclass
+class _Pending:
+    """One step whose finiteness is still on the device."""
+
+    step: int
+    what: str
+    loss_finite: torch.Tensor
+    grads_finite: torch.Tensor | None
+    params: list[torch.Tensor]
+
+
+class NonfiniteWatch:
+    """Device-side flags of the steps not yet checked: whether each step's loss and each gradient it
+    stepped were finite. ``first_problem()`` reads them all in one transfer and names the first bad step.
+
+    Example::
+
+        >>> p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([1.0, float("nan")])
+        >>> watch = NonfiniteWatch()
+        >>> watch.record(4, "parameter step of partition 2", torch.tensor(0.5), [p])
+        >>> watch.first_problem(lambda: {id(p): "w"})
+        (4, 'parameter step of partition 2', 'gradient (in w)')
+        >>> len(watch)
+        0
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[_Pending] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def record(self, step: int, what: str, total: torch.Tensor, params: list[torch.Tensor]) -> None:
+        """Note step ``step``'s loss ``total`` and the gradients of ``params``, without reading them."""
+        with_grad = [p for p in params if p.grad is not None]
+        grads_finite = None
+        if with_grad:
+            # One fused norm kernel per device and dtype (what torch.nn.utils.get_total_norm runs inside),
+            # however many tensors: a flat group's storage is one of them.
+            norms = torch._foreach_norm([p.grad for p in with_grad])  # type: ignore[attr-defined]
+            grads_finite = torch.stack([n.to(total.device) for n in norms]).isfinite()
+        self._pending.append(_Pending(step, what, total.detach().isfinite(), grads_finite, with_grad))
+
+    def first_problem(self, names: Callable[[], dict[int, str]]) -> tuple[int, str, str] | None:
+        """``(step, what, problem)`` of the first recorded step whose loss or a gradient was not finite, or
+        None; forgets every recorded step. ``names()`` maps ``id(parameter)`` to a name."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return None
+        flags = [
+            torch.cat([p.loss_finite.reshape(1), p.grads_finite])
+            if p.grads_finite is not None
+            else p.loss_finite.reshape(1)
+            for p in pending
+        ]
+        all_finite = torch.stack([f.all() for f in flags]).cpu()  # the one read of the device
+        if bool(all_finite.all()):
+            return None
+        bad = pending[int((~all_finite).nonzero()[0])]
+        if not bool(bad.loss_finite):
+            return bad.step, bad.what, "loss"
+        assert bad.grads_finite is not None
+        named = names()
+        which = [named.get(id(p), "?") for p, ok in zip(bad.params, bad.grads_finite.tolist()) if not ok]
+        more = f" and {len(which) - 3} more" if len(which) > 3 else ""
+        return bad.step, bad.what, "gradient (in " + ", ".join(which[:3]) + more + ")"
+
+
+class Stepping:
+    """Mixed into ``PartitionedTrainer``: ``_step`` turns a step's losses into optimiser steps, under the
+    trainer's ``precision``, with the non-finite check done now (``check_every=1``, or
+    ``on_nonfinite="skip"``, which must decide before stepping) or lazily (``NonfiniteWatch``). It reads the
+    trainer's optimisers, schedulers, hyperparameters, step and checkpoint attributes."""
+
+    def _step(
+        self, loss: torch.Tensor | None, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
+    ) -> torch.Tensor:
+        """One backward of the given losses, then a step of each optimiser whose loss was given; returns the
+        summed loss, detached and still on the device.
+
+        ``backward(inputs=...)`` gives .grad only to ``params`` (the partitions being trained) and, with a
+        hyper loss, to psi: every other part keeps grad None, which stock optimisers skip, so a partition's
+        state advances only when it is stepped. The LR scheduler follows parameter steps."""
+        inputs = list(params) if loss is not None else []
+        if hyper_loss is not None:
+            inputs += self.hyperparameters_list
+        total = sum(x for x in (loss, hyper_loss) if x is not None)
+        stepped = [o for o, lo in ((self.optimizer, loss), (self.hyper_optimizer, hyper_loss)) if lo is not None]
+        self._zero_grads()
+        scaled = bool(inputs) and total.requires_grad
+        if scaled:
+            self.precision.backward(total, inputs)
+            self.precision.unscale(stepped)
+        total = total.detach()
+        # Under fp16 an overflowing gradient is the scaler's to handle (it skips the step and lowers the
+        # scale); only a non-finite loss is a fault then.
+        checked = inputs if self.precision.scaler is None else []
+        if self._finite(total, what, checked):
+            if loss is not None:
+                self.precision.step(self.optimizer, scaled)
+                self._losses.append(loss.detach())
+            if hyper_loss is not None:
+                self.precision.step(self.hyper_optimizer, scaled)  # type: ignore[arg-type]
+                for _, m in self.hyperparameter_modules():
+                    m.constrain_()
+                if self.hyper_scheduler is not None:
+                    self.hyper_scheduler.step()
+                self._hyper_losses.append(hyper_loss.detach())
+        self.precision.update(scaled)
+        self._zero_grads()
+        if loss is not None and self.scheduler is not None:
+            self.scheduler.step()
+        if len(self.watch) >= self.check_every:
+            self.check_nonfinite()
+        return total
+
+    def _zero_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.hyper_optimizer is not None:
+            self.hyper_optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def checks_lazily(self) -> bool:
+        """Whether finiteness is read every ``check_every`` steps rather than before each step."""
+        return self.check_every > 1 and self.on_nonfinite == "raise"
+
+    def _finite(self, total: torch.Tensor, what: str, params: list[torch.Tensor]) -> bool:
+        """Whether to step: always when checking lazily (the flags are read later), otherwise whether the loss
+        and gradients are finite now (raising, or counting a skipped step, when not)."""
+        if self.checks_lazily:
+            self.watch.record(self.step, what, total, params)
+            return True
+        problem = nonfinite_problem(
+            float(total), params, lambda: tensor_names(self.pmodel, self.hyper, self.likelihood)
+        )
+        if problem is None:
+            return True
+        if self.on_nonfinite == "skip":
+            self.skipped_steps += 1
+            return False
+        raise self._nonfinite_error(self.step, what, problem, "")
+
+    def check_nonfinite(self) -> None:
+        """Read the finiteness flags of the steps taken since the last check (one transfer from the device)
+        and raise ``PartitionTrainingError`` naming the first step whose loss or a gradient was not finite.
+        The trainer calls it every ``check_every`` steps, at every evaluation and before saving state, so no
+        checkpoint is written from weights a non-finite step has updated."""
+        found = self.watch.first_problem(lambda: storage_names(self.pmodel, self.hyper, self.likelihood))
+        if found is not None:
+            step, what, problem = found
+            since = f" (found at step {self.step}: the weights were updated since)" if self.step > step + 1 else ""
+            raise self._nonfinite_error(step, what, problem, since)
+
+    def _nonfinite_error(self, step: int, what: str, problem: str, since: str) -> PartitionTrainingError:
+        kept = (
+            f"; the last checkpoint (step {self.last_checkpoint_step}) in {self.checkpoint_dir} is kept"
+            if self.last_checkpoint_step is not None
+            else ""
+        )
+        return PartitionTrainingError(
+            f"step {step}: non-finite {problem} in the {what}{since}{kept}. Lower the learning rate, check the "
+            "data for NaN/inf, or pass on_nonfinite='skip' to skip such steps"
+        )
+
+    def pending_losses(self) -> tuple[list[float], list[float]]:
+        """The parameter and hyperparameter losses since the last evaluation, read from the device."""
+        return _floats(self._losses), _floats(self._hyper_losses)
+
+
+def _floats(values: list[torch.Tensor]) -> list[float]:
+    """``values`` (0-dim tensors) as floats, read in one transfer."""
+    if not values:
+        return []
+    device = values[-1].device  # losses restored from a saved state are on the CPU
+    return torch.stack([v.detach().float().to(device) for v in values]).tolist()
