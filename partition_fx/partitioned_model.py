@@ -136,7 +136,13 @@ class PartitionedModel(nn.Module):
         """Example i through subnetwork ks[i]: in one pass (``per_example.one_pass``) where the model and
         ``per_example`` allow, else one forward per group of examples (``per_example.grouped``)."""
         mode = check_choice("per_example", self.per_example, PER_EXAMPLE_MODES)
-        one_pass = mode != "grouped" and self.supports_one_pass()
+        compiled = self.__dict__.get("_compiled", False)
+        if mode == "one_pass" and compiled:
+            raise PartitionArgumentError(
+                "per_example='one_pass' routes examples by a context the compiled graph would guard on (one graph "
+                "per batch); a compiled model groups examples by subnetwork: use per_example='auto' or 'grouped'"
+            )
+        one_pass = mode != "grouped" and not compiled and self.supports_one_pass()
         if mode == "one_pass" and not one_pass:
             raise PartitionArgumentError(
                 "per_example='one_pass' needs node partitioning (scheme='node') with every partitioned tensor "
@@ -147,6 +153,34 @@ class PartitionedModel(nn.Module):
         if one_pass:
             return forward_one_pass(self.module, self.num_partitions, args, kwargs, routing)  # type: ignore[arg-type]
         return forward_grouped(self._forward_group, args, kwargs, routing, self.num_partitions)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile the subnetworks' forward in place with ``torch.compile`` (its arguments: ``mode=``,
+        ``backend=``, ...); parameters, ``state_dict`` keys and exports are unchanged.
+
+        The rewritten graph is compiled, not this wrapper: a forward through subnetwork k compiles once per
+        (k, gradient partition, grad mode, train/eval, whether the input needs a gradient) and is reused
+        after, with no graph break; a training run uses about 4C such graphs. Per-example subnetworks
+        (``subnetwork=`` a tensor) group the examples on the host and run each group through its compiled
+        graph (``per_example="one_pass"`` is refused: its routing would be guarded per batch). Dynamo's
+        recompile limit is raised to 8(C+1), so that no graph a run uses falls back to eager.
+
+        Example::
+
+            >>> import torch
+            >>> from partition_fx import export_subnetwork, partitionify
+            >>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Tanh()), 3)
+            >>> pmodel.compile(backend="eager")
+            >>> x = torch.randn(2, 4)
+            >>> torch.allclose(pmodel(x, subnetwork=2), export_subnetwork(pmodel, 2)(x))
+            True
+        """
+        import torch._dynamo
+
+        graphs = 8 * (self.num_partitions + 1)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs)
+        self.module.compile(*args, **kwargs)
+        self.__dict__["_compiled"] = True
 
     def supports_one_pass(self) -> bool:
         """Whether per-example subnetworks can run in one pass (see ``partition_fx.per_example.one_pass``).

@@ -407,6 +407,16 @@ def _add_training_options(train: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     group.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),  # COMPILE_MODES
+        metavar="MODE",
+        help="torch.compile the model first: MODE default, reduce-overhead (CUDA graphs) or max-autotune "
+        "(default: off; --compile alone: default)",
+    )
+    group.add_argument(
         "--every-partition",
         action="store_true",
         help="every example draws its own partition, so each iteration trains them all (default: off)",

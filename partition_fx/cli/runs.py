@@ -23,13 +23,13 @@ RUN_CONFIG_KEYS = (
     "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
     "scheme", "default", "assignments", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every",
     "warmup_steps", "eval_every", "fused", "every_partition", "seed", "device", "hyper_chunks", "hyper_samples",
-    "hyper_batch_size", "finetune_steps", "precision",
+    "hyper_batch_size", "finetune_steps", "precision", "compile",
 )  # fmt: skip
 """The ``train`` options a run's report records under ``config`` (``device`` as asked, e.g. ``auto``)."""
 
 LATER_OPTION_DEFAULTS = {
     "fused": False, "every_partition": False, "assignments": "stored", "hyper_chunks": "one", "hyper_samples": None,
-    "hyper_batch_size": None, "finetune_steps": 0, "precision": "fp32",
+    "hyper_batch_size": None, "finetune_steps": 0, "precision": "fp32", "compile": None,
 }  # fmt: skip
 """Options added after the first runs were written: what a run's report means when it lacks them."""
 

@@ -116,6 +116,7 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any
         fused=args.fused,
         every_partition=args.every_partition,
         precision=args.precision,
+        compile=args.compile or False,
         progress=None if not args.quiet else False,
         device=job.device,
         resume=resume_from,

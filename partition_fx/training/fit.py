@@ -69,6 +69,9 @@ def fit(
             ``torch.autocast`` to that dtype; the partitions, their gradients and the optimiser state stay
             fp32. fp16 adds a ``torch.amp.GradScaler`` (its loss scale is saved for resuming); a step whose
             scaled gradient overflows is skipped by the scaler, not reported as a fault.
+        compile: True or a ``torch.compile`` mode (``"reduce-overhead"``: CUDA graphs; ``"max-autotune"``)
+            compiles the model in place first (``PartitionedModel.compile``): each subnetwork's forward and
+            backward compile once per (k, gradient partition, mode), the first steps paying for it.
         checkpoint_dir: write ``last.safetensors`` / ``best.safetensors`` and ``resume/`` at each evaluation
             (atomically; ``best`` is a hard link when it equals ``last``), and ``last`` again at the end with
             the state the run returns (see ``CheckpointWriter``).

@@ -239,7 +239,9 @@ def recalibrate_norm_statistics(
             m.reset_running_stats()
             m.momentum = None  # cumulative average over the batches below
         pmodel.train()
-        with torch.no_grad():
+        # Eager even for a compiled model: a cumulative average reads the batch count on the host per batch
+        # (a graph break in BatchNorm's forward), and a one-off pass is not worth a graph.
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             for batch in torch.arange(len(examples)).split(batch_size):
                 x, _ = examples.batch(batch, device)
                 pmodel(x, subnetwork=subnetwork)

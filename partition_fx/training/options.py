@@ -40,6 +40,9 @@ Callback = Callable[[Any, dict[str, Any]], "bool | None"]
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile``'s modes, which ``compile=`` also takes (True: ``"default"``)."""
+
 HYPER_CHUNKS = ("one", "all")
 """How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted."""
 
@@ -100,6 +103,7 @@ class TrainerOptions:
     on_nonfinite: str = "raise"
     check_every: int | None = None
     precision: str = "fp32"
+    compile: bool | str = False
     checkpoint_dir: str | Path | None = None
     device: torch.device | str | None = None
     fused: bool = False
@@ -126,6 +130,8 @@ class TrainerOptions:
         )
         check_choice("hyper_chunks", self.hyper_chunks, HYPER_CHUNKS)
         check_choice("precision", self.precision, tuple(PRECISIONS))
+        if not isinstance(self.compile, bool):
+            check_choice("compile", self.compile, COMPILE_MODES)
         if self.check_every is not None:
             check_int("check_every", self.check_every)
         if self.hyper_samples is not None:

@@ -84,6 +84,8 @@ class PartitionedTrainer(TrainerState, Stepping):
         self.chunks = resolve_chunks(options.chunks, len(self.examples), pmodel.proportions, self.seed)
         self.sampler = PartitionedSampler(self.chunks, options.batch_size, options.hyper_batch_size, self.seed)
         self.device = self._place(options.device)
+        if options.compile:
+            pmodel.compile(mode="default" if options.compile is True else options.compile)
         self.precision = Precision(options.precision, self.device)
         on_cpu = self.device is None or self.device.type == "cpu"
         self.check_every = options.check_every or (1 if on_cpu else LAZY_CHECK_EVERY)
