@@ -21,6 +21,7 @@ noise, so they are the figure to watch without a GPU: a host-bound GPU step cost
 per operator. ``--operators`` counts without timing and writes ``benchmarks/results/operator_counts.json``.
 
     python -m benchmarks.step_time [--models resnet18,fixup_resnet14] [--repeats 9] [--device cuda] [--quick]
+        [--precision bf16|fp16] [--compile default|reduce-overhead]
     python -m benchmarks.step_time --operators [--models ...]
 """
 
@@ -42,6 +43,7 @@ from benchmarks import tables
 from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.training import PartitionedTrainer
+from partition_fx.training.stepping import Precision
 from partition_fx.transforms import InputMask
 
 MODELS = {
@@ -57,10 +59,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _plain_step(model, optimizer, x, y) -> None:
+def _plain_step(model, optimizer, x, y, precision: Precision) -> None:
+    """A plain training step in ``precision``, as the trainer takes one (autocast; a GradScaler for fp16)."""
     optimizer.zero_grad(set_to_none=True)
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()
+    with precision.autocast():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    precision.backward(loss, list(model.parameters()))
+    precision.unscale([optimizer])
+    precision.step(optimizer, scaled=True)
+    precision.update(scaled=True)
 
 
 def count_operators(fn: Callable[[], object], warmup: int = 2) -> dict[str, int]:
@@ -87,9 +94,12 @@ def _grouped(pmodel, fn: Callable[[], None]) -> None:
         pmodel.per_example = "auto"
 
 
-def _setup(name: str, scheme: str, default: str, batch: int, device: torch.device):
+def _setup(
+    name: str, scheme: str, default: str, batch: int, device: torch.device, precision: str = "fp32", compile: str = ""
+):
     """The partitioned model and every step to measure, each a no-argument callable ("plain": the exported
-    model's step on the same batch; "plain_double": on twice the batch)."""
+    model's step on the same batch; "plain_double": on twice the batch), in ``precision`` and, with a
+    ``compile`` mode, compiled (the plain model too)."""
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=10, **MODELS.get(name, {}))
     assignments = "regenerated" if default == "seed" else "stored"
@@ -98,22 +108,25 @@ def _setup(name: str, scheme: str, default: str, batch: int, device: torch.devic
     x = torch.randn(n, 3, 32, 32)
     y = torch.randint(0, 10, (n,))
     adam = partial(torch.optim.Adam, lr=1e-4)
+    plain = export_subnetwork(pmodel).to(device).train()  # before compiling: the export reads the graph
     trainer = PartitionedTrainer(
         pmodel, (x, y), hyper=InputMask((3, 32, 32)), batch_size=batch, optimizer=adam, hyper_optimizer=adam,
-        device=device,
+        device=device, precision=precision, compile=compile or False,
     )  # fmt: skip
     fused = PartitionedTrainer(
         pmodel, (x, y), hyper=trainer.hyper, batch_size=batch, optimizer=adam, hyper_optimizer=adam, device=device,
-        fused=True,
+        fused=True, precision=precision,
     )  # fmt: skip
-    plain = export_subnetwork(pmodel).to(device).train()
     plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-4)
+    if compile:
+        plain.compile(mode=compile)
+    plain_precision = Precision(precision, device)
     xb, yb = x[:batch].to(device), y[:batch].to(device)
     x2, y2 = x[: 2 * batch].to(device), y[: 2 * batch].to(device)
     indices = torch.arange(batch)
     variants: dict[str, Callable[[], None]] = {
-        "plain": lambda: _plain_step(plain, plain_opt, xb, yb),
-        "plain_double": lambda: _plain_step(plain, plain_opt, x2, y2),
+        "plain": lambda: _plain_step(plain, plain_opt, xb, yb, plain_precision),
+        "plain_double": lambda: _plain_step(plain, plain_opt, x2, y2, plain_precision),
         "parameter_step": lambda: trainer.parameter_step(3, indices),
         "hyper_step": lambda: trainer.hyper_step(3, indices),
         "paper_iteration": lambda: (trainer.parameter_step(3, indices), trainer.hyper_step(3, indices)),
@@ -124,8 +137,10 @@ def _setup(name: str, scheme: str, default: str, batch: int, device: torch.devic
     return pmodel, assignments, variants
 
 
-def measure(name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device) -> dict:
-    _, assignments, variants = _setup(name, scheme, default, batch, device)
+def measure(
+    name: str, scheme: str, default: str, batch: int, repeats: int, device: torch.device, precision: str, compile: str
+) -> dict:
+    _, assignments, variants = _setup(name, scheme, default, batch, device, precision, compile)
     times: dict[str, list[float]] = {key: [] for key in variants}
     for _ in range(2):  # warm-up
         for fn in variants.values():
@@ -144,6 +159,8 @@ def measure(name: str, scheme: str, default: str, batch: int, repeats: int, devi
         "default": default,
         "assignments": assignments,
         "batch": batch,
+        "precision": precision,
+        "compile": compile or None,
         "plain_step_seconds": med["plain"],
         "parameter_step": med["parameter_step"] / med["plain"],
         "hyper_step": med["hyper_step"] / med["plain"],
@@ -194,6 +211,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="one small model, 2 repeats (a smoke run)")
     parser.add_argument("--operators", action="store_true", help="count aten operators per step on CPU, no timing")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"), help="autocast dtype")
+    parser.add_argument(
+        "--compile", default="", metavar="MODE", help="torch.compile mode, both models (default: eager)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -208,11 +229,14 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.quick:
             write_results(args.out or RESULTS / "operator_counts.json", result)
         return result
-    rows = [measure(n, s, d, batch, repeats, device) for n, s, d in combos]
+    rows = [measure(n, s, d, batch, repeats, device, args.precision, args.compile) for n, s, d in combos]
     result = results(header("step_time", quick=args.quick, device=args.device), {"repeats": repeats}, rows)
     print(tables.step_time(result))
     if not args.quick:
-        write_results(args.out or RESULTS / f"step_time{'' if device.type == 'cpu' else '_cuda'}.json", result)
+        suffix = "" if device.type == "cpu" else "_cuda"
+        suffix += "" if args.precision == "fp32" else f"_{args.precision}"
+        suffix += f"_compiled_{args.compile}" if args.compile else ""
+        write_results(args.out or RESULTS / f"step_time{suffix}.json", result)
     return result
 
 

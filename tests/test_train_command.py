@@ -176,3 +176,11 @@ def test_fused_every_partition_training(tmp_path):
     assert main(["train", *TINY, "--fused", "--every-partition", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "completed" and report["config"]["fused"] and report["config"]["every_partition"]
+
+
+def test_mixed_precision_training_records_its_precision_and_exports_fp32(tmp_path):
+    out = tmp_path / "bf16"
+    assert main(["train", *TINY, "--precision", "bf16", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "completed" and report["config"]["precision"] == "bf16"
+    assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values() if t.is_floating_point())
