@@ -142,7 +142,9 @@ def measure(
 ) -> dict:
     _, assignments, variants = _setup(name, scheme, default, batch, device, precision, compile)
     times: dict[str, list[float]] = {key: [] for key in variants}
-    for _ in range(2):  # warm-up
+    # Warm-up. Compiled, every (subnetwork, gradient partition) the random draws of k reach compiles once
+    # first: the fused iteration draws k for its hyperparameter batch.
+    for _ in range(30 if compile else 2):
         for fn in variants.values():
             fn()
     for _ in range(repeats):
