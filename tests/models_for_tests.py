@@ -164,3 +164,15 @@ class MixedPrecision(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x).double())
+
+
+def small_cnn() -> nn.Sequential:
+    """Conv, BatchNorm, ReLU, Linear on 1x8x8 images into 3 classes (seeded): a quick model to train."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
+
+
+def small_images(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` random 1x8x8 images in [0, 1) and labels in 0..2, for ``small_cnn``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 import torch._dynamo
-from torch import nn
+from models_for_tests import small_cnn, small_images
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
@@ -20,13 +20,7 @@ from partition_fx.transforms import AffineAugmentation
 
 
 def _images(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
-
-
-def _cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
+    return small_images(n, seed=0)
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +32,7 @@ def _fresh_dynamo():
 
 
 def _trainer(num_partitions: int, backend: object, **options: object) -> PartitionedTrainer:
-    pmodel = partitionify(_cnn(), num_partitions, seed=0)
+    pmodel = partitionify(small_cnn(), num_partitions, seed=0)
     if backend is not None:
         pmodel.compile(backend=backend)
     return PartitionedTrainer(pmodel, _images(), hyper=AffineAugmentation(num_samples=2), batch_size=8, **options)
@@ -87,7 +81,7 @@ def test_compiled_training_has_the_eager_values() -> None:
 
 
 def test_a_compiled_model_keeps_its_keys_and_refuses_one_pass_routing() -> None:
-    pmodel = partitionify(_cnn(), 3, seed=0, scheme="node")
+    pmodel = partitionify(small_cnn(), 3, seed=0, scheme="node")
     keys = list(pmodel.state_dict())
     pmodel.compile(backend="eager")
     assert list(pmodel.state_dict()) == keys
@@ -98,7 +92,7 @@ def test_a_compiled_model_keeps_its_keys_and_refuses_one_pass_routing() -> None:
 
 def test_compile_is_checked() -> None:
     with pytest.raises(PartitionArgumentError, match="compile must be one of"):
-        PartitionedTrainer(partitionify(_cnn(), 2), _images(), compile="fast")
+        PartitionedTrainer(partitionify(small_cnn(), 2), _images(), compile="fast")
 
 
 def test_the_command_offers_the_modes_fit_takes() -> None:
@@ -118,7 +112,7 @@ def test_fit_with_compile_matches_eager_under_inductor() -> None:
     of inductor's fused reductions in near-zero gradients to the size of the learning rate)."""
     results = []
     for compile_mode in (False, True):
-        pmodel = partitionify(_cnn(), 3, seed=0)
+        pmodel = partitionify(small_cnn(), 3, seed=0)
         result = fit(
             pmodel,
             _images(),

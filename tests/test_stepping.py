@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from models_for_tests import small_cnn, small_images
 from safetensors.torch import load_file
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,13 +51,7 @@ def _faulty(at: int) -> PartitionedModel:
 
 
 def _images(n: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
-
-
-def _cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
+    return small_images(n, seed=1)
 
 
 # --- the lazy non-finite check ---------------------------------------------------------------------------
@@ -107,7 +102,7 @@ def test_the_check_interval_does_not_change_a_run() -> None:
     """Reading the device every step or every 7 steps: the same history and weights, bit for bit."""
     runs = []
     for check_every in (1, 7):
-        pmodel = partitionify(_cnn(), 3, seed=0)
+        pmodel = partitionify(small_cnn(), 3, seed=0)
         result = fit(
             pmodel,
             _images(),
@@ -148,7 +143,7 @@ def test_iterations_read_nothing_from_the_device_between_checks(fused) -> None:
 
     def reads(check_every: int) -> int:
         trainer = PartitionedTrainer(
-            partitionify(_cnn(), 3, seed=0),
+            partitionify(small_cnn(), 3, seed=0),
             _images(),
             hyper=AffineAugmentation(num_samples=2),
             batch_size=8,
@@ -182,7 +177,7 @@ def test_precision_is_checked() -> None:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_keeps_weights_and_optimiser_state_fp32_and_trains(precision) -> None:
-    pmodel = partitionify(_cnn(), 3, seed=0)
+    pmodel = partitionify(small_cnn(), 3, seed=0)
     trainer = PartitionedTrainer(
         pmodel, _images(), hyper=AffineAugmentation(num_samples=2), batch_size=16, precision=precision
     )
@@ -201,7 +196,7 @@ def test_mixed_precision_keeps_weights_and_optimiser_state_fp32_and_trains(preci
 def test_a_subnetwork_under_bf16_autocast_matches_its_export() -> None:
     """Under autocast subnetwork k runs the export's bf16 ops on the same weights: equal to the export under
     autocast, and to the fp32 export to bf16 tolerance."""
-    pmodel = partitionify(_cnn(), 3, seed=0).eval()
+    pmodel = partitionify(small_cnn(), 3, seed=0).eval()
     x = _images(8)[0]
     for k in range(1, 4):
         exported = export_subnetwork(pmodel, k).eval()
@@ -217,7 +212,7 @@ def test_a_subnetwork_under_bf16_autocast_matches_its_export() -> None:
 def test_the_lml_under_bf16_is_the_fp32_lml_to_bf16_tolerance() -> None:
     estimates = []
     for precision in ("fp32", "bf16"):
-        trainer = PartitionedTrainer(partitionify(_cnn(), 3, seed=0), _images(), batch_size=8, precision=precision)
+        trainer = PartitionedTrainer(partitionify(small_cnn(), 3, seed=0), _images(), batch_size=8, precision=precision)
         estimates.append(trainer.estimate_lml().total)
     fp32, bf16 = estimates
     assert bf16 != fp32 and abs(bf16 - fp32) <= 2e-2 * abs(fp32)
@@ -230,7 +225,7 @@ def test_an_fp16_run_resumes_exactly_with_its_loss_scale(tmp_path) -> None:
     def trainer() -> PartitionedTrainer:
         torch.manual_seed(0)
         return PartitionedTrainer(
-            partitionify(_cnn(), 3, seed=0),
+            partitionify(small_cnn(), 3, seed=0),
             _images(),
             hyper=AffineAugmentation(num_samples=2),
             batch_size=8,
