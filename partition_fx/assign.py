@@ -66,17 +66,20 @@ def _stream(seed: int, salt: int) -> int:
     return _mix32(_mix32((seed & _MASK32) ^ ((seed >> 32) & _MASK32)) ^ (salt & _MASK32))
 
 
+def _hashed_(x: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
+    """In place: the 32-bit hashes of counters ``x`` (int64) in ``stream`` (an int, or one per counter)."""
+    x.add_((stream * _GOLDEN) & _MASK32).bitwise_and_(_MASK32)
+    tmp = torch.empty_like(x)
+    _mix32_(x, tmp).bitwise_xor_(stream)
+    return _mix32_(x, tmp)
+
+
 def hash32(stream: int, start: int, end: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """32-bit hashes (int64 values in [0, 2**32)) of the counters ``start..end-1`` in ``stream``."""
-    offset = (stream * _GOLDEN) & _MASK32
     out = torch.empty(end - start, dtype=torch.int64, device=device)
     for lo in range(start, end, _CHUNK):
         hi = min(end, lo + _CHUNK)
-        x = torch.arange(lo, hi, dtype=torch.int64, device=device)
-        tmp = torch.empty_like(x)
-        x.add_(offset).bitwise_and_(_MASK32)
-        _mix32_(x, tmp).bitwise_xor_(stream)
-        out[lo - start : hi - start] = _mix32_(x, tmp)
+        out[lo - start : hi - start] = _hashed_(torch.arange(lo, hi, dtype=torch.int64, device=device), stream)
     return out
 
 
@@ -235,6 +238,19 @@ def _normal_table() -> tuple[torch.Tensor, torch.Tensor]:
 _NORMAL_TABLE = _normal_table()
 
 
+def default_stream(seed: int, salt: int) -> int:
+    """The hash stream the regenerated (``"seed"``) defaults of a tensor with this seed and salt come from."""
+    return _mix32(_stream(seed, salt) ^ _DEFAULTS_STREAM)
+
+
+def _normal_from_hashes(hashes: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> standard-normal float32 values through the inverse-CDF table (in place on ``hashes``)."""
+    knot = hashes.bitwise_right_shift(32 - _NORMAL_BITS)
+    fraction = hashes.bitwise_and_((1 << (32 - _NORMAL_BITS)) - 1).float().mul_(2.0 ** (_NORMAL_BITS - 32))
+    table, steps = (t.to(hashes.device) for t in _NORMAL_TABLE)
+    return fraction.mul_(steps.index_select(0, knot)).add_(table.index_select(0, knot))
+
+
 def normal_values(seed: int, salt: int, start: int, end: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Standard-normal float32 values for the counters ``start..end-1``: integer hashes mapped through a
     4096-knot inverse CDF (tails cut at 3.7 sigma; mean 0, variance 1), bit-identical on every device.
@@ -243,11 +259,24 @@ def normal_values(seed: int, salt: int, start: int, end: int, device: torch.devi
     >>> round(float(z.mean()), 2), round(float(z.std()), 2), torch.equal(z[10:20], normal_values(0, 1, 10, 20))
     (0.0, 1.0, True)
     """
-    hashes = hash32(_mix32(_stream(seed, salt) ^ _DEFAULTS_STREAM), start, end, device)
-    knot = hashes.bitwise_right_shift(32 - _NORMAL_BITS)
-    fraction = hashes.bitwise_and_((1 << (32 - _NORMAL_BITS)) - 1).float().mul_(2.0 ** (_NORMAL_BITS - 32))
-    table, steps = (t.to(device) for t in _NORMAL_TABLE)
-    return fraction.mul_(steps.index_select(0, knot)).add_(table.index_select(0, knot))
+    return _normal_from_hashes(hash32(default_stream(seed, salt), start, end, device))
+
+
+def normal_segments(streams: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, total: int) -> torch.Tensor:
+    """Many ``normal_values`` ranges in one pass: segment i holds the values of counters ``starts[i] ..
+    starts[i] + sizes[i] - 1`` in stream ``streams[i]`` (int64 tensors on one device; ``total`` = sum of
+    ``sizes``). The same bits as one call per segment, in a constant number of operations.
+
+    >>> streams = torch.tensor([default_stream(0, 1), default_stream(0, 2)])
+    >>> z = normal_segments(streams, torch.tensor([5, 0]), torch.tensor([3, 2]), 5)
+    >>> torch.equal(z, torch.cat([normal_values(0, 1, 5, 8), normal_values(0, 2, 0, 2)]))
+    True
+    """
+    begins = torch.cumsum(sizes, 0) - sizes
+    stream = torch.repeat_interleave(streams, sizes, output_size=total)
+    counter = torch.arange(total, dtype=torch.int64, device=streams.device)
+    counter.add_(torch.repeat_interleave(starts - begins, sizes, output_size=total))
+    return _normal_from_hashes(_hashed_(counter, stream))
 
 
 def partition_layout(assignment: torch.Tensor, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

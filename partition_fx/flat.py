@@ -21,8 +21,9 @@ k, ``part_grad(k)`` its gradient, ``storage(k)`` the group parameter itself, and
 computes one tensor the per-tensor way, which is the definition the group is tested against.
 
 Node-partitioned tensors are grouped by row length (the entries of one output unit): their index addresses
-whole rows, one per unit, as their own did. Regenerated layouts and ``"seed"`` defaults are not grouped
-yet: they keep their own parameters and per-tensor evaluation.
+whole rows, one per unit, as their own did. ``"seed"`` defaults of stored layouts are regenerated for the
+whole group in one pass (``assign.normal_segments``). Regenerated layouts are not grouped yet: they keep
+their own parameters and per-tensor evaluation.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .assign import assignment_from_index
+from .assign import assignment_from_index, normal_segments
 from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, grad_partition
 
 _LAYOUTS = ("random", "node")  # kinds gathered through a layout index; the others are product/sum scales
@@ -49,10 +50,10 @@ of groups, and so of operators, still grows with the model's size, not with its 
 
 def groupable(pt: PartitionedTensor) -> bool:
     """Whether ``pt`` can live in a ``FlatGroup``: a product/sum scale, or a random-weight or node-partitioned
-    tensor with a stored layout and ``"init"`` or ``"zero"`` defaults."""
+    tensor with a stored layout (any default: stored, zero, or regenerated from the seed)."""
     if isinstance(pt, ScalePartitionedTensor):
         return True
-    return isinstance(pt, RandomPartitionedTensor) and not pt.regenerated and pt.default_mode in ("init", "zero")
+    return isinstance(pt, RandomPartitionedTensor) and not pt.regenerated
 
 
 def _group_key(pt: PartitionedTensor) -> tuple[Any, ...]:
@@ -118,6 +119,7 @@ class FlatGroup(nn.Module):
             self.register_buffer("index", torch.cat(positions).to(dtype))
             defaults = [m.stored_defaults() for m in members]
             self.register_buffer("default", None if defaults[0] is None else self._partition_major(defaults))
+            self.seeded = first.default_mode == "seed"
         else:
             self.register_buffer("default", torch.cat([m.stored_defaults().reshape(-1) for m in members]))
         for slot, member in enumerate(members):
@@ -181,7 +183,9 @@ class FlatGroup(nn.Module):
         return index
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        # The members' seeds and moments may change with the state too: rebuild from them on the next call.
         self.__dict__.pop("_unit_index_cache", None)
+        self.__dict__.pop("_segments_cache", None)
         super()._load_from_state_dict(*args, **kwargs)
 
     def _layout_index(self, slot: int) -> torch.Tensor:
@@ -227,12 +231,36 @@ class FlatGroup(nn.Module):
         if k < self.num_partitions:
             if self.default is not None:
                 pieces.append(self.default[self.offsets[k] :])
+            elif self.seeded:
+                pieces.append(self._seeded_tail(k))
             else:
                 pieces.append(self.part1.new_zeros(self.offsets[-1] - self.offsets[k]))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         if self.row == 1:
             return source.index_select(0, self.index)
         return source.view(-1, self.row).index_select(0, self.index).view(-1)
+
+    def _seeded_tail(self, k: int) -> torch.Tensor:
+        """The regenerated defaults of partitions k+1..C of every member (``default="seed"``), partition-major:
+        one ``normal_segments`` pass over all (partition, member) ranges instead of one per member."""
+        device = self.part1.device
+        cache = self.__dict__.setdefault("_segments_cache", {})
+        if (k, device) not in cache:
+            generators = [m.default_generator() for m in self.members]
+            segments = [
+                (stream, m.offsets[p - 1], self.sizes[p][i], mean, std)
+                for p in range(k + 1, self.num_partitions + 1)
+                for i, (m, (stream, mean, std)) in enumerate(zip(self.members, generators))
+            ]
+            streams, starts, sizes, means, stds = zip(*segments)
+            as_int = lambda values: torch.tensor(values, dtype=torch.int64, device=device)  # noqa: E731
+            moments = torch.tensor([means, stds], dtype=torch.float32, device=device)
+            cache[(k, device)] = (as_int(streams), as_int(starts), as_int(sizes), moments)
+        streams, starts, sizes, moments = cache[(k, device)]
+        total = self.offsets[-1] - self.offsets[k]
+        z = normal_segments(streams, starts, sizes, total)
+        mean, std = (torch.repeat_interleave(row, sizes, output_size=total) for row in moments)
+        return z.mul_(std).add_(mean).to(self.part1.dtype)
 
     def forward(self, k: int) -> tuple[Any, ...]:
         if HAND_OVER.get():

@@ -21,6 +21,7 @@ from torch.autograd.function import once_differentiable
 from ._validation import check_choice
 from .assign import (
     assignment_from_index,
+    default_stream,
     feistel_factors,
     feistel_index,
     feistel_tables,
@@ -348,6 +349,13 @@ class RandomPartitionedTensor(PartitionedTensor):
         mean, std = self._moments
         z = normal_values(self._seed, self._default_salt, start, self.offsets[-1], device)
         return z.mul_(std).add_(mean)
+
+    def default_generator(self) -> tuple[int, float, float]:
+        """``(stream, mean, std)`` of the regenerated defaults (``default="seed"``): layout position i holds
+        ``mean + std * z_i``, z_i the standard-normal value of counter i in ``stream``
+        (``assign.normal_segments``)."""
+        mean, std = self._moments
+        return default_stream(self._seed, self._default_salt), mean, std
 
     def assignment(self) -> torch.Tensor:
         """The partition (0-based, uint8) of every entry, in the tensor's shape.

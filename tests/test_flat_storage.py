@@ -80,8 +80,10 @@ def test_what_is_not_grouped_keeps_its_own_parameters() -> None:
     assert node["0.weight"].storage(1) is node["2.weight"].storage(1)  # node: grouped by row length
     assert node["0.weight"].storage(1) is not node["0.bias"].storage(1)
     assert sorted(g.row for _, g in pmodel.flat_groups() if g.kind == "node") == [1, 40]
-    seed_node = dict(partitionify(model, 2, scheme="node", default="seed").partitioned_tensors())
-    assert not seed_node["0.weight"].is_flat  # "seed" defaults: per tensor for now
+    seeded = partitionify(model, 2, scheme="node", default="seed")  # stored layouts, regenerated defaults
+    seed_node = dict(seeded.partitioned_tensors())
+    assert seed_node["0.weight"].storage(1) is seed_node["2.weight"].storage(1)
+    assert all(g.default is None and g.seeded for _, g in seeded.flat_groups() if g.kind == "node")  # never stored
     seed = dict(partitionify(model, 2, default="seed", assignments="regenerated").partitioned_tensors())
     assert not seed["0.weight"].is_flat and seed["0.weight"].storage(1) is seed["0.weight"].part(1)
     assert isinstance(seed["0.weight"], RandomPartitionedTensor) and isinstance(seed["1.bias"], ScalePartitionedTensor)
