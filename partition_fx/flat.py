@@ -21,13 +21,16 @@ k, ``part_grad(k)`` its gradient, ``storage(k)`` the group parameter itself, and
 computes one tensor the per-tensor way, which is the definition the group is tested against.
 
 Node-partitioned tensors are grouped by row length (the entries of one output unit): their index addresses
-whole rows, one per unit, as their own did. ``"seed"`` defaults of stored layouts are regenerated for the
-whole group in one pass (``assign.normal_segments``). Regenerated layouts are not grouped yet: they keep
-their own parameters and per-tensor evaluation.
+whole rows, one per unit, as their own did. ``"seed"`` defaults are regenerated for the whole group in one
+pass (``assign.normal_segments``). Regenerated layouts (``assignments="regenerated"``) store no index: the
+group regenerates every member's partition membership in one pass (``assign.FeistelSegments``) in forward
+and backward, and places the flat parts by it (``params.scatter_by_membership``: one ``masked_scatter`` per
+partition over the whole group), so they too cost a constant number of operations per group.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +39,15 @@ import torch
 from torch import nn
 
 from .assign import assignment_from_index, normal_segments
-from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, grad_partition
+from .errors import PartitionError
+from .params import (
+    HAND_OVER,
+    PartitionedTensor,
+    RandomPartitionedTensor,
+    ScalePartitionedTensor,
+    grad_partition,
+)
+from .regenerated import FEISTEL_BATCHED_ENTRIES, FeistelSegments, scatter_by_membership
 
 _LAYOUTS = ("random", "node")  # kinds gathered through a layout index; the others are product/sum scales
 
@@ -50,23 +61,43 @@ of groups, and so of operators, still grows with the model's size, not with its 
 
 def groupable(pt: PartitionedTensor) -> bool:
     """Whether ``pt`` can live in a ``FlatGroup``: a product/sum scale, or a random-weight or node-partitioned
-    tensor with a stored layout (any default: stored, zero, or regenerated from the seed)."""
-    if isinstance(pt, ScalePartitionedTensor):
-        return True
-    return isinstance(pt, RandomPartitionedTensor) and not pt.regenerated
+    tensor (stored or regenerated layout; any default: stored, zero, or regenerated from the seed)."""
+    return isinstance(pt, (ScalePartitionedTensor, RandomPartitionedTensor))
 
 
 def _group_key(pt: PartitionedTensor) -> tuple[Any, ...]:
     part = pt.part(1)
     if isinstance(pt, RandomPartitionedTensor):
         # node partitioning gathers whole rows: one group per row length
-        return (pt.kind, pt.default_mode, pt.per_unit, part.dtype, part.device, part.requires_grad, pt.num_partitions)
-    return (pt.kind, "stored", 1, part.dtype, part.device, part.requires_grad, pt.num_partitions)
+        layout = "regenerated" if pt.regenerated else "stored"
+        return (
+            pt.kind,
+            layout,
+            pt.default_mode,
+            pt.per_unit,
+            part.dtype,
+            part.device,
+            part.requires_grad,
+            pt.num_partitions,
+        )
+    return (pt.kind, "stored", "stored", 1, part.dtype, part.device, part.requires_grad, pt.num_partitions)
+
+
+def _regenerated_order(members: list[PartitionedTensor]) -> list[PartitionedTensor]:
+    """Regenerated members sorted by shape, the shapes with few entries in all first: ``FeistelSegments`` then
+    makes one pass over those and one batch per shape with many entries."""
+    factors = [getattr(pt, "feistel_factors", None) or (0, 0) for pt in members]
+    entries = collections.Counter()
+    for a, b in factors:
+        entries[(a, b)] += a * b
+    order = sorted(range(len(members)), key=lambda i: (entries[factors[i]] >= FEISTEL_BATCHED_ENTRIES, factors[i]))
+    return [members[i] for i in order]
 
 
 def flat_groups(tensors: Sequence[PartitionedTensor]) -> list[FlatGroup]:
-    """Move every groupable tensor of ``tensors`` into a ``FlatGroup`` with the others of its kind, default,
-    dtype, device and ``requires_grad`` (in the order given); returns the groups.
+    """Move every groupable tensor of ``tensors`` into a ``FlatGroup`` with the others of its kind, layout,
+    default, dtype, device and ``requires_grad`` (in the order given; regenerated layouts by shape); returns
+    the groups.
 
     >>> from partition_fx.params import ScalePartitionedTensor
     >>> scales = [ScalePartitionedTensor(torch.ones(3), 2, kind="product", default="init") for _ in range(4)]
@@ -74,14 +105,19 @@ def flat_groups(tensors: Sequence[PartitionedTensor]) -> list[FlatGroup]:
     >>> group.part1.shape, scales[2].part(1).shape, [len(t) for t in (group(2), group.members)]
     (torch.Size([12]), torch.Size([3]), [4, 4])
     """
-    by_key: dict[tuple[Any, ...], list[list[PartitionedTensor]]] = {}
+    by_key: dict[tuple[Any, ...], list[PartitionedTensor]] = {}
     for pt in tensors:
         if groupable(pt) and not pt.is_flat:
-            blocks = by_key.setdefault(_group_key(pt), [[]])
+            by_key.setdefault(_group_key(pt), []).append(pt)
+    groups = []
+    for members in by_key.values():
+        blocks: list[list[PartitionedTensor]] = [[]]
+        for pt in _regenerated_order(members) if getattr(members[0], "regenerated", False) else members:
             if blocks[-1] and sum(m.part(1).numel() for m in blocks[-1]) + pt.part(1).numel() > GROUP_ENTRIES:
                 blocks.append([])
             blocks[-1].append(pt)
-    return [FlatGroup(members) for blocks in by_key.values() for members in blocks]
+        groups += [FlatGroup(block) for block in blocks]
+    return groups
 
 
 class FlatGroup(nn.Module):
@@ -110,13 +146,17 @@ class FlatGroup(nn.Module):
         for k in range(1, c + 1):
             flat = torch.cat([m.part(k).detach().reshape(-1) for m in members])
             self.register_parameter(f"part{k}", nn.Parameter(flat, requires_grad=first.part(k).requires_grad))
-        if self.kind in _LAYOUTS:
+        self.regenerated = bool(getattr(first, "regenerated", False))
+        if self.regenerated:
+            self.register_buffer("index", None)  # regenerated in every forward and backward (membership())
+        elif self.kind in _LAYOUTS:
             # The index addresses rows: units of node-partitioned tensors, entries otherwise.
             positions = [
                 self._positions(i, m.layout_index().long() * self.row) // self.row for i, m in enumerate(members)
             ]
             dtype = torch.int32 if self.offsets[-1] < 2**31 else torch.int64
             self.register_buffer("index", torch.cat(positions).to(dtype))
+        if self.kind in _LAYOUTS:
             defaults = [m.stored_defaults() for m in members]
             self.register_buffer("default", None if defaults[0] is None else self._partition_major(defaults))
             self.seeded = first.default_mode == "seed"
@@ -173,6 +213,8 @@ class FlatGroup(nn.Module):
         """Member ``slot``'s layout index (its rows' positions in cat(its parts)), int32. Node-partitioned
         members' (one entry per output unit, read by every one-pass forward) are cached; the cache is
         cleared when a state dict is loaded."""
+        if self.regenerated:
+            raise PartitionError("this group regenerates its layout: use membership()")
         cache = self.__dict__.setdefault("_unit_index_cache", {})
         key = (slot, self.index.device, self.index.data_ptr())
         if self.row > 1 and key in cache:
@@ -186,7 +228,26 @@ class FlatGroup(nn.Module):
         # The members' seeds and moments may change with the state too: rebuild from them on the next call.
         self.__dict__.pop("_unit_index_cache", None)
         self.__dict__.pop("_segments_cache", None)
+        self.__dict__.pop("_feistel_cache", None)
         super()._load_from_state_dict(*args, **kwargs)
+
+    def membership(self) -> torch.Tensor:
+        """Regenerated layouts: the partition (0-based, uint8) of every member entry, flat in member order
+        (one ``FeistelSegments`` pass over the group; the members' round tables are cached, nothing per entry)."""
+        if not self.regenerated:
+            raise PartitionError("this group stores its layout index (group.index)")
+        return self._feistel_segments().membership()
+
+    def _feistel_segments(self) -> FeistelSegments:
+        # Built outside the scatter's autograd.Function as well (see _scattered): torch.compile refuses tensors
+        # created inside its subgraph and kept in a cache.
+        device = self.part1.device
+        cache = self.__dict__.setdefault("_feistel_cache", {})
+        if device not in cache:
+            layouts = [m.feistel_layout() for m in self.members]
+            sizes = [[self.sizes[k][i] for k in range(1, self.num_partitions + 1)] for i in range(len(self.members))]
+            cache[device] = FeistelSegments([(a, b) for a, b, _ in layouts], [t for _, _, t in layouts], sizes)
+        return cache[device]
 
     def _layout_index(self, slot: int) -> torch.Tensor:
         start, end = (i // self.row for i in self._member_span(slot))
@@ -228,6 +289,8 @@ class FlatGroup(nn.Module):
                 out = out * part if self.kind == "product" else out + part
             return out
         pieces = self._trained(k)
+        if self.regenerated:
+            return self._scattered(k, pieces)
         if k < self.num_partitions:
             if self.default is not None:
                 pieces.append(self.default[self.offsets[k] :])
@@ -239,6 +302,17 @@ class FlatGroup(nn.Module):
         if self.row == 1:
             return source.index_select(0, self.index)
         return source.view(-1, self.row).index_select(0, self.index).view(-1)
+
+    def _scattered(self, k: int, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """Regenerated layouts: the parts of 1..k and the defaults of k+1..C placed by the membership (zero
+        defaults are the scatter's fill)."""
+        if k < self.num_partitions and (self.default is not None or self.seeded):
+            tail = self.default[self.offsets[k] :] if self.default is not None else self._seeded_tail(k)
+            pieces += tail.split([b - a for a, b in zip(self.offsets[k:], self.offsets[k + 1 :])])
+        if not pieces:
+            return self.part1.new_zeros(self.offsets[-1]).detach()
+        self._feistel_segments()
+        return scatter_by_membership(self, pieces)
 
     def _seeded_tail(self, k: int) -> torch.Tensor:
         """The regenerated defaults of partitions k+1..C of every member (``default="seed"``), partition-major:

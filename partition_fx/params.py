@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from ._validation import check_choice
 from .assign import (
@@ -29,6 +28,7 @@ from .assign import (
     normal_values,
 )
 from .errors import PartitionError, PartitionNotImplementedError
+from .regenerated import scatter_by_membership
 
 SCALE_KINDS = ("product", "sum")
 
@@ -150,51 +150,6 @@ def _float64_values(bits: torch.Tensor) -> tuple[float, ...]:
     return tuple(bits.detach().cpu().view(torch.float64).tolist())
 
 
-class _RegeneratedScatter(torch.autograd.Function):
-    """The effective tensor from per-partition sources (each in flat order), placed by the partition
-    membership of every entry, which is regenerated from the seed in forward AND backward, so it is never
-    stored, not even for the backward pass."""
-
-    @staticmethod
-    def forward(ctx: Any, owner: RandomPartitionedTensor, *sources: torch.Tensor) -> torch.Tensor:
-        ctx.owner = owner
-        membership = owner.membership()
-        out = sources[0].new_zeros(membership.numel())
-        for p, source in enumerate(sources):
-            out.masked_scatter_(membership == p, source)
-        return out.view(owner.shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        owner = ctx.owner
-        membership = owner.membership()
-        flat = grad.reshape(-1)
-        needs = ctx.needs_input_grad[1:]
-        select = _select_compilable if torch.compiler.is_compiling() else _select
-        offsets = owner.offsets
-        return (
-            None,
-            *(
-                select(flat, membership, p, offsets[p + 1] - offsets[p]) if need else None
-                for p, need in enumerate(needs)
-            ),
-        )
-
-
-def _select(flat: torch.Tensor, membership: torch.Tensor, p: int, size: int) -> torch.Tensor:
-    """The entries of partition ``p``, in flat order."""
-    return flat.masked_select(membership == p)
-
-
-def _select_compilable(flat: torch.Tensor, membership: torch.Tensor, p: int, size: int) -> torch.Tensor:
-    """``_select`` with an output shape torch.compile knows: masked_select's depends on the data and splits
-    the compiled graph. Each entry of p goes to its rank among p's entries, the others to a spare slot."""
-    mask = membership == p
-    slot = torch.where(mask, mask.cumsum(0) - 1, size)
-    return flat.new_zeros(size + 1).scatter_(0, slot, flat)[:size]
-
-
 class RandomPartitionedTensor(PartitionedTensor):
     """Random-weight partitioning (appendix C): each entry belongs to one partition.
 
@@ -250,8 +205,8 @@ class RandomPartitionedTensor(PartitionedTensor):
             sizes = [n * self.per_unit for n in sizes]
         else:
             index, sizes = layout_index(numel, proportions, seed, salt)
-        self._feistel = None if node or not regenerate else feistel_factors(numel)
-        self.regenerated = self._feistel is not None
+        self.feistel_factors = None if node or not regenerate else feistel_factors(numel)
+        self.regenerated = self.feistel_factors is not None
         self._tables: list[torch.Tensor] | None = None
         if not node and not self.regenerated:
             # int32 halves the index memory; index_select and its backward accept it.
@@ -298,26 +253,30 @@ class RandomPartitionedTensor(PartitionedTensor):
     def layout_index(self) -> torch.Tensor:
         """Each entry's position in ``cat(parts)`` (int32, flat; node partitioning: one per output unit).
         Regenerated indices are not materialised: see ``membership``."""
+        if self.regenerated:
+            raise PartitionError("this tensor regenerates its layout: use membership()")
         if self._flat is not None:
             group, slot = self._flat
             return group.member_layout_index(slot)
-        if self.kind == "node":
-            return self.unit_index
-        if not self.regenerated:
-            return self.index
-        raise PartitionError("this tensor regenerates its layout: use membership()")
+        return self.unit_index if self.kind == "node" else self.index
 
     def membership(self) -> torch.Tensor:
         """The partition (0-based, uint8) of every entry, flat."""
         sizes = [b - a for a, b in itertools.pairwise(self.offsets)]
         if not self.regenerated:
             return assignment_from_index(self._flat_index(), sizes)
-        assert self._feistel is not None
+        a, b, tables = self.feistel_layout()
+        return assignment_from_index(feistel_index(a, b, tables), sizes)
+
+    def feistel_layout(self) -> tuple[int, int, list[torch.Tensor]]:
+        """A regenerated layout's permutation: ``(a, b, round tables)`` of ``assign.feistel_index`` (the
+        tables on the parts' device; they hold a + b entries for a * b weights: cached, not persisted)."""
+        if self.feistel_factors is None:
+            raise PartitionError("this tensor stores its layout: use layout_index()")
         device = self.part(1).device
         if self._tables is None or self._tables[0].device != device:
-            # The round tables hold a + b entries for a * b weights: cached, not persisted.
-            self._tables = feistel_tables(*self._feistel, self._seed, self._salt, device)
-        return assignment_from_index(feistel_index(*self._feistel, self._tables), sizes)
+            self._tables = feistel_tables(*self.feistel_factors, self._seed, self._salt, device)
+        return (*self.feistel_factors, self._tables)
 
     def _expand_units(self, unit_index: torch.Tensor) -> torch.Tensor:
         """Node partitioning: the flat (int64) index of every entry from its unit's index."""
@@ -395,7 +354,7 @@ class RandomPartitionedTensor(PartitionedTensor):
             trained += [defaults[a - start : b - start] for a, b in itertools.pairwise(self.offsets[k:])]
         if not trained:
             return self.part(1).new_zeros(self.shape).detach()
-        return _RegeneratedScatter.apply(self, *trained)
+        return scatter_by_membership(self, trained).view(self.shape)
 
     def extra_repr(self) -> str:
         index = "regenerated" if self.regenerated else "stored"

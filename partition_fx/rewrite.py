@@ -107,7 +107,8 @@ def partitionify(
             parameter memory), ``"zero"``, or ``"seed"``: each random/node tensor is re-initialised at
             conversion with the mean and std it had, from a counter-based normal generator, and its defaults
             are regenerated from the seed when needed, never stored (for training from scratch: it replaces
-            pretrained values). Product/sum scales keep their value at conversion under ``"seed"``.
+            pretrained values). Product/sum scales keep their value at conversion under ``"seed"``. The
+            layout index is still stored unless ``assignments="regenerated"``.
         seed: seeds the assignment of entries to partitions (and ``"seed"`` defaults).
         assignments: ``"stored"`` (an int32 layout index per random-weight tensor: +100% of parameter
             memory, fastest) or ``"regenerated"`` (recomputed from the seed in every forward and backward

@@ -7,13 +7,14 @@ and route gradients to the same partitions with the same values, under every ``g
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 
 from partition_fx import partitionify
 from partition_fx.flat import FlatGroup, flat_groups
 from partition_fx.params import RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
-from partition_fx.testing import perturb_partitions
+from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 from tests.test_random_architectures import Case, build, cases
 
 
@@ -29,10 +30,33 @@ def _grads(values: list[torch.Tensor], weights: list[torch.Tensor], storage: lis
 def test_a_group_computes_what_its_members_define_values_and_gradients(case: Case) -> None:
     pmodel = case.convert(build(case.spec, case.init_seed))
     perturb_partitions(pmodel, seed=case.init_seed % 1000)
-    c = case.num_partitions
+    _assert_groups_match_members(pmodel, case.num_partitions, case.init_seed % 1000)
+
+
+@pytest.mark.parametrize("default", ["init", "zero", "seed"])
+def test_a_regenerated_group_computes_what_its_members_define(default: str) -> None:
+    """Random architectures rarely draw tensors with a Feistel pair; these weights are four shapes of them
+    (48x48, 80x128, 40x40, 32x35 entries); their biases are too small and store their layouts."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 16, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(256, 40),
+        torch.nn.Linear(40, 40),
+        torch.nn.Linear(40, 28),
+    )
+    pmodel = partitionify(model, 3, (0.6, 0.3, 0.1), default=default, assignments="regenerated")
+    [group] = [g for _, g in pmodel.flat_groups() if g.regenerated]
+    assert len(group.members) == 4 and len({m.shape for m in group.members}) == 4
+    perturb_partitions(pmodel, seed=3)
+    _assert_groups_match_members(pmodel, 3, seed=3)
+    assert_subnetworks_match_exports(pmodel, (torch.randn(2, 16, 6, 6),))
+
+
+def _assert_groups_match_members(pmodel, c: int, seed: int) -> None:
     for _, group in pmodel.flat_groups():
         storage = [group.storage(k) for k in range(1, c + 1)]
-        generator = torch.Generator().manual_seed(case.init_seed % 1000)
+        generator = torch.Generator().manual_seed(seed)
         for k in range(c + 1):
             for only in (None, *range(k + 1)):
                 with gradient_only_to(only):
@@ -72,7 +96,7 @@ def test_groups_follow_kind_default_dtype_and_trainability() -> None:
     assert not any(isinstance(m, FlatGroup) for m in tensors["0.weight"].modules())
 
 
-def test_what_is_not_grouped_keeps_its_own_parameters() -> None:
+def test_groups_split_by_layout_and_row_length() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.BatchNorm1d(40), torch.nn.Linear(40, 40))
     pmodel = partitionify(model, 2, scheme="node")
     node = dict(pmodel.partitioned_tensors())
@@ -84,8 +108,13 @@ def test_what_is_not_grouped_keeps_its_own_parameters() -> None:
     seed_node = dict(seeded.partitioned_tensors())
     assert seed_node["0.weight"].storage(1) is seed_node["2.weight"].storage(1)
     assert all(g.default is None and g.seeded for _, g in seeded.flat_groups() if g.kind == "node")  # never stored
-    seed = dict(partitionify(model, 2, default="seed", assignments="regenerated").partitioned_tensors())
-    assert not seed["0.weight"].is_flat and seed["0.weight"].storage(1) is seed["0.weight"].part(1)
+    regenerated = partitionify(model, 2, default="seed", assignments="regenerated")
+    seed = dict(regenerated.partitioned_tensors())
+    # 40x40 weights have a Feistel pair (regenerated, grouped together); biases of 40 do not (stored layouts)
+    assert seed["0.weight"].regenerated and seed["0.weight"].storage(1) is seed["2.weight"].storage(1)
+    assert not seed["0.bias"].regenerated and seed["0.bias"].storage(1) is not seed["0.weight"].storage(1)
+    [group] = [g for _, g in regenerated.flat_groups() if g.regenerated]
+    assert group.index is None and group.default is None and "index" not in dict(group.named_buffers())
     assert isinstance(seed["0.weight"], RandomPartitionedTensor) and isinstance(seed["1.bias"], ScalePartitionedTensor)
 
 
@@ -94,13 +123,15 @@ def test_flat_groups_skips_tensors_already_grouped() -> None:
     assert len(flat_groups(scales)) == 1 and flat_groups(scales) == []
 
 
-def _mlp(layers: int) -> torch.nn.Module:
+def _mlp(layers: int, width: int = 16) -> torch.nn.Module:
     torch.manual_seed(0)
-    body = [m for _ in range(layers) for m in (torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Tanh())]
-    return torch.nn.Sequential(*body, torch.nn.Linear(16, 3))
+    body = [
+        m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.Tanh())
+    ]
+    return torch.nn.Sequential(torch.nn.Linear(16, width), *body, torch.nn.Linear(width, 3))
 
 
-def _step_operators(layers: int) -> tuple[int, int]:
+def _step_operators(layers: int, **convert: str) -> tuple[int, int]:
     """Aten operators of one plain Adam step and one partitioned parameter step (subnetwork 3)."""
     from functools import partial
 
@@ -108,7 +139,9 @@ def _step_operators(layers: int) -> tuple[int, int]:
     from partition_fx import export_subnetwork
     from partition_fx.training import PartitionedTrainer
 
-    pmodel = partitionify(_mlp(layers), 3)
+    pmodel = partitionify(_mlp(layers, width=32), 3, **convert)  # 32x32 weights: regenerable (a Feistel pair)
+    if convert.get("assignments") == "regenerated":
+        assert sum(getattr(pt, "regenerated", False) for _, pt in pmodel.partitioned_tensors()) == layers
     x, y = torch.randn(32, 16), torch.randint(0, 3, (32,))
     trainer = PartitionedTrainer(pmodel, (x, y), batch_size=8, optimizer=partial(torch.optim.Adam, lr=1e-3))
     plain = export_subnetwork(pmodel)
@@ -124,11 +157,17 @@ def _step_operators(layers: int) -> tuple[int, int]:
     return sum(count_operators(plain_step).values()), sum(partitioned.values())
 
 
-def test_operators_per_step_do_not_grow_with_the_number_of_grouped_tensors() -> None:
+@pytest.mark.parametrize(
+    "convert",
+    [{}, {"scheme": "node", "default": "seed"}, {"default": "seed", "assignments": "regenerated"}],
+    ids=["random-init", "node-seed", "regenerated-seed"],
+)
+def test_operators_per_step_do_not_grow_with_the_number_of_grouped_tensors(convert: dict) -> None:
     """Counted, not timed (deterministic): going from 2 to 8 hidden layers (24 more tensors, all grouped),
-    the partitioned step's operators beyond the plain step's do not grow; per tensor it paid ~16 before."""
-    plain_2, partitioned_2 = _step_operators(2)
-    plain_8, partitioned_8 = _step_operators(8)
+    the partitioned step's operators beyond the plain step's do not grow; per tensor it paid ~16 before
+    (stored layouts) and ~80 (regenerated: a Feistel permutation per tensor in forward and backward)."""
+    plain_2, partitioned_2 = _step_operators(2, **convert)
+    plain_8, partitioned_8 = _step_operators(8, **convert)
     assert partitioned_8 - plain_8 <= partitioned_2 - plain_2
 
 

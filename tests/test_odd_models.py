@@ -4,7 +4,10 @@ exported subnetworks) or is refused with a message naming the module and the way
 from __future__ import annotations
 
 import copy
+import itertools
 import shutil
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -24,7 +27,7 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 from partition_fx import PartitionConfig, PartitionError, export_subnetwork, partitionify
-from partition_fx.params import _select, _select_compilable
+from partition_fx.regenerated import scatter_by_membership
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 
 
@@ -230,14 +233,27 @@ def test_torch_compile_with_inductor_matches_eager() -> None:
     numel=st.integers(1, 300),
     c=st.integers(1, 5),
     seed=st.integers(0, 2**16),
+    compiling=st.booleans(),
 )
-def test_compilable_selection_equals_masked_select(numel, c, seed) -> None:
+def test_scatter_by_membership_places_and_selects_by_partition(numel, c, seed, compiling) -> None:
+    """Definition: masked_scatter / masked_select per partition. Both ways of finding a partition's positions
+    (nonzero on CPU; nonzero_static with the known size elsewhere and under torch.compile) agree with it."""
     generator = torch.Generator().manual_seed(seed)
     membership = torch.randint(0, c, (numel,), generator=generator, dtype=torch.uint8)
-    flat = torch.randn(numel, generator=generator)
-    for p in range(c):
-        size = int((membership == p).sum())
-        assert torch.equal(_select_compilable(flat, membership, p, size), _select(flat, membership, p, size))
+    sizes = [int((membership == p).sum()) for p in range(c)]
+    owner = SimpleNamespace(membership=lambda: membership, offsets=[0, *itertools.accumulate(sizes)])
+    given_sources = max(1, c - seed % 2)  # with and without zero-filled partitions
+    sources = [torch.randn(n, generator=generator, requires_grad=True) for n in sizes[:given_sources]]
+    want = torch.zeros(numel)
+    for p, source in enumerate(sources):
+        want.masked_scatter_(membership == p, source.detach())
+    weight = torch.randn(numel, generator=generator)
+    with mock.patch.object(torch.compiler, "is_compiling", lambda: compiling):
+        got = scatter_by_membership(owner, sources)
+        grads = torch.autograd.grad((got * weight).sum(), sources)
+    assert torch.equal(got, want)
+    for p, grad in enumerate(grads):
+        assert torch.equal(grad, weight.masked_select(membership == p))
 
 
 class _ClippedLinear(nn.Linear):

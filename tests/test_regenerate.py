@@ -15,6 +15,7 @@ from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.assign import (
+    assignment_from_index,
     feistel_factors,
     feistel_index,
     feistel_tables,
@@ -23,6 +24,7 @@ from partition_fx.assign import (
     partition_sizes,
 )
 from partition_fx.params import RandomPartitionedTensor
+from partition_fx.regenerated import FeistelSegments
 from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
 
 
@@ -37,6 +39,26 @@ def test_feistel_index_is_a_permutation_and_deterministic(a, b, seed, salt) -> N
     assert index.dtype == torch.int32 and index.shape == (a * b,)
     assert torch.equal(index.sort().values, torch.arange(a * b, dtype=torch.int32))
     assert torch.equal(index, feistel_index(a, b, feistel_tables(a, b, seed, salt)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(32, 90), st.integers(32, 90)), min_size=1, max_size=5),
+    proportions=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    seed=st.integers(0, 2**40),
+)
+def test_feistel_segments_equal_one_permutation_per_tensor(shapes, proportions, seed) -> None:
+    """The batched pass a flat group regenerates its layout with: the same bits as per tensor, any sizes."""
+    factors = [(min(s), max(s)) for s in shapes]
+    shares = [p / sum(proportions) for p in proportions]
+    tables = [feistel_tables(a, b, seed, salt) for salt, (a, b) in enumerate(factors)]
+    sizes = [partition_sizes(a * b, shares) for a, b in factors]
+    segments = FeistelSegments(factors, tables, sizes)
+    per_tensor = [feistel_index(a, b, t) for (a, b), t in zip(factors, tables)]
+    assert torch.equal(segments.permutation(), torch.cat(per_tensor))
+    membership = segments.membership()
+    assert membership.dtype == torch.uint8
+    assert torch.equal(membership, torch.cat([assignment_from_index(i, s) for i, s in zip(per_tensor, sizes)]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -176,3 +198,12 @@ def test_regenerated_values_are_bit_identical_on_cuda() -> None:
     gpu = RandomPartitionedTensor(value.cuda(), (0.8, 0.1, 0.1), seed=1, salt=2, default="seed", regenerate=True)
     for k in range(4):
         assert torch.equal(cpu(k), gpu(k).cpu()), k
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64))
+    cpu_model = partitionify(model, 3, default="seed", assignments="regenerated")
+    gpu_model = partitionify(model, 3, default="seed", assignments="regenerated").cuda()
+    [(_, cpu_group)], [(_, gpu_group)] = (
+        [g for g in m.flat_groups() if g[1].regenerated] for m in (cpu_model, gpu_model)
+    )
+    for k in range(4):
+        for a, b in zip(cpu_group(k), gpu_group(k)):
+            assert torch.equal(a, b.cpu()), k
