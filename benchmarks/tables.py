@@ -114,6 +114,16 @@ def operator_counts(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def data_parallel(result: Results) -> str:
+    body = [[r["processes"], r["threads_each"], f"{r['seconds_per_iteration']:.4f}"] for r in result["rows"]]
+    summary = result["summary"]
+    table = markdown_table(["processes", "threads each", "s / iteration (median)"], body)
+    return (
+        f"{table}\n\nSpeed-up x{summary['speedup']:.2f}; the parameters trained by 1 and 2 processes differ by at "
+        f"most {summary['max_relative_parameter_difference']:.1e} of the largest parameter."
+    )
+
+
 def convergence(result: Results) -> str:
     rows = result["rows"]
 
@@ -385,6 +395,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "conversion": conversion,
     "step_time": step_time,
     "operator_counts": operator_counts,
+    "data_parallel": data_parallel,
     "convergence": convergence,
     "memory": memory,
     "hyperparameter_methods": hyperparameter_methods,

@@ -550,7 +550,12 @@ def test_gradients_reach_the_partitions_of_the_subnetwork_as_defined(case: Case)
                 else:
                     want = grad.flatten()[pt.assignment().flatten() == i - 1]
                 assert part_grad is not None, (k, name, i)
-                torch.testing.assert_close(part_grad, want, msg=lambda m, k=k, n=name, i=i: f"{k} {n} part{i}: {m}")
+                # float32 sums in another order: absolute error on the scale of the tensor's whole gradient
+                # (an entry where large terms cancel differed by 4e-5 of a gradient of scale 2 at 1e-5 atol)
+                atol = 1e-5 * max(1.0, float(grad.abs().max()))
+                torch.testing.assert_close(
+                    part_grad, want, rtol=1.3e-6, atol=atol, msg=lambda m, k=k, n=name, i=i: f"{k} {n} part{i}: {m}"
+                )
 
 
 def single_value_groups(layer: LayerSpec, case: Case) -> bool:

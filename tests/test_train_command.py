@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import onnxruntime as ort
 import pytest
@@ -184,3 +185,21 @@ def test_mixed_precision_training_records_its_precision_and_exports_fp32(tmp_pat
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "completed" and report["config"]["precision"] == "bf16"
     assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values() if t.is_floating_point())
+
+
+def test_train_under_torchrun_with_two_processes(run_dir, tmp_path):
+    """``torchrun --nproc_per_node=2``: both processes train (gloo), rank 0 alone writes the run, which exports
+    and reports like a single process's (the equivalence of the steps is ``test_data_parallel``'s)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "torchrun"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command = [*launch, "-m", "partition_fx.cli", "train", *TINY, "--out", str(out)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "completed" and report["steps"] == 4 and 0 <= report["test_accuracy"] <= 1
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert written == sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))  # what one process writes

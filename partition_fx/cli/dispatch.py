@@ -6,6 +6,7 @@ errors answer without them."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,7 +58,9 @@ def _run(args: Any) -> None:
     elif args.command == "train":
         from .train import run_train
 
-        _print_train(run_train(args), args.resume if args.resume is not None else args.out)
+        report = run_train(args)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the launch
+            _print_train(report, args.resume if args.resume is not None else args.out)
     elif args.command == "export":
         from .export import run_export
 

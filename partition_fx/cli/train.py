@@ -13,7 +13,9 @@ and writes to ``--out``:
 
 Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
 ``"status": "running"`` are replaced atomically at each evaluation, so an interrupted or failed run keeps
-its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with the error).
+its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with the error). Under
+``torchrun --nproc_per_node=N`` every process trains on its share of each minibatch and rank 0 alone writes
+(``cli.launch``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from .._io import replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
 from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
-from .job import TrainJob, job_from_args, training_recipe
+from .job import TrainJob, job_from_args, resolve_device, training_recipe
+from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
 from .runs import check_out, prepare_out, resumed_args, starting_report
 
@@ -60,27 +63,37 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "resume", None) is not None:
         args = resumed_args(args)
         resume_from = args.out / "checkpoint" / "resume"
+    with torchrun_group(resolve_device(args.device)) as rank:
+        return _run(args, resume_from, writes=rank in (None, 0), rank=rank)
+
+
+def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank: int | None) -> dict[str, Any]:
+    """``run_train`` in one process of the launch: every process trains, the one that ``writes`` writes."""
     out: Path = args.out
     inputs = {"--data": args.data, "--checkpoint": args.checkpoint}
     if resume_from is None:
         check_out(out, args.overwrite, inputs)  # now, not after minutes of loading
+    barrier(rank)  # every process has checked --out before rank 0 empties it
     job = job_from_args(args)
-    if resume_from is None:
+    if resume_from is None and writes:
         prepare_out(out, args.overwrite, inputs)
-    elif not resume_directory(resume_from).is_dir():  # as the trainer will find it
+    elif resume_from is not None and not resume_directory(resume_from).is_dir():  # as the trainer will find it
         raise PartitionCheckpointError(
             f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
         )
+    barrier(rank)
     report = starting_report(args, job.pmodel.proportions, job.data, job.device)
+    report["processes"] = processes(rank)
     report_path = out / "report.json"
-    write_json(report_path, report)
+    save = (lambda: write_json(report_path, report)) if writes else (lambda: None)
+    save()
 
     def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
         report.update(history=trainer.history, hyperparameters=record["hyperparameters"])
         if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
             report["lml"] = record["lml"]
         report["last_checkpoint_step"] = record["step"]
-        write_json(report_path, report)
+        save()
 
     initial = job.hyper.hyperparameters() if job.hyper is not None else {}  # for the plots' iteration 0
     started = time.perf_counter()
@@ -93,11 +106,14 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         )
         if not interrupted:
             report["error"] = str(e)
-        write_json(report_path, report)
+        save()
         raise
-    report.update(status="completed", **_write_results(job, result, out, initial))
-    report.update(seconds=round(time.perf_counter() - started, 1), files=FILES)
-    write_json(report_path, report)
+    report.update(_results(job, result))
+    if writes:
+        _write_files(job, result, out, initial)
+    report.update(status="completed", seconds=round(time.perf_counter() - started, 1), files=FILES)
+    save()
+    barrier(rank)  # the others return once rank 0's files are complete
     return report
 
 
@@ -155,18 +171,11 @@ def partitioned_test_accuracy(history: list[dict[str, Any]], test_accuracy: floa
     return next((r["partitioned_test_accuracy"] for r in history if "partitioned_test_accuracy" in r), None)
 
 
-def _write_results(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> dict[str, Any]:
-    """The exported model, its ONNX twin and the plots in ``out`` (``initial``: the hyperparameters before
-    training, plotted at iteration 0); the report's results."""
-    pmodel = job.pmodel.cpu()
-    exported = export_subnetwork(pmodel).eval()
+def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
+    """The report's results: the exported final model's test scores and the run's history."""
+    exported = export_subnetwork(job.pmodel.cpu()).eval()
     x_test, y_test = job.data.test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
-    replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
-    export_onnx(pmodel, out / FILES["onnx"], (x_test[:4],))
-    plot_curves(result.history, out / "lml.png")
-    bounds = job.hyper.max_range if job.hyper is not None else {}
-    plot_hyperparameters(result.history, out / "hyperparameters.png", initial, bounds)
     return {
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,
@@ -181,3 +190,15 @@ def _write_results(job: TrainJob, result: FitResult, out: Path, initial: dict[st
         "chunk_sizes": result.chunk_sizes,
         "steps": result.steps,
     }
+
+
+def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> None:
+    """The exported model, its ONNX twin and the plots in ``out`` (``initial``: the hyperparameters before
+    training, plotted at iteration 0)."""
+    pmodel = job.pmodel.cpu()
+    exported = export_subnetwork(pmodel).eval()
+    replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
+    export_onnx(pmodel, out / FILES["onnx"], (job.data.test.tensors[0][:4],))
+    plot_curves(result.history, out / "lml.png")
+    bounds = job.hyper.max_range if job.hyper is not None else {}
+    plot_hyperparameters(result.history, out / "hyperparameters.png", initial, bounds)

@@ -108,6 +108,10 @@ def fit(
             transform's own ``num_samples``); more samples lower the variance of the hyper-gradient.
         hyper_scheduler: ``hyper_optimizer -> LR scheduler``, stepped after every hyperparameter step.
         hooks: ``TrainingHook`` s run after each evaluation, when fine-tuning begins and at the end.
+        data_parallel: None (default): average over the processes of an initialised process group when
+            there are 2 or more (``torchrun --nproc_per_node=N``; see ``training.data_parallel``); each process
+            takes ``batch_size / N`` examples of every global minibatch and only rank 0 writes checkpoints.
+            False: train this process alone even then; True: require such a group.
 
     Example::
 

@@ -110,6 +110,7 @@ class TrainerOptions:
     every_partition: bool = False
     checkpoint_defaults: bool = True
     hooks: Sequence[TrainingHook] = ()
+    data_parallel: bool | None = None
 
     def __post_init__(self) -> None:
         if self.hyper is not None and not isinstance(self.hyper, nn.Module):
@@ -140,6 +141,8 @@ class TrainerOptions:
         check_flag("fused", self.fused)
         check_flag("every_partition", self.every_partition)
         check_flag("checkpoint_defaults", self.checkpoint_defaults)
+        if self.data_parallel is not None:
+            check_flag("data_parallel", self.data_parallel)
         self._set("hooks", _check_sequence_of("hooks", self.hooks, TrainingHook, "TrainingHook s", "a TrainingHook"))
         self._set("likelihood", resolve_likelihood(self.likelihood))
         check_seed("seed", self.seed)

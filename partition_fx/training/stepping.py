@@ -176,6 +176,10 @@ class Stepping:
         scaled = bool(inputs) and total.requires_grad
         if scaled:
             self.precision.backward(total, inputs)
+        if self.data_parallel is not None:  # every rank steps on the global minibatch's gradients and losses
+            loss, hyper_loss = self.data_parallel.average(inputs if scaled else [], [loss, hyper_loss])
+            total = sum(x for x in (loss, hyper_loss) if x is not None)
+        if scaled:
             self.precision.unscale(stepped)
         total = total.detach()
         # Under fp16 an overflowing gradient is the scaler's to handle (it skips the step and lowers the

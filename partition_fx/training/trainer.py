@@ -24,6 +24,7 @@ from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
 from .checkpoint import CheckpointWriter
 from .chunks import Examples, resolve_chunks
+from .data_parallel import DataParallel, running_statistics_modules
 from .faults import warn_about_shared_parameters
 from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
@@ -84,6 +85,12 @@ class PartitionedTrainer(TrainerState, Stepping):
         self.chunks = resolve_chunks(options.chunks, len(self.examples), pmodel.proportions, self.seed)
         self.sampler = PartitionedSampler(self.chunks, options.batch_size, options.hyper_batch_size, self.seed)
         self.device = self._place(options.device)
+        self.data_parallel = DataParallel.from_environment(options.data_parallel)
+        """The process group gradients are averaged over (``training.data_parallel``), or None."""
+        if self.data_parallel is not None:
+            self.data_parallel.check_batch_size("batch_size", options.batch_size)
+            self.data_parallel.check_batch_size("hyper_batch_size", options.hyper_batch_size or options.batch_size)
+            self.data_parallel.broadcast([pmodel, self.hyper, self.likelihood])
         if options.compile:
             pmodel.compile(mode="default" if options.compile is True else options.compile)
         self.precision = Precision(options.precision, self.device)
@@ -116,7 +123,7 @@ class PartitionedTrainer(TrainerState, Stepping):
         self.hooks: list[TrainingHook] = list(options.hooks)
         """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
         (``options.hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
-        if self.checkpoint_dir is not None:
+        if self.checkpoint_dir is not None and (self.data_parallel is None or self.data_parallel.is_writer):
             self.hooks.append(CheckpointWriter(self.checkpoint_dir))
         self._omitted: dict[str, Any] | None = None
         self._losses: list[torch.Tensor] = []
@@ -172,6 +179,16 @@ class PartitionedTrainer(TrainerState, Stepping):
         self.pmodel.train()
         if self.hyper is not None:
             self.hyper.train()
+        self._same_running_statistics()
+
+    def _same_running_statistics(self) -> None:
+        """Data-parallel: rank 0's BatchNorm running statistics on every rank (as DDP's broadcast_buffers)."""
+        if self.data_parallel is not None:
+            self.data_parallel.broadcast(running_statistics_modules(self.pmodel), buffers_only=True)
+
+    def _local(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This process's share of a global minibatch (all of it without data parallelism)."""
+        return tensors if self.data_parallel is None else self.data_parallel.shard(*tensors)
 
     def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
         """Train partition k (default: drawn by the sampler) on a minibatch of D_1:k; returns (k, loss)."""
@@ -179,7 +196,7 @@ class PartitionedTrainer(TrainerState, Stepping):
             drawn_k, drawn = self.sampler.parameter_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
         self._train_mode()
-        x, y = self.examples.batch(indices, self.device)
+        x, y = self.examples.batch(*self._local(indices), self.device)
         with self.precision.autocast():
             loss = -forward_log_likelihood(
                 self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False
@@ -216,6 +233,7 @@ class PartitionedTrainer(TrainerState, Stepping):
 
     def _hyper_loss(self, batches: list[tuple[float, int, torch.Tensor]]) -> torch.Tensor:
         self._train_mode()
+        batches = [(weight, k, *self._local(indices)) for weight, k, indices in batches]
         with self.precision.autocast():
             return hyper_loss(
                 self.pmodel,
@@ -257,8 +275,9 @@ class PartitionedTrainer(TrainerState, Stepping):
         """The parameter loss and (if ``hyper`` lists ``(weight, k, indices)`` batches) the hyperparameter loss
         in one forward."""
         self._train_mode()
+        ks, indices = self._local(ks, indices)
         batch = self.examples.batch(indices, self.device)
-        hyper_batches = [(w, k, *self.examples.batch(i, self.device)) for w, k, i in hyper]
+        hyper_batches = [(w, k, *self.examples.batch(*self._local(i), self.device)) for w, k, i in hyper]
         with self.precision.autocast():
             return routed_losses(
                 self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.options.hyper_samples
@@ -324,7 +343,7 @@ class PartitionedTrainer(TrainerState, Stepping):
         if indices is None:
             indices = self.sampler.finetune_batch()
         self._train_mode()
-        x, y = self.examples.batch(indices, self.device)
+        x, y = self.examples.batch(*self._local(indices), self.device)
         final = self.pmodel.num_partitions
         with self.precision.autocast():
             loss = -forward_log_likelihood(
@@ -362,6 +381,7 @@ class PartitionedTrainer(TrainerState, Stepping):
         """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state, run
         the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume directory)."""
         self.check_nonfinite()  # before anything is recorded or written from these weights
+        self._same_running_statistics()
         mean = lambda xs: float(sum(xs) / len(xs)) if xs else None  # noqa: E731
         losses, hyper_losses = self.pending_losses()
         # Once fine-tuning has trained every weight on every chunk, no subnetwork k-1 is unseen by chunk k:
