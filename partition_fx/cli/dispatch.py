@@ -20,6 +20,7 @@ OUT_OF_MEMORY_HINTS = {
     "convert": "lower --input-size or --num-classes, or choose a smaller --model",
     "describe": "lower --num-classes or choose a smaller --model",
     "export": "export on a machine with more memory",
+    "federated": "lower --image-size or --clients",
 }
 
 
@@ -61,6 +62,10 @@ def _run(args: Any) -> None:
         report = run_train(args)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the launch
             _print_train(report, args.resume if args.resume is not None else args.out)
+    elif args.command == "federated":
+        from .federated import run_federated_command
+
+        _print_federated(run_federated_command(args), args.out)
     elif args.command == "export":
         from .export import run_export
 
@@ -102,3 +107,15 @@ def _print_convert(report: dict[str, Any], out: Path) -> None:
         f"{max(diffs.values()):.1e}"
     )
     print(f"wrote {out}/: model.safetensors, model.onnx (checked in onnxruntime), describe.txt, report.json")
+
+
+def _print_federated(report: dict[str, Any], out: Path) -> None:
+    base = report["baseline"]
+    print(
+        f"federated, {report['rounds']} rounds: test accuracy {report['test_accuracy']:.4f} (FedAdam baseline "
+        f"{base['test_accuracy']:.4f}); upload {report['bytes_up'] / 1e6:.1f} MB = {100 * report['upload_share']:.0f}% "
+        f"of the baseline's, traffic {100 * report['traffic_share']:.0f}%"
+    )
+    learned = ", ".join(f"{k}={v:.3f}" for k, v in report["hyperparameters"].items() if isinstance(v, float)) or "none"
+    print(f"learned hyperparameters: {learned}")
+    print(f"wrote {out}/: report.json, curves.png, model.safetensors")

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .federated_options import add_federated
+
 DESCRIPTION = (
     "Learn hyperparameters (augmentation ranges, dropout rates, input masks) in one training run, without a "
     "validation set, by partitioning a network (Mlodozeniec, Reisser & Louizos, ICLR 2023)."
@@ -57,6 +59,13 @@ COMMANDS = {
         "print how each tensor of a model would be partitioned",
         "Print, for each parameter tensor of a timm model, how it would be partitioned (treatment, entries "
         "per partition, why). Nothing is written.",
+    ),
+    "federated": (
+        "federated partitioned training of appendix J on Flower's simulation engine",
+        "Split the data over non-i.i.d. clients, assign each a chunk, and train the paper's MNIST CNN (learned "
+        "dropout and augmentation) federated on Flower: clients in chunk k upload partitions k..C only. Also "
+        "trains the FedAdam baseline; writes report.json, curves.png and model.safetensors to --out. Needs "
+        'pip install -e ".[federated]".',
     ),
     "export": (
         "export a trained run's checkpoint to safetensors and ONNX",
@@ -129,7 +138,8 @@ def proportions_default_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``partition-fx`` parser with its four commands: ``train``, ``convert``, ``describe`` and ``export``.
+    """The ``partition-fx`` parser with its commands: ``train``, ``convert``, ``describe``, ``export`` and
+    ``federated``.
 
     ``--proportions`` is None when not given: :func:`partition_fx.cli.job.partitionify_from_args` reads that
     as 0.8,0.1,0.1 with 3 partitions and equal shares with any other number.
@@ -145,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, add in (("train", _add_train), ("convert", _add_convert), ("describe", _add_describe)):
         add(_command(sub, name))
     _add_export(_command(sub, "export"))
+    add_federated(_command(sub, "federated"))
     return parser
 
 

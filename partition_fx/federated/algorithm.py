@@ -1,0 +1,173 @@
+"""Federated partitioned training, framework-free (appendix J.1): what a client computes in a round
+(``client_update``) and what the server does with the replies (``FederatedServer``).
+
+A client assigned to chunk k starts every partition j in k..C from the round's server values and trains it
+alone through subnetwork j on its own data (one epoch of local SGD; eq. 25), each j independently; it returns
+only partitions k..C (1..k-1 are untouched and not sent) and, for k >= 2, the gradient of psi through
+subnetwork k-1 at the server values on all its data (eq. 26). The server averages each partition's deltas
+over the clients that sent it, weighted by their numbers of examples, and takes a FedAdam step (Reddi et al.
+2020) per partition: a partition no client sent does not move, its Adam state included (its gradient stays
+None). psi's gradients are averaged the same way into an Adam step. With C=1 and psi frozen this is plain
+FedAdam, the baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..partitioned_model import PartitionedModel
+from ..training.hyperparameters import collect_hyperparameters, hyperparameter_modules
+from ..training.likelihoods import Likelihood
+from ..training.lml import forward_log_likelihood
+
+
+@dataclass
+class ClientUpdate:
+    """What one client sends: its chunk ``k``, its number of examples, partitions k..C as trained
+    (``partitions[j]``: the tensors of ``pmodel.partition_parameters(j)``), and psi's gradient (k >= 2)."""
+
+    client: int
+    k: int
+    num_examples: int
+    partitions: dict[int, list[torch.Tensor]]
+    psi_gradient: list[torch.Tensor] | None
+
+
+def client_update(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    data: tuple[torch.Tensor, torch.Tensor],
+    k: int,
+    *,
+    client: int = 0,
+    lr: float = 0.05,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> ClientUpdate:
+    """One client's round from the server values in ``pmodel`` / ``hyper`` (left as they were). Its random
+    numbers (the epoch's order, dropout and augmentation noise) come from ``seed`` alone.
+
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import Categorical
+    >>> pmodel = partitionify(torch.nn.Linear(4, 2), 3)
+    >>> update = client_update(pmodel, Categorical(), None, (torch.randn(8, 4), torch.randint(0, 2, (8,))), k=2)
+    >>> sorted(update.partitions), update.psi_gradient is None  # partitions 2..3; no psi to learn here
+    ([2, 3], True)
+    """
+    with torch.random.fork_rng(devices=[]):  # the client's noise is a function of ``seed``, on any engine
+        torch.manual_seed(seed)
+        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed)
+
+
+def _client_update(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    data: tuple[torch.Tensor, torch.Tensor],
+    k: int,
+    client: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> ClientUpdate:
+    x, y = data
+    pmodel.train()
+    if hyper is not None:
+        hyper.train()
+    generator = torch.Generator().manual_seed(seed)
+    trained = {}
+    for j in range(k, pmodel.num_partitions + 1):
+        params = pmodel.partition_parameters(j)
+        server_values = [p.detach().clone() for p in params]
+        optimizer = torch.optim.SGD(params, lr=lr)
+        for batch in torch.randperm(len(x), generator=generator).split(batch_size):  # one epoch
+            optimizer.zero_grad(set_to_none=True)
+            loss = -forward_log_likelihood(pmodel, likelihood, x[batch], y[batch], j, hyper, transform_grad=False)
+            loss.mean().backward(inputs=params)
+            optimizer.step()
+        trained[j] = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, value in zip(params, server_values):
+                p.copy_(value)
+    return ClientUpdate(client, k, len(x), trained, _psi_gradient(pmodel, likelihood, hyper, x, y, k))
+
+
+def _psi_gradient(
+    pmodel: PartitionedModel, likelihood: Likelihood, hyper: nn.Module | None, x: torch.Tensor, y: torch.Tensor, k: int
+) -> list[torch.Tensor] | None:
+    """d/dpsi of the mean negative log-likelihood of all the client's data through subnetwork k-1."""
+    psi = collect_hyperparameters(pmodel, hyper, likelihood)
+    if k < 2 or not psi:
+        return None
+    loss = -forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper).mean()
+    return [g.detach() for g in torch.autograd.grad(loss, psi, allow_unused=True, materialize_grads=True)]
+
+
+class FederatedServer:
+    """The server's model, psi and optimisers; ``apply`` turns a round's client updates into a step.
+
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import Categorical
+    >>> pmodel = partitionify(torch.nn.Linear(4, 2), 3)
+    >>> server = FederatedServer(pmodel, Categorical(), None)
+    >>> data = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    >>> before = [p.detach().clone() for p in pmodel.partition_parameters(1)]
+    >>> server.apply([client_update(pmodel, Categorical(), None, data, k=2)])
+    >>> all(torch.equal(a, b) for a, b in zip(before, pmodel.partition_parameters(1)))  # nobody sent partition 1
+    True
+    """
+
+    def __init__(
+        self,
+        pmodel: PartitionedModel,
+        likelihood: Likelihood,
+        hyper: nn.Module | None,
+        *,
+        lr: float = 1e-3,
+        hyper_lr: float = 3e-3,
+        learn_hyperparameters: bool = True,
+    ) -> None:
+        self.pmodel, self.likelihood, self.hyper = pmodel, likelihood, hyper
+        self.partitions = {j: pmodel.partition_parameters(j) for j in range(1, pmodel.num_partitions + 1)}
+        self.optimizer = torch.optim.Adam([p for params in self.partitions.values() for p in params], lr=lr)
+        psi = collect_hyperparameters(pmodel, hyper, likelihood) if learn_hyperparameters else []
+        self.psi = psi
+        self.hyper_optimizer = torch.optim.Adam(psi, lr=hyper_lr) if psi else None
+
+    def apply(self, updates: Sequence[ClientUpdate]) -> None:
+        """FedAdam on each partition some client sent (pseudo-gradient: minus the example-weighted mean of
+        the deltas), Adam on psi with the example-weighted mean of the clients' gradients."""
+        updates = sorted(updates, key=lambda u: u.client)  # a fixed order: the same sums every run
+        self.optimizer.zero_grad(set_to_none=True)
+        for j, params in self.partitions.items():
+            senders = [u for u in updates if j in u.partitions]
+            if not senders:
+                continue  # grad None: Adam skips these parameters and keeps their state
+            weights = _weights(senders)
+            for i, p in enumerate(params):
+                delta = sum(w * (u.partitions[j][i] - p.detach()) for w, u in zip(weights, senders))
+                p.grad = -delta
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        senders = [u for u in updates if u.psi_gradient is not None]
+        if self.hyper_optimizer is not None and senders:
+            weights = _weights(senders)
+            for i, p in enumerate(self.psi):
+                p.grad = sum(w * u.psi_gradient[i] for w, u in zip(weights, senders))  # type: ignore[index]
+            self.hyper_optimizer.step()
+            self.hyper_optimizer.zero_grad(set_to_none=True)
+            for _, module in hyperparameter_modules(self.pmodel, self.hyper, self.likelihood):
+                module.constrain_()
+
+
+def _weights(updates: Sequence[ClientUpdate]) -> list[float]:
+    total = sum(u.num_examples for u in updates)
+    return [u.num_examples / total for u in updates]
+
+
+__all__ = ["ClientUpdate", "FederatedServer", "client_update"]

@@ -1,0 +1,206 @@
+"""Federated partitioned training (appendix J) against its definitions: the client split, a client's round
+(each partition trained alone from the server values), the server's per-partition FedAdam, and the whole run
+on Flower's simulation engine against the same algorithm as a plain loop in this process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from partition_fx import partitionify
+from partition_fx.errors import PartitionArgumentError
+from partition_fx.federated import client_chunks, dirichlet_split
+from partition_fx.federated.algorithm import ClientUpdate, FederatedServer, client_update
+from partition_fx.training import Categorical
+from partition_fx.training.lml import forward_log_likelihood
+from partition_fx.transforms import ConcreteDropout, InputMask
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 120), groups=st.integers(1, 6), clients=st.integers(1, 20), seed=st.integers(0, 99))
+def test_dirichlet_split_gives_every_example_to_one_client_in_equal_shares(n, groups, clients, seed) -> None:
+    labels = torch.arange(n) % groups
+    if clients > n:
+        with pytest.raises(PartitionArgumentError, match="at most"):
+            dirichlet_split(labels, clients, 0.5, seed)
+        return
+    split = dirichlet_split(labels, clients, 0.5, seed)
+    assert sorted(torch.cat(split).tolist()) == list(range(n))
+    assert max(map(len, split)) - min(map(len, split)) <= 1
+    assert all(torch.equal(a, b) for a, b in zip(split, dirichlet_split(labels, clients, 0.5, seed)))
+
+
+def test_small_alpha_skews_the_clients_labels() -> None:
+    labels = torch.arange(1000) % 10
+    distinct = {alpha: sum(len(set(labels[c].tolist())) for c in dirichlet_split(labels, 50, alpha, 0)) / 50
+                for alpha in (0.1, 100.0)}  # fmt: skip
+    assert distinct[0.1] < 3 < 8 < distinct[100.0]
+    with pytest.raises(PartitionArgumentError, match="alpha must be > 0"):
+        dirichlet_split(labels, 5, 0.0)
+
+
+def test_client_chunks_follow_the_proportions_and_refuse_an_empty_chunk() -> None:
+    chunks = client_chunks(100, (0.7, 0.2, 0.1), seed=1)
+    assert [chunks.count(k) for k in (1, 2, 3)] == [70, 20, 10] and chunks != sorted(chunks)
+    with pytest.raises(PartitionArgumentError, match="without a client"):
+        client_chunks(3, (0.7, 0.2, 0.1))
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), ConcreteDropout(), torch.nn.Linear(8, 3))
+    return partitionify(model, 3, (0.6, 0.3, 0.1)), Categorical(), InputMask(5)
+
+
+def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=generator)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def test_a_client_trains_each_partition_alone_from_the_server_values() -> None:
+    """Definition: with one full batch, partition j's update is one SGD step through subnetwork j at the
+    server values, the other partitions at theirs; partitions 1..k-1 are not sent; psi's gradient is that of
+    subnetwork k-1; the client's model is left as the server sent it."""
+    pmodel, likelihood, hyper = _setup()
+    x, y = _data(12, 0)
+    before = {k: v.clone() for k, v in pmodel.state_dict().items()}
+    update = client_update(pmodel, likelihood, hyper, (x, y), k=2, lr=0.1, batch_size=12)
+    torch.manual_seed(0)  # the client's seed: the same dropout noise, drawn in the same order below
+    order = torch.Generator().manual_seed(0)  # the client's epoch order (seed=0), one permutation per partition
+    assert sorted(update.partitions) == [2, 3] and update.num_examples == 12
+    for j in (2, 3):
+        params = pmodel.partition_parameters(j)
+        batch = torch.randperm(12, generator=order)
+        loss = -forward_log_likelihood(pmodel, likelihood, x[batch], y[batch], j, hyper, transform_grad=False).mean()
+        grads = torch.autograd.grad(loss, params)
+        for new, p, g in zip(update.partitions[j], params, grads):
+            torch.testing.assert_close(new, p.detach() - 0.1 * g)
+    psi = [*(m.logit_p for _, m in pmodel.hyperparameter_modules()), hyper.logits]  # the model's, then the input's
+    loss = -forward_log_likelihood(pmodel, likelihood, x, y, 1, hyper).mean()
+    for got, want in zip(update.psi_gradient, torch.autograd.grad(loss, psi)):
+        torch.testing.assert_close(got, want)
+    assert all(torch.equal(v, pmodel.state_dict()[k]) for k, v in before.items())
+    assert client_update(pmodel, likelihood, hyper, (x, y), k=1).psi_gradient is None  # chunk 1: no psi term
+
+
+def test_the_server_takes_a_fedadam_step_per_partition_sent() -> None:
+    """Definition: Adam on minus the example-weighted mean delta; a partition nobody sent keeps its values and
+    its Adam state."""
+    pmodel, likelihood, hyper = _setup()
+    server = FederatedServer(pmodel, likelihood, hyper, lr=0.01)
+    p2 = pmodel.partition_parameters(2)
+    sent = [[p.detach() + 1.0 for p in p2], [p.detach() + 3.0 for p in p2]]
+    updates = [ClientUpdate(0, 2, 30, {2: sent[0]}, None), ClientUpdate(1, 2, 10, {2: sent[1]}, None)]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in p2]
+    adam = torch.optim.Adam(reference, lr=0.01)
+    for r in reference:
+        r.grad = -(0.75 * 1.0 + 0.25 * 3.0) * torch.ones_like(r)
+    adam.step()
+    untouched = [p.detach().clone() for j in (1, 3) for p in pmodel.partition_parameters(j)]
+    server.apply(updates)
+    for p, r in zip(p2, reference):
+        torch.testing.assert_close(p.detach(), r.detach())
+    assert all(
+        torch.equal(a, b) for a, b in zip(untouched, [p for j in (1, 3) for p in pmodel.partition_parameters(j)])
+    )
+    assert all(p not in server.optimizer.state for j in (1, 3) for p in pmodel.partition_parameters(j))
+
+
+def _factory():
+    return _setup()
+
+
+def test_flower_runs_the_algorithm_of_the_plain_loop_and_uploads_only_the_chunks_partitions() -> None:
+    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
+    from partition_fx.federated.flower import run_flower
+
+    data = [_data(n, seed) for seed, n in enumerate((10, 14, 9))]
+    chunks = [1, 2, 3]
+    run = run_flower(_factory, data, chunks, rounds=2, lr=0.1, batch_size=8, seed=3, cpus=2,
+                     evaluate=lambda pmodel, hyper: {"clients": 3.0})  # fmt: skip
+    pmodel, likelihood, hyper = _setup()
+    server = FederatedServer(pmodel, likelihood, hyper)
+    for round_ in (1, 2):
+        updates = [
+            client_update(
+                pmodel,
+                likelihood,
+                hyper,
+                data[c],
+                chunks[c],
+                client=c,
+                lr=0.1,
+                batch_size=8,
+                seed=3 * 1_000_003 + round_ * 1009 + c,
+            )
+            for c in range(3)
+        ]
+        server.apply(updates)
+    for (name, got), want in zip(run.pmodel.state_dict().items(), pmodel.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=name)
+    torch.testing.assert_close(run.hyper.logits, hyper.logits)
+    assert [c["round"] for c in run.curve] == [1, 2]
+    assert 0 < run.bytes_up < run.bytes_down  # chunk 2 and 3 clients upload 2 and 1 of the 3 partitions
+
+
+def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys) -> None:
+    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
+    import json
+
+    from partition_fx.cli import main
+
+    out = tmp_path / "fed"
+    argv = ["federated", "--clients", "6", "--rounds", "2", "--image-size", "8", "--evaluate-every", "1"]
+    assert main([*argv, "--quiet", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "model.safetensors", "report.json"]
+    assert report["rounds"] == 2 and 0 <= report["test_accuracy"] <= 1 and 0 <= report["baseline"]["test_accuracy"] <= 1
+    chunks = report["clients"]["chunks"]  # 4, 1 and 1 of the 6 clients
+    shares = {1: 1.0, 2: 0.3, 3: 0.1}  # partitions k..C of 0.7/0.2/0.1 (the psi gradients add a few bytes)
+    expected = sum(shares[k] for k in chunks) / len(chunks)
+    assert abs(report["upload_share"] - expected) < 0.02, (report["upload_share"], expected)
+    assert report["bytes_down"] == report["baseline"]["bytes_down"] or report["traffic_share"] < 1
+    assert [p["round"] for p in report["curves"]["partitioned"]] == [1, 2]
+    assert "test accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--alpha", "0"], "--alpha 0.0: the Dirichlet concentration must be > 0"),
+        (["--clients", "5000"], "--clients 5000: more clients than the"),
+        (["--clients", "4"], "leave chunk 3 without a client"),
+        (["--proportions", "0.5,0.5"], "--proportions 0.5,0.5: give 3 positive shares"),
+        (["--image-size", "10"], "--image-size must be a multiple of 4"),
+    ],
+)
+def test_bad_federated_input_is_one_clear_line_and_writes_nothing(tmp_path, capsys, argv, fragment) -> None:
+    from partition_fx.cli import main
+
+    out = tmp_path / "never"
+    assert main(["federated", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+    assert not out.exists()
+
+
+def test_federated_without_flower_says_how_to_install_it(tmp_path, capsys, monkeypatch) -> None:
+    import builtins
+
+    from partition_fx.cli import main
+
+    real_import = builtins.__import__
+
+    def no_flower(name, *args, **kwargs):
+        if name == "flwr" or name.startswith("flwr."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_flower)
+    out = tmp_path / "never"
+    assert main(["federated", "--clients", "5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert 'pip install -e ".[federated]"' in err and not out.exists()
