@@ -151,7 +151,7 @@ def check_device(value: object) -> torch.device | None:
         )
     try:
         device = torch.device(value)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # ValueError: an index beyond int64 ("Overflow when unpacking")
         raise PartitionArgumentError(
             f"device {value!r} is not a torch device ({e}); use e.g. 'cpu' or 'cuda'"
         ) from None

@@ -590,3 +590,11 @@ def test_ordinary_fit_arguments_pass_the_checks(tmp_path):
             )  # fmt: skip
     assert started["steps"] == 10 and started["trainer"].chunks.sizes == [32, 16, 16]
     assert not (tmp_path / "new").exists()
+
+
+def test_a_device_index_beyond_int64_is_a_partition_error() -> None:
+    """Found by the fuzzer above: torch.device raises ValueError (not RuntimeError) for such an index."""
+    from partition_fx._validation import check_device
+
+    with pytest.raises(PartitionError, match="is not a torch device"):
+        check_device(-(2**63) - 1)
