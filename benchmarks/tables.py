@@ -124,6 +124,29 @@ def data_parallel(result: Results) -> str:
     )
 
 
+def federated(result: Results) -> str:
+    def spread(row: dict[str, Any], key: str, percent: bool = False) -> str:
+        scale, unit = (100, "%") if percent else (1, "")
+        mean, low, high = (scale * row[k] for k in (key, f"{key}_min", f"{key}_max"))
+        return f"{mean:.1f}{unit} ({low:.1f}-{high:.1f})" if percent else f"{mean:.3f} ({low:.3f}-{high:.3f})"
+
+    header = ["data", "seeds", "test accuracy, partitioned", "FedAdam baseline", "upload, % of baseline",
+              "traffic, % of baseline", "learned rotation (rad)"]  # fmt: skip
+    body = [
+        [
+            row["data"],
+            row["seeds"],
+            spread(row, "test_accuracy"),
+            spread(row, "baseline_test_accuracy"),
+            spread(row, "upload_share", percent=True),
+            spread(row, "traffic_share", percent=True),
+            " / ".join(f"{r:.2f}" for r in row["rotation"] if r is not None),
+        ]
+        for row in result["rows"]
+    ]
+    return markdown_table(header, body)
+
+
 def convergence(result: Results) -> str:
     rows = result["rows"]
 
@@ -396,6 +419,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "step_time": step_time,
     "operator_counts": operator_counts,
     "data_parallel": data_parallel,
+    "federated": federated,
     "convergence": convergence,
     "memory": memory,
     "hyperparameter_methods": hyperparameter_methods,
