@@ -23,9 +23,9 @@ computes one tensor the per-tensor way, which is the definition the group is tes
 Node-partitioned tensors are grouped by row length (the entries of one output unit): their index addresses
 whole rows, one per unit, as their own did. ``"seed"`` defaults are regenerated for the whole group in one
 pass (``assign.normal_segments``). Regenerated layouts (``assignments="regenerated"``) store no index: the
-group regenerates every member's partition membership in one pass (``assign.FeistelSegments``) in forward
-and backward, and places the flat parts by it (``params.scatter_by_membership``: one ``masked_scatter`` per
-partition over the whole group), so they too cost a constant number of operations per group.
+group regenerates every member's partition membership in forward and backward (``regenerated.FeistelSegments``:
+one pass over the small members, one batch per large shape) and places the flat parts by it
+(``regenerated.scatter_by_membership``: one ``index_copy`` per partition over the whole group).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _group_key(pt: PartitionedTensor) -> tuple[Any, ...]:
 def _regenerated_order(members: list[PartitionedTensor]) -> list[PartitionedTensor]:
     """Regenerated members sorted by shape, the shapes with few entries in all first: ``FeistelSegments`` then
     makes one pass over those and one batch per shape with many entries."""
-    factors = [getattr(pt, "feistel_factors", None) or (0, 0) for pt in members]
+    factors = [pt.feistel_factors for pt in members]
     entries = collections.Counter()
     for a, b in factors:
         entries[(a, b)] += a * b
@@ -311,7 +311,7 @@ class FlatGroup(nn.Module):
             pieces += tail.split([b - a for a, b in zip(self.offsets[k:], self.offsets[k + 1 :])])
         if not pieces:
             return self.part1.new_zeros(self.offsets[-1]).detach()
-        self._feistel_segments()
+        self._feistel_segments()  # built here, outside the autograd.Function, for torch.compile
         return scatter_by_membership(self, pieces)
 
     def _seeded_tail(self, k: int) -> torch.Tensor:

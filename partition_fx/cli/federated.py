@@ -67,7 +67,7 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     check_out(args.out, args.overwrite, {})
     from ..datasets import load_dataset
     from ..federated.flower import import_flower
-    from ..federated.job import ModelFactory, plan_clients
+    from ..federated.job import FederatedPlan, ModelFactory, plan_clients
 
     import_flower()  # refused now, with the way to install it, if the extra is missing
     data = load_dataset(args.data, size=args.image_size)
@@ -77,18 +77,14 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     partitioned = ModelFactory(shape, classes, proportions, args.seed, args.samples)
     baseline = ModelFactory(shape, classes, (1.0,), args.seed, args.samples, learn_hyperparameters=False)
     started = time.perf_counter()
-    results = {}
-    for name, factory, chunks in (("partitioned", partitioned, plan.chunks), ("baseline", baseline, None)):
-        results[name] = _train(args, data, plan if chunks is not None else _all_in_chunk_one(plan), factory)
+    unpartitioned = FederatedPlan(plan.clients, [1] * len(plan.clients), plan.skew)  # one chunk: plain FedAdam
+    results = {
+        "partitioned": _train(args, data, plan, partitioned),
+        "baseline": _train(args, data, unpartitioned, baseline),
+    }
     report = _report(args, proportions, plan, results, time.perf_counter() - started)
     _write(args.out, report, results["partitioned"].model)
     return report
-
-
-def _all_in_chunk_one(plan: Any) -> Any:
-    from ..federated.job import FederatedPlan
-
-    return FederatedPlan(plan.clients, [1] * len(plan.clients), plan.skew)
 
 
 def _train(args: argparse.Namespace, data: Any, plan: Any, factory: Any) -> Any:

@@ -62,10 +62,8 @@ COMMANDS = {
     ),
     "federated": (
         "federated partitioned training of appendix J on Flower's simulation engine",
-        "Split the data over non-i.i.d. clients, assign each a chunk, and train the paper's MNIST CNN (learned "
-        "dropout and augmentation) federated on Flower: clients in chunk k upload partitions k..C only. Also "
-        "trains the FedAdam baseline; writes report.json, curves.png and model.safetensors to --out. Needs "
-        'pip install -e ".[federated]".',
+        "Train the paper's MNIST CNN federated on Flower over non-i.i.d. clients (chunk k uploads partitions "
+        "k..C) and its FedAdam baseline; write report.json, curves.png and model.safetensors to --out.",
     ),
     "export": (
         "export a trained run's checkpoint to safetensors and ONNX",

@@ -91,6 +91,7 @@ class PartitionedTrainer(TrainerState, Stepping):
             self.data_parallel.check_batch_size("batch_size", options.batch_size)
             self.data_parallel.check_batch_size("hyper_batch_size", options.hyper_batch_size or options.batch_size)
             self.data_parallel.broadcast([pmodel, self.hyper, self.likelihood])
+        self._statistics_modules = running_statistics_modules(pmodel) if self.data_parallel is not None else []
         if options.compile:
             pmodel.compile(mode="default" if options.compile is True else options.compile)
         self.precision = Precision(options.precision, self.device)
@@ -183,8 +184,8 @@ class PartitionedTrainer(TrainerState, Stepping):
 
     def _same_running_statistics(self) -> None:
         """Data-parallel: rank 0's BatchNorm running statistics on every rank (as DDP's broadcast_buffers)."""
-        if self.data_parallel is not None:
-            self.data_parallel.broadcast(running_statistics_modules(self.pmodel), buffers_only=True)
+        if self.data_parallel is not None and self._statistics_modules:
+            self.data_parallel.broadcast(self._statistics_modules, buffers_only=True)
 
     def _local(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """This process's share of a global minibatch (all of it without data parallelism)."""
