@@ -11,16 +11,26 @@ import math
 import numbers
 import operator
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import PartitionArgumentError, PartitionTypeError, first_line
 
 PROPORTION_TOLERANCE = 1e-6
 MAX_SEED = 2**63 - 1
 """The largest seed the package takes: a signed 64-bit int, what every torch generator accepts."""
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _is_tensor(value: object) -> bool:
+    """Whether ``value`` is a torch tensor, without importing torch: this module is imported by the command
+    line's checks, which answer before torch is loaded, and no value can be a tensor before then."""
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor is not None and isinstance(value, tensor)
 
 
 def check_int(name: str, value: object, minimum: int = 1, *, hint: str = "", noun: str = "an int") -> int:
@@ -102,8 +112,8 @@ def check_proportions(proportions: Sequence[float] | None, num_partitions: int) 
     """Check proportions (``None`` = equal shares): C non-negative finite numbers summing to 1."""
     if proportions is None:
         return tuple(1.0 / num_partitions for _ in range(num_partitions))
-    if isinstance(proportions, torch.Tensor):
-        proportions = proportions.tolist()
+    if _is_tensor(proportions):
+        proportions = proportions.tolist()  # type: ignore[attr-defined]
     if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
         raise PartitionTypeError(f"proportions must be a sequence of {num_partitions} numbers, got {proportions!r}")
     if len(proportions) != num_partitions:
@@ -143,6 +153,8 @@ def check_directory(name: str, value: object) -> Path | None:
 
 def check_device(value: object) -> torch.device | None:
     """``device`` as a ``torch.device`` that can hold a model here, or a clear error."""
+    import torch
+
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
@@ -188,6 +200,7 @@ def check_subnetwork(value: object, num_partitions: int) -> int:
 
     Example::
 
+        >>> import torch
         >>> check_subnetwork(None, 3), check_subnetwork(torch.tensor(1), 3)
         (3, 1)
         >>> try:
@@ -198,17 +211,18 @@ def check_subnetwork(value: object, num_partitions: int) -> int:
     """
     if value is None:
         return num_partitions
+    tensor = _is_tensor(value)
     integral_tensor = (
-        isinstance(value, torch.Tensor)
-        and value.numel() == 1
-        and not value.is_floating_point()
-        and not value.is_complex()
-        and value.dtype != torch.bool
+        tensor
+        and value.numel() == 1  # type: ignore[attr-defined]
+        and not value.is_floating_point()  # type: ignore[attr-defined]
+        and not value.is_complex()  # type: ignore[attr-defined]
+        and value.dtype != sys.modules["torch"].bool  # type: ignore[attr-defined]
     )
-    if isinstance(value, torch.Tensor) and not integral_tensor:
+    if tensor and not integral_tensor:
         raise PartitionTypeError(
             f"subnetwork must be an int in 0..{num_partitions}, got a tensor of shape "
-            f"{tuple(value.shape)} and dtype {value.dtype}"
+            f"{tuple(value.shape)} and dtype {value.dtype}"  # type: ignore[attr-defined]
         )
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise PartitionTypeError(
@@ -245,6 +259,7 @@ def check_per_example(name: str, values: torch.Tensor, batch: int, num_partition
 
     Example::
 
+        >>> import torch
         >>> check_per_example("subnetwork", torch.tensor([0, 2]), 2, 2)
         tensor([0, 2])
         >>> check_per_example("subnetwork", torch.tensor([0, 3]), 2, 2)
@@ -252,7 +267,7 @@ def check_per_example(name: str, values: torch.Tensor, batch: int, num_partition
         ...
         partition_fx.errors.PartitionArgumentError: subnetwork values must be in 0..2, got 0..3
     """
-    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+    if values.is_floating_point() or values.is_complex() or values.dtype == sys.modules["torch"].bool:
         raise PartitionTypeError(f"{name} per example must be an integer tensor, got {values.dtype}")
     if values.shape != (batch,):
         raise PartitionArgumentError(

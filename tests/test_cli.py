@@ -78,3 +78,50 @@ def test_describe_with_seed_defaults_and_regenerated_indices(capsys) -> None:
     argv = ["describe", "--model", "cifar_wrn16_4", "--default", "seed", "--assignments", "regenerated"]
     assert main(argv) == 0
     assert "default='seed', assignments='regenerated', seed=0" in capsys.readouterr().out
+
+
+REFUSED_WITHOUT_TORCH = [
+    ["train", "--steps", "-5"],
+    ["train", "--proportions", "0.5,0.6,0.1"],
+    ["train", "--proportions", "0.5,0.5"],
+    ["train", "--out", "{file}"],
+    ["train", "--out", "{file}", "--overwrite"],
+    ["train", "--resume", "{missing}"],
+    ["train", "--data", "rotdigit"],
+    ["convert", "--partitions", "0", "--out", "{missing}"],
+    ["convert", "--out", "{file}", "--overwrite"],
+    ["export", "--run", "{missing}"],
+    ["federated", "--proportions", "0.5,0.6,0.1"],
+    ["federated", "--alpha", "0", "--out", "{missing}"],
+]
+
+
+def test_a_refused_value_answers_before_torch_is_imported(tmp_path) -> None:
+    """Bad option values took 8-15 s to refuse because the commands imported torch first; every check that
+    needs no torch now runs before it (the test fails if any refusal below imports torch)."""
+    (tmp_path / "afile").write_text("mine\n")
+    paths = {"file": tmp_path / "afile", "missing": tmp_path / "missing"}
+    cases = [[a.format(**paths) for a in argv] for argv in REFUSED_WITHOUT_TORCH]
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from partition_fx.cli import main\n"
+        "codes = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stderr(io.StringIO()):\n"
+        "        codes.append(main(argv))\n"
+        "print(json.dumps([codes, 'torch' in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cases)], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    codes, torch_imported = json.loads(result.stdout)
+    assert codes == [2] * len(cases) and not torch_imported
+    assert (tmp_path / "afile").read_text() == "mine\n" and not (tmp_path / "missing").exists()
+
+
+def test_a_mistyped_option_gets_a_suggestion_and_the_commands_own_help(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--stepz", "5"])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "\n" not in err
+    assert "--stepz 5 (did you mean --steps?)" in err and err.endswith("see `partition-fx train --help`")

@@ -90,6 +90,7 @@ def _convert(
     (out / "describe.txt").write_text(pmodel.describe() + "\n")
     sizes = [sum(p.numel() for p in pmodel.partition_parameters(k)) for k in range(1, args.partitions + 1)]
     return {
+        "command": "convert",
         "model": args.model,
         "checkpoint": args.checkpoint,
         "num_partitions": args.partitions,

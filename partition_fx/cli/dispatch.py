@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PartitionError, first_line, is_out_of_memory
+from .checks import check_arguments
 from .parser import build_parser
 
 OUT_OF_MEMORY_HINTS = {
@@ -32,9 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(None if argv is None else list(argv))
     try:
+        check_arguments(args)  # before torch is imported: a refused value answers at once
         _run(args)
     except KeyboardInterrupt:
-        print("partition-fx: interrupted; the last checkpoint and report.json are kept", file=sys.stderr)
+        print(f"partition-fx: interrupted{_how_to_continue(args)}", file=sys.stderr)
         return 130
     except (PartitionError, NotImplementedError) as e:
         print(f"partition-fx: error: {e}", file=sys.stderr)
@@ -48,6 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
+
+
+def _how_to_continue(args: Any) -> str:
+    """What an interrupted command keeps, and for ``train`` the command that continues it."""
+    if args.command != "train":
+        return ""
+    run = args.resume if args.resume is not None else args.out
+    return f"; the last checkpoint and report.json are kept: continue with `partition-fx train --resume {run}`"
 
 
 def _run(args: Any) -> None:
@@ -81,11 +91,29 @@ def _print_train(report: dict[str, Any], out: Path) -> None:
     learned = ", ".join(f"{k}={v:.3f}" for k, v in hyper.items() if isinstance(v, float)) or "none"
     print(
         f"trained {report['config']['model']} on {report['data']['name']} for {report['steps']} iterations in "
-        f"{report['seconds']:.0f}s: test accuracy {report['test_accuracy']:.4f}, LML {report['lml']:.1f} nats "
-        f"({report['lml_per_example']:.3f}/example)"
+        f"{report['seconds']:.0f}s: test accuracy {report['test_accuracy']:.4f}"
     )
+    print(_evidence(report))
     print(f"learned hyperparameters (ranges; rotation in radians): {learned}")
     print(f"wrote {out}/: report.json, lml.png, hyperparameters.png, model.safetensors, model.onnx, checkpoint/")
+
+
+def _evidence(report: dict[str, Any]) -> str:
+    """The run's evidence, the conditional LML first (``report.json``'s ``lml_explained`` says more).
+
+    >>> print(_evidence({"conditional_lml": -29.3, "conditional_lml_per_example": -0.081, "lml": -2772.1,
+    ...                  "lml_per_chunk": [-2742.8, -15.0, -14.3]}))
+    evidence: conditional LML -29.3 nats (-0.081/example): chunks 2..3, each scored by a subnetwork not trained on it
+    full LML -2772.1 nats, of which -2742.8 is chunk 1 scored by the untrained defaults (see report.json)
+    """
+    if report["conditional_lml_per_example"] is None:  # one partition: no chunk but the first
+        return f"evidence: LML {report['lml']:.1f} nats (one partition: chunk 1 scored by the untrained defaults)"
+    return (
+        f"evidence: conditional LML {report['conditional_lml']:.1f} nats "
+        f"({report['conditional_lml_per_example']:.3f}/example): chunks 2..{len(report['lml_per_chunk'])}, each "
+        f"scored by a subnetwork not trained on it\nfull LML {report['lml']:.1f} nats, of which "
+        f"{report['lml_per_chunk'][0]:.1f} is chunk 1 scored by the untrained defaults (see report.json)"
+    )
 
 
 def _print_export(summary: dict[str, Any]) -> None:

@@ -13,11 +13,12 @@ from typing import Any
 from safetensors.torch import save_model
 
 from .._io import replace_file, write_json
-from ..errors import PartitionArgumentError, PartitionError
+from ..errors import PartitionArgumentError
 from ..export import export_onnx, export_subnetwork
 from ..training import PartitionedTrainer, evaluate_classifier
+from .checks import check_export
 from .job import job_from_args
-from .runs import check_out, prepare_out, read_run
+from .runs import prepare_out
 
 
 def run_export(args: argparse.Namespace) -> dict[str, Any]:
@@ -32,14 +33,8 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     """
     run: Path = args.run
     checkpoint = run / "checkpoint" / f"{args.which}.safetensors"
-    if not (run / "report.json").is_file() or not checkpoint.is_file():
-        raise PartitionError(
-            f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
-            "(written by `partition-fx train`)"
-        )
-    config = read_run(run, "--run")["config"]
+    config = check_export(args)["config"]
     out: Path = args.out if args.out is not None else run / "export"
-    check_out(out, args.overwrite, {"--run": run})
     job = job_from_args(argparse.Namespace(**config))
     pmodel = job.pmodel
     if args.subnetwork is not None:
@@ -56,6 +51,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     replace_file(out / "model.safetensors", lambda tmp: save_model(exported, str(tmp)))
     export_onnx(pmodel, out / "model.onnx", (x_test[:4],), subnetwork=args.subnetwork)
     summary = {
+        "command": "export",
         "run": str(run),
         "checkpoint": str(checkpoint),
         "checkpoint_step": meta.get("step"),

@@ -16,42 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .._io import replace_file, write_json
-from ..errors import PartitionArgumentError
+from .checks import check_federated_options
 from .runs import check_out, prepare_out
-
-
-def _check(args: argparse.Namespace) -> tuple[float, ...]:
-    """One clear line per bad option; the proportions parsed."""
-    for name in ("image_size", "clients", "partitions", "rounds", "batch_size", "samples", "evaluate_every"):
-        if getattr(args, name) < 1:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.image_size < 8 or args.image_size % 4:
-        raise PartitionArgumentError(
-            f"--image-size must be a multiple of 4 and >= 8 (two 2x2 poolings), got {args.image_size}"
-        )
-    for name in ("lr", "server_lr", "hyper_lr"):
-        if not getattr(args, name) > 0:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if args.seed < 0:
-        raise PartitionArgumentError(f"--seed must be >= 0, got {args.seed}")
-    if not args.alpha > 0:
-        raise PartitionArgumentError(
-            f"--alpha {args.alpha}: the Dirichlet concentration must be > 0 (0.1: most clients hold one group)"
-        )
-    if not str(args.out):
-        raise PartitionArgumentError("--out must not be empty")
-    try:
-        proportions = tuple(float(p) for p in args.proportions.split(","))
-    except ValueError:
-        raise PartitionArgumentError(
-            f"--proportions must be comma-separated numbers, got {args.proportions!r}"
-        ) from None
-    if len(proportions) != args.partitions or any(not p > 0 for p in proportions) or abs(sum(proportions) - 1) > 1e-6:
-        raise PartitionArgumentError(
-            f"--proportions {args.proportions}: give {args.partitions} positive shares summing to 1 (--partitions "
-            f"{args.partitions})"
-        )
-    return proportions
 
 
 def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
@@ -63,7 +29,7 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     ...
     partition_fx.errors.PartitionArgumentError: --alpha 0.0: the Dirichlet concentration must be > 0 ...
     """
-    proportions = _check(args)
+    proportions = check_federated_options(args)
     check_out(args.out, args.overwrite, {})
     from ..datasets import load_dataset
     from ..federated.flower import import_flower
@@ -102,6 +68,7 @@ def _report(
     ours, base = results["partitioned"], results["baseline"]
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "command"}
     return {
+        "command": "federated",
         "status": "completed",
         "test_accuracy": ours.test_accuracy,
         "hyperparameters": ours.hyperparameters,

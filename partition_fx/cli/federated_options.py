@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-FEDERATED_DEFAULTS = {"proportions": "0.7,0.2,0.1"}
+from .argparsing import path, proportions, seed
+
+FEDERATED_DEFAULTS = {"proportions": (0.7, 0.2, 0.1)}
+"""What an option left at None means (``--proportions``: the paper's chunk shares of appendix J)."""
 
 
 def add_federated(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +35,12 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--proportions",
-        default=FEDERATED_DEFAULTS["proportions"],
+        type=proportions,
+        default=None,
         metavar="U1,..,UC",
-        help="the partitions' shares and the clients' chunk shares (default: %(default)s)",
+        help="the partitions' shares and the clients' chunk shares (default: "
+        + ",".join(map(str, FEDERATED_DEFAULTS["proportions"]))
+        + ")",
     )
     model.add_argument(
         "--rounds", type=int, default=30, metavar="R", help="communication rounds (default: %(default)s)"
@@ -67,11 +73,13 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
         metavar="R",
         help="rounds between test evaluations of the learning curve (default: %(default)s)",
     )
-    model.add_argument("--seed", type=int, default=0, metavar="S", help="clients, chunks, model (default: %(default)s)")
+    model.add_argument(
+        "--seed", type=seed, default=0, metavar="S", help="clients, chunks, model (default: %(default)s)"
+    )
     output = parser.add_argument_group("output")
     output.add_argument(
         "--out",
-        type=Path,
+        type=path,
         default=Path("runs/federated"),
         metavar="DIR",
         help="report.json, curves.png, model.safetensors (default: %(default)s)",

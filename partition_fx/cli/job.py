@@ -8,30 +8,24 @@ build their runs with these same functions, so they train exactly what the comma
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._validation import check_fits_in_memory, check_num_partitions, check_proportions
+from .._validation import check_fits_in_memory
 from ..datasets import NUM_DIGITS, DatasetSplits, load_dataset
-from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionError
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
 from ..training import split_into_chunks, weight_decay_scales
 from ..transforms import AffineAugmentation
-from .parser import DATASETS, DEFAULT_PROPORTIONS, TRAIN_DEFAULT_FINETUNE_FRACTION, parse_train
-
-_POSITIVE_OPTIONS = (
-    "steps", "batch_size", "samples", "hyper_every", "hyper_samples", "hyper_batch_size", "eval_every", "image_size",
-    "channels",
-)  # fmt: skip
+from .checks import check_train_options, checked_proportions, proportions_text
+from .parser import DATASETS, TRAIN_DEFAULT_FINETUNE_FRACTION, parse_train
 
 
 @dataclass
@@ -110,39 +104,6 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def proportions_text(args: argparse.Namespace) -> str:
-    """``--proportions`` as the user wrote it (comma-separated), or what it is when not given, for messages.
-
-    >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1), partitions=3))
-    '0.8,0.1,0.1'
-    >>> proportions_text(argparse.Namespace(proportions=None, partitions=4))
-    'not given: equal shares'
-    >>> proportions_text(argparse.Namespace(proportions=None, partitions=3))
-    'not given: the default 0.8,0.1,0.1'
-    """
-    if args.proportions is None:
-        return f"not given: {_without_proportions(args.partitions)}"
-    return ",".join(str(p) for p in args.proportions)
-
-
-def command_line_proportions(args: argparse.Namespace) -> tuple[float, ...] | None:
-    """The proportions ``--partitions``/``--proportions`` ask for: ``--proportions`` when given, else 0.8,0.1,0.1
-    with 3 partitions and None (equal shares) with any other number.
-
-    >>> command_line_proportions(parse_train([])), command_line_proportions(parse_train(["--partitions", "2"]))
-    ((0.8, 0.1, 0.1), None)
-    """
-    if args.proportions is not None:
-        return tuple(args.proportions)
-    return DEFAULT_PROPORTIONS if args.partitions == len(DEFAULT_PROPORTIONS) else None
-
-
-def _without_proportions(num_partitions: int) -> str:
-    if num_partitions == len(DEFAULT_PROPORTIONS):
-        return "the default " + ",".join(str(p) for p in DEFAULT_PROPORTIONS)
-    return "equal shares"
-
-
 def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> PartitionedModel:
     """``partitionify`` with the command line's conversion options (``--partitions``, ``--proportions``,
     ``--scheme``, ``--default``, ``--seed``, ``--assignments``), refusals naming those options.
@@ -154,24 +115,7 @@ def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> 
     ...
     partition_fx.errors.PartitionArgumentError: --partitions 3 --proportions 0.5,0.5: proportions has 2 entries ...
     """
-    proportions = command_line_proportions(args)
-    try:
-        num_partitions = check_num_partitions(args.partitions)
-    except (PartitionArgumentError, PartitionTypeError) as e:
-        raise PartitionArgumentError(f"--partitions {args.partitions}: {e}") from None
-    if proportions is not None and len(proportions) != num_partitions:
-        raise PartitionArgumentError(
-            f"--partitions {num_partitions} --proportions {proportions_text(args)}: proportions has "
-            f"{len(proportions)} entries but num_partitions={num_partitions}; give --proportions {num_partitions} "
-            f"comma-separated shares summing to 1, or --partitions {len(proportions)} to match them, or leave "
-            f"--proportions out ({_without_proportions(num_partitions)})"
-        )
-    try:
-        check_proportions(proportions, num_partitions)
-    except (PartitionArgumentError, PartitionTypeError) as e:
-        raise PartitionArgumentError(
-            f"--partitions {num_partitions} --proportions {proportions_text(args)}: {e}"
-        ) from None
+    num_partitions, proportions = checked_proportions(args)
     return partitionify(
         model,
         num_partitions,
@@ -191,8 +135,8 @@ def job_from_args(args: argparse.Namespace) -> TrainJob:
     ...
     partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got 0
     """
-    _check_options(args)
-    device = resolve_device(args.device)
+    check_train_options(args)
+    device = resolve_device(args.device)  # refuses --device cuda where there is none
     data = _load_data(args)
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
@@ -200,52 +144,6 @@ def job_from_args(args: argparse.Namespace) -> TrainJob:
     _check_chunks(args, len(data.train), pmodel)
     hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
     return TrainJob(args=args, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
-
-
-def _check_options(args: argparse.Namespace) -> None:
-    """The options' ranges and combinations: what argparse's types alone do not refuse."""
-    for name in _POSITIVE_OPTIONS:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup_steps < 0:
-        raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-    if args.finetune_steps is not None and not 0 <= args.finetune_steps < args.steps:
-        raise PartitionArgumentError(
-            f"--finetune-steps must be >= 0 and less than --steps {args.steps} (they are its last iterations), "
-            f"got {args.finetune_steps}"
-        )
-    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
-        raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
-    if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
-        raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
-    resolve_device(args.device)  # refuses --device cuda where there is none
-    if args.augment == "affine" and args.partitions < 2:
-        raise PartitionArgumentError(
-            f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
-            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions or pass --augment none"
-        )
-    if args.data == "input_selection":
-        raise PartitionArgumentError(
-            "--data 'input_selection' is a regression task; `partition-fx train` classifies images "
-            "(see examples/input_selection.py for input selection)"
-        )
-    if not args.data:
-        raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
-    if args.data not in DATASETS and not _is_folder(args.data):
-        close = difflib.get_close_matches(args.data, DATASETS, n=1)
-        raise PartitionError(
-            f"unknown dataset {args.data!r} for --data: not {' or '.join(DATASETS)}, and not a folder"
-            + (f" (did you mean {close[0]}?)" if close else "")
-            + "; pass one of those names or an image folder laid out as FOLDER/<class>/<image> "
-            "or FOLDER/{train,test}/<class>/<image>"
-        )
-
-
-def _is_folder(text: str) -> bool:
-    try:
-        return Path(text).is_dir()
-    except (OSError, ValueError):  # a name too long for the file system, say
-        return False
 
 
 def _load_data(args: argparse.Namespace) -> DatasetSplits:

@@ -11,10 +11,10 @@ what it means where it is None or depends on other options (``--proportions``, `
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from .argparsing import Parser, int_at_least, path, proportions, seed
 from .federated_options import add_federated
 
 DESCRIPTION = (
@@ -74,57 +74,6 @@ COMMANDS = {
 """Each command's one-line help (in ``partition-fx --help``) and its description (in its own ``--help``)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose refusals are one line, like every other refusal of the command."""
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        for arg in sys.argv[1:] if args is None else args:
-            option, equals, value = arg.partition("=")
-            if arg.startswith("-") and equals and value == "--":  # argparse would drop it and store []
-                self.error(f"argument {option}: expected one argument, not '--'")
-        return super().parse_known_args(args, namespace)
-
-    def error(self, message: str) -> NoReturn:
-        if message.endswith("expected one argument"):  # argparse reads "-1e-3" or "-0.5,1.5" as an option
-            message += " (for a value that starts with '-', write --option=VALUE)"
-        self.exit(2, f"partition-fx: error: {message}; see `{self.prog} --help`\n")
-
-
-def _int_at_least(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _seed(text: str) -> int:
-    from .._validation import MAX_SEED  # here, not at the top: --help must not import torch
-
-    value = _int_at_least(0)(text)
-    if value > MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
-    return value
-
-
-def _path(text: str) -> Path:
-    if not text:  # Path("") is the current directory, which --overwrite would delete
-        raise argparse.ArgumentTypeError("must not be empty (write . for the current directory)")
-    return Path(text)
-
-
-def _proportions(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(p) for p in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"proportions must be comma-separated numbers, got {text!r}") from None
-
-
 def proportions_default_text() -> str:
     """What ``--proportions`` is when it is not given, as the help says it.
 
@@ -148,18 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["convert", "--proportions", "0.5,0.5"]).proportions
     (0.5, 0.5)
     """
-    parser = _Parser(prog="partition-fx", description=DESCRIPTION, epilog=EPILOG)
+    parser = Parser(prog="partition-fx", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
-    for name, add in (("train", _add_train), ("convert", _add_convert), ("describe", _add_describe)):
-        add(_command(sub, name))
-    _add_export(_command(sub, "export"))
-    add_federated(_command(sub, "federated"))
+    adders = {
+        "train": _add_train, "convert": _add_convert, "describe": _add_describe, "export": _add_export,
+        "federated": add_federated,
+    }  # fmt: skip
+    for name, add in adders.items():
+        summary, description = COMMANDS[name]
+        add(parser.add_command(sub, name, help=summary, description=description))
     return parser
-
-
-def _command(sub: Any, name: str) -> argparse.ArgumentParser:
-    summary, description = COMMANDS[name]
-    return sub.add_parser(name, help=summary, description=description)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, *, classes: bool) -> None:
@@ -179,7 +126,7 @@ def _add_model_options(parser: argparse.ArgumentParser, *, classes: bool) -> Non
     )
     if classes:
         group.add_argument(
-            "--num-classes", type=_int_at_least(1), default=10, metavar="N", help="classifier outputs (default: 10)"
+            "--num-classes", type=int_at_least(1), default=10, metavar="N", help="classifier outputs (default: 10)"
         )
 
 
@@ -195,7 +142,7 @@ def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the pa
     )
     group.add_argument(
         "--proportions",
-        type=_proportions,
+        type=proportions,
         default=None,
         metavar="P1,P2,...",
         help=f"each partition's share of the parameters and the data, C numbers summing to 1 "
@@ -222,7 +169,7 @@ def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the pa
     )
     group.add_argument(
         "--seed",
-        type=_seed,
+        type=seed,
         default=0,
         metavar="N",
         help=f"seeds {seeds} (default: %(default)s)",
@@ -231,7 +178,7 @@ def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the pa
 
 def _add_output_options(parser: argparse.ArgumentParser, out: str, default: Path | None) -> None:
     group = parser.add_argument_group("output")
-    group.add_argument("--out", type=_path, default=default, metavar="DIR", help=out)
+    group.add_argument("--out", type=path, default=default, metavar="DIR", help=out)
     group.add_argument(
         "--overwrite", action="store_true", help="replace --out if it exists and is not empty (default: off)"
     )
@@ -242,7 +189,7 @@ def _add_convert(convert: argparse.ArgumentParser) -> None:
     _add_partition_options(convert)
     convert.add_argument_group("check").add_argument(
         "--input-size",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=32,
         metavar="PIXELS",
         help="side of the digit images the subnetworks are checked on (default: %(default)s)",
@@ -257,7 +204,7 @@ def _add_describe(describe: argparse.ArgumentParser) -> None:
 
 def _add_export(export: argparse.ArgumentParser) -> None:
     export.add_argument(
-        "--run", type=_path, required=True, metavar="DIR", help="the --out directory of a training run (required)"
+        "--run", type=path, required=True, metavar="DIR", help="the --out directory of a training run (required)"
     )
     export.add_argument(
         "--which", choices=["last", "best"], default="last", help="which checkpoint of the run (default: %(default)s)"
@@ -358,8 +305,14 @@ def _add_train(train: argparse.ArgumentParser) -> None:
         "--quiet", action="store_true", help="no progress bar (default: off: a bar is shown when stderr is a terminal)"
     )
     run.add_argument(
+        "--keep-resume",
+        action="store_true",
+        help="keep checkpoint/resume/ (the optimiser state, about 3x the model) once the run completes; an "
+        "unfinished run always keeps it (default: off: a completed run removes it)",
+    )
+    run.add_argument(
         "--resume",
-        type=_path,
+        type=path,
         default=None,
         metavar="RUN",
         help="continue an interrupted or failed run (its --out directory) with its own options "

@@ -1,8 +1,11 @@
 """Run directories: the ``--out`` checks, a training run's report and configuration, and ``--resume``.
 
-A run directory is what ``partition-fx train --out DIR`` writes; its ``report.json`` holds the run's
-``config`` (every option in :data:`RUN_CONFIG_KEYS`), from which ``export`` rebuilds the model and ``--resume``
-continues the run with the same options.
+A run directory is what a command writes to ``--out``: its ``report.json`` (``export.json`` for ``export``)
+names the ``command`` that wrote it, and ``--overwrite`` replaces nothing else. A training run's report holds
+its ``config`` (every option in :data:`RUN_CONFIG_KEYS`), from which ``export`` rebuilds the model and
+``--resume`` continues the run with the same options.
+
+No torch here: the command line checks ``--out`` and ``--resume`` before it loads torch.
 """
 
 from __future__ import annotations
@@ -11,13 +14,13 @@ import argparse
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..datasets import DatasetSplits
 from ..errors import PartitionArgumentError, PartitionError
-from .parser import train_defaults
+from .parser import COMMANDS, train_defaults
+
+if TYPE_CHECKING:
+    from ..datasets import DatasetSplits
 
 RUN_CONFIG_KEYS = (
     "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
@@ -34,13 +37,44 @@ LATER_OPTION_DEFAULTS = {
 """Options added after the first runs were written: what a run's report means when it lacks them."""
 
 
+REPORTS = ("report.json", "export.json")
+"""The files a command's run directory is recognised by: each is a JSON object naming its ``command``."""
+
+
+def is_run_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory a partition-fx command wrote: a ``report.json`` or ``export.json`` in it
+    is a JSON object whose ``command`` names one of the commands.
+
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> is_run_directory(run)
+    False
+    >>> _ = (run / "report.json").write_text('{"command": "train"}'); is_run_directory(run)
+    True
+    """
+    for name in REPORTS:
+        try:
+            report = json.loads((path / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(report, dict) and report.get("command") in COMMANDS:
+            return True
+    return False
+
+
 def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
     """Refuse an ``--out`` that is or holds the current directory or one of the ``inputs`` (option -> path or
-    None), and one that holds anything unless ``--overwrite``; returns whether there is something to replace.
+    None), a file, and a non-empty directory unless ``--overwrite`` is given and it is a run directory
+    (:func:`is_run_directory`); returns whether there is a run to replace. Nothing is touched.
 
     >>> import tempfile
     >>> check_out(Path(tempfile.mkdtemp()) / "new", overwrite=False, inputs={"--checkpoint": None})
     False
+    >>> notes = Path(tempfile.mkdtemp()) / "notes.txt"; _ = notes.write_text("precious")
+    >>> check_out(notes, overwrite=True, inputs={})
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --out '...notes.txt' is a file or a link, not a run directory; ...
     """
     outside = out.resolve()
     cwd = Path.cwd().resolve()
@@ -54,15 +88,32 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
             raise PartitionArgumentError(
                 f"--out {str(out)!r} holds {option} {str(path)!r}, which --overwrite would delete; choose another --out"
             )
-    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
-    if occupied and not overwrite:
-        what = "is not a directory" if not out.is_dir() else "is not empty"
-        raise PartitionError(f"--out {str(out)!r} exists and {what}; pass --overwrite or choose another directory")
-    return occupied
+    if not out.exists() and not out.is_symlink():
+        return False
+    if not out.is_dir() or out.is_symlink():
+        raise PartitionError(
+            f"--out {str(out)!r} is a file or a link, not a run directory; choose another --out "
+            "(--overwrite replaces only a directory an earlier partition-fx run wrote)"
+        )
+    if not any(out.iterdir()):
+        return False
+    run = is_run_directory(out)
+    if not run:
+        raise PartitionError(
+            f"--out {str(out)!r} is not empty and holds no partition-fx run (no report.json or export.json naming "
+            "its command), so nothing will replace it, with or without --overwrite; choose another --out"
+        )
+    if not overwrite:
+        raise PartitionError(
+            f"--out {str(out)!r} exists and is not empty (an earlier run); pass --overwrite to replace it or "
+            "choose another directory"
+        )
+    return True
 
 
 def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
-    """``--out`` as an empty directory (emptied with ``--overwrite``), after :func:`check_out`.
+    """``--out`` as an empty directory (an earlier run in it replaced with ``--overwrite``), after
+    :func:`check_out`.
 
     >>> import tempfile
     >>> out = Path(tempfile.mkdtemp()) / "run"
@@ -70,7 +121,7 @@ def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
     True
     """
     if check_out(out, overwrite, inputs):
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
+        shutil.rmtree(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -148,12 +199,15 @@ def starting_report(
     >>> from partition_fx.cli.parser import parse_train
     >>> from partition_fx.datasets import digits
     >>> report = starting_report(parse_train([]), (0.8, 0.1, 0.1), digits(size=8), "cpu")
-    >>> report["status"], report["config"]["device"], report["device"], report["data"]["train"]
-    ('running', 'auto', 'cpu', 1438)
+    >>> report["command"], report["status"], report["config"]["device"], report["device"], report["data"]["train"]
+    ('train', 'running', 'auto', 'cpu', 1438)
     """
+    import torch
+
     config = {key: getattr(args, key) for key in RUN_CONFIG_KEYS}
     config["proportions"] = list(proportions)
     return {
+        "command": "train",
         "status": "running",
         "config": config,
         "data": {"name": data.name, "train": len(data.train), "test": len(data.test), "classes": data.num_classes},

@@ -1,0 +1,137 @@
+"""The command line's parsing machinery: an ``ArgumentParser`` whose refusals are one line naming the command's
+own ``--help`` (with a did-you-mean for a mistyped option), and the ``type=`` parsers that turn option text into
+values. The argument tree itself is ``cli.parser``; this module, like it, imports no torch."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line, like every other refusal of the command.
+
+    A top-level parser knows its commands (``commands``, filled by :meth:`add_command`), so an option no
+    command knows is refused by that command's parser: the message suggests the closest option and points to
+    ``partition-fx COMMAND --help``, not to the top-level help.
+
+    >>> parser = Parser(prog="tool")
+    >>> run = parser.add_command(parser.add_subparsers(dest="command"), "run", help="run it")
+    >>> _ = run.add_argument("--steps", type=int, default=1)
+    >>> parser.parse_args(["run", "--steps", "3"]).steps
+    3
+    >>> parser.parse_args(["run", "--stepz", "3"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: 2
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, Parser] = {}
+
+    def add_command(self, subparsers: Any, name: str, **kwargs: Any) -> Parser:
+        """``subparsers.add_parser(name, **kwargs)``, remembered for the refusals of unknown options."""
+        command = subparsers.add_parser(name, **kwargs)
+        self.commands[name] = command
+        return command
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            command.error(unrecognized_message(extras, command))
+        return parsed
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        for arg in sys.argv[1:] if args is None else args:
+            option, equals, value = arg.partition("=")
+            if arg.startswith("-") and equals and value == "--":  # argparse would drop it and store []
+                self.error(f"argument {option}: expected one argument, not '--'")
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):  # argparse reads "-1e-3" or "-0.5,1.5" as an option
+            message += " (for a value that starts with '-', write --option=VALUE)"
+        self.exit(2, f"partition-fx: error: {message}; see `{self.prog} --help`\n")
+
+
+def unrecognized_message(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" with the closest known option for each mistyped one.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> _ = parser.add_argument("--steps"); _ = parser.add_argument("--batch-size")
+    >>> unrecognized_message(["--stepz", "5", "--batch_size=4"], parser)
+    'unrecognized arguments: --stepz 5 --batch_size=4 (did you mean --steps? did you mean --batch-size?)'
+    """
+    known = [option for action in parser._actions for option in action.option_strings]
+    hints = []
+    for arg in extras:
+        if arg.startswith("--"):
+            close = difflib.get_close_matches(arg.partition("=")[0], known, n=1, cutoff=0.6)
+            hints += [f"did you mean {close[0]}?"] if close else []
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({' '.join(hints)})" if hints else "")
+
+
+def int_at_least(minimum: int) -> Any:
+    """A ``type=`` that reads an int >= ``minimum``.
+
+    >>> int_at_least(1)("3")
+    3
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """A ``type=`` for seeds: an int in 0..2**63-1.
+
+    >>> seed("7")
+    7
+    """
+    from .._validation import MAX_SEED  # torch-free
+
+    value = int_at_least(0)(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
+    return value
+
+
+def path(text: str) -> Path:
+    """A ``type=`` for paths that refuses the empty one (``Path("")`` is the current directory, which
+    ``--overwrite`` would replace).
+
+    >>> path("runs/a")
+    PosixPath('runs/a')
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty (write . for the current directory)")
+    return Path(text)
+
+
+def proportions(text: str) -> tuple[float, ...]:
+    """A ``type=`` for comma-separated proportions (checked against ``--partitions`` after parsing).
+
+    >>> proportions("0.8,0.1,0.1")
+    (0.8, 0.1, 0.1)
+    """
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"proportions must be comma-separated numbers, got {text!r}") from None
+    if not all(math.isfinite(p) for p in values):
+        raise argparse.ArgumentTypeError(f"proportions must be finite numbers, got {text!r}")
+    return values

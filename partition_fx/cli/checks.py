@@ -1,0 +1,217 @@
+"""Every check of the command line's options that needs no torch, in one place, run by :func:`check_arguments`
+before a command is imported: a refused value answers in a fraction of a second instead of after torch loads.
+
+The commands run the same checks again where Python callers reach them without the command line
+(``cli.job.job_from_args`` for ``train_job`` and the benchmarks): nothing here is only a fast path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+from pathlib import Path
+from typing import Any
+
+from .._validation import check_num_partitions, check_proportions
+from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from .federated_options import FEDERATED_DEFAULTS
+from .parser import DATASETS, DEFAULT_PROPORTIONS
+from .runs import check_out, read_run, resumed_args
+
+_POSITIVE_TRAIN_OPTIONS = (
+    "steps", "batch_size", "samples", "hyper_every", "hyper_samples", "hyper_batch_size", "eval_every", "image_size",
+    "channels",
+)  # fmt: skip
+_POSITIVE_FEDERATED_OPTIONS = (
+    "image_size", "clients", "partitions", "rounds", "batch_size", "samples", "evaluate_every",
+)  # fmt: skip
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse what can be refused in ``args`` (a parsed command line) without torch: option ranges and
+    combinations, ``--out``, ``--run`` and ``--resume``; nothing is written.
+
+    >>> from partition_fx.cli.parser import build_parser
+    >>> check_arguments(build_parser().parse_args(["train", "--steps", "-5"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got -5
+    """
+    if args.command == "train":
+        if args.resume is not None:
+            check_train_options(resumed_args(args))
+        else:
+            check_train_options(args)
+            check_out(args.out, args.overwrite, {"--data": args.data, "--checkpoint": args.checkpoint})
+    elif args.command in ("convert", "describe"):
+        checked_proportions(args)
+        if args.command == "convert":
+            check_out(args.out, args.overwrite, {"--checkpoint": args.checkpoint})
+    elif args.command == "export":
+        check_export(args)
+    elif args.command == "federated":
+        check_federated_options(args)
+        check_out(args.out, args.overwrite, {})
+
+
+def check_train_options(args: argparse.Namespace) -> None:
+    """``train``'s option ranges and combinations (what argparse's types alone do not refuse)."""
+    for name in _POSITIVE_TRAIN_OPTIONS:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup_steps < 0:
+        raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if args.finetune_steps is not None and not 0 <= args.finetune_steps < args.steps:
+        raise PartitionArgumentError(
+            f"--finetune-steps must be >= 0 and less than --steps {args.steps} (they are its last iterations), "
+            f"got {args.finetune_steps}"
+        )
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
+    if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
+        raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
+    checked_proportions(args)
+    if args.augment == "affine" and args.partitions < 2:
+        raise PartitionArgumentError(
+            f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
+            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions or pass --augment none"
+        )
+    if args.data == "input_selection":
+        raise PartitionArgumentError(
+            "--data 'input_selection' is a regression task; `partition-fx train` classifies images "
+            "(see examples/input_selection.py for input selection)"
+        )
+    if not args.data:
+        raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
+    if args.data not in DATASETS and not _is_folder(args.data):
+        close = difflib.get_close_matches(args.data, DATASETS, n=1)
+        raise PartitionError(
+            f"unknown dataset {args.data!r} for --data: not {' or '.join(DATASETS)}, and not a folder"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + "; pass one of those names or an image folder laid out as FOLDER/<class>/<image> "
+            "or FOLDER/{train,test}/<class>/<image>"
+        )
+
+
+def check_export(args: argparse.Namespace) -> dict[str, Any]:
+    """``export``'s ``--run`` (a training run with the chosen checkpoint), ``--subnetwork`` and ``--out``;
+    returns the run's report."""
+    run: Path = args.run
+    if not (run / "report.json").is_file() or not (run / "checkpoint" / f"{args.which}.safetensors").is_file():
+        raise PartitionError(
+            f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
+            "(written by `partition-fx train`)"
+        )
+    report = read_run(run, "--run")
+    partitions = report["config"]["partitions"]
+    if args.subnetwork is not None and not 0 <= args.subnetwork <= partitions:
+        raise PartitionArgumentError(
+            f"--subnetwork {args.subnetwork}: subnetwork must be in 0..{partitions} (0 = all defaults, "
+            f"{partitions} = final model)"
+        )
+    check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
+    return report
+
+
+def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
+    """``federated``'s option ranges; returns its proportions."""
+    for name in _POSITIVE_FEDERATED_OPTIONS:
+        if getattr(args, name) < 1:
+            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.image_size < 8 or args.image_size % 4:
+        raise PartitionArgumentError(
+            f"--image-size must be a multiple of 4 and >= 8 (two 2x2 poolings), got {args.image_size}"
+        )
+    for name in ("lr", "server_lr", "hyper_lr"):
+        if not getattr(args, name) > 0:
+            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if not args.alpha > 0:
+        raise PartitionArgumentError(
+            f"--alpha {args.alpha}: the Dirichlet concentration must be > 0 (0.1: most clients hold one group)"
+        )
+    shares = args.proportions if args.proportions is not None else FEDERATED_DEFAULTS["proportions"]
+    text = ",".join(str(p) for p in shares)
+    if len(shares) != args.partitions or any(not p > 0 for p in shares):
+        raise PartitionArgumentError(
+            f"--proportions {text}: give {args.partitions} positive shares summing to 1 "
+            f"(--partitions {args.partitions})"
+        )
+    try:
+        return check_proportions(shares, args.partitions)
+    except PartitionArgumentError as e:
+        raise PartitionArgumentError(f"--proportions {text}: {e}") from None
+
+
+def checked_proportions(args: argparse.Namespace) -> tuple[int, tuple[float, ...] | None]:
+    """``(C, proportions)`` from ``--partitions``/``--proportions`` (proportions None: equal shares), refusals
+    naming those options.
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> checked_proportions(parse_train(["--partitions", "2"]))
+    (2, None)
+    >>> checked_proportions(parse_train(["--proportions", "0.5,0.5"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --partitions 3 --proportions 0.5,0.5: proportions has 2 entries ...
+    """
+    proportions = command_line_proportions(args)
+    try:
+        num_partitions = check_num_partitions(args.partitions)
+    except (PartitionArgumentError, PartitionTypeError) as e:
+        raise PartitionArgumentError(f"--partitions {args.partitions}: {e}") from None
+    if proportions is not None and len(proportions) != num_partitions:
+        raise PartitionArgumentError(
+            f"--partitions {num_partitions} --proportions {proportions_text(args)}: proportions has "
+            f"{len(proportions)} entries but num_partitions={num_partitions}; give --proportions {num_partitions} "
+            f"comma-separated shares summing to 1, or --partitions {len(proportions)} to match them, or leave "
+            f"--proportions out ({_without_proportions(num_partitions)})"
+        )
+    try:
+        check_proportions(proportions, num_partitions)
+    except (PartitionArgumentError, PartitionTypeError) as e:
+        raise PartitionArgumentError(
+            f"--partitions {num_partitions} --proportions {proportions_text(args)}: {e}"
+        ) from None
+    return num_partitions, proportions
+
+
+def command_line_proportions(args: argparse.Namespace) -> tuple[float, ...] | None:
+    """The proportions ``--partitions``/``--proportions`` ask for: ``--proportions`` when given, else 0.8,0.1,0.1
+    with 3 partitions and None (equal shares) with any other number.
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> command_line_proportions(parse_train([])), command_line_proportions(parse_train(["--partitions", "2"]))
+    ((0.8, 0.1, 0.1), None)
+    """
+    if args.proportions is not None:
+        return tuple(args.proportions)
+    return DEFAULT_PROPORTIONS if args.partitions == len(DEFAULT_PROPORTIONS) else None
+
+
+def proportions_text(args: argparse.Namespace) -> str:
+    """``--proportions`` as the user wrote it (comma-separated), or what it is when not given, for messages.
+
+    >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1), partitions=3))
+    '0.8,0.1,0.1'
+    >>> proportions_text(argparse.Namespace(proportions=None, partitions=4))
+    'not given: equal shares'
+    >>> proportions_text(argparse.Namespace(proportions=None, partitions=3))
+    'not given: the default 0.8,0.1,0.1'
+    """
+    if args.proportions is None:
+        return f"not given: {_without_proportions(args.partitions)}"
+    return ",".join(str(p) for p in args.proportions)
+
+
+def _without_proportions(num_partitions: int) -> str:
+    if num_partitions == len(DEFAULT_PROPORTIONS):
+        return "the default " + ",".join(str(p) for p in DEFAULT_PROPORTIONS)
+    return "equal shares"
+
+
+def _is_folder(text: str) -> bool:
+    try:
+        return Path(text).is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, say
+        return False
