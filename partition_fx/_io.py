@@ -92,6 +92,22 @@ def existing_directory(directory: str | os.PathLike[str]) -> Path:
     return aside if not directory.is_dir() and aside.is_dir() else directory
 
 
+def remove_directory(directory: str | os.PathLike[str]) -> None:
+    """Remove ``directory`` and any previous version :func:`replace_directory` set aside, if there are any.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> state = pathlib.Path(tempfile.mkdtemp()) / "resume"
+        >>> replace_directory(state, lambda tmp: (tmp / "state.json").write_text("{}"))
+        2
+        >>> remove_directory(state); state.exists(), aside_path(state).exists()
+        (False, False)
+    """
+    for path in (Path(directory), aside_path(directory)):
+        _remove(path)
+
+
 def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "") -> Path:
     """A new empty directory beside ``directory`` to fill before :func:`swap_in`, with the mode of any
     directory the user creates (0777 less the umask; ``mkdtemp`` would make it private)."""

@@ -334,8 +334,8 @@ class PartitionedModel(nn.Module):
         default='init', assignments='stored', seed=0
         tensor    shape  treatment  p1  p2  note
         --------  -----  ---------  --  --  -------------------
-        0.weight  2x4    random     4   4   weight
-        0.bias    2      random     1   1   weight
+        0.weight  2x4    random     4   4   weight of Linear
+        0.bias    2      random     1   1   bias of Linear
         1.weight  2      product    2   2   affine of LayerNorm
         1.bias    2      sum        2   2   affine of LayerNorm
         total                       9   9

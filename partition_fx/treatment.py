@@ -72,7 +72,7 @@ def _auto_kind(local_name: str, owner: nn.Module, param: torch.Tensor, get_attrs
         kind = _use_kind(get_attrs)
         if kind is not None:
             return kind, "scalar " + ("scale" if kind == "product" else "bias")
-    return "random", "weight"
+    return "random", f"{local_name} of {type(owner).__name__}"
 
 
 def treat_parameters(

@@ -124,10 +124,11 @@ def test_hyperparameters_have_a_panel_per_quantity_with_units_bounds_and_iterati
     assert found["rotation"].get_ylabel() == "rotation range (radians)"
     assert "half the image" in found["translation"].get_ylabel()
     assert "log-factor" in found["scale"].get_ylabel() and "log-factor" in found["shear"].get_ylabel()
-    # rotation's bound pi is drawn; the small ranges keep their own scale and name their bound
+    # rotation's bound pi is drawn; the small ranges name their bound (a log-factor's as log 2) and are drawn on
+    # a quarter of it at least, so that ranges of 0.01-0.03 near 0 do not look like large swings
     assert any(list(line.get_ydata()) == [math.pi, math.pi] for line in found["rotation"].lines)
-    assert found["translation"].get_ylim()[1] < 0.1
-    assert "bound 0.693" in found["scale"].get_title(loc="left")
+    assert found["translation"].get_ylim() == (0.0, 0.25 * aug.max_range["translation_x"])
+    assert "bound 0.693 = log 2" in found["scale"].get_title(loc="left")
     # every curve starts at iteration 0 with the initial value (0), and so does every axis
     for ax in found.values():
         assert ax.get_xlim()[0] == 0
@@ -179,3 +180,22 @@ def test_a_history_that_has_iteration_zero_is_not_given_it_twice(initial_at_zero
     history = [{"step": 0, "hyperparameters": {"rotation": 0.0}}, {"step": 5, "hyperparameters": {"rotation": 1.0}}]
     fig = figure_hyperparameters(history, {"rotation": 0.0} if initial_at_zero else None, {"rotation": math.pi})
     assert list(panels(fig)["rotation"].lines[0].get_xdata()) == [0, 5]
+
+
+def test_the_finetuning_phase_is_shaded_and_named_in_the_axis_label_not_written_on_a_curve():
+    """The words "fine-tuning" were drawn inside the axes at the top of the line where it began: on lml.png over
+    the last LML point (the highest, at that line), on hyperparameters.png into a narrow panel's axis label."""
+    aug, history = affine_history((10, 20, 30, 40))
+    history[-1]["phase"] = "finetune"
+    history[-1]["lml_per_example"] = None
+    for r in history[:-1]:
+        r["conditional_lml_per_example"] = r["lml_per_example"] / 10
+    for fig in (figure_curves(history), figure_hyperparameters(history, aug.hyperparameters(), aug.max_range)):
+        assert not [t for ax in fig.axes for t in ax.texts if "fine-tuning" in t.get_text()]
+        assert "shaded: fine-tuning" in " ".join([fig.get_suptitle(), *(ax.get_xlabel() for ax in fig.axes)])
+        for ax in fig.axes:
+            spans = [p for p in ax.patches if p.get_x() == 30]  # the phase, shaded from where it began
+            assert len(spans) == 1 and spans[0].get_zorder() < 1  # behind the curves (zorder 2)
+    top = figure_curves(history).axes[0]
+    assert "conditional LML per example" in top.get_ylabel()
+    assert list(top.lines[0].get_ydata()) == [r["conditional_lml_per_example"] for r in history[:-1]]

@@ -203,3 +203,67 @@ def test_train_under_torchrun_with_two_processes(run_dir, tmp_path):
     assert report["status"] == "completed" and report["steps"] == 4 and 0 <= report["test_accuracy"] <= 1
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     assert written == sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))  # what one process writes
+
+
+def test_a_completed_run_keeps_what_a_user_needs_and_drops_its_resume_state(run_dir, tmp_path, capsys):
+    """A completed run without --keep-resume holds no optimiser state: its checkpoints are the last and best
+    partitioned states, each the size of the model (the mutation that keeps checkpoint/resume/ fails here)."""
+    assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors"]
+    model = (run_dir / "model.safetensors").stat().st_size
+    for name in ("last", "best"):
+        assert (run_dir / "checkpoint" / f"{name}.safetensors").stat().st_size < 1.2 * model
+    assert "resume" not in json.loads((run_dir / "report.json").read_text())["files"]
+    kept = tmp_path / "kept"
+    assert main(["train", *TINY, "--keep-resume", "--out", str(kept)]) == 0
+    assert (kept / "checkpoint" / "resume" / "state.json").is_file()
+    report = json.loads((kept / "report.json").read_text())
+    assert report["files"]["resume"] == "checkpoint/resume/"
+    out = capsys.readouterr().out  # the summary leads with the conditional LML
+    assert f"evidence: conditional LML {report['conditional_lml']:.1f} nats" in out.splitlines()[1]
+
+
+def test_the_report_leads_with_the_conditional_lml_and_explains_both(run_dir):
+    report = json.loads((run_dir / "report.json").read_text())
+    last = [r for r in report["history"] if r["lml"] is not None][-1]
+    assert report["lml_step"] == last["step"] == report["finetune_start"]
+    assert report["conditional_lml"] == last["conditional_lml"] == pytest.approx(sum(report["lml_per_chunk"][1:]))
+    assert report["lml"] == pytest.approx(sum(report["lml_per_chunk"]))
+    scored = sum(report["chunk_sizes"][1:])
+    assert report["conditional_lml_per_example"] == pytest.approx(report["conditional_lml"] / scored)
+    assert set(report["lml_explained"]) >= {"conditional_lml", "lml", "lml_per_chunk"}
+    assert report["best_conditional_lml"] == max(r["conditional_lml"] for r in report["history"] if r["lml"])
+
+
+def test_an_interrupted_run_says_how_to_continue(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(PartitionedTrainer, "iteration", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 130
+    assert f"continue with `partition-fx train --resume {out}`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "convert", "export", "federated"])
+def test_overwrite_replaces_only_a_run_directory(run_dir, tmp_path, capsys, command):
+    """``--overwrite`` deleted a plain file given as ``--out`` and wrote a run folder in its place; now it
+    replaces only a directory a partition-fx command wrote (its report names the command)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work\n")
+    given = {"train": TINY, "convert": ["--model", "fixup_resnet8"], "export": ["--run", str(run_dir)]}
+    for out in (notes, mine):
+        assert main([command, *given.get(command, []), "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("partition-fx: error: --out") and "\n" not in err and "run" in err
+    assert notes.read_text() == "precious\n" and [p.name for p in mine.iterdir()] == ["thesis.tex"]
+
+
+def test_overwrite_replaces_an_earlier_run(tmp_path):
+    out = tmp_path / "converted"
+    convert = ["convert", "--model", "fixup_resnet8", "--out", str(out)]
+    assert main(convert) == 0
+    (out / "stale.txt").write_text("from the earlier run\n")
+    assert main(convert) == 2  # an earlier run: replaced only when asked
+    assert main([*convert, "--overwrite"]) == 0
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "report.json").read_text())["command"] == "convert"

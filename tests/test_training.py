@@ -16,6 +16,7 @@ from partition_fx.training import (
     Categorical,
     Examples,
     Gaussian,
+    LMLEstimate,
     PartitionedSampler,
     PartitionedTrainer,
     chunks_from_assignment,
@@ -384,3 +385,16 @@ def test_unpartitioned_trainable_parameters_are_warned_about():
     pmodel = partitionify(model, 3, PROPORTIONS, config=PartitionConfig().set_name("2", partition=False))
     with pytest.warns(UserWarning, match=r"2 parameter\(s\) left unpartitioned by the config \(2.weight, 2.bias\)"):
         PartitionedTrainer(pmodel, _data())
+
+
+def test_the_best_state_is_chosen_by_the_conditional_lml():
+    """The full LML adds chunk 1 scored by the untrained subnetwork 0 and ranked states by it; the best state
+    (and patience, and restore_best) now follow the conditional LML. Scripted estimates where the two disagree:
+    the old rule picks step 5 (total -10 > -22), the conditional one step 10 (-2 > -9)."""
+    scripted = iter([LMLEstimate(-10.0, [-1.0, -4.0, -5.0], -0.1), LMLEstimate(-22.0, [-20.0, -1.0, -1.0], -0.2)])
+    trainer = PartitionedTrainer(_pmodel(), _data(), batch_size=16)
+    trainer.estimate_lml = lambda: next(scripted)
+    result = trainer.run(10, eval_every=5, progress=False)
+    assert trainer.best[1] == result.best_step == 10
+    assert (result.best_lml, result.best_conditional_lml) == (-22.0, -2.0)
+    assert trainer.history[-1]["conditional_lml_per_example"] == -2.0 / sum(trainer.chunks.sizes[1:])

@@ -1,11 +1,13 @@
 """Training curves from a ``FitResult`` history, drawn to be read at a glance.
 
-* :func:`figure_curves`: the LML per example (top) and the mean step losses (bottom) by iteration.
+* :func:`figure_curves`: the conditional LML per example (top; the evidence the run is judged by, see
+  ``cli.train.LML_EXPLAINED``) and the mean step losses (bottom) by iteration.
 * :func:`figure_hyperparameters`: one panel per quantity, each with its own unit. The main one (rotation when
   it is learned, else the one with the largest values) is on top with its bound drawn; the others (e.g.
   translation, scale, shear) share the row below, on their own scales.
 
-Both start the iteration axis at 0. The hyperparameters start there too when their values at initialisation
+Both start the iteration axis at 0 and shade the fine-tuning phase (named in the x-axis label, so no text sits
+on a curve). The hyperparameters start there too when their values at initialisation
 are given (``initial``): the caller reads them from its modules before training. The LML has no value at 0:
 estimating one would draw from the trainer's generator and so change the run; its curve starts at the first
 evaluation, and the panel says so.
@@ -46,24 +48,35 @@ READINGS: dict[str, tuple[str, Any, Any]] = {
     "rotation": ("degrees", np.degrees, np.radians),
     "translation": ("% of the image", lambda r: r * 50.0, lambda p: p / 50.0),
 }
+LOG_FACTORS = ("scale", "shear")
+"""Quantities whose ranges are log-factors: a bound r is written as log e^r (0.693 = log 2)."""
+SMALLEST_SPAN = 0.25
+"""A small panel's y axis spans at least this share of its bound, so that noise of 0.01 near 0 stays small."""
+FINETUNING = "shaded: fine-tuning, ψ frozen, all data"
+"""How the x-axis label names the shaded phase."""
 MAX_LEGEND = 8
 """Lines in one panel beyond which they are not named one by one (a mask's entries)."""
 
 
 def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
-    """LML per example (top) and the mean parameter / hyperparameter step losses since the previous
-    evaluation (bottom), by iteration from 0."""
+    """The conditional LML per example (top; the full LML's per example when a history has no conditional one)
+    and the mean parameter / hyperparameter step losses since the previous evaluation (bottom), by iteration
+    from 0."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.0, 5.6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     steps = [r["step"] for r in history]
-    scored = [(r["step"], r["lml_per_example"]) for r in history if r.get("lml_per_example") is not None]
+    conditional = any(r.get("conditional_lml_per_example") is not None for r in history)
+    key = "conditional_lml_per_example" if conditional else "lml_per_example"
+    scored = [(r["step"], r[key]) for r in history if r.get(key) is not None]
     if scored:  # fine-tuning evaluations estimate no LML
         top.plot(*zip(*scored), "o-", color="tab:blue", markersize=4)
-    top.set_ylabel("LML per example (nats)\nhigher is better")
+    what = "conditional LML" if conditional else "LML"
+    top.set_ylabel(f"{what} per example (nats)\nhigher is better")
     first = f"first estimate at iteration {steps[0]}, none at 0" if steps else "no evaluations"
-    top.set_title(f"partitioned marginal likelihood ({first})", loc="left", fontsize="medium")
+    chunks = "chunks 2..C, each scored by a subnetwork not trained on it" if conditional else "partitioned"
+    top.set_title(f"{what}: {chunks} ({first})", loc="left", fontsize="medium")
     for key, color, label in (
         ("train_loss", "tab:orange", "parameter steps (train loss)"),
         ("hyper_loss", "tab:green", "hyperparameter steps"),
@@ -72,7 +85,7 @@ def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
         if points:
             bottom.plot(*zip(*points), ".-", color=color, label=label)
     bottom.set_ylabel("mean loss since the\nprevious evaluation (nats)")
-    bottom.set_xlabel("iteration")
+    bottom.set_xlabel(_iteration_label(history))
     bottom.set_title("step losses (negative log-likelihood)", loc="left", fontsize="medium", pad=_title_pad(2))
     if bottom.lines:
         _legend_above(bottom, len(bottom.lines))
@@ -106,7 +119,8 @@ def figure_hyperparameters(
     fig = Figure(figsize=(11.0, 7.0) if len(groups) > 1 else (7.0, 4.4), layout="constrained")
     steps = [r["step"] for r in history]
     start = "iteration 0: values at initialisation" if initial else f"from the first evaluation, {_first(steps)}"
-    fig.suptitle(f"learned hyperparameters ({start})", fontweight="bold")
+    phase = f"; {FINETUNING}" if finetune_start(history) is not None else ""
+    fig.suptitle(f"learned hyperparameters ({start}{phase})", fontweight="bold")
     if not groups:
         ax = fig.subplots()
         ax.text(0.5, 0.5, "no hyperparameters", ha="center", va="center", transform=ax.transAxes)
@@ -154,11 +168,22 @@ def finetune_start(history: Sequence[Mapping[str, Any]]) -> int | None:
 
 
 def _mark_finetuning(ax: Any, history: Sequence[Mapping[str, Any]]) -> None:
-    """A dashed line where fine-tuning began (psi frozen, all data), labelled once at the top."""
+    """The fine-tuning phase (psi frozen, all data) shaded from where it began, behind the curves; the x-axis
+    label (or the figure's title) names it, so no words sit on a curve or an axis label."""
     start = finetune_start(history)
     if start is not None:
-        ax.axvline(start, color="0.4", linestyle="--", linewidth=1)
-        ax.text(start, 1.0, " fine-tuning", transform=ax.get_xaxis_transform(), va="top", fontsize="small")
+        end = 1.05 * history[-1]["step"] + 1  # past the axis's end (``_start_at_zero``): clipped there
+        ax.axvspan(start, end, color="0.92", zorder=0, linewidth=0)
+        ax.axvline(start, color="0.5", linestyle="--", linewidth=1, zorder=0)
+
+
+def _iteration_label(history: Sequence[Mapping[str, Any]]) -> str:
+    """``iteration``, naming the shaded fine-tuning phase when there is one.
+
+    >>> _iteration_label([{"step": 3, "phase": "partitioned"}, {"step": 4, "phase": "finetune"}])
+    'iteration (shaded: fine-tuning, ψ frozen, all data)'
+    """
+    return f"iteration ({FINETUNING})" if finetune_start(history) is not None else "iteration"
 
 
 def plot_curves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -250,12 +275,15 @@ def _panel(
             ax.annotate(words, (0.01, bound), xycoords=("axes fraction", "data"), va="bottom", color="dimgray")
             ax.set_ylim(0, bound * 1.08)
         else:
-            title += f" (bound {bound:.3g})"
+            title += f" (bound {_bound_words(group, bound)})"
     ax.set_title(title, loc="left", fontsize="medium", pad=title_pad)
     if not (draw_bound and len(limits) == 1):
         top = max(v for name in names for _, v in series[name])
         bottom = min(0.0, *(v for name in names for _, v in series[name]))
-        ax.set_ylim(bottom, top + 0.15 * (top - bottom) if top > bottom else None)  # room for the words
+        upper = top + 0.15 * (top - bottom) if top > bottom else None  # room for the words
+        if len(limits) == 1:  # a range near 0 is drawn on its bound's scale, not magnified into swings
+            upper = max(upper or 0.0, bottom + SMALLEST_SPAN * limits[0])
+        ax.set_ylim(bottom, upper)
     if group in READINGS:
         label, forward, inverse = READINGS[group]
         ax.secondary_yaxis("right", functions=(forward, inverse)).set_ylabel(label)
@@ -269,6 +297,15 @@ def _panel(
     if 1 < len(names) <= MAX_LEGEND:
         _legend_above(ax, len(names))
     ax.grid(alpha=0.3)
+
+
+def _bound_words(group: str, bound: float) -> str:
+    """A bound as the title says it: a log-factor's with the factor it allows.
+
+    >>> _bound_words("scale", math.log(2)), _bound_words("translation", 1.0)
+    ('0.693 = log 2', '1')
+    """
+    return f"{bound:.3g} = log {math.exp(bound):.3g}" if group in LOG_FACTORS else f"{bound:.3g}"
 
 
 def _legend_above(ax: Axes, entries: int) -> None:

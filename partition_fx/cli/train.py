@@ -28,7 +28,7 @@ from typing import Any
 
 from safetensors.torch import save_model
 
-from .._io import replace_file, write_json
+from .._io import remove_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
 from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
@@ -36,6 +36,21 @@ from .job import TrainJob, job_from_args, resolve_device, training_recipe
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
 from .runs import check_out, prepare_out, resumed_args, starting_report
+
+LML_EXPLAINED = {
+    "conditional_lml": "the evidence to compare hyperparameters and models by (nats, higher is better): "
+    "log p(D_2..D_C | D_1, psi), the sum over chunks k = 2..C of chunk k scored by subnetwork k-1, which "
+    "trained on chunks 1..k-1 only. Partitioned training climbs it; the best state is chosen by it",
+    "lml": "the full partitioned LML: conditional_lml plus chunk 1 scored by subnetwork 0, the untrained "
+    "defaults. That term is near -log(classes) per example whatever was learned, and dominates the sum, so "
+    "the full LML ranks models by their untrained output; it bounds log p(D | psi) from below (appendix A)",
+    "lml_per_chunk": "chunk k's term log p(D_k | D_1..D_k-1, psi), k = 1..C (the first is the untrained one)",
+    "per_example": "each LML divided by the examples it scores (chunks 2..C for the conditional one), "
+    "comparable with the training loss in nats",
+    "lml_step": "the iteration of the estimate: the last one of partitioned training (fine-tuning trains "
+    "every weight on every chunk, so no subnetwork is left unseen by a chunk and no LML is estimated)",
+}
+"""How ``report.json`` explains its LML fields (written into every report, as ``lml_explained``)."""
 
 FILES = {
     "model": "model.safetensors",
@@ -91,7 +106,7 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
     def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
         report.update(history=trainer.history, hyperparameters=record["hyperparameters"])
         if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
-            report["lml"] = record["lml"]
+            report.update(conditional_lml=record["conditional_lml"], lml=record["lml"])
         report["last_checkpoint_step"] = record["step"]
         save()
 
@@ -111,8 +126,11 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
     report.update(_results(job, result))
     if writes:
         _write_files(job, result, out, initial)
-    report.update(status="completed", seconds=round(time.perf_counter() - started, 1), files=FILES)
+    kept = {"resume": "checkpoint/resume/"} if args.keep_resume else {}
+    report.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
     save()
+    if writes and not args.keep_resume:  # a completed run cannot be resumed: its optimiser state is dead weight
+        remove_directory(out / "checkpoint" / "resume")
     barrier(rank)  # the others return once rank 0's files are complete
     return report
 
@@ -176,15 +194,21 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
     exported = export_subnetwork(job.pmodel.cpu()).eval()
     x_test, y_test = job.data.test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    scored = next(r for r in reversed(result.history) if r["lml"] is not None)  # the last LML estimate
     return {
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,
         "partitioned_test_accuracy": partitioned_test_accuracy(result.history, accuracy),
         "finetune_start": result.finetune_start,
-        "lml": result.lml,
-        "lml_per_example": next(r for r in reversed(result.history) if r["lml"] is not None)["lml_per_example"],
-        "best_lml": result.best_lml,
+        "conditional_lml": scored["conditional_lml"],
+        "conditional_lml_per_example": scored["conditional_lml_per_example"],
+        "lml": scored["lml"],
+        "lml_per_example": scored["lml_per_example"],
+        "lml_per_chunk": scored["lml_per_chunk"],
+        "lml_step": scored["step"],
+        "lml_explained": LML_EXPLAINED,
         "best_step": result.best_step,
+        "best_conditional_lml": result.best_conditional_lml,
         "hyperparameters": result.hyperparameters,
         "history": result.history,
         "chunk_sizes": result.chunk_sizes,

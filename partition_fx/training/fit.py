@@ -56,8 +56,9 @@ def fit(
             dropout noise).
         eval_every: LML evaluation interval (default ``steps // 10``); the last step is always evaluated.
         eval_examples_per_chunk: score at most this many examples per chunk (an unbiased estimate).
-        patience / restore_best: stop after ``patience`` evaluations without a better LML; return the
-            state with the best LML (``restore_best``).
+        patience / restore_best: stop after ``patience`` evaluations without a better conditional LML (the
+            evidence the best state is chosen by; see ``PartitionedTrainer.selection_score``); return the
+            best state (``restore_best``).
         callbacks: ``cb(trainer, record)`` after each evaluation; returning True stops training.
         on_nonfinite: ``"raise"`` (default: stop with the step and partition named) or ``"skip"`` the step.
         check_every: steps between reads of the device for the non-finite check (default: 1 on the CPU,

@@ -62,11 +62,12 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
     finally:
         bar.close()
     assert trainer.best is not None
-    best_lml, best_step, best_state = trainer.best
+    _, best_step, best_state = trainer.best
     partitioned = [r for r in trainer.history if r["lml"] is not None]  # fine-tuning estimates no LML
     final = partitioned[-1]
+    best = next(r for r in partitioned if r["step"] == best_step)
     if run.restore_best:
-        final = next(r for r in partitioned if r["step"] == best_step)
+        final = best
         if best_step != trainer.step and not trainer.finetuning:  # begin_finetuning restored it already
             trainer.restore_modules(best_state)
     recalibrated = 0
@@ -81,7 +82,8 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
         hyperparameters=trainer.hyperparameter_values(),
         steps=trainer.step,
         best_step=best_step,
-        best_lml=best_lml,
+        best_lml=best["lml"],
+        best_conditional_lml=best["conditional_lml"],
         stopped_early=stopped_early,
         chunk_sizes=trainer.chunks.sizes,
         seconds=round(time.perf_counter() - started, 3),
