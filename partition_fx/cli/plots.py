@@ -75,8 +75,8 @@ def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
     what = "conditional LML" if conditional else "LML"
     top.set_ylabel(f"{what} per example (nats)\nhigher is better")
     first = f"first estimate at iteration {steps[0]}, none at 0" if steps else "no evaluations"
-    chunks = "chunks 2..C, each scored by a subnetwork not trained on it" if conditional else "partitioned"
-    top.set_title(f"{what}: {chunks} ({first})", loc="left", fontsize="medium")
+    top.set_title(f"{what}{', chunks 2..C' if conditional else ''} ({first})", loc="left", fontsize="medium")
+    top.ticklabel_format(axis="y", useOffset=False)  # an offset's text would sit on the title
     for key, color, label in (
         ("train_loss", "tab:orange", "parameter steps (train loss)"),
         ("hyper_loss", "tab:green", "hyperparameter steps"),
