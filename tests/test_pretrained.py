@@ -127,6 +127,8 @@ def test_a_misspelt_torchvision_name_gets_a_hint_and_a_plain_name_is_timms(capsy
     err = capsys.readouterr().err.strip()
     assert "unknown model 'torchvision:mobilenet_v3_smal'" in err
     assert "did you mean torchvision:mobilenet_v3_small" in err
+    assert main(["describe", "--model", "mobilenet_v3_small"]) == 2  # plain names are timm's
+    assert "did you mean torchvision:mobilenet_v3_small, " in capsys.readouterr().err
     assert type(build_model("resnet18", 10)).__module__ == "timm.models.resnet"
     assert type(build_model("torchvision:resnet18", 10)).__module__ == "torchvision.models.resnet"
 

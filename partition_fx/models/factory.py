@@ -89,20 +89,22 @@ def _hint(name: str) -> str:
 def similar_model_names(name: str, count: int = 5) -> list[str]:
     """Up to ``count`` names in timm's registry (the shipped models included) like ``name``: the closest by
     ``difflib`` alternating with the shortest that start with it, best first. A ``torchvision:`` name is
-    matched against torchvision's classifiers instead.
+    matched against torchvision's classifiers instead; a plain name of one of them gets its prefixed name first.
 
     >>> similar_model_names("resnet10tt")[0], similar_model_names("FIXUP_RESNET8")[0]
     ('resnet10t', 'fixup_resnet8')
     >>> "vit_tiny_patch16_224" in similar_model_names("vit_tiny")
     True
-    >>> similar_model_names("torchvision:mobilenet_v3_smal")[0]
-    'torchvision:mobilenet_v3_small'
+    >>> similar_model_names("torchvision:mobilenet_v3_smal")[0], similar_model_names("mobilenet_v3_small")[0]
+    ('torchvision:mobilenet_v3_small', 'torchvision:mobilenet_v3_small')
     """
     query = name.strip().lower()
     if query.startswith(TORCHVISION_PREFIX):
         found = _similar_names(query[len(TORCHVISION_PREFIX) :], torchvision_model_names(), count)
         return [TORCHVISION_PREFIX + n for n in found]
-    return _similar_names(query, timm.list_models(), count)
+    # a torchvision name without its prefix (plain names are timm's): the prefixed name first
+    exact = [TORCHVISION_PREFIX + query] if query in torchvision_model_names() else []
+    return [*exact, *_similar_names(query, timm.list_models(), count)][:count]
 
 
 def _similar_names(query: str, names: list[str], count: int) -> list[str]:
