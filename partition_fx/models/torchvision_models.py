@@ -15,7 +15,10 @@ from ..errors import PartitionError, is_out_of_memory
 TORCHVISION_PREFIX = "torchvision:"
 """A ``--model`` name with this prefix is torchvision's (``torchvision:mobilenet_v3_small``); without, timm's."""
 
-_NO_AUXILIARY = {"googlenet": {"aux_logits": False, "init_weights": True}, "inception_v3": {"aux_logits": False}}
+_NO_AUXILIARY = {
+    "googlenet": {"aux_logits": False, "init_weights": True},
+    "inception_v3": {"aux_logits": False, "init_weights": True},
+}
 """Training uses no auxiliary classifier: without them the model returns plain logits."""
 
 
