@@ -1,7 +1,8 @@
 """Fine-tune a "pretrained" timm model with learned augmentation, then export it to ONNX.
 
 Pretrained weights come from a local file (no downloads): pass ``--weights FILE`` for a real timm
-checkpoint of ``--model``, or let the script make one by training the model briefly on upright digits.
+checkpoint of ``--model`` (an ImageNet one: its classifier is re-initialised for the 10 digits), or let the
+script make one by training the model briefly on upright digits.
 The model is converted with ``default="init"``, so the pretrained weights are every partition's default
 (subnetwork 0 *is* the pretrained model), fine-tuned on ``rotdigits`` while learning the augmentation
 ranges, and its final subnetwork is exported to ONNX and checked in onnxruntime.
@@ -23,6 +24,7 @@ from safetensors.torch import save_file
 
 from partition_fx import export_onnx, export_subnetwork, partitionify
 from partition_fx.datasets import load_dataset
+from partition_fx.models import load_checkpoint_into
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation
 
@@ -60,9 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     size, steps = (16, 4) if args.quick else (28, 200)
     weights = args.weights or make_pretrained_weights(args.model, args.out / "pretrained.safetensors", steps, size)
 
-    model = timm.create_model(
-        args.model, pretrained=True, num_classes=10, pretrained_cfg_overlay=dict(file=str(weights), num_classes=10)
-    )
+    model = timm.create_model(args.model, num_classes=10)
+    load_checkpoint_into(model, weights)  # an ImageNet checkpoint's classifier is re-initialised (one warning line)
     data = load_dataset("rotdigits", size=size, channels=3)
     x_test, y_test = data.test.tensors
     before = accuracy(model, x_test, y_test)

@@ -58,3 +58,8 @@ class PartitionCheckpointError(PartitionError):
 class PartitionNotImplementedError(PartitionError, NotImplementedError):
     """A subclass did not implement a method its base class requires (``PartitionedTensor.value``,
     ``HyperparameterModule.hyperparameters``); also a ``NotImplementedError``."""
+
+
+class PartitionWarning(UserWarning):
+    """Something partition-fx did differently from what was asked, said in one line: e.g. a pretrained
+    checkpoint's classifier not loaded because the model has another number of classes."""

@@ -38,6 +38,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     ...
     partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got -5
     """
+    if getattr(args, "checkpoint", None) is not None and not Path(args.checkpoint).is_file():
+        raise PartitionError(f"--checkpoint {args.checkpoint!r} is not a file")
     if args.command == "train":
         if args.resume is not None:
             check_train_options(resumed_args(args))

@@ -1,5 +1,6 @@
 """``partition-fx``'s entry point: parse, run the command, print its summary, and report every refusal as one
-line on stderr with exit status 2 (130 when interrupted).
+line on stderr with exit status 2 (130 when interrupted); a ``PartitionWarning`` (a checkpoint's classifier not
+loaded, say) is one ``partition-fx: warning:`` line on stderr.
 
 The commands (and with them torch) are imported only once the arguments are parsed: ``--help`` and argument
 errors answer without them."""
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import PartitionError, first_line, is_out_of_memory
+from ..errors import PartitionError, PartitionWarning, first_line, is_out_of_memory
 from .checks import check_arguments
 from .parser import build_parser
 
@@ -34,7 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
     try:
         check_arguments(args)  # before torch is imported: a refused value answers at once
-        _run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning(warnings.showwarning)
+            _run(args)
     except KeyboardInterrupt:
         print(f"partition-fx: interrupted{_how_to_continue(args)}", file=sys.stderr)
         return 130
@@ -58,6 +62,18 @@ def _how_to_continue(args: Any) -> str:
         return ""
     run = args.resume if args.resume is not None else args.out
     return f"; the last checkpoint and report.json are kept: continue with `partition-fx train --resume {run}`"
+
+
+def _show_warning(show: Any) -> Any:
+    """``warnings.showwarning`` printing a :class:`PartitionWarning` as one line; other warnings as ``show`` does."""
+
+    def show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None):
+        if issubclass(category, PartitionWarning):
+            print(f"partition-fx: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return show_warning
 
 
 def _run(args: Any) -> None:

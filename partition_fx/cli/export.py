@@ -7,13 +7,14 @@ and the chosen subnetwork exported to ``--out`` (default ``RUN/export``) with an
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_model
 
 from .._io import replace_file, write_json
-from ..errors import PartitionArgumentError
+from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_onnx, export_subnetwork
 from ..training import PartitionedTrainer, evaluate_classifier
 from .checks import check_export
@@ -35,7 +36,9 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint = run / "checkpoint" / f"{args.which}.safetensors"
     config = check_export(args)["config"]
     out: Path = args.out if args.out is not None else run / "export"
-    job = job_from_args(argparse.Namespace(**config))
+    with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
+        warnings.simplefilter("ignore", PartitionWarning)
+        job = job_from_args(argparse.Namespace(**config))
     pmodel = job.pmodel
     if args.subnetwork is not None:
         try:

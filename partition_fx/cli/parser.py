@@ -46,19 +46,20 @@ DATASETS = ("rotdigits", "digits")
 COMMANDS = {
     "train": (
         "train a model with learned hyperparameters and export it (the main job)",
-        "Convert a timm model into C partitions, train it while learning its augmentation by the partitioned "
-        "marginal likelihood (no validation set), and write the exported model, ONNX, plots, checkpoints and "
-        "report.json to --out. With no options: resnet10t on rotdigits with learned affine augmentation.",
+        "Convert a timm or torchvision model into C partitions, train it while learning its augmentation by the "
+        "partitioned marginal likelihood (no validation set), and write the exported model, ONNX, plots, "
+        "checkpoints and report.json to --out. With no options: resnet10t on rotdigits with learned affine "
+        "augmentation.",
     ),
     "convert": (
         "convert a model, check every subnetwork against it, and export it",
-        "Convert a timm model into C partitions, check that every subnetwork reproduces the original on "
-        "digits, and write the exported model (safetensors), ONNX, describe.txt and report.json to --out.",
+        "Convert a timm or torchvision model into C partitions, check that every subnetwork reproduces the "
+        "original on digits, and write the exported model (safetensors), ONNX, describe.txt and report.json to --out.",
     ),
     "describe": (
         "print how each tensor of a model would be partitioned",
-        "Print, for each parameter tensor of a timm model, how it would be partitioned (treatment, entries "
-        "per partition, why). Nothing is written.",
+        "Print, for each parameter tensor of a timm or torchvision model, how it would be partitioned "
+        "(treatment, entries per partition, why). Nothing is written.",
     ),
     "federated": (
         "federated partitioned training of appendix J on Flower's simulation engine",
@@ -115,13 +116,17 @@ def _add_model_options(parser: argparse.ArgumentParser, *, classes: bool) -> Non
         "--model",
         default=DEFAULT_MODEL,
         metavar="NAME",
-        help="any timm model name, the shipped FixUp/WRN models included (default: %(default)s)",
+        help="a timm model name (the shipped FixUp/WRN models included; a plain name such as resnet18 is timm's), "
+        "or torchvision:NAME for one of torchvision's classifiers, e.g. torchvision:mobilenet_v3_small "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--checkpoint",
         default=None,
         metavar="FILE",
-        help="local weights file (safetensors or torch) to start from; nothing is downloaded "
+        help="local weights file (a safetensors or torch state dict) to start from; nothing is downloaded. A "
+        "classifier for another number of classes is re-initialised and the stem adapted to other input channels "
+        "(one warning line names the tensors); a checkpoint of another architecture is refused "
         "(default: none, the model's own initialisation)",
     )
     if classes:

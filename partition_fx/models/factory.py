@@ -1,5 +1,6 @@
-"""The model factory of the command line and the benchmarks: a timm model by name, optionally with weights
-from a local file, with every failure a :class:`~partition_fx.errors.PartitionError` naming the option."""
+"""The model factory of the command line and the benchmarks: a timm model by name, or torchvision's classifier
+by ``torchvision:NAME``, optionally with weights from a local file, with every failure a
+:class:`~partition_fx.errors.PartitionError` naming the option."""
 
 from __future__ import annotations
 
@@ -11,20 +12,32 @@ from typing import Any
 import timm
 import torch
 
-from ..errors import PartitionError, is_out_of_memory
+from ..errors import PartitionCheckpointError, PartitionError
+from .checkpoints import load_checkpoint_into
+from .torchvision_models import TORCHVISION_PREFIX, build_torchvision_model, torchvision_model_names
 
 
 def build_model(
     name: str, num_classes: int, checkpoint: str | None = None, in_chans: int = 3, img_size: int | None = None
 ) -> torch.nn.Module:
-    """A timm model by name (the shipped FixUp/WRN models included), optionally with weights from ``checkpoint``,
-    a local safetensors or torch file (nothing is downloaded).
+    """A timm model by name (the shipped FixUp/WRN models included), or torchvision's classifier by
+    ``torchvision:NAME``, optionally with weights from ``checkpoint``, a local safetensors or torch file
+    (nothing is downloaded). A plain name is timm's: ``resnet18`` is timm's ResNet-18,
+    ``torchvision:resnet18`` torchvision's.
 
-    ``img_size`` is passed to models that take it (transformers need it) and ignored by the others.
+    The checkpoint goes through :func:`~partition_fx.models.load_checkpoint_into`: a checkpoint with another
+    number of classes (an ImageNet one, say) loads all but its classifier, which is re-initialised for
+    ``num_classes``, and its stem is adapted to ``in_chans``; one line (a ``PartitionWarning``) says so. A
+    checkpoint of another architecture is refused naming its first tensor that does not fit.
+
+    ``img_size`` is passed to models that take it (transformers need it) and ignored by the others; a
+    torchvision model that cannot run on such images is refused.
 
     >>> model = build_model("fixup_resnet8", num_classes=10, in_chans=1)
     >>> model(torch.zeros(2, 1, 16, 16)).shape
     torch.Size([2, 10])
+    >>> type(build_model("torchvision:resnet18", 10)).__module__
+    'torchvision.models.resnet'
     >>> build_model("no_such_net", 10)
     Traceback (most recent call last):
     ...
@@ -33,46 +46,70 @@ def build_model(
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: unknown model 'resnet10' (not in timm's registry); did you mean resnet10t, ...
+    >>> build_model("torchvision:mobilenet_v3_smal", 10)
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: unknown model 'torchvision:mobilenet_v3_smal' ...mobilenet_v3_small, ...
     """
-    if not timm.is_model(name):
-        close = similar_model_names(name)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise PartitionError(f"unknown model {name!r} (not in timm's registry){hint}")
-    kwargs: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
+    model = _architecture(name, num_classes, in_chans, img_size)
     if checkpoint is not None:
-        if not Path(checkpoint).is_file():
-            raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
-        kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(checkpoint), num_classes=num_classes))
-    try:
-        if img_size is not None:
-            try:  # transformers need the image size; most CNNs do not take the argument
-                return timm.create_model(name, img_size=img_size, **kwargs)
-            except TypeError as e:
-                if "img_size" not in str(e):
-                    raise
-        return timm.create_model(name, **kwargs)
-    except Exception as e:
-        if checkpoint is None or is_out_of_memory(e):
-            raise
-        # unreadable file, not a state dict, or weights of another architecture (a long multi-line list of keys)
-        detail = " ".join(str(e).split())
-        detail = detail if len(detail) <= 200 else detail[:197] + "..."
-        raise PartitionError(
-            f"--checkpoint {checkpoint!r} cannot be loaded into {name}: {type(e).__name__}: {detail}"
-        ) from e
+        try:
+            load_checkpoint_into(model, checkpoint)
+        except PartitionCheckpointError as e:  # "checkpoint 'FILE' ...": name the option
+            raise PartitionCheckpointError(f"--{e}") from e.__cause__
+    return model
+
+
+def _architecture(name: str, num_classes: int, in_chans: int, img_size: int | None) -> torch.nn.Module:
+    """The randomly initialised model ``name`` (timm's, or torchvision's with the prefix)."""
+    if name.startswith(TORCHVISION_PREFIX):
+        short = name[len(TORCHVISION_PREFIX) :]
+        if short not in torchvision_model_names():
+            raise PartitionError(f"unknown model {name!r} (not one of torchvision's classifiers){_hint(name)}")
+        return build_torchvision_model(short, num_classes, in_chans, img_size)
+    if not timm.is_model(name):
+        raise PartitionError(f"unknown model {name!r} (not in timm's registry){_hint(name)}")
+    kwargs: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
+    if img_size is not None:
+        try:  # transformers need the image size; most CNNs do not take the argument
+            return timm.create_model(name, img_size=img_size, **kwargs)
+        except TypeError as e:
+            if "img_size" not in str(e):
+                raise
+    return timm.create_model(name, **kwargs)
+
+
+def _hint(name: str) -> str:
+    close = similar_model_names(name)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def similar_model_names(name: str, count: int = 5) -> list[str]:
     """Up to ``count`` names in timm's registry (the shipped models included) like ``name``: the closest by
-    ``difflib`` alternating with the shortest that start with it, best first.
+    ``difflib`` alternating with the shortest that start with it, best first. A ``torchvision:`` name is
+    matched against torchvision's classifiers instead; a plain name of one of them gets its prefixed name first.
 
     >>> similar_model_names("resnet10tt")[0], similar_model_names("FIXUP_RESNET8")[0]
     ('resnet10t', 'fixup_resnet8')
     >>> "vit_tiny_patch16_224" in similar_model_names("vit_tiny")
     True
+    >>> similar_model_names("torchvision:mobilenet_v3_smal")[0], similar_model_names("mobilenet_v3_small")[0]
+    ('torchvision:mobilenet_v3_small', 'torchvision:mobilenet_v3_small')
     """
     query = name.strip().lower()
-    names = timm.list_models()
+    if query.startswith(TORCHVISION_PREFIX):
+        found = _similar_names(query[len(TORCHVISION_PREFIX) :], torchvision_model_names(), count)
+        return [TORCHVISION_PREFIX + n for n in found]
+    # a torchvision name without its prefix (plain names are timm's): the prefixed name first
+    exact = [TORCHVISION_PREFIX + query] if query in torchvision_model_names() else []
+    return [*exact, *_similar_names(query, timm.list_models(), count)][:count]
+
+
+def _similar_names(query: str, names: list[str], count: int) -> list[str]:
+    """Up to ``count`` of ``names`` like ``query``: the closest by ``difflib`` alternating with the shortest that
+    start with it, best first."""
     close = difflib.get_close_matches(query, names, n=count, cutoff=0.6)
     prefixed = sorted((n for n in names if query and n.startswith(query)), key=len)[:count]
     merged = [n for pair in zip_longest(close, prefixed) for n in pair if n is not None]
