@@ -164,7 +164,11 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys)
     assert abs(report["upload_share"] - expected) < 0.02, (report["upload_share"], expected)
     assert report["bytes_down"] == report["baseline"]["bytes_down"] or report["traffic_share"] < 1
     assert [p["round"] for p in report["curves"]["partitioned"]] == [1, 2]
-    assert "test accuracy" in capsys.readouterr().out
+    dropout = ["dropout1.p", "dropout2.p", "dropout3.p", "dropout4.p"]  # the CNN's named layers, not 3.p, 7.p, ..
+    assert [k for k in report["hyperparameters"] if k.endswith(".p")] == dropout
+    assert report["hyperparameters"].keys() == report["baseline"]["hyperparameters"].keys()
+    printed = capsys.readouterr()
+    assert "test accuracy" in printed.out and all(f"{name}=" in printed.out for name in dropout), printed.out
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ run and its FedAdam baseline (C=1, psi fixed at its initial values), scored on t
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,19 +29,24 @@ ROTATION_BINS = 10
 
 def federated_cnn(in_chans: int = 1, image_size: int = 28, num_classes: int = 10, dropout: float = 0.1) -> nn.Module:
     """The MNIST CNN of the paper's table 9 (Schwoebel et al. 2021) with ``ConcreteDropout(dropout)`` after each
-    hidden layer, as in its federated experiments (appendix J.2).
+    hidden layer, as in its federated experiments (appendix J.2). Its layers are named, so the learned rates
+    are reported as ``dropout1.p`` .. ``dropout4.p`` (and the exported weights as ``conv1.weight``, ...).
 
     >>> federated_cnn(image_size=16)(torch.zeros(2, 1, 16, 16)).shape
     torch.Size([2, 10])
+    >>> [name for name, m in federated_cnn().named_modules() if isinstance(m, ConcreteDropout)]
+    ['dropout1', 'dropout2', 'dropout3', 'dropout4']
     """
     side = image_size // 4
-    return nn.Sequential(
-        nn.Conv2d(in_chans, 20, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), ConcreteDropout(dropout),
-        nn.Conv2d(20, 50, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), ConcreteDropout(dropout), nn.Flatten(),
-        nn.Linear(50 * side * side, 500), nn.ReLU(), ConcreteDropout(dropout),
-        nn.Linear(500, 50), nn.ReLU(), ConcreteDropout(dropout),
-        nn.Linear(50, num_classes),
-    )  # fmt: skip
+    return nn.Sequential(OrderedDict([
+        ("conv1", nn.Conv2d(in_chans, 20, 5, padding=2)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
+        ("dropout1", ConcreteDropout(dropout)),
+        ("conv2", nn.Conv2d(20, 50, 5, padding=2)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+        ("dropout2", ConcreteDropout(dropout)), ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(50 * side * side, 500)), ("relu3", nn.ReLU()), ("dropout3", ConcreteDropout(dropout)),
+        ("fc2", nn.Linear(500, 50)), ("relu4", nn.ReLU()), ("dropout4", ConcreteDropout(dropout)),
+        ("fc3", nn.Linear(50, num_classes)),
+    ]))  # fmt: skip
 
 
 @dataclass(frozen=True)
