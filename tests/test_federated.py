@@ -4,6 +4,8 @@ on Flower's simulation engine against the same algorithm as a plain loop in this
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -119,8 +121,10 @@ def test_flower_runs_the_algorithm_of_the_plain_loop_and_uploads_only_the_chunks
 
     data = [_data(n, seed) for seed, n in enumerate((10, 14, 9))]
     chunks = [1, 2, 3]
+    rounds = []
     run = run_flower(_factory, data, chunks, rounds=2, lr=0.1, batch_size=8, seed=3, cpus=2,
-                     evaluate=lambda pmodel, hyper: {"clients": 3.0})  # fmt: skip
+                     evaluate=lambda pmodel, hyper: {"clients": 3.0}, evaluate_every=2,
+                     on_round=lambda r, point: rounds.append((r, point)))  # fmt: skip
     pmodel, likelihood, hyper = _setup()
     server = FederatedServer(pmodel, likelihood, hyper)
     for round_ in (1, 2):
@@ -142,7 +146,7 @@ def test_flower_runs_the_algorithm_of_the_plain_loop_and_uploads_only_the_chunks
     for (name, got), want in zip(run.pmodel.state_dict().items(), pmodel.state_dict().values()):
         torch.testing.assert_close(got, want, msg=name)
     torch.testing.assert_close(run.hyper.logits, hyper.logits)
-    assert [c["round"] for c in run.curve] == [1, 2]
+    assert [c["round"] for c in run.curve] == [2] and rounds == [(0, None), (1, None), (2, run.curve[0])]
     assert 0 < run.bytes_up < run.bytes_down  # chunk 2 and 3 clients upload 2 and 1 of the 3 partitions
 
 
@@ -164,7 +168,34 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys)
     assert abs(report["upload_share"] - expected) < 0.02, (report["upload_share"], expected)
     assert report["bytes_down"] == report["baseline"]["bytes_down"] or report["traffic_share"] < 1
     assert [p["round"] for p in report["curves"]["partitioned"]] == [1, 2]
-    assert "test accuracy" in capsys.readouterr().out
+    dropout = ["dropout1.p", "dropout2.p", "dropout3.p", "dropout4.p"]  # the CNN's named layers, not 3.p, 7.p, ..
+    assert [k for k in report["hyperparameters"] if k.endswith(".p")] == dropout
+    assert report["hyperparameters"].keys() == report["baseline"]["hyperparameters"].keys()
+    printed = capsys.readouterr()
+    assert "test accuracy" in printed.out and all(f"{name}=" in printed.out for name in dropout), printed.out
+    assert printed.err == ""  # --quiet: no progress
+
+
+ROUND_LINE = re.compile(
+    r"^partition-fx: (partitioned|baseline) round (\d)/3 \| test accuracy [01]\.\d{4} \| traffic (\d+\.\d) MB \| "
+    r"\d+:\d\d elapsed, ~\d+:\d\d left$"
+)
+
+
+def test_federated_command_without_a_terminal_prints_a_line_per_evaluated_round_of_each_run(tmp_path, capsys):
+    """stderr is not a terminal here (captured): one line per evaluation (rounds 2 and 3 with
+    --evaluate-every 2), the partitioned run's, then the baseline's, with the bytes so far growing."""
+    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
+    from partition_fx.cli import main
+
+    argv = ["federated", "--clients", "6", "--rounds", "3", "--image-size", "8", "--evaluate-every", "2"]
+    assert main([*argv, "--out", str(tmp_path / "fed")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    matches = [ROUND_LINE.match(line) for line in lines]
+    assert len(lines) == 4 and all(matches), lines
+    assert [m.group(1, 2) for m in matches] == [("partitioned", "2"), ("partitioned", "3"), ("baseline", "2"),
+                                                ("baseline", "3")]  # fmt: skip
+    assert float(matches[0].group(3)) < float(matches[1].group(3))
 
 
 @pytest.mark.parametrize(

@@ -161,5 +161,5 @@ def _print_federated(report: dict[str, Any], out: Path) -> None:
         f"of the baseline's, traffic {100 * report['traffic_share']:.0f}%"
     )
     learned = ", ".join(f"{k}={v:.3f}" for k, v in report["hyperparameters"].items() if isinstance(v, float)) or "none"
-    print(f"learned hyperparameters: {learned}")
+    print(f"learned hyperparameters (augmentation ranges, rotation in radians; dropout rates): {learned}")
     print(f"wrote {out}/: report.json, curves.png, model.safetensors")

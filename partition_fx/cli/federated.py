@@ -45,20 +45,23 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     unpartitioned = FederatedPlan(plan.clients, [1] * len(plan.clients), plan.skew)  # one chunk: plain FedAdam
     results = {
-        "partitioned": _train(args, data, plan, partitioned),
-        "baseline": _train(args, data, unpartitioned, baseline),
+        "partitioned": _train(args, data, plan, partitioned, "partitioned"),
+        "baseline": _train(args, data, unpartitioned, baseline, "baseline"),
     }
     report = _report(args, proportions, plan, results, time.perf_counter() - started)
     _write(args.out, report, results["partitioned"].model)
     return report
 
 
-def _train(args: argparse.Namespace, data: Any, plan: Any, factory: Any) -> Any:
+def _train(args: argparse.Namespace, data: Any, plan: Any, factory: Any, label: str) -> Any:
+    """One arm; its progress on stderr as ``train``'s (a bar on a terminal, else a line per evaluated round)
+    unless ``--quiet``."""
     from ..federated.job import run_federated
 
     return run_federated(
         data, plan, factory, rounds=args.rounds, lr=args.lr, batch_size=args.batch_size, server_lr=args.server_lr,
         hyper_lr=args.hyper_lr, evaluate_every=args.evaluate_every, seed=args.seed,
+        progress=False if args.quiet else None, label=label,
     )  # fmt: skip
 
 

@@ -85,4 +85,9 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
         help="report.json, curves.png, model.safetensors (default: %(default)s)",
     )
     output.add_argument("--overwrite", action="store_true", help="replace --out if it is not empty (default: off)")
-    output.add_argument("--quiet", action="store_true", help="no progress output (default: off)")
+    output.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (default: off: a bar of each run's rounds when stderr is a terminal, else a line per "
+        "evaluated round)",
+    )

@@ -168,12 +168,15 @@ def run_flower(
     learn_hyperparameters: bool = True,
     evaluate: Callable[[PartitionedModel, nn.Module | None], dict[str, float]] | None = None,
     evaluate_every: int = 1,
+    on_round: Callable[[int, dict[str, Any] | None], None] | None = None,
     seed: int = 0,
     cpus: int = 2,
 ) -> FederatedRun:
     """Federated partitioned training of ``factory()``'s model for ``rounds`` rounds on Flower's simulation
     engine, one client per entry of ``client_data`` (its chunk in ``chunks``), every client in every round;
-    ``evaluate(pmodel, hyper)`` scores the server's model every ``evaluate_every`` rounds and after the last.
+    ``evaluate(pmodel, hyper)`` scores the server's model every ``evaluate_every`` rounds and after the last;
+    ``on_round(round, point)`` is called as the rounds begin (round 0) and after every round with its point of
+    ``curve`` (None if the round was not evaluated), e.g. to show progress.
 
     See ``partition_fx.federated.run_federated`` for the checked entry point."""
     flwr = import_flower()
@@ -203,12 +206,18 @@ def run_flower(
             arrays = ArrayRecord({key: Array(t.cpu().numpy()) for key, t in _state_arrays(server).items()})
             return arrays, MetricRecord({"clients": len(replies)})
 
-    def evaluate_fn(server_round: int, arrays: Any) -> Any:
-        if evaluate is None or server_round == 0 or (server_round % evaluate_every and server_round != rounds):
+    def evaluate_fn(server_round: int, arrays: Any) -> Any:  # Flower calls it before the rounds and after each
+        if server_round == 0:
+            if on_round is not None:
+                on_round(0, None)
             return None
-        scores = evaluate(pmodel, hyper)
-        run.curve.append({"round": server_round, "bytes": run.bytes_up + run.bytes_down, **scores})
-        return MetricRecord(dict(scores))
+        scores = None
+        if evaluate is not None and (server_round % evaluate_every == 0 or server_round == rounds):
+            scores = evaluate(pmodel, hyper)
+            run.curve.append({"round": server_round, "bytes": run.bytes_up + run.bytes_down, **scores})
+        if on_round is not None:
+            on_round(server_round, run.curve[-1] if scores is not None else None)
+        return None if scores is None else MetricRecord(dict(scores))
 
     server_app = flwr.serverapp.ServerApp()
     n = len(client_data)

@@ -5,6 +5,8 @@ run and its FedAdam baseline (C=1, psi fixed at its initial values), scored on t
 from __future__ import annotations
 
 import math
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,7 @@ from ..export import export_subnetwork
 from ..partitioned_model import PartitionedModel
 from ..training import Categorical, evaluate_classifier
 from ..training.hyperparameters import hyperparameter_modules, hyperparameter_values
+from ..training.progress import ProgressLines, progress_outputs, round_line
 from ..transforms import AffineAugmentation, ConcreteDropout
 from .clients import client_chunks, dirichlet_split
 from .flower import FederatedRun, run_flower
@@ -28,19 +31,24 @@ ROTATION_BINS = 10
 
 def federated_cnn(in_chans: int = 1, image_size: int = 28, num_classes: int = 10, dropout: float = 0.1) -> nn.Module:
     """The MNIST CNN of the paper's table 9 (Schwoebel et al. 2021) with ``ConcreteDropout(dropout)`` after each
-    hidden layer, as in its federated experiments (appendix J.2).
+    hidden layer, as in its federated experiments (appendix J.2). Its layers are named, so the learned rates
+    are reported as ``dropout1.p`` .. ``dropout4.p`` (and the exported weights as ``conv1.weight``, ...).
 
     >>> federated_cnn(image_size=16)(torch.zeros(2, 1, 16, 16)).shape
     torch.Size([2, 10])
+    >>> [name for name, m in federated_cnn().named_modules() if isinstance(m, ConcreteDropout)]
+    ['dropout1', 'dropout2', 'dropout3', 'dropout4']
     """
     side = image_size // 4
-    return nn.Sequential(
-        nn.Conv2d(in_chans, 20, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), ConcreteDropout(dropout),
-        nn.Conv2d(20, 50, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), ConcreteDropout(dropout), nn.Flatten(),
-        nn.Linear(50 * side * side, 500), nn.ReLU(), ConcreteDropout(dropout),
-        nn.Linear(500, 50), nn.ReLU(), ConcreteDropout(dropout),
-        nn.Linear(50, num_classes),
-    )  # fmt: skip
+    return nn.Sequential(OrderedDict([
+        ("conv1", nn.Conv2d(in_chans, 20, 5, padding=2)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
+        ("dropout1", ConcreteDropout(dropout)),
+        ("conv2", nn.Conv2d(20, 50, 5, padding=2)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+        ("dropout2", ConcreteDropout(dropout)), ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(50 * side * side, 500)), ("relu3", nn.ReLU()), ("dropout3", ConcreteDropout(dropout)),
+        ("fc2", nn.Linear(500, 50)), ("relu4", nn.ReLU()), ("dropout4", ConcreteDropout(dropout)),
+        ("fc3", nn.Linear(50, num_classes)),
+    ]))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -130,10 +138,18 @@ def run_federated(
     hyper_lr: float,
     evaluate_every: int,
     seed: int = 0,
+    progress: bool | None = None,
+    label: str = "partitioned",
 ) -> FederatedResult:
     """Train ``factory``'s model on ``plan``'s clients for ``rounds`` rounds on Flower; every client takes part
     in every round. The baseline is the same call with ``ModelFactory(proportions=(1.0,),
-    learn_hyperparameters=False)`` and every client in chunk 1."""
+    learn_hyperparameters=False)`` and every client in chunk 1.
+
+    Progress, as ``fit``'s: None shows a bar of the rounds (named ``label``) when stderr is a terminal and
+    otherwise one line per evaluated round on stderr (``round_line``: ``label``, round, test accuracy, bytes
+    so far); True forces the bar, False shows nothing."""
+    from tqdm.auto import tqdm
+
     x, y = data.train.tensors
     x_test, y_test = data.test.tensors
 
@@ -141,11 +157,30 @@ def run_federated(
         accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), x_test, y_test)
         return {"test_accuracy": accuracy}
 
-    run: FederatedRun = run_flower(
-        factory, [(x[c], y[c]) for c in plan.clients], plan.chunks, rounds=rounds, lr=lr, batch_size=batch_size,
-        server_lr=server_lr, hyper_lr=hyper_lr, learn_hyperparameters=factory.learn_hyperparameters,
-        evaluate=evaluate, evaluate_every=evaluate_every, seed=seed,
-    )  # fmt: skip
+    show, write_lines = progress_outputs(progress)
+    lines = ProgressLines(0, rounds, position="round", line=round_line) if write_lines else None
+    bar = tqdm(total=rounds, disable=not show, desc=label, unit="round", dynamic_ncols=True)
+
+    def on_round(server_round: int, point: dict[str, Any] | None) -> None:
+        if server_round == 0:  # the simulation is up: time the rounds from here, not from Ray's start
+            bar.reset()
+            if lines is not None:
+                lines.started = time.perf_counter()
+            return
+        bar.update(1)
+        if point is not None:
+            bar.set_postfix(accuracy=f"{point['test_accuracy']:.3f}", traffic=f"{point['bytes'] / 1e6:.1f}MB")
+            if lines is not None:
+                lines({"arm": label, **point})
+
+    try:
+        run: FederatedRun = run_flower(
+            factory, [(x[c], y[c]) for c in plan.clients], plan.chunks, rounds=rounds, lr=lr, batch_size=batch_size,
+            server_lr=server_lr, hyper_lr=hyper_lr, learn_hyperparameters=factory.learn_hyperparameters,
+            evaluate=evaluate, evaluate_every=evaluate_every, on_round=on_round, seed=seed,
+        )  # fmt: skip
+    finally:
+        bar.close()
     exported = export_subnetwork(run.pmodel).eval()
     accuracy, _ = evaluate_classifier(exported, x_test, y_test)
     hyper = hyperparameter_values(hyperparameter_modules(run.pmodel, run.hyper, None))

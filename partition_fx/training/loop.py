@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from .lml import recalibrate_norm_statistics
 from .options import RunOptions
-from .progress import ProgressLines, is_terminal
+from .progress import ProgressLines, progress_outputs
 from .result import FitResult
 
 
@@ -22,14 +21,13 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
     per evaluation to stderr; True forces the bar, False shows nothing."""
     from tqdm.auto import tqdm
 
-    terminal = is_terminal(sys.stderr)
-    show = terminal if run.progress is None else run.progress
+    show, write_lines = progress_outputs(run.progress)
     started = time.perf_counter()
     stopped_early = False
     end = trainer.step + run.steps
     # Fine-tuning takes the last run.finetune_steps iterations; patience may move the switch earlier.
     switch = end - run.finetune_steps if run.finetune_steps else None
-    lines = ProgressLines(trainer.step, end, started) if run.progress is None and not terminal else None
+    lines = ProgressLines(trainer.step, end, started) if write_lines else None
     bar = tqdm(total=run.steps, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
     try:
         while trainer.step < end:

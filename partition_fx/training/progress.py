@@ -1,4 +1,5 @@
-"""Progress of a training run: a tqdm bar on a terminal, one plain line per evaluation otherwise.
+"""Progress of a training run (steps) or a federated run (rounds): a tqdm bar on a terminal, one plain line per
+evaluation otherwise.
 
 The lines are for output that is not a terminal (``nohup``, CI logs, ``2> file``), where a bar shows nothing
 useful. They are written straight to ``sys.stderr`` (looked up when written, so redirection works) and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 MAX_SHOWN = 6
@@ -60,6 +62,18 @@ def compact_hyperparameters(values: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def progress_outputs(progress: bool | None) -> tuple[bool, bool]:
+    """What a run's ``progress`` shows, as (a tqdm bar, one line per evaluation): None: the bar when stderr is
+    a terminal and the lines otherwise; True: the bar; False: neither."""
+    terminal = is_terminal(sys.stderr)
+    return (terminal if progress is None else progress), (progress is None and not terminal)
+
+
+def _line(position: str, fields: list[str], elapsed: float, remaining: float | None) -> str:
+    left = f", ~{clock(remaining)} left" if remaining is not None else ""
+    return " | ".join([f"partition-fx: {position}", *fields, f"{clock(elapsed)} elapsed{left}"])
+
+
 def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining: float | None) -> str:
     """One evaluation as one line: step/total, LML (total and per example), train loss, hyperparameters,
     elapsed and estimated remaining time.
@@ -74,30 +88,48 @@ def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining:
     loss = record.get("train_loss")
     lml = record.get("lml")
     parts = [
-        f"partition-fx: step {record['step']}/{total}",
         "fine-tuning" if lml is None else f"LML {lml:.1f} ({record['lml_per_example']:.3f}/example)",
         f"train loss {loss:.3g}" if loss is not None else "train loss -",
     ]
     if record.get("hyperparameters"):
         parts.append(compact_hyperparameters(record["hyperparameters"]))
-    left = f", ~{clock(remaining)} left" if remaining is not None else ""
-    parts.append(f"{clock(elapsed)} elapsed{left}")
-    return " | ".join(parts)
+    return _line(f"step {record['step']}/{total}", parts, elapsed, remaining)
+
+
+def round_line(record: dict[str, Any], total: int, elapsed: float, remaining: float | None) -> str:
+    """One evaluated round of a federated run as one line: which run (``arm``), round/total, test accuracy,
+    bytes communicated so far (up and down), elapsed and estimated remaining time.
+
+    >>> record = {"arm": "partitioned", "round": 5, "test_accuracy": 0.81234, "bytes": 12_345_678}
+    >>> print(round_line(record, 20, 62.0, 186.0))
+    partition-fx: partitioned round 5/20 | test accuracy 0.8123 | traffic 12.3 MB | 1:02 elapsed, ~3:06 left
+    """
+    fields = [f"test accuracy {record['test_accuracy']:.4f}", f"traffic {record['bytes'] / 1e6:.1f} MB"]
+    return _line(f"{record['arm']} round {record['round']}/{total}", fields, elapsed, remaining)
 
 
 class ProgressLines:
-    """Writes :func:`progress_line` for each evaluation of a run that started at step ``first`` and ends at
-    step ``total``; the remaining time assumes the rest goes at this run's average pace so far."""
+    """Writes ``line`` (default :func:`progress_line`) of each evaluation of a run that started at ``first``
+    and ends at ``total`` (counted in ``record[position]``: steps, or rounds with :func:`round_line`); the
+    remaining time assumes the rest goes at this run's average pace so far."""
 
-    def __init__(self, first: int, total: int, started: float | None = None) -> None:
-        self.first, self.total = first, total
+    def __init__(
+        self,
+        first: int,
+        total: int,
+        started: float | None = None,
+        *,
+        position: str = "step",
+        line: Callable[[dict[str, Any], int, float, float | None], str] = progress_line,
+    ) -> None:
+        self.first, self.total, self.position, self.line = first, total, position, line
         self.started = time.perf_counter() if started is None else started  # a time.perf_counter() value
 
     def __call__(self, record: dict[str, Any]) -> None:
         elapsed = time.perf_counter() - self.started
-        done = record["step"] - self.first
-        remaining = elapsed / done * (self.total - record["step"]) if done > 0 else None
+        done = record[self.position] - self.first
+        remaining = elapsed / done * (self.total - record[self.position]) if done > 0 else None
         stream = sys.stderr
         if stream is not None:
-            stream.write(progress_line(record, self.total, elapsed, remaining) + "\n")
+            stream.write(self.line(record, self.total, elapsed, remaining) + "\n")
             stream.flush()
