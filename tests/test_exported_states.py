@@ -40,21 +40,21 @@ def _falling_lml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(PartitionedTrainer, "estimate_lml", negated)
 
 
-def _exported(run: Path, which: str) -> dict:
-    out = run.parent / f"{run.name}-{which}"
-    assert main(["export", "--run", str(run), "--which", which, "--out", str(out)]) == 0
+def _exported(run: Path, which: str, *argv: str) -> dict:
+    out = run.parent / f"{run.name}-{which}{''.join(argv)}"
+    assert main(["export", "--run", str(run), "--which", which, *argv, "--out", str(out)]) == 0
     return json.loads((out / "export.json").read_text())
 
 
-def _recalibrated_accuracy(run: Path, which: str) -> float:
-    """The definition: the checkpoint's state, its BatchNorm statistics recalibrated for the final subnetwork over
-    the training data (on a copy, as the end of a run does), exported."""
+def _recalibrated_accuracy(run: Path, which: str, subnetwork: int | None = None) -> float:
+    """The definition: the checkpoint's state, its BatchNorm statistics recalibrated for ``subnetwork`` (default
+    the final one) over the training data (on a copy, as the end of a run does), exported."""
     job = job_from_args(argparse.Namespace(**json.loads((run / "report.json").read_text())["config"]))
     trainer = PartitionedTrainer(job.pmodel, job.data.train, hyper=job.hyper)
     trainer.load_checkpoint(run / "checkpoint" / f"{which}.safetensors")
     pmodel = copy.deepcopy(job.pmodel)
-    assert recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size) > 0
-    return evaluate_classifier(export_subnetwork(pmodel).eval(), *job.data.test.tensors)[0]
+    assert recalibrate_norm_statistics(pmodel, trainer.examples, subnetwork, batch_size=trainer.eval_batch_size) > 0
+    return evaluate_classifier(export_subnetwork(pmodel, subnetwork).eval(), *job.data.test.tensors)[0]
 
 
 @pytest.mark.parametrize("finetune", [True, False])
@@ -80,6 +80,10 @@ def test_export_of_best_and_last_reproduces_the_reported_accuracies(tmp_path, mo
     # calibrated at the end of the run: their export needs no training data to recalibrate them
     assert best["norm_statistics"] == last["norm_statistics"] == "final"
     assert best["recalibrated_norms"] == last["recalibrated_norms"] == 0
+    if not finetune:  # another subnetwork than the final one: recalibrated for it
+        other = _exported(run, "last", "--subnetwork", "2")
+        assert other["recalibrated_norms"] > 0
+        assert other["test_accuracy"] == _recalibrated_accuracy(run, "last", subnetwork=2)
 
 
 def test_an_interrupted_runs_checkpoints_export_recalibrated(tmp_path, monkeypatch, capsys):
