@@ -2,6 +2,13 @@
 
 The run's model is rebuilt from its report's configuration (as ``train`` built it), its checkpoint loaded,
 and the chosen subnetwork exported to ``--out`` (default ``RUN/export``) with an ``export.json`` summary.
+
+BatchNorm running statistics: a finished run's ``last`` and ``best`` checkpoints hold them recalibrated for the
+final subnetwork (as the run evaluated them), so their export reproduces the run's ``test_accuracy`` and
+``best_test_accuracy``. A checkpoint whose statistics are training's (an interrupted run's) or that exports
+another ``--subnetwork`` has them recalibrated for the exported subnetwork over the training data first,
+exactly as the end of a run does; ``export.json`` says so (``norm_statistics`` as saved, ``recalibrated_norms``:
+how many BatchNorm modules were recalibrated, 0 for none).
 """
 
 from __future__ import annotations
@@ -12,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_model
+from torch import nn
 
 from .._io import replace_file, write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_onnx, export_subnetwork
-from ..training import PartitionedTrainer, evaluate_classifier
+from ..partitioned_model import PartitionedModel
+from ..training import PartitionedTrainer, evaluate_classifier, recalibrate_norm_statistics
+from ..training.checkpoint import needs_recalibration, norm_statistics
 from .checks import check_export
 from .job import job_from_args
 from .runs import prepare_out
@@ -45,8 +55,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             pmodel.check_subnetwork(args.subnetwork)
         except PartitionArgumentError as e:
             raise PartitionArgumentError(f"--subnetwork {args.subnetwork}: {e}") from None
-    trainer = PartitionedTrainer(pmodel, job.data.train, hyper=job.hyper, device="cpu")
-    meta = trainer.load_checkpoint(checkpoint)
+    meta, recalibrated = load_for_export(pmodel, job.hyper, job.data.train, checkpoint, args.subnetwork)
     prepare_out(out, args.overwrite, {"--run": run})
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
     x_test, y_test = job.data.test.tensors
@@ -59,9 +68,30 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint": str(checkpoint),
         "checkpoint_step": meta.get("step"),
         "subnetwork": args.subnetwork if args.subnetwork is not None else pmodel.num_partitions,
+        "norm_statistics": norm_statistics(meta),
+        "recalibrated_norms": recalibrated,
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,
         "files": {"model": "model.safetensors", "onnx": "model.onnx"},
     }
     write_json(out / "export.json", summary)
     return summary
+
+
+def load_for_export(
+    pmodel: PartitionedModel, hyper: nn.Module | None, train: Any, checkpoint: Path, subnetwork: int | None = None
+) -> tuple[dict[str, Any], int]:
+    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) on the
+    CPU, the model's BatchNorm statistics recalibrated for ``subnetwork`` (default C) over the training data
+    ``train`` where they are not calibrated for it (``training.checkpoint.needs_recalibration``), as the end of a
+    run does. Returns the checkpoint's metadata and how many BatchNorm modules were recalibrated."""
+    trainer = PartitionedTrainer(pmodel, train, hyper=hyper, device="cpu", data_parallel=False)  # rank 0 alone
+    meta = trainer.load_checkpoint(checkpoint)
+    recalibrated = 0
+    if needs_recalibration(
+        meta, subnetwork if subnetwork is not None else pmodel.num_partitions, pmodel.num_partitions
+    ):
+        recalibrated = recalibrate_norm_statistics(
+            pmodel, trainer.examples, subnetwork, batch_size=trainer.eval_batch_size, device=trainer.device
+        )
+    return meta, recalibrated

@@ -5,7 +5,8 @@ and writes to ``--out``:
 
 * ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
   model (fine-tuned for the last ``--finetune-steps``), ``partitioned_test_accuracy`` (its final subnetwork
-  before fine-tuning), ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
+  before fine-tuning), ``best_test_accuracy`` (the best-LML state of ``best_step``, as ``export --which best``
+  exports it), ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
   phases), ``config`` and the ``device`` it ran on;
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
@@ -32,6 +33,7 @@ from .._io import remove_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
 from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
+from .export import load_for_export
 from .job import TrainJob, job_from_args, resolve_device, training_recipe
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
@@ -125,6 +127,7 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
         raise
     report.update(_results(job, result))
     if writes:
+        report["best_test_accuracy"] = best_test_accuracy(job, out / "checkpoint" / "best.safetensors")
         _write_files(job, result, out, initial)
     kept = {"resume": "checkpoint/resume/"} if args.keep_resume else {}
     report.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
@@ -214,6 +217,16 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
         "chunk_sizes": result.chunk_sizes,
         "steps": result.steps,
     }
+
+
+def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
+    """The test accuracy of the run's best-LML state (``best_step``) as ``export --which best`` reports it: from
+    ``checkpoint`` (the run's ``best.safetensors``, its BatchNorm statistics recalibrated for the final subnetwork
+    at the end of the run) loaded into a copy of the model and exported."""
+    pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
+    load_for_export(pmodel, hyper, job.data.train, checkpoint)
+    accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), *job.data.test.tensors)
+    return accuracy
 
 
 def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> None:

@@ -4,6 +4,11 @@ A **checkpoint file** (``last.safetensors``, ``best.safetensors``) holds the mod
 likelihood tensors (``model.<key>``, ``hyper.<key>``, ``likelihood.<key>``) with the step, the latest LML and
 the partitioning in its metadata.
 
+Its ``norm_statistics`` says what the model's BatchNorm running statistics are calibrated for (see
+:data:`NORM_STATISTICS`): at the end of a run both files hold statistics recalibrated for the final subnetwork,
+so an export of either reproduces the accuracy the run reports for it without the training data; an
+interrupted run's files hold training's statistics, which an export recalibrates (:func:`needs_recalibration`).
+
 A **resume directory** holds everything a :class:`~partition_fx.training.PartitionedTrainer` needs to
 continue a run bit for bit (its ``state_dict()``), in two files:
 
@@ -41,6 +46,40 @@ weights, in ``last.safetensors``/``best.safetensors``, still load)."""
 
 ADDED_TO_FINGERPRINT = {"hyper_chunks": "one", "hyper_samples": None}
 """Fingerprint fields added after format 2 was written, with the value every earlier state had."""
+
+
+NORM_STATISTICS = {
+    "final": "recalibrated for the final subnetwork C over the training data (the end of a run)",
+    "training": "the running statistics training left, shared by every subnetwork (mostly subnetwork 1's)",
+    "none": "the model keeps no running statistics",
+}
+"""The values of a checkpoint's ``norm_statistics``. Files written before it existed: ``"final"`` when ``final``
+(the end of a run recalibrated them unless ``recalibrate_norms=False``), else ``"training"``."""
+
+
+def norm_statistics(meta: dict[str, Any]) -> str:
+    """What the BatchNorm statistics of a checkpoint with metadata ``meta`` are calibrated for (a key of
+    :data:`NORM_STATISTICS`).
+
+    >>> norm_statistics({"norm_statistics": "none"}), norm_statistics({"final": True}), norm_statistics({})
+    ('none', 'final', 'training')
+    """
+    return meta.get("norm_statistics", "final" if meta.get("final") else "training")
+
+
+def needs_recalibration(meta: dict[str, Any], subnetwork: int, num_partitions: int) -> bool:
+    """Whether exporting ``subnetwork`` of a checkpoint with metadata ``meta`` needs its BatchNorm statistics
+    recalibrated for that subnetwork first: unless they already are (``"final"`` and ``subnetwork`` C) or
+    there are none.
+
+    >>> final, training, none = ({"norm_statistics": s} for s in ("final", "training", "none"))
+    >>> needs_recalibration(final, 3, 3), needs_recalibration(final, 2, 3)
+    (False, True)
+    >>> needs_recalibration(training, 3, 3), needs_recalibration(none, 2, 3)
+    (True, False)
+    """
+    stats = norm_statistics(meta)
+    return stats == "training" or (stats == "final" and subnetwork != num_partitions)
 
 
 class Resumable(Protocol):
@@ -290,9 +329,13 @@ class CheckpointWriter(TrainingHook):
 
     After each evaluation: ``last.safetensors``; ``best.safetensors`` when the LML improved (a hard link to
     ``last``, so no second copy on disk); the resume directory ``resume/``; ``trainer.last_checkpoint_step``.
+    Their BatchNorm statistics are training's (``norm_statistics: "training"``).
+
     At the end of a run: ``last.safetensors`` again, with the state the run returns (BatchNorm statistics
     recalibrated for the final subnetwork, the best state if restored), so an export of it reproduces the
-    run's reported test accuracy.
+    run's reported test accuracy; and, when the run recalibrated its statistics, ``best.safetensors`` again
+    with the best evaluation's state recalibrated the same way (``norm_statistics: "final"``): a hard link to
+    ``last`` when that is the same state, else one more recalibration pass, on a copy of the model.
 
     Example::
 
@@ -319,4 +362,17 @@ class CheckpointWriter(TrainingHook):
         trainer.last_checkpoint_step = trainer.step
 
     def after_run(self, trainer: Any, result: Any) -> None:
-        trainer.save_checkpoint(self.directory / "last.safetensors", final=True)
+        last, best = self.directory / "last.safetensors", self.directory / "best.safetensors"
+        calibrated = bool(result.recalibrated_norms)
+        trainer.save_checkpoint(last, final=True, norm_statistics="final" if calibrated else None)
+        if not calibrated or trainer.best is None:
+            return  # no statistics to calibrate (or not asked to): the evaluation's best file is the best state
+        lml, step, _ = trainer.best
+        if not trainer.best_is_current():
+            trainer.save_checkpoint(best, best=(lml, step, trainer.recalibrated_best()), norm_statistics="final")
+        elif step == trainer.step:
+            link_file(last, best)  # the same state: no second copy on disk
+        else:  # the run restored the best state and recalibrated it: last's tensors with the best's step and LML
+            trainer.save_checkpoint(
+                best, final=True, norm_statistics="final", best=(lml, step, trainer._module_states())
+            )

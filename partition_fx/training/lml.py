@@ -209,6 +209,16 @@ def estimate_lml(
     return LMLEstimate(total, per_chunk, total / sum(chunks.sizes))
 
 
+def running_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """The BatchNorm modules of ``model`` that keep running statistics (what
+    :func:`recalibrate_norm_statistics` recomputes).
+
+    >>> len(running_norms(nn.Sequential(nn.BatchNorm1d(2), nn.BatchNorm1d(2, track_running_stats=False))))
+    1
+    """
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+
+
 def recalibrate_norm_statistics(
     pmodel: PartitionedModel,
     examples: Examples,
@@ -229,7 +239,7 @@ def recalibrate_norm_statistics(
     >>> recalibrate_norm_statistics(pmodel, Examples((torch.randn(8, 2), torch.zeros(8))))
     1
     """
-    norms = [m for m in pmodel.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    norms = running_norms(pmodel)
     if not norms:
         return 0
     momenta = [m.momentum for m in norms]

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import PartitionCheckpointError
 from .checkpoint import buffers_digest, cpu_copy, differences, read_checkpoint, with_prefix, write_checkpoint
+from .lml import recalibrate_norm_statistics, running_norms
 
 
 class TrainerState:
@@ -152,15 +153,64 @@ class TrainerState:
         self.sampler.load_state_dict(state["rng"]["sampler"])
         self._lml_generator.set_state(state["rng"]["lml"])
 
-    def save_checkpoint(self, path: str | Path, *, final: bool = False) -> None:
+    def save_checkpoint(
+        self,
+        path: str | Path,
+        *,
+        final: bool = False,
+        norm_statistics: str | None = None,
+        best: tuple[float, int, dict[str, Any]] | None = None,
+    ) -> None:
         """Model, hyperparameter modules and likelihood in one safetensors file (atomic replace), with the
-        step, the latest LML, the configuration and ``final`` (the state a finished run returned) in its
-        metadata. The model's rebuilt buffers are left out (see :meth:`omitted`)."""
-        lml = self.history[-1]["lml"] if self.history else None
-        states = self._module_states()
+        step, the latest LML, the configuration, ``final`` (the state a finished run returned) and
+        ``norm_statistics`` (what the model's BatchNorm running statistics are calibrated for; default
+        ``"training"``, or ``"none"`` for a model without them: see ``checkpoint.NORM_STATISTICS``) in its
+        metadata. ``best``: an ``(lml, step, module states)`` to write instead of the current state (as kept in
+        ``self.best``). The model's rebuilt buffers are left out (see :meth:`omitted`)."""
+        if best is not None:
+            lml, step, states = best  # kept without the rebuilt buffers, as _module_states() gives them
+        else:
+            lml = self.history[-1]["lml"] if self.history else None
+            step, states = self.step, self._module_states()
+        if norm_statistics is None:
+            norm_statistics = "training" if running_norms(self.pmodel) else "none"
         tensors = {f"{name}.{k}": cpu_copy(v) for name, state in states.items() for k, v in state.items()}
-        meta = {"step": self.step, "lml": lml, "final": final, "storage": "flat", **self.identity(), **self.omitted()}
-        write_checkpoint(path, tensors, meta)
+        meta = {"step": step, "lml": lml, "final": final, "norm_statistics": norm_statistics, "storage": "flat"}
+        write_checkpoint(path, tensors, {**meta, **self.identity(), **self.omitted()})
+
+    def best_is_current(self) -> bool:
+        """Whether the best evaluation's state is the current one (BatchNorm running statistics aside, which
+        the end of a run recalibrates): the same weights in every module."""
+        assert self.best is not None
+        norms = {id(m) for m in running_norms(self.pmodel)}
+        statistics = {
+            f"{name}.{key}" if name else key
+            for name, m in self.pmodel.named_modules()
+            if id(m) in norms
+            for key, _ in m.named_buffers(recurse=False)
+        }
+        current = self._module_states()
+        return all(
+            torch.equal(value, current[name][key])
+            for name, state in self.best[2].items()
+            for key, value in state.items()
+            if name != "model" or key not in statistics
+        )
+
+    def recalibrated_best(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The best evaluation's module states with the model's BatchNorm running statistics recalibrated for
+        the final subnetwork over the training data, as the end of a run does (``recalibrate_norm_statistics``
+        with the evaluation batch size), computed on a copy of the model: the trainer's model, and torch's
+        random generators, stay as they are."""
+        assert self.best is not None
+        states = self.best[2]
+        pmodel = copy.deepcopy(self.pmodel)
+        pmodel.load_state_dict({**pmodel.state_dict(), **states["model"]})
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            recalibrate_norm_statistics(pmodel, self.examples, batch_size=self.eval_batch_size, device=self.device)
+        recalibrated = pmodel.state_dict()
+        return {**states, "model": {k: recalibrated[k].detach() for k in states["model"]}}
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
