@@ -35,7 +35,10 @@ def _falling_lml(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def negated(self):
         estimate = original(self)
-        return dataclasses.replace(estimate, total=-estimate.total)
+        negated_chunks = [-term for term in estimate.per_chunk]  # the conditional LML, which picks the best, too
+        return dataclasses.replace(
+            estimate, total=-estimate.total, per_chunk=negated_chunks, per_example=-estimate.per_example
+        )
 
     monkeypatch.setattr(PartitionedTrainer, "estimate_lml", negated)
 
