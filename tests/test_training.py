@@ -8,12 +8,15 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
 from partition_fx.training import (
     Categorical,
+    DataChunks,
     Examples,
     Gaussian,
     LMLEstimate,
@@ -101,6 +104,44 @@ def test_sampler_frequencies_match_appendix_i1():
     assert set(hk.tolist()) == {2, 3}
     assert abs(float((hk == 2).double().mean()) - 0.75) < 5 * math.sqrt(0.75 * 0.25 / 4000)
     assert all(int(chunk_of[idx].item()) == k - 1 for k, idx in hyper)
+
+
+def _within(count: int, trials: int, p: float) -> bool:
+    """Whether ``count`` successes in ``trials`` fit Binomial(trials, p): within 5 standard deviations (and
+    exactly right where p is 0 or 1)."""
+    return abs(count - trials * p) <= 5 * math.sqrt(trials * p * (1 - p)) + 1e-9
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_every_partition_sampler_follows_its_definition(sizes: list[int], seed: int):
+    """``parameter_examples`` against its definition (appendix I.1, per example): each example draws its
+    partition k ~ Cat(u), u = the chunk sizes over the data, and then an example uniformly from D_1:k.
+    Checked exactly: every example of partition k lies in D_1..D_k; statistically (binomial, 5 standard
+    deviations, 20480 draws): the frequency of each k, and each chunk j's share of partition k's examples,
+    |D_j| / |D_1:k|. The fused and every-partition tests build their references from the sampler's own output,
+    so a sampler drawing partition k's examples from D_1:k+1 passed all 16 of them."""
+    n = sum(sizes)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))  # chunks need not be contiguous
+    chunks = DataChunks(tuple(part.sort().values for part in torch.split(order, sizes)))
+    chunk_of = torch.empty(n, dtype=torch.long)
+    for j, idx in enumerate(chunks.indices, start=1):
+        chunk_of[idx] = j
+    sampler = PartitionedSampler(chunks, batch_size=256, seed=seed)
+    ks, examples = (torch.cat(t) for t in zip(*(sampler.parameter_examples() for _ in range(80))))
+    draws = ks.numel()
+    assert draws == 20480 and examples.shape == ks.shape
+    drawn_chunk = chunk_of[examples]
+    assert bool((drawn_chunk <= ks).all()), "an example of partition k from a chunk after D_k"
+    assert int(ks.min()) >= 1 and int(ks.max()) <= len(sizes)
+    for k in range(1, len(sizes) + 1):
+        mine = ks == k
+        count = int(mine.sum())
+        assert _within(count, draws, sizes[k - 1] / n), f"partition {k} drawn {count} times of {draws}"
+        for j in range(1, k + 1):
+            share = sizes[j - 1] / sum(sizes[:k])
+            got = int((drawn_chunk[mine] == j).sum())
+            assert _within(got, count, share), f"chunk {j}: {got} of partition {k}'s {count} examples"
 
 
 # --- per-partition optimiser state --------------------------------------------------------------------
