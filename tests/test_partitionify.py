@@ -101,7 +101,7 @@ def test_the_export_check_catches_a_subnetwork_consistently_wrong_in_forward_and
     monkeypatch.setattr(FlatGroup, "flat_value", lambda self, k: flat_value(self, max(k - 1, 0)))
     with torch.no_grad():
         assert max_relative_difference(pmodel(x, subnetwork=2), export_subnetwork(pmodel, 2)(x)) == 0.0
-    with pytest.raises(AssertionError, match="subnetwork 1 of ConvBN: .* not subnetwork 1's by the definition"):
+    with pytest.raises(AssertionError, match=r"subnetwork 1 of ConvBN: .* not subnetwork 1's by the definition"):
         assert_subnetworks_match_exports(pmodel, (x,))
 
 
