@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .export import export_subnetwork, flat_tensors
-from .params import ScalePartitionedTensor
+from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
 from .partitioned_model import PartitionedModel
 
 
@@ -60,13 +60,62 @@ def max_relative_difference(a: Any, b: Any) -> float:
     return worst
 
 
+def _by_entry(membership: torch.Tensor, order: torch.Tensor, layout_values: torch.Tensor) -> torch.Tensor:
+    """Values listed partition by partition, each partition's entries in flat order (a random/node tensor's
+    ``cat(parts)`` and its defaults), put back at their entries."""
+    out = torch.empty(membership.numel(), dtype=layout_values.dtype, device=layout_values.device)
+    out[order] = layout_values.reshape(-1)
+    return out
+
+
+def _definition_of(pt: PartitionedTensor) -> Any:
+    """``want(k)``: the tensor of subnetwork k by the definition, from ``pt``'s parts, defaults and layout.
+
+    Random/node: each entry's partition (``membership``) picks part i's value (i <= k) or the default; a part
+    lists its entries in flat order, as do the defaults of each partition (layout order). Product/sum scales:
+    the product/sum of parts 1..k, the stored default at k = 0. Nothing here reads ``FlatGroup.flat_value``,
+    which both the forward and the export use."""
+    with torch.no_grad():
+        if isinstance(pt, ScalePartitionedTensor):
+            default = pt.stored_defaults().detach().clone()
+            parts = [p.detach().clone().view(pt.shape) for p in pt.parts()]
+
+            def scale(k: int) -> torch.Tensor:
+                if k == 0:
+                    return default
+                out = parts[0]
+                for part in parts[1:k]:
+                    out = out * part if pt.kind == "product" else out + part
+                return out
+
+            return scale
+        assert isinstance(pt, RandomPartitionedTensor)
+        membership = pt.membership().long()
+        order = torch.argsort(membership, stable=True)  # entries partition by partition, flat order within
+        trained = _by_entry(membership, order, torch.cat([p.detach().reshape(-1) for p in pt.parts()]))
+        defaults = _by_entry(membership, order, pt._default_slice(0).detach())
+
+    def entries(k: int) -> torch.Tensor:
+        return torch.where(membership < k, trained, defaults).view(pt.shape)
+
+    return entries
+
+
 def assert_subnetworks_match_exports(
     pmodel: PartitionedModel, inputs: tuple[Any, ...], *, rtol: float = 1e-5, subnetworks: list[int] | None = None
 ) -> dict[int, float]:
-    """Invariant 1: for each k, ``pmodel(*inputs, subnetwork=k)`` equals ``export_subnetwork(pmodel, k)(*inputs)``.
+    """Invariant 1: for each k, ``pmodel(*inputs, subnetwork=k)`` equals ``export_subnetwork(pmodel, k)(*inputs)``,
+    and every partitioned tensor of that export is subnetwork k's by the definition.
 
     Compared in ``pmodel``'s current mode, under ``torch.no_grad``; returns the relative difference per k.
+
+    The forward and the export read the same effective tensors (``FlatGroup.flat_value``), so their agreement
+    shows consistency, not the definition: a ``flat_value`` giving subnetwork k the partitions 1..k-1 passed it.
+    So each exported tensor is also checked exactly against its parts, defaults and layout: the entries of
+    partitions 1..k hold their trained values and the others the defaults (random/node), the product/sum of
+    parts 1..k (scales).
     """
+    definitions = {name: _definition_of(pt) for name, pt in pmodel.partitioned_tensors()}
     diffs = {}
     for k in subnetworks if subnetworks is not None else range(pmodel.num_partitions + 1):
         exported = export_subnetwork(pmodel, k)
@@ -79,4 +128,14 @@ def assert_subnetworks_match_exports(
                 f"subnetwork {k} of {pmodel.original_class.__name__} differs from its export by {diffs[k]:.3g} "
                 f"(relative to output scale; allowed {rtol})"
             )
+        state = exported.state_dict()
+        for name, definition in definitions.items():
+            tensor = state[name]
+            expected = definition(k).to(tensor.device, tensor.dtype)
+            if not torch.equal(tensor, expected):
+                wrong = int((tensor != expected).sum())
+                raise AssertionError(
+                    f"subnetwork {k} of {pmodel.original_class.__name__}: {wrong} entries of {name} are not "
+                    f"subnetwork {k}'s by the definition (partitions 1..{k} trained, the others their defaults)"
+                )
     return diffs

@@ -53,18 +53,20 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
         trainer = PartitionedTrainer(partitionify(torch.nn.Linear(6, 2), 2), _data(), batch_size=16)
         assert trainer.data_parallel is not None and trainer.data_parallel.world_size == world_size
         assert trainer.data_parallel.shard(torch.arange(16))[0].tolist() == list(range(8 * rank, 8 * rank + 8))
+        # Each rank gets its own checkpoint directory, so what is found in it was written by that rank (in one
+        # shared directory the two ranks' listings were equal whoever wrote: every rank writing passed).
+        own = Path(out) / f"rank{rank}"
         results = {}
         for variant in VARIANTS:
-            checkpoints = Path(out) / f"checkpoints-{variant}"
-            results[variant] = _train(variant, checkpoints)
-        # Stopped at step 6 (a callback), then resumed from the checkpoint's resume directory by both processes.
-        interrupted = Path(out) / "interrupted"
-        _train("paper", interrupted, callbacks=[lambda trainer, record: trainer.step >= 6])
-        results["resumed"] = _train("paper", resume=interrupted / "resume")
+            results[variant] = _train(variant, own / f"checkpoints-{variant}")
+        # Stopped at step 6 (a callback), then resumed by both processes from the resume directory rank 0 wrote.
+        _train("paper", own / "interrupted", callbacks=[lambda trainer, record: trainer.step >= 6])
+        results["resumed"] = _train("paper", resume=Path(out) / "rank0" / "interrupted" / "resume")
         if rank == 0:
             torch.save(results, Path(out) / "rank0.pt")
-        torch.save({v: sorted(p.name for p in (Path(out) / f"checkpoints-{v}").glob("*")) for v in VARIANTS},
-                   Path(out) / f"files{rank}.pt")  # fmt: skip
+        written = {d: sorted(str(p.relative_to(own)) for p in (own / d).rglob("*") if p.is_file())
+                   for d in [*(f"checkpoints-{v}" for v in VARIANTS), "interrupted"]}  # fmt: skip
+        torch.save(written, Path(out) / f"files{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -86,8 +88,8 @@ def test_two_processes_train_what_one_process_trains_with_the_whole_batch(tmp_pa
         # psi moved, so the comparison is between trained models
         assert not torch.allclose(one["hyper.logits"], InputMask(6).logits, atol=1e-3), variant
     files = [torch.load(tmp_path / f"files{rank}.pt") for rank in (0, 1)]
-    assert files[0]["paper"], "rank 0 writes the checkpoints"
-    assert files[0] == files[1]  # one directory shared by both ranks: rank 1 wrote nothing of its own
+    assert all(files[0].values()), f"rank 0 writes the checkpoints: {files[0]}"
+    assert not any(files[1].values()), f"rank 1 wrote files: {files[1]}"
 
 
 def test_data_parallel_needs_a_process_group_and_an_even_split() -> None:

@@ -1,4 +1,12 @@
-"""Conversion against its definition: subnetworks vs exports, gradients, ties, modes, round trips."""
+"""Conversion against its definition: subnetworks vs exports, gradients, ties, modes, round trips.
+
+A subnetwork's forward and its export read the same effective tensors (``FlatGroup.flat_value``), so their
+equality alone shows consistency, not the definition: a ``flat_value`` giving subnetwork k the partitions
+1..k-1 passed all of ``test_subnetworks_match_exports_in_both_modes``. The definition is checked entry by entry
+in ``test_subnetwork_k_mixes_trained_and_default_entries_as_defined`` (and test_random_architectures'
+``test_subnetwork_tensors_follow_the_definition``), and ``assert_subnetworks_match_exports`` now also checks
+every exported tensor against the parts, defaults and layout.
+"""
 
 from __future__ import annotations
 
@@ -53,6 +61,9 @@ def _all_subnetworks_equal_original(model: nn.Module, pmodel, inputs) -> None:
 )
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_subnetworks_match_exports_in_both_modes(factory, inputs, mode) -> None:
+    """Forward equals export (consistency), and through ``assert_subnetworks_match_exports`` each exported
+    tensor is subnetwork k's by the definition: without that check a ``flat_value`` giving subnetwork k the
+    partitions 1..k-1 passed all 8 cases."""
     torch.manual_seed(0)
     model = factory().train(mode == "train")
     x = inputs()
@@ -73,6 +84,25 @@ def test_default_zero_subnetwork0_uses_zero_weights_and_identity_scales() -> Non
     _ = [
         torch.testing.assert_close(export_subnetwork(pmodel).state_dict()[k], v) for k, v in model.state_dict().items()
     ]
+
+
+def test_the_export_check_catches_a_subnetwork_consistently_wrong_in_forward_and_export(monkeypatch) -> None:
+    """``assert_subnetworks_match_exports`` checks each exported tensor against the definition, not only the
+    forward against the export: with ``flat_value`` giving subnetwork k the partitions 1..k-1 (both wrong
+    alike) the outputs agree, and the helper must still refuse."""
+    from partition_fx.flat import FlatGroup
+
+    torch.manual_seed(0)
+    pmodel = partitionify(ConvBN(), 3, (0.5, 0.3, 0.2), seed=3).eval()
+    perturb_partitions(pmodel, seed=1)
+    x = torch.randn(2, 3, 6, 6)
+    assert_subnetworks_match_exports(pmodel, (x,))
+    flat_value = FlatGroup.flat_value
+    monkeypatch.setattr(FlatGroup, "flat_value", lambda self, k: flat_value(self, max(k - 1, 0)))
+    with torch.no_grad():
+        assert max_relative_difference(pmodel(x, subnetwork=2), export_subnetwork(pmodel, 2)(x)) == 0.0
+    with pytest.raises(AssertionError, match=r"subnetwork 1 of ConvBN: .* not subnetwork 1's by the definition"):
+        assert_subnetworks_match_exports(pmodel, (x,))
 
 
 def test_subnetwork_k_mixes_trained_and_default_entries_as_defined() -> None:

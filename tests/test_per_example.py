@@ -217,6 +217,11 @@ def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_par
         k, idx = sampler.parameter_batch()
         ks = torch.full((16,), k)
     hyper_batches = sampler.hyper_batches() if hyper_chunks == "all" else [(1.0, *sampler.hyper_batch())]
+    # The reference reads the sampler's draws, so check them against the definition here: without this, a
+    # sampler giving partition k examples from D_1:k+1 passed every fused and every-partition test.
+    chunks = reference.chunks
+    assert all(bool(torch.isin(idx[i], chunks.prefix(int(ks[i])))) for i in range(16)), "example outside D_1:k"
+    assert all(bool(torch.isin(hidx, chunks.chunk(kh)).all()) for _, kh, hidx in hyper_batches), "outside D_k"
     params = _parts(pmodel)
     want = [torch.zeros_like(p) for p in params] + [torch.zeros_like(mask.logits)]
     for i in range(16):  # the parameter loss: mean over examples, each through its own subnetwork

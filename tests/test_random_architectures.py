@@ -344,7 +344,9 @@ def test_perturbed_subnetworks_match_their_exports(case: Case, train: bool) -> N
     """Invariant 1: after perturbing every trainable partition, pmodel(x, subnetwork=k) equals
     export_subnetwork(pmodel, k)(x) for every k (relative difference <= 1e-5). Eval mode through
     ``assert_subnetworks_match_exports``; train mode on fresh copies per k with the same dropout seed, where
-    the BatchNorm running statistics that the forward updates must also match the export's."""
+    the BatchNorm running statistics that the forward updates must also match the export's. Forward and export
+    read the same ``flat_value``, so this is consistency; the definition is checked by
+    ``test_subnetwork_tensors_follow_the_definition`` and, in eval mode, by the helper's per-tensor check."""
     pmodel = case.convert(build(case.spec, case.init_seed))
     perturb_partitions(pmodel, seed=case.init_seed % 1000)
     x = inputs(case)

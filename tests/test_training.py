@@ -8,12 +8,15 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
 from partition_fx.training import (
     Categorical,
+    DataChunks,
     Examples,
     Gaussian,
     LMLEstimate,
@@ -53,8 +56,13 @@ def _parts(pmodel) -> list[torch.Tensor]:
 
 
 def test_chunks_are_a_reproducible_partition_of_the_dataset():
+    """The sizes are checked exactly: an earlier ``sizes == [82, 11, 10] or sum(sizes) == 103`` held whatever
+    the split did (the sum is always 103, and [82, 11, 10] was not even the right split), so
+    ``split_into_chunks`` with the proportions reversed ([10, 10, 83]) passed it."""
     a, b = split_into_chunks(103, (0.8, 0.1, 0.1), seed=3), split_into_chunks(103, (0.8, 0.1, 0.1), seed=3)
-    assert a.sizes == [82, 11, 10] or sum(a.sizes) == 103
+    # largest remainder by hand: quotas 82.4, 10.3, 10.3 -> 82, 10, 10 and the one left over to the 0.4
+    assert a.sizes == [83, 10, 10]
+    assert split_into_chunks(10, (0.2, 0.3, 0.5), seed=0).sizes == [2, 3, 5]  # in the proportions' order
     assert all(torch.equal(x, y) for x, y in zip(a.indices, b.indices))
     assert torch.equal(torch.cat(a.indices).sort().values, torch.arange(103))
     assert not torch.equal(a.indices[1], split_into_chunks(103, (0.8, 0.1, 0.1), seed=4).indices[1])
@@ -96,6 +104,44 @@ def test_sampler_frequencies_match_appendix_i1():
     assert set(hk.tolist()) == {2, 3}
     assert abs(float((hk == 2).double().mean()) - 0.75) < 5 * math.sqrt(0.75 * 0.25 / 4000)
     assert all(int(chunk_of[idx].item()) == k - 1 for k, idx in hyper)
+
+
+def _within(count: int, trials: int, p: float) -> bool:
+    """Whether ``count`` successes in ``trials`` fit Binomial(trials, p): within 5 standard deviations (and
+    exactly right where p is 0 or 1)."""
+    return abs(count - trials * p) <= 5 * math.sqrt(trials * p * (1 - p)) + 1e-9
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_every_partition_sampler_follows_its_definition(sizes: list[int], seed: int):
+    """``parameter_examples`` against its definition (appendix I.1, per example): each example draws its
+    partition k ~ Cat(u), u = the chunk sizes over the data, and then an example uniformly from D_1:k.
+    Checked exactly: every example of partition k lies in D_1..D_k; statistically (binomial, 5 standard
+    deviations, 20480 draws): the frequency of each k, and each chunk j's share of partition k's examples,
+    |D_j| / |D_1:k|. The fused and every-partition tests build their references from the sampler's own output,
+    so a sampler drawing partition k's examples from D_1:k+1 passed all 16 of them."""
+    n = sum(sizes)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))  # chunks need not be contiguous
+    chunks = DataChunks(tuple(part.sort().values for part in torch.split(order, sizes)))
+    chunk_of = torch.empty(n, dtype=torch.long)
+    for j, idx in enumerate(chunks.indices, start=1):
+        chunk_of[idx] = j
+    sampler = PartitionedSampler(chunks, batch_size=256, seed=seed)
+    ks, examples = (torch.cat(t) for t in zip(*(sampler.parameter_examples() for _ in range(80))))
+    draws = ks.numel()
+    assert draws == 20480 and examples.shape == ks.shape
+    drawn_chunk = chunk_of[examples]
+    assert bool((drawn_chunk <= ks).all()), "an example of partition k from a chunk after D_k"
+    assert int(ks.min()) >= 1 and int(ks.max()) <= len(sizes)
+    for k in range(1, len(sizes) + 1):
+        mine = ks == k
+        count = int(mine.sum())
+        assert _within(count, draws, sizes[k - 1] / n), f"partition {k} drawn {count} times of {draws}"
+        for j in range(1, k + 1):
+            share = sizes[j - 1] / sum(sizes[:k])
+            got = int((drawn_chunk[mine] == j).sum())
+            assert _within(got, count, share), f"chunk {j}: {got} of partition {k}'s {count} examples"
 
 
 # --- per-partition optimiser state --------------------------------------------------------------------
@@ -152,20 +198,29 @@ def test_partition_updates_equal_a_fresh_optimiser_per_partition(factory, scalin
 
 
 def test_partition_k_depends_only_on_chunks_1_to_k():
+    """Changing chunk j leaves partitions 1..j-1 bit-identical and moves partition j, for every j. Perturbing
+    chunk 3 alone never checked that chunk 2 stays out of partition 1: a sampler giving partition 1 batches
+    from D_1:2 passed that version."""
     x, y = _data(96)
-    runs = []
-    for perturb in (False, True):
+
+    def trained(perturbed_chunk: int | None) -> nn.Module:
         trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), batch_size=8, seed=5)
-        if perturb:  # change every example of D_3 beyond recognition
-            idx = trainer.chunks.chunk(3)
+        if perturbed_chunk is not None:  # change every example of D_j beyond recognition
+            idx = trainer.chunks.chunk(perturbed_chunk)
             trainer.examples.tensors[0][idx] = torch.randn(len(idx), 6) * 10
             trainer.examples.tensors[1][idx] = (trainer.examples.tensors[1][idx] + 1) % 3
         for _ in range(30):
             trainer.iteration()
-        runs.append(trainer.pmodel)
-    for k in (1, 2):
-        assert all(torch.equal(a, b) for a, b in zip(runs[0].partition_parameters(k), runs[1].partition_parameters(k)))
-    assert not all(torch.equal(a, b) for a, b in zip(runs[0].partition_parameters(3), runs[1].partition_parameters(3)))
+        return trainer.pmodel
+
+    def same(a: nn.Module, b: nn.Module, k: int) -> bool:
+        return all(torch.equal(p, q) for p, q in zip(a.partition_parameters(k), b.partition_parameters(k)))
+
+    clean = trained(None)
+    for j in (1, 2, 3):
+        perturbed = trained(j)
+        assert all(same(clean, perturbed, k) for k in range(1, j)), f"chunk {j} reached a partition before {j}"
+        assert not same(clean, perturbed, j), f"chunk {j} did not reach partition {j}"
 
 
 def test_hyper_step_depends_only_on_chunk_k_through_subnetwork_k_minus_1():
