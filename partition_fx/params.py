@@ -325,6 +325,16 @@ class RandomPartitionedTensor(PartitionedTensor):
         """
         return self.membership().view(self.shape)
 
+    def default_values(self) -> torch.Tensor:
+        """The default of every entry, partition by partition in layout order (what ``cat(parts)`` lists the
+        trained values in): zeros, the stored initial values, or those regenerated from the seed.
+
+        >>> t = RandomPartitionedTensor(torch.ones(4), (0.5, 0.5), seed=0, salt=0, default="init")
+        >>> t.default_values()
+        tensor([1., 1., 1., 1.])
+        """
+        return self._default_slice(0)
+
     def _default_slice(self, start: int) -> torch.Tensor:
         """Defaults of partitions start+1..C, in layout order."""
         if self.default_mode == "seed":

@@ -93,7 +93,7 @@ def _definition_of(pt: PartitionedTensor) -> Any:
         membership = pt.membership().long()
         order = torch.argsort(membership, stable=True)  # entries partition by partition, flat order within
         trained = _by_entry(membership, order, torch.cat([p.detach().reshape(-1) for p in pt.parts()]))
-        defaults = _by_entry(membership, order, pt._default_slice(0).detach())
+        defaults = _by_entry(membership, order, pt.default_values().detach())
 
     def entries(k: int) -> torch.Tensor:
         return torch.where(membership < k, trained, defaults).view(pt.shape)

@@ -14,8 +14,9 @@ class PartitionedSampler:
     """Draws the partition and minibatch of each parameter step and hyperparameter step.
 
     * parameter step: k ~ Cat(u), then ``batch_size`` examples uniformly, with replacement, from D_1:k;
-      every example of D_1:k is thus equally likely to train partition k, and an example of chunk j is
-      drawn with probability proportional to u_j + ... + u_C.
+      every example of D_1:k is thus equally likely to train partition k, and one example of chunk j is
+      drawn with probability sum over k >= j of u_k / |D_1:k| per draw: not proportional to
+      u_j + ... + u_C, since each term is divided by the size of the data partition k draws from.
     * hyperparameter step: k ~ Cat(u_2..u_C renormalised), then ``hyper_batch_size`` examples from D_k
       alone; the step scores them with subnetwork k-1 (an unbiased gradient of the LML, D_1 excluded).
       ``hyper_batches`` draws a minibatch from EVERY chunk 2..C instead, to be weighted by those same
