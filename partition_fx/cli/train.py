@@ -5,8 +5,8 @@ and writes to ``--out``:
 
 * ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
   model (fine-tuned for the last ``--finetune-steps``), ``partitioned_test_accuracy`` (its final subnetwork
-  before fine-tuning), ``best_test_accuracy`` (the best-LML state of ``best_step``, as ``export --which best``
-  exports it), ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
+  before fine-tuning), ``best_test_accuracy`` (the state of ``best_step``, the highest conditional LML, as
+  ``export --which best`` exports it), ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
   phases), ``config`` and the ``device`` it ran on;
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
@@ -220,7 +220,8 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
 
 
 def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
-    """The test accuracy of the run's best-LML state (``best_step``) as ``export --which best`` reports it: from
+    """The test accuracy of the run's best state (``best_step``: the highest conditional LML) as
+    ``export --which best`` reports it: from
     ``checkpoint`` (the run's ``best.safetensors``, its BatchNorm statistics recalibrated for the final subnetwork
     at the end of the run) loaded into a copy of the model and exported."""
     pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)

@@ -99,8 +99,8 @@ def fit(
             (so a schedule over ``steps`` spans both phases) and the weight decay is no longer scaled. The
             LML is not estimated then (no subnetwork is unseen by a chunk any more): those evaluations
             record ``phase: "finetune"`` and the training loss. ``patience`` ends the partitioned phase
-            early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best-LML state
-            before fine-tuning. Default 0: partitioned training only.
+            early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best state (highest
+            conditional LML) before fine-tuning. Default 0: partitioned training only.
         hyper_chunks: ``"one"`` (default, the paper's): a hyperparameter step scores one chunk k ~ Cat(u_2..C);
             ``"all"``: it scores a minibatch of every chunk 2..C (each through its own subnetwork k-1),
             weighted by the same probabilities: the same expected gradient, without the variance of the
