@@ -1,12 +1,13 @@
 """``partition-fx train``: the main job.
 
-It builds a timm model (the shipped FixUp/WRN included), converts it, learns its hyperparameters with ``fit``
-and writes to ``--out``:
+It builds a timm or torchvision model (the shipped FixUp/WRN included), converts it, learns its hyperparameters
+with ``fit`` and writes to ``--out``:
 
 * ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
   model (fine-tuned for the last ``--finetune-steps``), ``partitioned_test_accuracy`` (its final subnetwork
   before fine-tuning), ``best_test_accuracy`` (the state of ``best_step``, the highest conditional LML, as
-  ``export --which best`` exports it), ``lml``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
+  ``export --which best`` exports it), ``conditional_lml`` (the evidence) and the full ``lml``, both explained
+  under ``lml_explained``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
   phases), ``config`` and the ``device`` it ran on;
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
