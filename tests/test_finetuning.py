@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from functools import partial
@@ -19,7 +20,7 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTypeError
-from partition_fx.training import PartitionedTrainer, TrainingHook, fit
+from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
 from partition_fx.training.lml import forward_log_likelihood
 from partition_fx.transforms import AffineAugmentation, InputMask
 
@@ -240,3 +241,24 @@ def test_a_resume_directory_from_before_the_estimator_options_still_resumes(tmp_
     paper = {"hyper_chunks": "one", "hyper_samples": None, "finetune_steps": 0}
     result = _fit(_pmodel(), resume=tmp_path / "resume", steps=6, **paper)
     assert result.steps == 6
+
+
+def test_recalibrating_a_copy_mid_run_changes_no_later_draw():
+    """``partition-fx train`` recalibrates a copy of the model when fine-tuning begins (to report the partitioned
+    accuracy); with dropout, that pass drew from torch's global generator and shifted every later dropout mask,
+    so the command trained other bits than ``fit`` with the same seed."""
+
+    class RecalibrateACopy(TrainingHook):
+        def before_finetuning(self, trainer):
+            recalibrate_norm_statistics(copy.deepcopy(trainer.pmodel), trainer.examples)
+
+    def trained(hooks):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2))
+        pmodel = partitionify(model, 2)
+        x, y = torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), torch.arange(64) % 2
+        fit(pmodel, (x, y), steps=12, finetune_steps=6, batch_size=16, seed=3, progress=False, hooks=hooks)
+        return [p.detach().clone() for p in pmodel.parameters()]
+
+    for a, b in zip(trained([]), trained([RecalibrateACopy()])):
+        assert torch.equal(a, b)

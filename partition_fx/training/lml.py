@@ -234,6 +234,9 @@ def recalibrate_norm_statistics(
     ``torch.optim.swa_utils.update_bn`` does for averaged weights: an equal-weight average over batches
     in training mode, without gradients. Returns how many BatchNorm modules were updated.
 
+    Random layers (dropout, drop-path) draw as in training, from torch's global generator, which is forked
+    around the pass: recalibrating (a copy, at any point of a run) changes no later draw of the run.
+
     >>> from partition_fx import partitionify
     >>> pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)), 2)
     >>> recalibrate_norm_statistics(pmodel, Examples((torch.randn(8, 2), torch.zeros(8))))
@@ -251,7 +254,8 @@ def recalibrate_norm_statistics(
         pmodel.train()
         # Eager even for a compiled model: a cumulative average reads the batch count on the host per batch
         # (a graph break in BatchNorm's forward), and a one-off pass is not worth a graph.
-        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), torch.compiler.set_stance("force_eager"):
             for batch in torch.arange(len(examples)).split(batch_size):
                 x, _ = examples.batch(batch, device)
                 pmodel(x, subnetwork=subnetwork)
