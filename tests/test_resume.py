@@ -138,3 +138,31 @@ def test_a_weights_file_that_would_run_code_is_refused_without_running_it(tmp_pa
     with pytest.raises(PartitionError, match="--checkpoint"):
         build_model("resnet10t", 3, str(evil))
     assert not marker.exists()
+
+
+def test_the_best_state_is_saved_with_its_score_and_its_own_lmls(tmp_path):
+    """The best state is chosen by the conditional LML; a resume state records that score (``best.score``), and
+    one without it (written when the full LML chose the best state) is refused, not resumed with a best state no
+    uninterrupted run would keep. ``best.safetensors`` names the LMLs of its own step."""
+    from partition_fx.training import PartitionedTrainer, load_training_state
+    from partition_fx.training.checkpoint import read_checkpoint
+
+    x, y = torch.randn(48, 4, generator=torch.Generator().manual_seed(0)), torch.arange(48) % 2
+
+    def trainer():
+        return PartitionedTrainer(partitionify(nn.Linear(4, 2), 3), (x, y), batch_size=8, checkpoint_dir=tmp_path)
+
+    first = trainer()
+    first.run(6, eval_every=2, progress=False)
+    best_step = first.best[1]
+    record = next(r for r in first.history if r["step"] == best_step)
+    assert first.best[0] == record["conditional_lml"]
+    _, meta = read_checkpoint(tmp_path / "best.safetensors", {})
+    assert (meta["step"], meta["lml"], meta["conditional_lml"]) == (best_step, record["lml"], record["conditional_lml"])
+    state = tmp_path / "resume" / "state.json"
+    plain = json.loads(state.read_text())
+    assert plain["best"]["score"] == record["conditional_lml"]
+    plain["best"] = {"lml": record["lml"], "step": best_step}  # as an earlier development version wrote it
+    state.write_text(json.dumps(plain))
+    with pytest.raises(PartitionCheckpointError, match=r"earlier development version.*start a new run"):
+        load_training_state(trainer(), tmp_path / "resume")

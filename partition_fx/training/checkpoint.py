@@ -253,6 +253,11 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         )
     if plain.get("format") != FORMAT:
         raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
+    if plain.get("best") is not None and "score" not in plain["best"]:
+        raise PartitionCheckpointError(
+            f"{directory} was written by an earlier development version, which chose the best state by the full "
+            "LML (this one uses the conditional LML): it cannot continue the same run; start a new run"
+        )
     fingerprint = {**ADDED_TO_FINGERPRINT, **plain["fingerprint"]}
     modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
     modules = {name: state for name, state in modules.items() if state}
@@ -367,12 +372,12 @@ class CheckpointWriter(TrainingHook):
         trainer.save_checkpoint(last, final=True, norm_statistics="final" if calibrated else None)
         if not calibrated or trainer.best is None:
             return  # no statistics to calibrate (or not asked to): the evaluation's best file is the best state
-        lml, step, _ = trainer.best
+        score, step, _ = trainer.best
         if not trainer.best_is_current():
-            trainer.save_checkpoint(best, best=(lml, step, trainer.recalibrated_best()), norm_statistics="final")
+            trainer.save_checkpoint(best, best=(score, step, trainer.recalibrated_best()), norm_statistics="final")
         elif step == trainer.step:
             link_file(last, best)  # the same state: no second copy on disk
         else:  # the run restored the best state and recalibrated it: last's tensors with the best's step and LML
             trainer.save_checkpoint(
-                best, final=True, norm_statistics="final", best=(lml, step, trainer._module_states())
+                best, final=True, norm_statistics="final", best=(score, step, trainer.module_states())
             )

@@ -28,8 +28,9 @@ class TrainerState:
         ``checkpoint_defaults`` (see ``PartitionedModel.rebuilt_buffers``)."""
         return self.pmodel.rebuilt_buffers(defaults=not self.options.checkpoint_defaults)
 
-    def _module_states(self, copy_values: bool = False) -> dict[str, dict[str, torch.Tensor]]:
-        """The modules' state without the buffers checkpoints leave out (they never change)."""
+    def module_states(self, copy_values: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+        """The modules' state (``model``, ``hyper``, ``likelihood``) without the buffers checkpoints leave out
+        (they never change); detached, and copied with ``copy_values``."""
         rebuilt = self._omitted_buffers().keys()
         states = {
             name: {k: v.detach() for k, v in m.state_dict().items() if name != "model" or k not in rebuilt}
@@ -103,13 +104,13 @@ class TrainerState:
         return {
             "step": self.step,
             "history": self.history,
-            "best": None if self.best is None else {"lml": self.best[0], "step": self.best[1]},
+            "best": None if self.best is None else {"score": self.best[0], "step": self.best[1]},
             "best_modules": None if self.best is None else self.best[2],
             "skipped_steps": self.skipped_steps,
             "pending_losses": losses,
             "pending_hyper_losses": hyper_losses,
             "grad_scaler": self.precision.state_dict(),
-            "modules": self._module_states(),
+            "modules": self.module_states(),
             "optimizer": self.optimizer.state_dict(),
             "hyper_optimizer": self.hyper_optimizer.state_dict() if self.hyper_optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -146,7 +147,7 @@ class TrainerState:
         self._hyper_losses = [torch.tensor(v) for v in state["pending_hyper_losses"]]
         self.precision.load_state_dict(state.get("grad_scaler"))
         if state["best"] is not None:
-            self.best = (state["best"]["lml"], state["best"]["step"], state["best_modules"])
+            self.best = (state["best"]["score"], state["best"]["step"], state["best_modules"])
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -165,17 +166,19 @@ class TrainerState:
         step, the latest LML, the configuration, ``final`` (the state a finished run returned) and
         ``norm_statistics`` (what the model's BatchNorm running statistics are calibrated for; default
         ``"training"``, or ``"none"`` for a model without them: see ``checkpoint.NORM_STATISTICS``) in its
-        metadata. ``best``: an ``(lml, step, module states)`` to write instead of the current state (as kept in
+        metadata. ``best``: a ``(score, step, module states)`` to write instead of the current state (as kept in
         ``self.best``). The model's rebuilt buffers are left out (see :meth:`omitted`)."""
         if best is not None:
-            lml, step, states = best  # kept without the rebuilt buffers, as _module_states() gives them
+            _, step, states = best  # kept without the rebuilt buffers, as module_states() gives them
+            record = next((r for r in self.history if r["step"] == step), {})
         else:
-            lml = self.history[-1]["lml"] if self.history else None
-            step, states = self.step, self._module_states()
+            step, states = self.step, self.module_states()
+            record = self.history[-1] if self.history else {}
         if norm_statistics is None:
             norm_statistics = "training" if running_norms(self.pmodel) else "none"
         tensors = {f"{name}.{k}": cpu_copy(v) for name, state in states.items() for k, v in state.items()}
-        meta = {"step": step, "lml": lml, "final": final, "norm_statistics": norm_statistics, "storage": "flat"}
+        lml = {"lml": record.get("lml"), "conditional_lml": record.get("conditional_lml")}  # the step's estimates
+        meta = {"step": step, **lml, "final": final, "norm_statistics": norm_statistics, "storage": "flat"}
         write_checkpoint(path, tensors, {**meta, **self.identity(), **self.omitted()})
 
     def best_is_current(self) -> bool:
@@ -189,7 +192,7 @@ class TrainerState:
             if id(m) in norms
             for key, _ in m.named_buffers(recurse=False)
         }
-        current = self._module_states()
+        current = self.module_states()
         return all(
             torch.equal(value, current[name][key])
             for name, state in self.best[2].items()

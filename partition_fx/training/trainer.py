@@ -416,7 +416,7 @@ class PartitionedTrainer(TrainerState, Stepping):
         score = None if estimate is None else self.selection_score(estimate)
         improved = score is not None and (self.best is None or score > self.best[0])
         if improved:
-            self.best = (score, self.step, self._module_states(copy_values=True))
+            self.best = (score, self.step, self.module_states(copy_values=True))
         for hook in self.hooks:
             hook.after_evaluation(self, record, improved)
         return record
