@@ -235,10 +235,30 @@ def test_the_report_leads_with_the_conditional_lml_and_explains_both(run_dir):
 
 
 def test_an_interrupted_run_says_how_to_continue(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(PartitionedTrainer, "iteration", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
-    out = tmp_path / "run"
+    """The hint is what the run's report allows: --resume after an evaluation, a new run before the first one,
+    export once training had finished (an interrupt while the files are written)."""
+    original = PartitionedTrainer.iteration
+
+    def interrupt_at(step):
+        def iteration(self):
+            if self.step == step:
+                raise KeyboardInterrupt
+            original(self)
+
+        return iteration
+
+    for step, hint in ((2, "continue with `partition-fx train --resume {out}`"), (0, "run it again")):
+        out = tmp_path / f"at{step}"
+        with monkeypatch.context() as patched:
+            patched.setattr(PartitionedTrainer, "iteration", interrupt_at(step))
+            assert main(["train", *TINY, "--out", str(out)]) == 130
+        assert hint.format(out=out) in capsys.readouterr().err
+    out = tmp_path / "writing"
+    monkeypatch.setattr("partition_fx.cli.train.export_onnx", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["train", *TINY, "--out", str(out)]) == 130
-    assert f"continue with `partition-fx train --resume {out}`" in capsys.readouterr().err
+    assert f"`partition-fx export --run {out}` writes its model" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
+    assert main(["export", "--run", str(out)]) == 0  # the hint works
 
 
 @pytest.mark.parametrize("command", ["train", "convert", "export", "federated"])

@@ -7,6 +7,7 @@ errors answer without them."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
@@ -57,10 +58,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _how_to_continue(args: Any) -> str:
-    """What an interrupted command keeps, and for ``train`` the command that continues it."""
+    """For an interrupted ``train``, what its report says can be done next: resume from its last evaluation,
+    export a run whose training had finished, or run again when nothing was saved.
+
+    >>> import argparse, tempfile
+    >>> _how_to_continue(argparse.Namespace(command="train", resume=None, out=Path(tempfile.mkdtemp())))
+    '; it stopped before anything was saved: run it again'
+    """
     if args.command != "train":
         return ""
     run = args.resume if args.resume is not None else args.out
+    try:
+        report = json.loads((Path(run) / "report.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        report = None
+    if not isinstance(report, dict) or report.get("status") != "interrupted":  # not this run's report
+        return "; it stopped before anything was saved: run it again"
+    step, steps = report.get("last_checkpoint_step"), (report.get("config") or {}).get("steps")
+    if step is None:
+        return "; it stopped before its first evaluation, so there is nothing to resume: run it again (--overwrite)"
+    if step == steps:
+        return f"; its training had finished: `partition-fx export --run {run}` writes its model"
     return f"; the last checkpoint and report.json are kept: continue with `partition-fx train --resume {run}`"
 
 

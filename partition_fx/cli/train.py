@@ -97,7 +97,8 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
         prepare_out(out, args.overwrite, inputs)
     elif resume_from is not None and not resume_directory(resume_from).is_dir():  # as the trainer will find it
         raise PartitionCheckpointError(
-            f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
+            f"--resume {str(out)!r}: no checkpoint/resume/ there (the run stopped before its first evaluation, or "
+            "completed without --keep-resume); train it again"
         )
     barrier(rank)
     report = starting_report(args, job.pmodel.proportions, job.data, job.device)
@@ -115,8 +116,12 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
 
     initial = job.hyper.hyperparameters() if job.hyper is not None else {}  # for the plots' iteration 0
     started = time.perf_counter()
-    try:
+    try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
         result = _fit(job, out, resume_from, [on_evaluation])
+        report.update(_results(job, result))
+        if writes:
+            report["best_test_accuracy"] = best_test_accuracy(job, out / "checkpoint" / "best.safetensors")
+            _write_files(job, result, out, initial)
     except BaseException as e:
         interrupted = isinstance(e, KeyboardInterrupt)
         report.update(
@@ -126,10 +131,6 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
             report["error"] = str(e)
         save()
         raise
-    report.update(_results(job, result))
-    if writes:
-        report["best_test_accuracy"] = best_test_accuracy(job, out / "checkpoint" / "best.safetensors")
-        _write_files(job, result, out, initial)
     kept = {"resume": "checkpoint/resume/"} if args.keep_resume else {}
     report.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
     save()
