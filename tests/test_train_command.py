@@ -287,3 +287,37 @@ def test_overwrite_replaces_an_earlier_run(tmp_path):
     assert main([*convert, "--overwrite"]) == 0
     assert not (out / "stale.txt").exists()
     assert json.loads((out / "report.json").read_text())["command"] == "convert"
+
+
+def test_keep_resume_is_honoured_when_the_run_resumes(tmp_path, monkeypatch):
+    original = PartitionedTrainer.iteration
+
+    def interrupt(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        original(self)
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionedTrainer, "iteration", interrupt)
+        assert main(["train", *TINY, "--keep-resume", "--out", str(out)]) == 130
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0  # --keep-resume not repeated
+    assert (out / "checkpoint" / "resume" / "state.json").is_file()
+
+
+def test_overwrite_replaces_a_run_an_earlier_version_wrote(run_dir, tmp_path):
+    """Reports did not name their command before this version: such a run is still recognised by its fields, so
+    the README's ``partition-fx train --overwrite`` replaces the runs/train it wrote; someone else's report with
+    ``status`` and ``config`` is not."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    report = json.loads((run_dir / "report.json").read_text())
+    for key in ("command", "keep_resume"):
+        report.pop(key)
+    (earlier / "report.json").write_text(json.dumps(report))
+    assert main(["convert", "--model", "fixup_resnet8", "--out", str(earlier), "--overwrite"]) == 0
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "report.json").write_text(json.dumps({"status": "completed", "config": {"lr": 0.1}}))
+    assert main(["convert", "--model", "fixup_resnet8", "--out", str(theirs), "--overwrite"]) == 2
+    assert [p.name for p in theirs.iterdir()] == ["report.json"]

@@ -133,7 +133,7 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
             f"--alpha {args.alpha}: the Dirichlet concentration must be > 0 (0.1: most clients hold one group)"
         )
     shares = args.proportions if args.proportions is not None else FEDERATED_DEFAULTS["proportions"]
-    text = ",".join(str(p) for p in shares)
+    text = ",".join(str(p) for p in shares) + (" (the default)" if args.proportions is None else "")
     if len(shares) != args.partitions or any(not p > 0 for p in shares):
         raise PartitionArgumentError(
             f"--proportions {text}: give {args.partitions} positive shares summing to 1 "

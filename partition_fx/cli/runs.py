@@ -51,15 +51,39 @@ def is_run_directory(path: Path) -> bool:
     False
     >>> _ = (run / "report.json").write_text('{"command": "train"}'); is_run_directory(run)
     True
+    >>> _ = (run / "report.json").write_text('{"command": ["train"]}'); is_run_directory(run)
+    False
     """
     for name in REPORTS:
         try:
             report = json.loads((path / name).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if isinstance(report, dict) and report.get("command") in COMMANDS:
+        if not isinstance(report, dict):
+            continue
+        command = report.get("command")
+        if (isinstance(command, str) and command in COMMANDS) or _written_before_commands(report):
             return True
     return False
+
+
+def _written_before_commands(report: dict[str, Any]) -> bool:
+    """A report from before reports named their command (this version), by fields that only partition-fx's
+    reports held together: a ``train`` run's configuration, a ``federated`` run's, a ``convert`` report or an
+    ``export.json``. Without this, the README's own ``partition-fx train --overwrite`` would refuse the
+    ``runs/train`` an earlier version wrote.
+
+    >>> _written_before_commands({"status": "completed", "config": {"lr": 0.1}})  # someone else's report
+    False
+    """
+    config = report.get("config")
+    config = config.keys() if isinstance(config, dict) else set()
+    return (
+        {"model", "partitions", "proportions", "scheme", "hyper_lr"} <= config
+        or {"clients", "alpha", "rounds", "server_lr"} <= config
+        or {"num_partitions", "max_relative_difference_to_original", "trainable_entries_per_partition"} <= report.keys()
+        or {"run", "checkpoint", "checkpoint_step", "subnetwork"} <= report.keys()
+    )
 
 
 def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
@@ -95,7 +119,11 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
             f"--out {str(out)!r} is a file or a link, not a run directory; choose another --out "
             "(--overwrite replaces only a directory an earlier partition-fx run wrote)"
         )
-    if not any(out.iterdir()):
+    try:
+        empty = not any(out.iterdir())
+    except OSError as e:
+        raise PartitionError(f"--out {str(out)!r} cannot be read: {e.strerror or e}; choose another --out") from None
+    if empty:
         return False
     run = is_run_directory(out)
     if not run:
@@ -187,7 +215,8 @@ def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
             f"--{key.replace('_', '-')} {given[key]} (the run has {saved.get(key)})" for key in conflicts
         )
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
-    return argparse.Namespace(**{**vars(args), **saved, "overwrite": False})
+    keep_resume = args.keep_resume or bool(report.get("keep_resume"))  # asked for when the run started, or now
+    return argparse.Namespace(**{**vars(args), **saved, "overwrite": False, "keep_resume": keep_resume})
 
 
 def starting_report(
@@ -209,6 +238,7 @@ def starting_report(
     return {
         "command": "train",
         "status": "running",
+        "keep_resume": args.keep_resume,  # not configuration: a resumed run honours it without being asked again
         "config": config,
         "data": {"name": data.name, "train": len(data.train), "test": len(data.test), "classes": data.num_classes},
         "history": [],

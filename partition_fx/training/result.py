@@ -18,8 +18,8 @@ class FitResult:
     ``LMLEstimate.conditional``), ``conditional_lml_per_example`` (over the examples of chunks 2..C),
     ``train_loss`` (mean
     parameter-step loss since the last evaluation), ``hyper_loss``, ``hyperparameters``, ``seconds``."""
-    conditional_lml: float
-    """The final estimate of log p(D_2:C | D_1, psi): the LML without its chunk-1 term."""
+    conditional_lml: float | None
+    """The final estimate of log p(D_2:C | D_1, psi): the LML without its chunk-1 term (None when C = 1)."""
     hyperparameters: dict[str, Any]
     """Name -> value (plain floats/lists), e.g. ``{"rotation": 2.9, ...}`` (radians)."""
     steps: int

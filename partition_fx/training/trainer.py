@@ -404,7 +404,8 @@ class PartitionedTrainer(TrainerState, Stepping):
             "lml": None if estimate is None else estimate.total,
             "lml_per_chunk": None if estimate is None else estimate.per_chunk,
             "lml_per_example": None if estimate is None else estimate.per_example,
-            "conditional_lml": None if estimate is None else estimate.conditional,
+            # with C = 1 no chunk is scored by a subnetwork that trained on others: no conditional LML
+            "conditional_lml": None if estimate is None or not scored else estimate.conditional,
             "conditional_lml_per_example": None if estimate is None or not scored else estimate.conditional / scored,
             "train_loss": mean(losses),
             "hyper_loss": mean(hyper_losses),
