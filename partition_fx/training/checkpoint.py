@@ -2,7 +2,8 @@
 
 A **checkpoint file** (``last.safetensors``, ``best.safetensors``) holds the model, input transform and
 likelihood tensors (``model.<key>``, ``hyper.<key>``, ``likelihood.<key>``) with the step, the latest LML and
-the partitioning in its metadata.
+the partitioning in its metadata. :func:`load_checkpoint` restores one into a partitioned model without a
+trainer or any data (what ``partition-fx export`` does).
 
 Its ``norm_statistics`` says what the model's BatchNorm running statistics are calibrated for (see
 :data:`NORM_STATISTICS`): at the end of a run both files hold statistics recalibrated for the final subnetwork,
@@ -28,13 +29,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
 from .._io import existing_directory, link_file, replace_directory, replace_file
 from ..errors import PartitionCheckpointError
 from .hooks import TrainingHook
+
+if TYPE_CHECKING:
+    from ..partitioned_model import PartitionedModel
 
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
@@ -162,6 +167,104 @@ def read_checkpoint(path: str | Path, identity: dict[str, Any]) -> tuple[dict[st
     if differ:
         raise PartitionCheckpointError(f"checkpoint {path} is from a different configuration ({'; '.join(differ)})")
     return tensors, meta
+
+
+def checkpoint_identity(pmodel: PartitionedModel) -> dict[str, Any]:
+    """The partitioning a checkpoint of ``pmodel`` belongs to: model class, C, proportions and scheme (stored in
+    its metadata, and compared by :func:`read_checkpoint`).
+
+    >>> from partition_fx import partitionify
+    >>> checkpoint_identity(partitionify(torch.nn.Linear(4, 2), 2))
+    {'num_partitions': 2, 'proportions': [0.5, 0.5], 'scheme': 'random', 'model': 'Linear'}
+    """
+    return {
+        "num_partitions": pmodel.num_partitions,
+        "proportions": list(pmodel.proportions),
+        "scheme": pmodel.scheme,
+        "model": pmodel.original_class.__name__,
+    }
+
+
+def check_omitted(pmodel: PartitionedModel, saved: dict[str, Any], source: str) -> None:
+    """Refuse a state (a checkpoint's metadata, a resume fingerprint) whose left-out buffers ``pmodel`` rebuilds
+    differently (their digest differs), or that was written before flat storage (its layouts were per tensor,
+    so its digest cannot be checked). ``source`` names the state in the message."""
+    if "omitted_sha256" not in saved:  # written before anything was left out: it holds them all
+        return
+    if saved.get("storage") != "flat" and any(True for _ in pmodel.flat_groups()):
+        raise PartitionCheckpointError(
+            f"{source} was written before flat storage (its partitions are stored per tensor); this version "
+            "cannot load it: export its model with that version (export_subnetwork), or train again"
+        )
+    defaults = saved["omitted"] == "layouts+defaults"
+    if buffers_digest(pmodel.rebuilt_buffers(defaults=defaults)) != saved["omitted_sha256"]:
+        what = "layouts and default values" if defaults else "layouts"
+        raise PartitionCheckpointError(
+            f"{source} leaves out the partition {what}, which this model builds differently: build it as the "
+            f"run did (the same partitionify seed and arguments{', model seed and weights' if defaults else ''})"
+        )
+
+
+def restore_module_states(
+    pmodel: PartitionedModel, modules: dict[str, nn.Module], states: dict[str, dict[str, torch.Tensor]], source: str
+) -> None:
+    """Load ``states`` (``{"model": ..., "hyper": ..., "likelihood": ...}``, as checkpoints and a trainer's best
+    state keep them; a missing one: empty) into ``modules`` (the same names; ``modules["model"]`` is ``pmodel``).
+    The model's state leaves out what it rebuilds (:meth:`PartitionedModel.rebuilt_buffers`): its own are kept.
+    A state that does not fit its module is refused naming ``source`` and the module."""
+    for name, m in modules.items():
+        state = states.get(name, {})
+        if name == "model":
+            state = {**pmodel.rebuilt_buffers(defaults=True), **state}
+        try:
+            m.load_state_dict(state)
+        except RuntimeError as e:
+            raise PartitionCheckpointError(
+                f"{source}: its {name} state does not fit this {type(m).__name__} (build it as the run did): {e}"
+            ) from e
+
+
+def load_checkpoint(
+    pmodel: PartitionedModel,
+    path: str | Path,
+    *,
+    hyper: nn.Module | None = None,
+    likelihood: nn.Module | None = None,
+) -> dict[str, Any]:
+    """Restore a checkpoint file written by ``PartitionedTrainer.save_checkpoint`` (a run's
+    ``checkpoint/last.safetensors`` or ``best.safetensors``) into ``pmodel``, and into the input transform
+    ``hyper`` and the ``likelihood`` where given (built as the run built them; the file's tensors of a module not
+    given are ignored). Needs no trainer and no data. Returns the checkpoint's metadata: ``step``, ``lml``,
+    ``final``, ``norm_statistics`` (see :data:`NORM_STATISTICS`: whether an export needs the BatchNorm statistics
+    recalibrated first, :func:`needs_recalibration`) and the partitioning.
+
+    Refuses, with :class:`~partition_fx.errors.PartitionCheckpointError`: a missing, truncated or corrupted file;
+    one from another partitioning (naming each field that differs) or whose left-out layouts or defaults this
+    model rebuilds differently; and one written before flat storage.
+
+    >>> import tempfile, torch
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import fit
+    >>> x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    >>> run = tempfile.mkdtemp()
+    >>> trained = partitionify(torch.nn.Linear(4, 2), 2, seed=0)
+    >>> _ = fit(trained, (x, y), steps=4, checkpoint_dir=run, progress=False)
+    >>> pmodel = partitionify(torch.nn.Linear(4, 2), 2, seed=0)
+    >>> meta = load_checkpoint(pmodel, f"{run}/last.safetensors")
+    >>> meta["step"], meta["norm_statistics"], torch.equal(pmodel(x), trained(x))
+    (4, 'none', True)
+    >>> load_checkpoint(partitionify(torch.nn.Linear(4, 2), 3), f"{run}/last.safetensors")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionCheckpointError: checkpoint ... is from a different configuration (num_partitions: ...
+    """
+    tensors, meta = read_checkpoint(path, checkpoint_identity(pmodel))
+    source = f"checkpoint {path}"
+    check_omitted(pmodel, meta, source)
+    found = {"model": pmodel, "hyper": hyper, "likelihood": likelihood}
+    modules = {name: m for name, m in found.items() if m is not None}
+    restore_module_states(pmodel, modules, {name: with_prefix(tensors, name + ".") for name in modules}, source)
+    return meta
 
 
 # --- resume directories ----------------------------------------------------------------------------
