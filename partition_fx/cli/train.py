@@ -96,7 +96,8 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
         prepare_out(out, args.overwrite, inputs)
     elif resume_from is not None and not resume_directory(resume_from).is_dir():  # as the trainer will find it
         raise PartitionCheckpointError(
-            f"--resume {str(out)!r}: no checkpoint/resume/ there (runs written before resuming existed cannot resume)"
+            f"--resume {str(out)!r}: no checkpoint/resume/ there (it is written at each evaluation: a run stopped "
+            "before its first has nothing to resume); train again"
         )
     barrier(rank)
     report = starting_report(args, job.pmodel.proportions, job.data, job.device)

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .._io import existing_directory, link_file, replace_directory, replace_file
-from ..errors import PartitionCheckpointError
+from ..errors import PartitionCheckpointError, earlier_version
 from .hooks import TrainingHook
 
 if TYPE_CHECKING:
@@ -46,11 +46,18 @@ STATE = "state.json"
 FORMAT = 3
 """3: partitioned tensors in flat storage (``partition_fx.flat``): the optimiser state is per group parameter.
 2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
-1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused (their model
-weights, in ``last.safetensors``/``best.safetensors``, still load)."""
+1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused, as are their
+checkpoint files (partitions per tensor). A format-3 state lacking a field of :data:`STATE_FIELDS` or of this
+trainer's fingerprint is from an earlier development version of this format: refused, naming what it lacks."""
 
-ADDED_TO_FINGERPRINT = {"hyper_chunks": "one", "hyper_samples": None}
-"""Fingerprint fields added after format 2 was written, with the value every earlier state had."""
+STATE_FIELDS = (
+    "step", "history", "best", "skipped_steps", "pending_losses", "pending_hyper_losses", "optimizer",
+    "hyper_optimizer", "scheduler", "hyper_scheduler", "finetune_start", "grad_scaler", "fingerprint",
+)  # fmt: skip
+"""What a resume directory's ``state.json`` holds besides its ``format``."""
+
+CHECKPOINT_FIELDS = ("step", "lml", "final", "norm_statistics", "storage", "omitted", "omitted_sha256")
+"""What a checkpoint file's metadata holds besides the partitioning (:func:`checkpoint_identity`)."""
 
 
 NORM_STATISTICS = {
@@ -58,18 +65,17 @@ NORM_STATISTICS = {
     "training": "the running statistics training left, shared by every subnetwork (mostly subnetwork 1's)",
     "none": "the model keeps no running statistics",
 }
-"""The values of a checkpoint's ``norm_statistics``. Files written before it existed: ``"final"`` when ``final``
-(the end of a run recalibrated them unless ``recalibrate_norms=False``), else ``"training"``."""
+"""The values of a checkpoint's ``norm_statistics``."""
 
 
 def norm_statistics(meta: dict[str, Any]) -> str:
     """What the BatchNorm statistics of a checkpoint with metadata ``meta`` are calibrated for (a key of
     :data:`NORM_STATISTICS`).
 
-    >>> norm_statistics({"norm_statistics": "none"}), norm_statistics({"final": True}), norm_statistics({})
-    ('none', 'final', 'training')
+    >>> norm_statistics({"norm_statistics": "final", "final": True})
+    'final'
     """
-    return meta.get("norm_statistics", "final" if meta.get("final") else "training")
+    return meta["norm_statistics"]
 
 
 def needs_recalibration(meta: dict[str, Any], subnetwork: int, num_partitions: int) -> bool:
@@ -185,17 +191,19 @@ def checkpoint_identity(pmodel: PartitionedModel) -> dict[str, Any]:
     }
 
 
-def check_omitted(pmodel: PartitionedModel, saved: dict[str, Any], source: str) -> None:
-    """Refuse a state (a checkpoint's metadata, a resume fingerprint) whose left-out buffers ``pmodel`` rebuilds
-    differently (their digest differs), or that was written before flat storage (its layouts were per tensor,
-    so its digest cannot be checked). ``source`` names the state in the message."""
-    if "omitted_sha256" not in saved:  # written before anything was left out: it holds them all
-        return
+def check_metadata(pmodel: PartitionedModel, saved: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint whose metadata ``saved`` says it was written before flat storage (its partitions are
+    stored per tensor), that lacks a field (:data:`CHECKPOINT_FIELDS`: an earlier development version wrote it),
+    or whose left-out buffers ``pmodel`` rebuilds differently (their digest differs). ``source`` names the
+    checkpoint in the message."""
     if saved.get("storage") != "flat" and any(True for _ in pmodel.flat_groups()):
         raise PartitionCheckpointError(
             f"{source} was written before flat storage (its partitions are stored per tensor); this version "
             "cannot load it: export its model with that version (export_subnetwork), or train again"
         )
+    missing = [key for key in (*CHECKPOINT_FIELDS, *checkpoint_identity(pmodel)) if key not in saved]
+    if missing:
+        raise PartitionCheckpointError(earlier_version(source, f"metadata {', '.join(missing)}"))
     defaults = saved["omitted"] == "layouts+defaults"
     if buffers_digest(pmodel.rebuilt_buffers(defaults=defaults)) != saved["omitted_sha256"]:
         what = "layouts and default values" if defaults else "layouts"
@@ -260,7 +268,7 @@ def load_checkpoint(
     """
     tensors, meta = read_checkpoint(path, checkpoint_identity(pmodel))
     source = f"checkpoint {path}"
-    check_omitted(pmodel, meta, source)
+    check_metadata(pmodel, meta, source)
     found = {"model": pmodel, "hyper": hyper, "likelihood": likelihood}
     modules = {name: m for name, m in found.items() if m is not None}
     restore_module_states(pmodel, modules, {name: with_prefix(tensors, name + ".") for name in modules}, source)
@@ -356,24 +364,25 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         )
     if plain.get("format") != FORMAT:
         raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
-    fingerprint = {**ADDED_TO_FINGERPRINT, **plain["fingerprint"]}
+    missing = [key for key in STATE_FIELDS if key not in plain]
+    missing += [f"fingerprint.{key}" for key in trainer.fingerprint() if key not in plain.get("fingerprint", {})]
+    if missing:
+        raise PartitionCheckpointError(earlier_version(f"{directory}/{STATE}", ", ".join(missing)))
     modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
     modules = {name: state for name, state in modules.items() if state}
     cuda = with_prefix(tensors, "rng/cuda/")
     trainer.load_state_dict(
         {
             **{key: plain[key] for key in ("step", "history", "best", "skipped_steps")},
-            "fingerprint": fingerprint,
+            "fingerprint": plain["fingerprint"],
             "pending_losses": plain["pending_losses"],
             "pending_hyper_losses": plain["pending_hyper_losses"],
             "modules": modules,
             "best_modules": _best_modules(plain["best"], modules, tensors),
             "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
-            "scheduler": plain["scheduler"],
-            "hyper_scheduler": plain.get("hyper_scheduler"),  # states written before it existed: none
-            "finetune_start": plain.get("finetune_start"),
-            "grad_scaler": plain.get("grad_scaler"),  # fp16 runs' loss scale
+            **{key: plain[key] for key in ("scheduler", "hyper_scheduler", "finetune_start")},
+            "grad_scaler": plain["grad_scaler"],  # fp16 runs' loss scale
             "rng": {
                 "torch": tensors["rng/torch"],
                 "cuda": [cuda[str(i)] for i in range(len(cuda))],
@@ -389,8 +398,8 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
 def _best_modules(
     best: dict[str, Any] | None, modules: dict[str, Any], tensors: dict[str, torch.Tensor]
 ) -> dict[str, Any] | None:
-    """The best evaluation's module states: stored under ``best/``, or the current ones (format 2 stores no
-    copy when the best evaluation is the last one)."""
+    """The best evaluation's module states: stored under ``best/``, or the current ones (no copy is stored when
+    the best evaluation is the last one)."""
     if best is None:
         return None
     if best.get("same_as_current"):

@@ -122,15 +122,15 @@ class TrainerState:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        if self.hyper_scheduler is not None and state.get("hyper_scheduler") is not None:
+        if self.hyper_scheduler is not None and state["hyper_scheduler"] is not None:
             self.hyper_scheduler.load_state_dict(state["hyper_scheduler"])
-        self.finetune_start = state.get("finetune_start")
+        self.finetune_start = state["finetune_start"]
         self.step = state["step"]
         self.history = state["history"]
         self.skipped_steps = state["skipped_steps"]
         self._losses = [torch.tensor(v) for v in state["pending_losses"]]
         self._hyper_losses = [torch.tensor(v) for v in state["pending_hyper_losses"]]
-        self.precision.load_state_dict(state.get("grad_scaler"))
+        self.precision.load_state_dict(state["grad_scaler"])
         if state["best"] is not None:
             self.best = (state["best"]["lml"], state["best"]["step"], state["best_modules"])
         torch.set_rng_state(state["rng"]["torch"])
