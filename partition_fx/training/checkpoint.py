@@ -360,7 +360,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         raise PartitionCheckpointError(
             f"{directory} was written before flat storage (format {plain['format']}): its optimiser state is per "
             "tensor, which this version does not map onto flat groups. Resume it with partition-fx 0.x before "
-            "flat storage, or start a new run; its model weights (last.safetensors, best.safetensors) still load"
+            "flat storage, or start a new run (its checkpoint files are refused too: their partitions are per tensor)"
         )
     if plain.get("format") != FORMAT:
         raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
