@@ -32,6 +32,19 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
+def earlier_version(source: str, lacking: str) -> str:
+    """The one message for a state, checkpoint or report from one of this project's unreleased development
+    formats, which this version does not read (``lacking``: what it lacks or holds instead).
+
+    >>> earlier_version("report.json", "config.precision")
+    'report.json was written by an earlier development version of partition-fx (it lacks config.precision); ...'
+    """
+    return (
+        f"{source} was written by an earlier development version of partition-fx (it lacks {lacking}); "
+        "this version does not read it: train again"
+    )
+
+
 class PartitionError(RuntimeError):
     """A model could not be partitioned, run or exported; the message names the part and the fix."""
 

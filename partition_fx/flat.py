@@ -1,8 +1,8 @@
 """Flat storage: the partitioned tensors of one kind, dtype and device in one buffer per partition.
 
 One ``PartitionedTensor`` per original tensor, each with its own ``cat``/``index_select`` and their backward,
-C gradient accumulations and C optimiser updates, made a training step cost about 16 operators per tensor
-(resnet18: x1.38 of a plain step's operators; on a GPU a host-bound step pays a kernel launch for each).
+C gradient accumulations and C optimiser updates, made a training step's operators grow with the number of
+tensors (on a GPU a host-bound step pays a kernel launch for each; numbers in ``docs/benchmarks.md``).
 A ``FlatGroup`` holds the parts of all its member tensors as C flat ``nn.Parameter`` s (``part1`` ..
 ``partC``; part k is the concatenation of every member's part k), so subnetwork k's effective tensors of the
 whole group are a constant number of operations:
@@ -54,9 +54,9 @@ _LAYOUTS = ("random", "node")  # kinds gathered through a layout index; the othe
 
 GROUP_ENTRIES = 1 << 22
 """A group closes once its members' first parts hold this many entries (4M; with 0.8 of each tensor in part 1,
-about 5M entries in all). Gathers over one group then stay within a few tens of MB: on CPU a single gather
-over all of resnet18's 11M entries ran x1.2 slower than per-tensor gathers (cache misses), while the number
-of groups, and so of operators, still grows with the model's size, not with its number of tensors."""
+about 5M entries in all). Gathers over one group then stay within a few tens of MB, as on CPU a single gather
+over a whole large model is slower than per-tensor gathers (cache misses; ``docs/benchmarks.md``), while the
+number of groups, and so of operators, still grows with the model's size, not with its number of tensors."""
 
 
 def groupable(pt: PartitionedTensor) -> bool:

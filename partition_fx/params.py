@@ -27,7 +27,7 @@ from .assign import (
     layout_index,
     normal_values,
 )
-from .errors import PartitionError, PartitionNotImplementedError
+from .errors import PartitionCheckpointError, PartitionError, PartitionNotImplementedError, earlier_version
 from .regenerated import scatter_by_membership
 
 SCALE_KINDS = ("product", "sum")
@@ -240,8 +240,12 @@ class RandomPartitionedTensor(PartitionedTensor):
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         moments = state_dict.get(prefix + "moments")
-        if moments is not None and moments.is_floating_point():  # written before the moments were bits
-            state_dict[prefix + "moments"] = moments.double().view(torch.int64)
+        if moments is not None and moments.is_floating_point():  # loading would truncate them to integers
+            raise PartitionCheckpointError(
+                earlier_version(
+                    f"state dict entry {prefix}moments", f"the moments as float64 bits; it holds {moments.dtype}"
+                )
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         # Cached as Python numbers so that regenerating never syncs with the device.
         if hasattr(self, "generator"):

@@ -17,7 +17,7 @@ from .assign import assignment_from_index, feistel_index, feistel_tables  # noqa
 FEISTEL_BATCHED_ENTRIES = 1 << 18
 """``FeistelSegments`` evaluates the tensors of one shape as a batch once they hold this many entries together
 (256K); smaller sets go through one pass with the other small ones."""
-_FEISTEL_BATCH_LIMIT = 1 << 21  # entries per batch: more ran x2 slower per entry on CPU (cache)
+_FEISTEL_BATCH_LIMIT = 1 << 21  # entries per batch: larger batches leave the CPU cache (docs/benchmarks.md)
 
 
 class FeistelSegments:
@@ -30,8 +30,8 @@ class FeistelSegments:
       batch), at the cost of their own permutations.
     - The others go through one pass over all their entries: each entry looks up its tensor's (a, b) and
       where its tensor's round tables begin, then takes the rounds of ``feistel_index``. The lookups and the
-      integer division cost about twice a tensor's own permutation per entry (CPU), affordable for few
-      entries; on vit_tiny, 48 tensors of 4 shapes in one such pass made its CPU step x1.25 slower.
+      integer division cost more per entry than a tensor's own permutation (CPU), affordable for few
+      entries only (numbers in ``docs/benchmarks.md``).
 
     A flat group orders its members (small shape sets first, then by shape), so it makes one pass and one
     batch per large shape. Built once per group and device: it holds the round tables and a few numbers per
@@ -213,8 +213,8 @@ class _RegeneratedScatter(torch.autograd.Function):
 
 
 def _positions(membership: torch.Tensor, p: int, size: int) -> torch.Tensor:
-    """The flat positions of partition ``p``'s ``size`` entries, ascending. On CPU ``nonzero`` (x2-5 faster
-    than ``masked_select``/``masked_scatter`` on 1-5M entries, and than ``nonzero_static``); elsewhere, and
+    """The flat positions of partition ``p``'s ``size`` entries, ascending. On CPU ``nonzero`` (faster there
+    than ``masked_select``/``masked_scatter`` and than ``nonzero_static``: ``docs/benchmarks.md``); elsewhere, and
     under torch.compile, ``nonzero_static``: the known size spares a host synchronisation and gives the
     compiled graph a static shape."""
     mask = membership == p

@@ -163,7 +163,7 @@ BAD_CHECKPOINTS = _paths(
 BAD_OUTS = _paths("ROOT/afile", "ROOT/nonempty", "ROOT/afile/sub", ".", "ROOT", "")
 BAD_RUNS = _paths(
     "ROOT/missing", "ROOT/afile", "ROOT/emptydir", "ROOT/nonempty", "ROOT/bad_json", "ROOT/no_config",
-    "ROOT/list_json", "ROOT/config_without_keys", "",
+    "ROOT/list_json", "ROOT/config_without_keys", "ROOT/earlier_run", "",
 )  # fmt: skip
 
 
@@ -276,6 +276,10 @@ def _make_root(root: Path, run: Path, weights: Path) -> None:
         (root / name / "checkpoint" / "last.safetensors").write_bytes(
             (run / "checkpoint/last.safetensors").read_bytes()
         )
+    report = json.loads((run / "report.json").read_text())
+    del report["config"]["precision"]  # as an earlier development version wrote it
+    (root / "earlier_run" / "checkpoint").mkdir(parents=True)
+    (root / "earlier_run" / "report.json").write_text(json.dumps(report))
     (root / "corrupt_run" / "checkpoint").mkdir(parents=True)
     (root / "corrupt_run" / "report.json").write_text((run / "report.json").read_text())
     (root / "corrupt_run" / "checkpoint" / "last.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{}")

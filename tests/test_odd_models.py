@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 from partition_fx import PartitionConfig, PartitionError, export_subnetwork, partitionify
+from partition_fx.errors import PartitionCheckpointError
 from partition_fx.regenerated import scatter_by_membership
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 
@@ -160,17 +161,16 @@ def test_casting_after_conversion_commutes_with_export_and_survives_a_state_dict
         assert all(torch.equal(fresh.eval()(x, subnetwork=k), half.eval()(x, subnetwork=k)) for k in range(4))
 
 
-def test_a_state_dict_with_float_moments_still_loads() -> None:
-    """State dicts written before the moments were float64 bits hold them as float32: they load as the
-    float32 values, which is what their writer regenerated from."""
+def test_a_state_dict_with_float_moments_is_refused() -> None:
+    """An earlier development version stored the moments as floats: loading them into the int64 bits would
+    truncate them to integers (silently wrong regenerated defaults), so such a state is refused, naming it."""
     pmodel = partitionify(nn.Sequential(nn.Linear(64, 64)), 3, default="seed")
     state = pmodel.state_dict()
     key = next(k for k in state if k.endswith("moments"))
     old = state[key].view(torch.float64).float()
     fresh = partitionify(nn.Sequential(nn.Linear(64, 64)), 3, default="seed", seed=7)
-    fresh.load_state_dict({**state, key: old})
-    loaded = dict(fresh.partitioned_tensors())["0.weight"]
-    assert loaded._moments == tuple(old.tolist()) and loaded.moments.dtype == torch.int64
+    with pytest.raises(PartitionCheckpointError, match=rf"entry {key} was written by an earlier development version"):
+        fresh.load_state_dict({**state, key: old})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

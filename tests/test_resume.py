@@ -118,6 +118,49 @@ def test_single_file_checkpoints_refuse_other_configurations_and_truncation(tmp_
         PartitionedTrainer(_pmodel(), _images()).load_checkpoint(last)
 
 
+def _rewrite_checkpoint_metadata(path, drop: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from partition_fx.training.checkpoint import read_checkpoint
+
+    meta = read_checkpoint(path, {})[1]
+    del meta[drop]
+    save_file(load_file(str(path)), str(path), metadata={"partition_fx": json.dumps(meta)})
+
+
+def test_state_checkpoint_and_report_from_an_earlier_development_version_are_refused_naming_what_they_lack(tmp_path):
+    """Version 0.1.0 reads only what it writes: a field an earlier development version did not write is
+    never defaulted; the state, checkpoint or report is refused with one message naming the file and the field."""
+    from partition_fx.cli.runs import RUN_CONFIG_KEYS, read_run
+    from partition_fx.errors import PartitionError
+    from partition_fx.training import load_checkpoint
+
+    _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
+    state_file = tmp_path / "resume" / "state.json"
+    current = json.loads(state_file.read_text())
+    earlier = "was written by an earlier development version of partition-fx"
+    for drop, named in (("grad_scaler", "grad_scaler"), ("hyper_chunks", "fingerprint.hyper_chunks")):
+        state = json.loads(json.dumps(current))
+        del (state["fingerprint"] if drop == "hyper_chunks" else state)[drop]
+        state_file.write_text(json.dumps(state))
+        with pytest.raises(PartitionCheckpointError, match=rf"state.json {earlier} \(it lacks {named}\)"):
+            _fit(_pmodel(), 6, resume=tmp_path / "resume")
+    state_file.write_text(json.dumps(current))
+    assert _fit(_pmodel(), 6, resume=tmp_path / "resume").steps == 6  # the state as written resumes
+    for drop in ("norm_statistics", "omitted_sha256", "num_partitions"):
+        last = tmp_path / "last.safetensors"
+        _rewrite_checkpoint_metadata(last, drop)
+        with pytest.raises(PartitionCheckpointError, match=rf"last.safetensors {earlier} \(it lacks metadata {drop}\)"):
+            load_checkpoint(_pmodel(), last)
+        _fit(_pmodel(), 2, checkpoint_dir=tmp_path)  # a current checkpoint again
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {key: None for key in RUN_CONFIG_KEYS if key != "precision"}
+    (run / "report.json").write_text(json.dumps({"command": "train", "config": config}))
+    with pytest.raises(PartitionError, match=rf"report.json {earlier} \(it lacks config.precision\)"):
+        read_run(run, "--run")
+
+
 class _RunsCodeWhenUnpickled:
     """A pickle payload: unpickling it would create ``path`` (what a malicious checkpoint could do)."""
 
@@ -164,5 +207,5 @@ def test_the_best_state_is_saved_with_its_score_and_its_own_lmls(tmp_path):
     assert plain["best"]["score"] == record["conditional_lml"]
     plain["best"] = {"lml": record["lml"], "step": best_step}  # as an earlier development version wrote it
     state.write_text(json.dumps(plain))
-    with pytest.raises(PartitionCheckpointError, match=r"earlier development version.*start a new run"):
+    with pytest.raises(PartitionCheckpointError, match=r"earlier development version.*best\.score.*train again"):
         load_training_state(trainer(), tmp_path / "resume")

@@ -15,7 +15,7 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.errors import PartitionCheckpointError
-from partition_fx.training import PartitionedTrainer, fit
+from partition_fx.training import PartitionedTrainer, fit, load_checkpoint
 from partition_fx.training.checkpoint import read_checkpoint
 from partition_fx.transforms import InputMask
 
@@ -97,6 +97,40 @@ def test_best_is_a_link_to_last_and_the_final_last_holds_what_the_run_returned(t
     PartitionedTrainer(reloaded, (x, y), hyper=InputMask(6)).load_checkpoint(tmp_path / "last.safetensors")
     for a, b in zip(pmodel.state_dict().values(), reloaded.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _refusal(load) -> str:
+    with pytest.raises(PartitionCheckpointError) as refused:
+        load()
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("checkpoint_defaults", [True, False])
+def test_load_checkpoint_restores_what_the_trainer_restores_without_one(tmp_path: Path, checkpoint_defaults) -> None:
+    """``training.load_checkpoint`` (no trainer, no data) restores the same tensors as the trainer's
+    ``load_checkpoint``, and refuses a checkpoint from another configuration with the same message."""
+    x, y = _data()
+    trained = (_pmodel(0), InputMask(6))
+    fit(trained[0], (x, y), hyper=trained[1], steps=6, eval_every=3, checkpoint_dir=tmp_path,
+        checkpoint_defaults=checkpoint_defaults, progress=False)  # fmt: skip
+    last = tmp_path / "last.safetensors"
+    by_trainer, by_function = (_pmodel(0), InputMask(6)), (_pmodel(0), InputMask(6))
+    trainer_meta = PartitionedTrainer(by_trainer[0], (x, y), hyper=by_trainer[1]).load_checkpoint(last)
+    assert load_checkpoint(by_function[0], last, hyper=by_function[1]) == trainer_meta
+    assert trainer_meta["step"] == 6
+    for a, b, c in zip(by_trainer, by_function, trained):
+        assert a.state_dict().keys() == b.state_dict().keys() == c.state_dict().keys()
+        assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+        assert all(torch.equal(c.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    other_partitions = partitionify(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)), 2, seed=1)
+    other_layouts = partitionify(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)), 3, (0.5, 0.25, 0.25))
+    for other in (other_partitions, other_layouts):
+        expected = _refusal(lambda other=other: PartitionedTrainer(other, (x, y)).load_checkpoint(last))
+        assert _refusal(lambda other=other: load_checkpoint(other, last)) == expected
+        assert "different configuration" in expected or "builds differently" in expected
+    wrong_mask = InputMask(5)  # a hyperparameter module of another shape: refused, naming the file and the module
+    message = _refusal(lambda: load_checkpoint(_pmodel(0), last, hyper=wrong_mask))
+    assert f"checkpoint {last}: its hyper state does not fit this InputMask" in message
 
 
 def test_checkpoints_without_defaults_refuse_a_model_that_rebuilds_them_differently(tmp_path: Path) -> None:

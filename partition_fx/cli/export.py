@@ -1,7 +1,8 @@
 """``partition-fx export --run DIR``: a trained run's checkpoint -> a plain safetensors model and ONNX.
 
-The run's model is rebuilt from its report's configuration (as ``train`` built it), its checkpoint loaded,
-and the chosen subnetwork exported to ``--out`` (default ``RUN/export``) with an ``export.json`` summary.
+The run's model is rebuilt from its report's configuration (as ``train`` built it), its checkpoint loaded
+(``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to ``--out`` (default
+``RUN/export``) with an ``export.json`` summary.
 
 BatchNorm running statistics: a finished run's ``last`` and ``best`` checkpoints hold them recalibrated for the
 final subnetwork (as the run evaluated them), so their export reproduces the run's ``test_accuracy`` and
@@ -18,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_model
 from torch import nn
 
@@ -25,7 +27,13 @@ from .._io import replace_file, write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_onnx, export_subnetwork
 from ..partitioned_model import PartitionedModel
-from ..training import PartitionedTrainer, evaluate_classifier, recalibrate_norm_statistics
+from ..training import (
+    Examples,
+    TrainerOptions,
+    evaluate_classifier,
+    load_checkpoint,
+    recalibrate_norm_statistics,
+)
 from ..training.checkpoint import needs_recalibration, norm_statistics
 from .checks import check_export
 from .job import job_from_args
@@ -81,17 +89,16 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 def load_for_export(
     pmodel: PartitionedModel, hyper: nn.Module | None, train: Any, checkpoint: Path, subnetwork: int | None = None
 ) -> tuple[dict[str, Any], int]:
-    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) on the
-    CPU, the model's BatchNorm statistics recalibrated for ``subnetwork`` (default C) over the training data
-    ``train`` where they are not calibrated for it (``training.checkpoint.needs_recalibration``), as the end of a
-    run does. Returns the checkpoint's metadata and how many BatchNorm modules were recalibrated."""
-    trainer = PartitionedTrainer(pmodel, train, hyper=hyper, device="cpu", data_parallel=False)  # rank 0 alone
-    meta = trainer.load_checkpoint(checkpoint)
-    recalibrated = 0
-    if needs_recalibration(
-        meta, subnetwork if subnetwork is not None else pmodel.num_partitions, pmodel.num_partitions
-    ):
-        recalibrated = recalibrate_norm_statistics(
-            pmodel, trainer.examples, subnetwork, batch_size=trainer.eval_batch_size, device=trainer.device
-        )
+    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
+    ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
+    ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
+    training data ``train``, as the end of a run does (the trainer's evaluation batch size, on the CPU); only then
+    is ``train`` read. Returns the checkpoint's metadata and how many BatchNorm modules were recalibrated."""
+    meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
+    if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
+        return meta, 0
+    batch_size = TrainerOptions.eval_batch_size  # the end of a run recalibrates with the trainer's default
+    recalibrated = recalibrate_norm_statistics(
+        pmodel, Examples(train), subnetwork, batch_size=batch_size, device=torch.device("cpu")
+    )
     return meta, recalibrated

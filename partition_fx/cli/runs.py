@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PartitionArgumentError, PartitionError
+from ..errors import PartitionArgumentError, PartitionError, earlier_version
 from .parser import COMMANDS, train_defaults
 
 if TYPE_CHECKING:
@@ -29,13 +29,6 @@ RUN_CONFIG_KEYS = (
     "hyper_batch_size", "finetune_steps", "precision", "compile",
 )  # fmt: skip
 """The ``train`` options a run's report records under ``config`` (``device`` as asked, e.g. ``auto``)."""
-
-LATER_OPTION_DEFAULTS = {
-    "fused": False, "every_partition": False, "assignments": "stored", "hyper_chunks": "one", "hyper_samples": None,
-    "hyper_batch_size": None, "finetune_steps": 0, "precision": "fp32", "compile": None,
-}  # fmt: skip
-"""Options added after the first runs were written: what a run's report means when it lacks them."""
-
 
 REPORTS = ("report.json", "export.json")
 """The files a command's run directory is recognised by: each is a JSON object naming its ``command``."""
@@ -157,8 +150,9 @@ def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
 
 
 def read_run(run: Path, option: str) -> dict[str, Any]:
-    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write. Its
-    ``config`` holds every option (``LATER_OPTION_DEFAULTS`` for older runs), with proportions as a tuple.
+    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write, and one
+    whose ``config`` lacks an option of :data:`RUN_CONFIG_KEYS` (an earlier development version wrote it). Its
+    ``config`` holds every option, with proportions as a tuple.
 
     >>> import tempfile
     >>> read_run(Path(tempfile.mkdtemp()), "--run")
@@ -171,23 +165,22 @@ def read_run(run: Path, option: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PartitionError(f"{option} {str(run)!r}: report.json cannot be read ({e})") from None
     config = report.get("config") if isinstance(report, dict) else None
-    needed = [k for k in RUN_CONFIG_KEYS if k not in LATER_OPTION_DEFAULTS]
-    missing = [k for k in needed if k not in config] if isinstance(config, dict) else []
-    if not isinstance(config, dict) or missing:
+    if not isinstance(config, dict):
         raise PartitionError(
-            f"{option} {str(run)!r}: report.json holds no training configuration"
-            + (f" (no {', '.join(missing)})" if missing else "")
-            + "; pass the --out directory of `partition-fx train`"
+            f"{option} {str(run)!r}: report.json holds no training configuration; pass the --out directory of "
+            "`partition-fx train`"
         )
-    report["config"] = {**LATER_OPTION_DEFAULTS, **config, "proportions": tuple(config["proportions"])}
+    missing = [f"config.{k}" for k in RUN_CONFIG_KEYS if k not in config]
+    if missing:
+        raise PartitionError(earlier_version(f"{option} {str(run)!r}: report.json", ", ".join(missing)))
+    report["config"] = {**config, "proportions": tuple(config["proportions"])}
     return report
 
 
 def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
     """``--resume RUN``: the run's own configuration (from its report), refusing options that contradict it.
 
-    Options left at their defaults take the run's values; so a run written when ``--device`` defaulted to
-    ``cpu`` resumes on the CPU.
+    Options left at their defaults take the run's values (``--device`` included: the run's as asked).
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import parse_train

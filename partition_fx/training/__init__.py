@@ -1,10 +1,11 @@
 """Partitioned training: learn hyperparameters in one run by the partitioned marginal likelihood.
 
-``fit(pmodel, dataset, hyper=..., steps=...)`` is the one-liner; ``PartitionedTrainer`` exposes the steps.
+``fit(pmodel, dataset, hyper=..., steps=...)`` is the one-liner; ``PartitionedTrainer`` exposes the steps;
+``load_checkpoint(pmodel, path)`` restores a run's checkpoint file without either.
 """
 
 from ..errors import PartitionCheckpointError
-from .checkpoint import CheckpointWriter, load_training_state, resume_directory, save_training_state
+from .checkpoint import CheckpointWriter, load_checkpoint, load_training_state, resume_directory, save_training_state
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .fit import fit
 from .hooks import TrainingHook
@@ -37,6 +38,7 @@ __all__ = [
     "estimate_lml",
     "evaluate_classifier",
     "fit",
+    "load_checkpoint",
     "load_training_state",
     "partition_optimizer",
     "recalibrate_norm_statistics",

@@ -2,7 +2,8 @@
 
 A **checkpoint file** (``last.safetensors``, ``best.safetensors``) holds the model, input transform and
 likelihood tensors (``model.<key>``, ``hyper.<key>``, ``likelihood.<key>``) with the step, the latest LML and
-the partitioning in its metadata.
+the partitioning in its metadata. :func:`load_checkpoint` restores one into a partitioned model without a
+trainer or any data (what ``partition-fx export`` does).
 
 Its ``norm_statistics`` says what the model's BatchNorm running statistics are calibrated for (see
 :data:`NORM_STATISTICS`): at the end of a run both files hold statistics recalibrated for the final subnetwork,
@@ -28,24 +29,35 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
 from .._io import existing_directory, link_file, replace_directory, replace_file
-from ..errors import PartitionCheckpointError
+from ..errors import PartitionCheckpointError, earlier_version
 from .hooks import TrainingHook
+
+if TYPE_CHECKING:
+    from ..partitioned_model import PartitionedModel
 
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
 FORMAT = 3
 """3: partitioned tensors in flat storage (``partition_fx.flat``): the optimiser state is per group parameter.
 2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
-1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused (their model
-weights, in ``last.safetensors``/``best.safetensors``, still load)."""
+1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused, as are their
+checkpoint files (partitions per tensor). A format-3 state lacking a field of :data:`STATE_FIELDS` or of this
+trainer's fingerprint is from an earlier development version of this format: refused, naming what it lacks."""
 
-ADDED_TO_FINGERPRINT = {"hyper_chunks": "one", "hyper_samples": None}
-"""Fingerprint fields added after format 2 was written, with the value every earlier state had."""
+STATE_FIELDS = (
+    "step", "history", "best", "skipped_steps", "pending_losses", "pending_hyper_losses", "optimizer",
+    "hyper_optimizer", "scheduler", "hyper_scheduler", "finetune_start", "grad_scaler", "fingerprint",
+)  # fmt: skip
+"""What a resume directory's ``state.json`` holds besides its ``format``."""
+
+CHECKPOINT_FIELDS = ("step", "lml", "final", "norm_statistics", "storage", "omitted", "omitted_sha256")
+"""What a checkpoint file's metadata holds besides the partitioning (:func:`checkpoint_identity`)."""
 
 
 NORM_STATISTICS = {
@@ -53,18 +65,17 @@ NORM_STATISTICS = {
     "training": "the running statistics training left, shared by every subnetwork (mostly subnetwork 1's)",
     "none": "the model keeps no running statistics",
 }
-"""The values of a checkpoint's ``norm_statistics``. Files written before it existed: ``"final"`` when ``final``
-(the end of a run recalibrated them unless ``recalibrate_norms=False``), else ``"training"``."""
+"""The values of a checkpoint's ``norm_statistics``."""
 
 
 def norm_statistics(meta: dict[str, Any]) -> str:
     """What the BatchNorm statistics of a checkpoint with metadata ``meta`` are calibrated for (a key of
     :data:`NORM_STATISTICS`).
 
-    >>> norm_statistics({"norm_statistics": "none"}), norm_statistics({"final": True}), norm_statistics({})
-    ('none', 'final', 'training')
+    >>> norm_statistics({"norm_statistics": "final", "final": True})
+    'final'
     """
-    return meta.get("norm_statistics", "final" if meta.get("final") else "training")
+    return meta["norm_statistics"]
 
 
 def needs_recalibration(meta: dict[str, Any], subnetwork: int, num_partitions: int) -> bool:
@@ -164,6 +175,106 @@ def read_checkpoint(path: str | Path, identity: dict[str, Any]) -> tuple[dict[st
     return tensors, meta
 
 
+def checkpoint_identity(pmodel: PartitionedModel) -> dict[str, Any]:
+    """The partitioning a checkpoint of ``pmodel`` belongs to: model class, C, proportions and scheme (stored in
+    its metadata, and compared by :func:`read_checkpoint`).
+
+    >>> from partition_fx import partitionify
+    >>> checkpoint_identity(partitionify(torch.nn.Linear(4, 2), 2))
+    {'num_partitions': 2, 'proportions': [0.5, 0.5], 'scheme': 'random', 'model': 'Linear'}
+    """
+    return {
+        "num_partitions": pmodel.num_partitions,
+        "proportions": list(pmodel.proportions),
+        "scheme": pmodel.scheme,
+        "model": pmodel.original_class.__name__,
+    }
+
+
+def check_metadata(pmodel: PartitionedModel, saved: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint whose metadata ``saved`` says it was written before flat storage (its partitions are
+    stored per tensor), that lacks a field (:data:`CHECKPOINT_FIELDS`: an earlier development version wrote it),
+    or whose left-out buffers ``pmodel`` rebuilds differently (their digest differs). ``source`` names the
+    checkpoint in the message."""
+    if saved.get("storage") != "flat" and any(True for _ in pmodel.flat_groups()):
+        raise PartitionCheckpointError(
+            f"{source} was written before flat storage (its partitions are stored per tensor); this version "
+            "cannot load it: export its model with that version (export_subnetwork), or train again"
+        )
+    missing = [key for key in (*CHECKPOINT_FIELDS, *checkpoint_identity(pmodel)) if key not in saved]
+    if missing:
+        raise PartitionCheckpointError(earlier_version(source, f"metadata {', '.join(missing)}"))
+    defaults = saved["omitted"] == "layouts+defaults"
+    if buffers_digest(pmodel.rebuilt_buffers(defaults=defaults)) != saved["omitted_sha256"]:
+        what = "layouts and default values" if defaults else "layouts"
+        raise PartitionCheckpointError(
+            f"{source} leaves out the partition {what}, which this model builds differently: build it as the "
+            f"run did (the same partitionify seed and arguments{', model seed and weights' if defaults else ''})"
+        )
+
+
+def restore_module_states(
+    pmodel: PartitionedModel, modules: dict[str, nn.Module], states: dict[str, dict[str, torch.Tensor]], source: str
+) -> None:
+    """Load ``states`` (``{"model": ..., "hyper": ..., "likelihood": ...}``, as checkpoints and a trainer's best
+    state keep them; a missing one: empty) into ``modules`` (the same names; ``modules["model"]`` is ``pmodel``).
+    The model's state leaves out what it rebuilds (:meth:`PartitionedModel.rebuilt_buffers`): its own are kept.
+    A state that does not fit its module is refused naming ``source`` and the module."""
+    for name, m in modules.items():
+        state = states.get(name, {})
+        if name == "model":
+            state = {**pmodel.rebuilt_buffers(defaults=True), **state}
+        try:
+            m.load_state_dict(state)
+        except RuntimeError as e:
+            raise PartitionCheckpointError(
+                f"{source}: its {name} state does not fit this {type(m).__name__} (build it as the run did): {e}"
+            ) from e
+
+
+def load_checkpoint(
+    pmodel: PartitionedModel,
+    path: str | Path,
+    *,
+    hyper: nn.Module | None = None,
+    likelihood: nn.Module | None = None,
+) -> dict[str, Any]:
+    """Restore a checkpoint file written by ``PartitionedTrainer.save_checkpoint`` (a run's
+    ``checkpoint/last.safetensors`` or ``best.safetensors``) into ``pmodel``, and into the input transform
+    ``hyper`` and the ``likelihood`` where given (built as the run built them; the file's tensors of a module not
+    given are ignored). Needs no trainer and no data. Returns the checkpoint's metadata: ``step``, ``lml``,
+    ``final``, ``norm_statistics`` (see :data:`NORM_STATISTICS`: whether an export needs the BatchNorm statistics
+    recalibrated first, :func:`needs_recalibration`) and the partitioning.
+
+    Refuses, with :class:`~partition_fx.errors.PartitionCheckpointError`: a missing, truncated or corrupted file;
+    one from another partitioning (naming each field that differs) or whose left-out layouts or defaults this
+    model rebuilds differently; and one written before flat storage.
+
+    >>> import tempfile, torch
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import fit
+    >>> x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    >>> run = tempfile.mkdtemp()
+    >>> trained = partitionify(torch.nn.Linear(4, 2), 2, seed=0)
+    >>> _ = fit(trained, (x, y), steps=4, checkpoint_dir=run, progress=False)
+    >>> pmodel = partitionify(torch.nn.Linear(4, 2), 2, seed=0)
+    >>> meta = load_checkpoint(pmodel, f"{run}/last.safetensors")
+    >>> meta["step"], meta["norm_statistics"], torch.equal(pmodel(x), trained(x))
+    (4, 'none', True)
+    >>> load_checkpoint(partitionify(torch.nn.Linear(4, 2), 3), f"{run}/last.safetensors")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionCheckpointError: checkpoint ... is from a different configuration (num_partitions: ...
+    """
+    tensors, meta = read_checkpoint(path, checkpoint_identity(pmodel))
+    source = f"checkpoint {path}"
+    check_metadata(pmodel, meta, source)
+    found = {"model": pmodel, "hyper": hyper, "likelihood": likelihood}
+    modules = {name: m for name, m in found.items() if m is not None}
+    restore_module_states(pmodel, modules, {name: with_prefix(tensors, name + ".") for name in modules}, source)
+    return meta
+
+
 # --- resume directories ----------------------------------------------------------------------------
 
 
@@ -249,33 +360,31 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         raise PartitionCheckpointError(
             f"{directory} was written before flat storage (format {plain['format']}): its optimiser state is per "
             "tensor, which this version does not map onto flat groups. Resume it with partition-fx 0.x before "
-            "flat storage, or start a new run; its model weights (last.safetensors, best.safetensors) still load"
+            "flat storage, or start a new run (its checkpoint files are refused too: their partitions are per tensor)"
         )
     if plain.get("format") != FORMAT:
         raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
-    if plain.get("best") is not None and "score" not in plain["best"]:
-        raise PartitionCheckpointError(
-            f"{directory} was written by an earlier development version, which chose the best state by the full "
-            "LML (this one uses the conditional LML): it cannot continue the same run; start a new run"
-        )
-    fingerprint = {**ADDED_TO_FINGERPRINT, **plain["fingerprint"]}
+    missing = [key for key in STATE_FIELDS if key not in plain]
+    missing += [f"fingerprint.{key}" for key in trainer.fingerprint() if key not in plain.get("fingerprint", {})]
+    if isinstance(plain.get("best"), dict) and "score" not in plain["best"]:
+        missing.append("best.score: its best state was chosen by the full LML, not the conditional one")
+    if missing:
+        raise PartitionCheckpointError(earlier_version(f"{directory}/{STATE}", ", ".join(missing)))
     modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
     modules = {name: state for name, state in modules.items() if state}
     cuda = with_prefix(tensors, "rng/cuda/")
     trainer.load_state_dict(
         {
             **{key: plain[key] for key in ("step", "history", "best", "skipped_steps")},
-            "fingerprint": fingerprint,
+            "fingerprint": plain["fingerprint"],
             "pending_losses": plain["pending_losses"],
             "pending_hyper_losses": plain["pending_hyper_losses"],
             "modules": modules,
             "best_modules": _best_modules(plain["best"], modules, tensors),
             "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
-            "scheduler": plain["scheduler"],
-            "hyper_scheduler": plain.get("hyper_scheduler"),  # states written before it existed: none
-            "finetune_start": plain.get("finetune_start"),
-            "grad_scaler": plain.get("grad_scaler"),  # fp16 runs' loss scale
+            **{key: plain[key] for key in ("scheduler", "hyper_scheduler", "finetune_start")},
+            "grad_scaler": plain["grad_scaler"],  # fp16 runs' loss scale
             "rng": {
                 "torch": tensors["rng/torch"],
                 "cuda": [cuda[str(i)] for i in range(len(cuda))],
@@ -291,8 +400,8 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
 def _best_modules(
     best: dict[str, Any] | None, modules: dict[str, Any], tensors: dict[str, torch.Tensor]
 ) -> dict[str, Any] | None:
-    """The best evaluation's module states: stored under ``best/``, or the current ones (format 2 stores no
-    copy when the best evaluation is the last one)."""
+    """The best evaluation's module states: stored under ``best/``, or the current ones (no copy is stored when
+    the best evaluation is the last one)."""
     if best is None:
         return None
     if best.get("same_as_current"):

@@ -11,7 +11,15 @@ import torch
 from torch import nn
 
 from ..errors import PartitionCheckpointError
-from .checkpoint import buffers_digest, cpu_copy, differences, read_checkpoint, with_prefix, write_checkpoint
+from .checkpoint import (
+    buffers_digest,
+    checkpoint_identity,
+    cpu_copy,
+    differences,
+    load_checkpoint,
+    restore_module_states,
+    write_checkpoint,
+)
 from .lml import recalibrate_norm_statistics, running_norms
 
 
@@ -46,32 +54,10 @@ class TrainerState:
             self._omitted = {"omitted": kinds, "omitted_sha256": buffers_digest(self._omitted_buffers())}
         return self._omitted
 
-    def _check_omitted(self, saved: dict[str, Any], source: str) -> None:
-        """Refuse a checkpoint whose left-out buffers this model rebuilds differently, or that was written
-        before flat storage (its layouts were per tensor, so its digest cannot be checked)."""
-        if "omitted_sha256" not in saved:  # written before anything was left out: it holds them all
-            return
-        if saved.get("storage") != "flat" and any(True for _ in self.pmodel.flat_groups()):
-            raise PartitionCheckpointError(
-                f"{source} was written before flat storage (its partitions are stored per tensor); this version "
-                "cannot load it: export its model with that version (export_subnetwork), or train again"
-            )
-        defaults = saved["omitted"] == "layouts+defaults"
-        if buffers_digest(self.pmodel.rebuilt_buffers(defaults=defaults)) != saved["omitted_sha256"]:
-            what = "layouts and default values" if defaults else "layouts"
-            raise PartitionCheckpointError(
-                f"{source} leaves out the partition {what}, which this model builds differently: build it as the "
-                f"run did (the same partitionify seed and arguments{', model seed and weights' if defaults else ''})"
-            )
-
     def identity(self) -> dict[str, Any]:
-        """The partitioning a checkpoint belongs to: model class, C, proportions and scheme."""
-        return {
-            "num_partitions": self.pmodel.num_partitions,
-            "proportions": list(self.pmodel.proportions),
-            "scheme": self.pmodel.scheme,
-            "model": self.pmodel.original_class.__name__,
-        }
+        """The partitioning a checkpoint belongs to: model class, C, proportions and scheme
+        (``checkpoint.checkpoint_identity``)."""
+        return checkpoint_identity(self.pmodel)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a saved state to resume this trainer: the partitioning, the data chunks, the
@@ -131,21 +117,21 @@ class TrainerState:
         differ = differences(state["fingerprint"], self.fingerprint())
         if differ:
             raise PartitionCheckpointError(f"{source} is from a different configuration ({differ})")
-        self.restore_modules(state["modules"])
+        self.restore_modules(state["modules"], source)
         if self.hyper_optimizer is not None and state["hyper_optimizer"] is not None:
             self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        if self.hyper_scheduler is not None and state.get("hyper_scheduler") is not None:
+        if self.hyper_scheduler is not None and state["hyper_scheduler"] is not None:
             self.hyper_scheduler.load_state_dict(state["hyper_scheduler"])
-        self.finetune_start = state.get("finetune_start")
+        self.finetune_start = state["finetune_start"]
         self.step = state["step"]
         self.history = state["history"]
         self.skipped_steps = state["skipped_steps"]
         self._losses = [torch.tensor(v) for v in state["pending_losses"]]
         self._hyper_losses = [torch.tensor(v) for v in state["pending_hyper_losses"]]
-        self.precision.load_state_dict(state.get("grad_scaler"))
+        self.precision.load_state_dict(state["grad_scaler"])
         if state["best"] is not None:
             self.best = (state["best"]["score"], state["best"]["step"], state["best_modules"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -216,16 +202,11 @@ class TrainerState:
         return {**states, "model": {k: recalibrated[k].detach() for k in states["model"]}}
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
-        tensors, meta = read_checkpoint(path, self.identity())
-        self._check_omitted(meta, f"checkpoint {path}")
-        self.restore_modules({name: with_prefix(tensors, name + ".") for name in self._modules()})
-        return meta
+        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata
+        (``partition_fx.training.load_checkpoint`` with this trainer's modules)."""
+        return load_checkpoint(self.pmodel, path, hyper=self.hyper, likelihood=self.likelihood)
 
-    def restore_modules(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Load module states as kept in ``best`` (``model``, ``hyper``, ``likelihood``; a missing one: empty)."""
-        for name, m in self._modules().items():
-            state = states.get(name, {})
-            if name == "model":  # checkpoints leave out what the model rebuilds; older ones hold it
-                state = {**self.pmodel.rebuilt_buffers(defaults=True), **state}
-            m.load_state_dict(state)
+    def restore_modules(self, states: dict[str, dict[str, torch.Tensor]], source: str = "the best state") -> None:
+        """Load module states as kept in ``best`` (``model``, ``hyper``, ``likelihood``; a missing one: empty);
+        one that does not fit is refused naming ``source``."""
+        restore_module_states(self.pmodel, self._modules(), states, source)
