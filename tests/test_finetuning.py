@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from partition_fx import partitionify
-from partition_fx.errors import PartitionArgumentError, PartitionTypeError
+from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
 from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
 from partition_fx.training.lml import forward_log_likelihood
 from partition_fx.transforms import AffineAugmentation, InputMask
@@ -229,7 +229,9 @@ def test_a_run_resumed_in_either_phase_equals_the_uninterrupted_one(tmp_path, st
         assert torch.equal(a, b), name
 
 
-def test_a_resume_directory_from_before_the_estimator_options_still_resumes(tmp_path):
+def test_a_resume_directory_from_before_the_estimator_options_is_refused_with_one_message(tmp_path):
+    """Issue 27: states of the project's unreleased earlier formats are no longer converted on load (this test
+    used to check that one resumed); one message names what it lacks, and nothing is loaded."""
     _fit(_pmodel(), checkpoint_dir=tmp_path, hyper_chunks="one", hyper_samples=None, steps=4, finetune_steps=0)
     state_path = tmp_path / "resume" / "state.json"
     state = json.loads(state_path.read_text())
@@ -239,8 +241,11 @@ def test_a_resume_directory_from_before_the_estimator_options_still_resumes(tmp_
         del state[key]
     state_path.write_text(json.dumps(state))
     paper = {"hyper_chunks": "one", "hyper_samples": None, "finetune_steps": 0}
-    result = _fit(_pmodel(), resume=tmp_path / "resume", steps=6, **paper)
-    assert result.steps == 6
+    pmodel = _pmodel()
+    before = [p.detach().clone() for p in pmodel.parameters()]
+    with pytest.raises(PartitionCheckpointError, match=r"earlier development version.*fingerprint\.hyper_chunks"):
+        _fit(pmodel, resume=tmp_path / "resume", steps=6, **paper)
+    assert all(torch.equal(a, p) for a, p in zip(before, pmodel.parameters()))
 
 
 def test_recalibrating_a_copy_mid_run_changes_no_later_draw():
