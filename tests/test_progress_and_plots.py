@@ -20,7 +20,7 @@ from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation, InputMask
 
 LINE = re.compile(
-    r"^partition-fx: step (\d+)/20 \| LML -?\d+\.\d \(-?\d+\.\d{3}/example\) \| train loss \S+ \| "
+    r"^partition-fx: step (\d+)/20 \| conditional LML -?\d+\.\d \(-?\d+\.\d{3}/example\) \| train loss \S+ \| "
     r"mask mean \S+ of 4 \| \d+:\d\d elapsed, ~(\d+):(\d\d) left$"
 )
 

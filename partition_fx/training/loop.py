@@ -38,8 +38,9 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
             bar.update(1)
             if trainer.step % run.eval_every == 0 or trainer.step in (end, switch):  # type: ignore[operator]
                 record = trainer.evaluate(started)
-                if record["lml"] is not None:
-                    bar.set_postfix(lml=f"{record['lml']:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
+                score = record["conditional_lml"] if record["conditional_lml"] is not None else record["lml"]
+                if score is not None:  # the evidence, as the progress lines show it
+                    bar.set_postfix(lml=f"{score:.1f}", loss=f"{record['train_loss'] or float('nan'):.3f}")
                 else:
                     bar.set_postfix(loss=f"{record['train_loss'] or float('nan'):.3f}")
                 if lines is not None:

@@ -74,21 +74,35 @@ def _line(position: str, fields: list[str], elapsed: float, remaining: float | N
     return " | ".join([f"partition-fx: {position}", *fields, f"{clock(elapsed)} elapsed{left}"])
 
 
-def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining: float | None) -> str:
-    """One evaluation as one line: step/total, LML (total and per example), train loss, hyperparameters,
-    elapsed and estimated remaining time.
+def evidence(record: dict[str, Any]) -> str | None:
+    """An evaluation's LML as the progress shows it: the conditional one (the evidence; see
+    ``PartitionedTrainer.selection_score``), or the full one with one partition; None in fine-tuning.
 
-    >>> record = {"step": 40, "lml": -123.45, "lml_per_example": -0.8642, "train_loss": 0.4123,
-    ...           "hyperparameters": {"rotation": 1.2}}
+    >>> evidence({"lml": -9.0, "lml_per_example": -0.9, "conditional_lml": None})
+    'LML -9.0 (-0.900/example)'
+    """
+    if record.get("conditional_lml") is not None:
+        return f"conditional LML {record['conditional_lml']:.1f} ({record['conditional_lml_per_example']:.3f}/example)"
+    if record.get("lml") is not None:
+        return f"LML {record['lml']:.1f} ({record['lml_per_example']:.3f}/example)"
+    return None
+
+
+def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining: float | None) -> str:
+    """One evaluation as one line: step/total, the conditional LML (total and per example; the full LML when
+    there is no conditional one, with one partition), train loss, hyperparameters, elapsed and estimated
+    remaining time.
+
+    >>> record = {"step": 40, "conditional_lml": -12.34, "conditional_lml_per_example": -0.0864, "lml": -123.45,
+    ...           "lml_per_example": -0.8642, "train_loss": 0.4123, "hyperparameters": {"rotation": 1.2}}
     >>> print(progress_line(record, 400, 62.0, 558.0))
-    partition-fx: step 40/400 | LML -123.5 (-0.864/example) | train loss 0.412 | rotation 1.2 | 1:02 elapsed, ~9:18 left
+    partition-fx: step 40/400 | conditional LML -12.3 (-0.086/example) | train loss 0.412 | rotation 1.2 | 1:02 ...
     >>> print(progress_line({"step": 380, "lml": None, "train_loss": 0.05}, 400, 600.0, 30.0))
     partition-fx: step 380/400 | fine-tuning | train loss 0.05 | 10:00 elapsed, ~0:30 left
     """
     loss = record.get("train_loss")
-    lml = record.get("lml")
     parts = [
-        "fine-tuning" if lml is None else f"LML {lml:.1f} ({record['lml_per_example']:.3f}/example)",
+        evidence(record) or "fine-tuning",
         f"train loss {loss:.3g}" if loss is not None else "train loss -",
     ]
     if record.get("hyperparameters"):
