@@ -58,7 +58,14 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def check_train_options(args: argparse.Namespace) -> None:
-    """``train``'s option ranges and combinations (what argparse's types alone do not refuse)."""
+    """``train``'s option ranges and combinations (what argparse's types alone do not refuse).
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> check_train_options(parse_train(["--partitions", "1"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
+    """
     for name in _POSITIVE_TRAIN_OPTIONS:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -98,7 +105,15 @@ def check_train_options(args: argparse.Namespace) -> None:
 
 def check_export(args: argparse.Namespace) -> dict[str, Any]:
     """``export``'s ``--run`` (a training run with the chosen checkpoint), ``--subnetwork`` and ``--out``;
-    returns the run's report."""
+    returns the run's report.
+
+    >>> import tempfile
+    >>> from partition_fx.cli.parser import build_parser
+    >>> check_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp(), "--which", "best"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: '...' is not a training run: it needs report.json and checkpoint/best...
+    """
     run: Path = args.run
     if not (run / "report.json").is_file() or not (run / "checkpoint" / f"{args.which}.safetensors").is_file():
         raise PartitionError(
@@ -117,7 +132,12 @@ def check_export(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
-    """``federated``'s option ranges; returns its proportions."""
+    """``federated``'s option ranges; returns its proportions.
+
+    >>> from partition_fx.cli.parser import build_parser
+    >>> check_federated_options(build_parser().parse_args(["federated"]))
+    (0.7, 0.2, 0.1)
+    """
     for name in _POSITIVE_FEDERATED_OPTIONS:
         if getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -37,7 +37,11 @@ class LoadedCheckpoint:
     skipped: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        """One line: what was not loaded as it is (empty when everything was)."""
+        """One line: what was not loaded as it is (empty when everything was).
+
+        >>> LoadedCheckpoint("checkpoint 'r18.safetensors'", ("conv1.weight",), reinitialised=("fc.weight",)).summary()
+        "checkpoint 'r18.safetensors': not loaded (the classifier, re-initialised for this model): fc.weight"
+        """
         parts = []
         if self.reinitialised:
             parts.append(f"not loaded (the classifier, re-initialised for this model): {', '.join(self.reinitialised)}")

@@ -5,7 +5,8 @@
 """
 
 from ..errors import PartitionCheckpointError
-from .checkpoint import CheckpointWriter, load_checkpoint, load_training_state, resume_directory, save_training_state
+from .checkpoint import load_checkpoint
+from .checkpoint_writer import CheckpointWriter
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .fit import fit
 from .hooks import TrainingHook
@@ -15,6 +16,7 @@ from .metrics import evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
 from .options import RunOptions, TrainerOptions
 from .result import FitResult
+from .resume import load_training_state, resume_directory, save_training_state
 from .sampler import PartitionedSampler
 from .trainer import PartitionedTrainer
 

@@ -1,4 +1,4 @@
-"""Checkpoints on disk: single-file model checkpoints and resumable training state.
+"""Checkpoint files on disk: the model, input transform and likelihood of one state of a run.
 
 A **checkpoint file** (``last.safetensors``, ``best.safetensors``) holds the model, input transform and
 likelihood tensors (``model.<key>``, ``hyper.<key>``, ``likelihood.<key>``) with the step, the latest LML and
@@ -10,18 +10,9 @@ Its ``norm_statistics`` says what the model's BatchNorm running statistics are c
 so an export of either reproduces the accuracy the run reports for it without the training data; an
 interrupted run's files hold training's statistics, which an export recalibrates (:func:`needs_recalibration`).
 
-A **resume directory** holds everything a :class:`~partition_fx.training.PartitionedTrainer` needs to
-continue a run bit for bit (its ``state_dict()``), in two files:
-
-* ``tensors.safetensors``: the model, input transform and likelihood (``model/``, ``hyper/``, ``likelihood/``),
-  the optimisers' tensor state (``optimizer/<param index>/<key>``, ``hyper_optimizer/...``), the state of the
-  best evaluation so far (``best/...``) and every random generator (``rng/torch``, ``rng/cuda/<i>``,
-  ``rng/sampler``, ``rng/lml``);
-* ``state.json``: the step, the LML history, the best step, the optimisers' param groups and non-tensor
-  state, the LR scheduler's state, and a fingerprint of the configuration.
-
-Nothing is unpickled. Both are written through ``partition_fx._io``: a crash mid-save leaves the previous
-version loadable.
+Resume directories are ``training.resume``; the hook that writes both during a run is
+``training.checkpoint_writer``. Nothing is unpickled. A file is written through ``partition_fx._io``: a crash
+mid-save leaves the previous version loadable.
 """
 
 from __future__ import annotations
@@ -29,32 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from .._io import existing_directory, link_file, replace_directory, replace_file
+from .._io import replace_file
 from ..errors import PartitionCheckpointError, earlier_version
-from .hooks import TrainingHook
 
 if TYPE_CHECKING:
     from ..partitioned_model import PartitionedModel
-
-TENSORS = "tensors.safetensors"
-STATE = "state.json"
-FORMAT = 3
-"""3: partitioned tensors in flat storage (``partition_fx.flat``): the optimiser state is per group parameter.
-2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
-1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused, as are their
-checkpoint files (partitions per tensor). A format-3 state lacking a field of :data:`STATE_FIELDS` or of this
-trainer's fingerprint is from an earlier development version of this format: refused, naming what it lacks."""
-
-STATE_FIELDS = (
-    "step", "history", "best", "skipped_steps", "pending_losses", "pending_hyper_losses", "optimizer",
-    "hyper_optimizer", "scheduler", "hyper_scheduler", "finetune_start", "grad_scaler", "fingerprint",
-)  # fmt: skip
-"""What a resume directory's ``state.json`` holds besides its ``format``."""
 
 CHECKPOINT_FIELDS = ("step", "lml", "final", "norm_statistics", "storage", "omitted", "omitted_sha256")
 """What a checkpoint file's metadata holds besides the partitioning (:func:`checkpoint_identity`)."""
@@ -91,14 +66,6 @@ def needs_recalibration(meta: dict[str, Any], subnetwork: int, num_partitions: i
     """
     stats = norm_statistics(meta)
     return stats == "training" or (stats == "final" and subnetwork != num_partitions)
-
-
-class Resumable(Protocol):
-    """What a resume directory saves and restores (``PartitionedTrainer`` is one)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-    def fingerprint(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any], *, source: str = ...) -> None: ...
 
 
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -273,220 +240,3 @@ def load_checkpoint(
     modules = {name: m for name, m in found.items() if m is not None}
     restore_module_states(pmodel, modules, {name: with_prefix(tensors, name + ".") for name in modules}, source)
     return meta
-
-
-# --- resume directories ----------------------------------------------------------------------------
-
-
-def resume_directory(directory: str | Path) -> Path:
-    """The directory to resume from: ``directory``, or the previous state a save set aside if it crashed
-    between moving that aside and moving the new state in."""
-    return existing_directory(directory)
-
-
-def save_training_state(trainer: Resumable, directory: str | Path) -> None:
-    """Write ``trainer.state_dict()`` to ``directory`` (replaced atomically; see the module docstring)."""
-    state = trainer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    for name, module_state in state["modules"].items():
-        tensors.update((f"{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
-    best = state["best"]
-    if best is not None and best["step"] == state["step"]:
-        best = {**best, "same_as_current": True}  # the modules above are the best state: no second copy
-    else:
-        for name, module_state in (state["best_modules"] or {}).items():
-            tensors.update((f"best/{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
-    rng = state["rng"]
-    tensors["rng/torch"] = rng["torch"]
-    tensors.update((f"rng/cuda/{i}", value) for i, value in enumerate(rng["cuda"]))
-    tensors["rng/sampler"] = rng["sampler"]["generator"]
-    tensors["rng/lml"] = rng["lml"]
-    plain = {
-        "format": FORMAT,
-        "step": state["step"],
-        "history": state["history"],
-        "best": best,
-        "skipped_steps": state["skipped_steps"],
-        "pending_losses": state["pending_losses"],
-        "pending_hyper_losses": state["pending_hyper_losses"],
-        "optimizer": _split_optimizer(state["optimizer"], "optimizer", tensors),
-        "hyper_optimizer": _split_optimizer(state["hyper_optimizer"], "hyper_optimizer", tensors),
-        "scheduler": state["scheduler"],
-        "hyper_scheduler": state["hyper_scheduler"],
-        "finetune_start": state["finetune_start"],
-        "grad_scaler": state["grad_scaler"],
-        "fingerprint": state["fingerprint"],
-    }
-    try:
-        text = json.dumps(plain, indent=1)
-    except TypeError as e:
-        raise PartitionCheckpointError(
-            f"the training state cannot be written as JSON ({e}); an LR scheduler or optimiser holding "
-            "functions (e.g. LambdaLR with a lambda) cannot be resumed: use a scheduler without callables"
-        ) from e
-
-    def fill(staging: Path) -> None:
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(staging / TENSORS))
-        (staging / STATE).write_text(text + "\n")
-
-    replace_directory(directory, fill, suffix="new-", fsync=True)
-
-
-def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, Any]:
-    """Restore ``trainer`` from a directory written by :func:`save_training_state`; returns its state.json.
-
-    Refuses, with :class:`PartitionCheckpointError` and before changing anything, a directory that is missing
-    a file, a corrupted or truncated file, or a state from another configuration (the message names every
-    field that differs).
-    """
-    from safetensors import SafetensorError, safe_open
-
-    directory = resume_directory(directory)
-    missing = [name for name in (TENSORS, STATE) if not (directory / name).is_file()]
-    if missing:
-        raise PartitionCheckpointError(
-            f"{directory} is not a resume directory: {', '.join(missing)} missing (it is written at each "
-            "evaluation under checkpoint_dir/resume when fit(..., checkpoint_dir=...) runs)"
-        )
-    try:
-        plain = json.loads((directory / STATE).read_text())
-        with safe_open(str(directory / TENSORS), framework="pt") as f:
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-    except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError, OSError) as e:
-        raise PartitionCheckpointError(f"{directory} is corrupted or truncated and was not loaded: {e}") from e
-    if plain.get("format") in (1, 2):
-        raise PartitionCheckpointError(
-            f"{directory} was written before flat storage (format {plain['format']}): its optimiser state is per "
-            "tensor, which this version does not map onto flat groups. Resume it with partition-fx 0.x before "
-            "flat storage, or start a new run (its checkpoint files are refused too: their partitions are per tensor)"
-        )
-    if plain.get("format") != FORMAT:
-        raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
-    missing = [key for key in STATE_FIELDS if key not in plain]
-    missing += [f"fingerprint.{key}" for key in trainer.fingerprint() if key not in plain.get("fingerprint", {})]
-    if isinstance(plain.get("best"), dict) and "score" not in plain["best"]:
-        missing.append("best.score: its best state was chosen by the full LML, not the conditional one")
-    if missing:
-        raise PartitionCheckpointError(earlier_version(f"{directory}/{STATE}", ", ".join(missing)))
-    modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
-    modules = {name: state for name, state in modules.items() if state}
-    cuda = with_prefix(tensors, "rng/cuda/")
-    trainer.load_state_dict(
-        {
-            **{key: plain[key] for key in ("step", "history", "best", "skipped_steps")},
-            "fingerprint": plain["fingerprint"],
-            "pending_losses": plain["pending_losses"],
-            "pending_hyper_losses": plain["pending_hyper_losses"],
-            "modules": modules,
-            "best_modules": _best_modules(plain["best"], modules, tensors),
-            "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
-            "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
-            **{key: plain[key] for key in ("scheduler", "hyper_scheduler", "finetune_start")},
-            "grad_scaler": plain["grad_scaler"],  # fp16 runs' loss scale
-            "rng": {
-                "torch": tensors["rng/torch"],
-                "cuda": [cuda[str(i)] for i in range(len(cuda))],
-                "sampler": {"generator": tensors["rng/sampler"]},
-                "lml": tensors["rng/lml"],
-            },
-        },
-        source=str(directory),
-    )
-    return plain
-
-
-def _best_modules(
-    best: dict[str, Any] | None, modules: dict[str, Any], tensors: dict[str, torch.Tensor]
-) -> dict[str, Any] | None:
-    """The best evaluation's module states: stored under ``best/``, or the current ones (no copy is stored when
-    the best evaluation is the last one)."""
-    if best is None:
-        return None
-    if best.get("same_as_current"):
-        return {name: {k: v.clone() for k, v in state.items()} for name, state in modules.items()}
-    return {name: with_prefix(tensors, f"best/{name}/") for name in modules}
-
-
-def _split_optimizer(state: dict[str, Any] | None, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """An optimiser's ``state_dict()`` as JSON, its tensors moved into ``tensors`` under ``prefix/<index>/``."""
-    if state is None:
-        return None
-    plain: dict[str, dict[str, Any]] = {}
-    for index, entries in state["state"].items():
-        for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{prefix}/{index}/{key}"] = cpu_copy(value)
-            else:
-                plain.setdefault(str(index), {})[key] = value
-    return {"param_groups": state["param_groups"], "plain_state": plain}
-
-
-def _join_optimizer(saved: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any] | None:
-    """The inverse of :func:`_split_optimizer`: an optimiser ``state_dict()``."""
-    if saved is None:
-        return None
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        if key.startswith(prefix + "/"):
-            index, name = key[len(prefix) + 1 :].split("/", 1)
-            state.setdefault(int(index), {})[name] = value
-    for index, entries in saved["plain_state"].items():
-        state.setdefault(int(index), {}).update(entries)
-    return {"state": state, "param_groups": saved["param_groups"]}
-
-
-class CheckpointWriter(TrainingHook):
-    """Keeps a run recoverable and exportable under ``directory`` (``trainer.hooks``; ``fit`` adds one for
-    ``checkpoint_dir``).
-
-    After each evaluation: ``last.safetensors``; ``best.safetensors`` when the LML improved (a hard link to
-    ``last``, so no second copy on disk); the resume directory ``resume/``; ``trainer.last_checkpoint_step``.
-    Their BatchNorm statistics are training's (``norm_statistics: "training"``).
-
-    At the end of a run: ``last.safetensors`` again, with the state the run returns (BatchNorm statistics
-    recalibrated for the final subnetwork, the best state if restored), so an export of it reproduces the
-    run's reported test accuracy; and, when the run recalibrated its statistics, ``best.safetensors`` again
-    with the best evaluation's state recalibrated the same way (``norm_statistics: "final"``): a hard link to
-    ``last`` when that is the same state, else one more recalibration pass, on a copy of the model.
-
-    Example::
-
-        >>> import tempfile, torch
-        >>> from partition_fx import partitionify
-        >>> from partition_fx.training import PartitionedTrainer
-        >>> x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
-        >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (x, y), batch_size=8)
-        >>> trainer.hooks.append(CheckpointWriter(tempfile.mkdtemp()))
-        >>> _ = trainer.run(2, progress=False)
-        >>> trainer.last_checkpoint_step
-        2
-    """
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-
-    def after_evaluation(self, trainer: Any, record: dict[str, Any], improved: bool) -> None:
-        last = self.directory / "last.safetensors"
-        trainer.save_checkpoint(last)
-        if improved:
-            link_file(last, self.directory / "best.safetensors")
-        save_training_state(trainer, self.directory / "resume")
-        trainer.last_checkpoint_step = trainer.step
-
-    def after_run(self, trainer: Any, result: Any) -> None:
-        last, best = self.directory / "last.safetensors", self.directory / "best.safetensors"
-        calibrated = bool(result.recalibrated_norms)
-        trainer.save_checkpoint(last, final=True, norm_statistics="final" if calibrated else None)
-        if not calibrated or trainer.best is None:
-            return  # no statistics to calibrate (or not asked to): the evaluation's best file is the best state
-        score, step, _ = trainer.best
-        if not trainer.best_is_current():
-            trainer.save_checkpoint(best, best=(score, step, trainer.recalibrated_best()), norm_statistics="final")
-        elif step == trainer.step:
-            link_file(last, best)  # the same state: no second copy on disk
-        else:  # the run restored the best state and recalibrated it: last's tensors with the best's step and LML
-            trainer.save_checkpoint(
-                best, final=True, norm_statistics="final", best=(score, step, trainer.module_states())
-            )

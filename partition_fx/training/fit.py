@@ -11,9 +11,9 @@ import torch
 from .._validation import check_directory
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
-from .checkpoint import load_training_state
 from .options import Callback, RunOptions, TrainerOptions
 from .result import FitResult
+from .resume import load_training_state
 from .trainer import PartitionedTrainer
 
 

@@ -165,6 +165,24 @@ class LMLEstimate:
         return sum(self.per_chunk[1:])
 
 
+def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, object]:
+    """An evaluation record's LML fields: the full LML (total, per chunk, per example) and the conditional one
+    (total, and per example over the ``scored`` examples of chunks 2..C). With one partition no chunk is scored
+    by a subnetwork that trained on others: no conditional LML. All None in fine-tuning (``estimate`` None).
+
+    >>> lml_fields(LMLEstimate(-30.0, [-20.0, -6.0, -4.0], -1.0), scored=10)["conditional_lml_per_example"]
+    -1.0
+    """
+    conditional = estimate is not None and scored > 0
+    return {
+        "lml": None if estimate is None else estimate.total,
+        "lml_per_chunk": None if estimate is None else estimate.per_chunk,
+        "lml_per_example": None if estimate is None else estimate.per_example,
+        "conditional_lml": estimate.conditional if conditional else None,
+        "conditional_lml_per_example": estimate.conditional / scored if conditional else None,
+    }
+
+
 def estimate_lml(
     pmodel: PartitionedModel,
     examples: Examples,

@@ -22,13 +22,13 @@ from torch import nn
 from ..errors import PartitionArgumentError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
-from .checkpoint import CheckpointWriter
+from .checkpoint_writer import CheckpointWriter
 from .chunks import Examples, resolve_chunks
 from .data_parallel import DataParallel, running_statistics_modules
 from .faults import warn_about_shared_parameters
 from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
-from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, hyper_loss, routed_losses
+from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, hyper_loss, lml_fields, routed_losses
 from .loop import run_loop
 from .optim import partition_optimizer
 from .options import Callback, RunOptions, TrainerOptions, build, check_optimizer, check_scheduler
@@ -379,12 +379,15 @@ class PartitionedTrainer(TrainerState, Stepping):
                 )
 
     def selection_score(self, estimate: LMLEstimate) -> float:
-        """The evidence the best state is chosen by: the conditional LML (chunks 2..C, each scored by a
-        subnetwork that trained on the chunks before it), or the full LML when C = 1 leaves no such chunk.
+        """The evidence the best state is chosen by: the conditional LML (chunks 2..C), or the full LML when
+        C = 1. The full one adds chunk 1 scored by the untrained subnetwork 0, which dominates it (-2743 of
+        -2772 nats on the main job) whatever was learned.
 
-        The full LML adds chunk 1 scored by subnetwork 0, the untrained defaults: a term that training never
-        changes and that does not measure how the trained model generalises, yet dominates the sum (on the
-        main job, -2743 of -2772 nats), so it would rank states and models by noise."""
+        >>> from partition_fx import partitionify
+        >>> trainer = PartitionedTrainer(partitionify(nn.Linear(2, 2), 3), (torch.randn(30, 2), torch.zeros(30).long()))
+        >>> trainer.selection_score(LMLEstimate(-30.0, [-20.0, -6.0, -4.0], -1.0))
+        -10.0
+        """
         return estimate.conditional if self.pmodel.num_partitions > 1 else estimate.total
 
     def evaluate(self, started: float) -> dict[str, Any]:
@@ -397,16 +400,10 @@ class PartitionedTrainer(TrainerState, Stepping):
         # Once fine-tuning has trained every weight on every chunk, no subnetwork k-1 is unseen by chunk k:
         # there is no partitioned LML to estimate.
         estimate = None if self.finetuning else self.estimate_lml()
-        scored = sum(self.chunks.sizes[1:])  # the examples the conditional LML scores: chunks 2..C
         record = {
             "step": self.step,
             "phase": "finetune" if self.finetuning else "partitioned",
-            "lml": None if estimate is None else estimate.total,
-            "lml_per_chunk": None if estimate is None else estimate.per_chunk,
-            "lml_per_example": None if estimate is None else estimate.per_example,
-            # with C = 1 no chunk is scored by a subnetwork that trained on others: no conditional LML
-            "conditional_lml": None if estimate is None or not scored else estimate.conditional,
-            "conditional_lml_per_example": None if estimate is None or not scored else estimate.conditional / scored,
+            **lml_fields(estimate, scored=sum(self.chunks.sizes[1:])),
             "train_loss": mean(losses),
             "hyper_loss": mean(hyper_losses),
             "hyperparameters": self.hyperparameter_values(),
