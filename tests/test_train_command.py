@@ -17,6 +17,18 @@ from partition_fx.training import PartitionedTrainer
 
 TINY = ["--model", "fixup_resnet8", "--image-size", "16", "--steps", "4", "--batch-size", "8", "--samples", "2"]
 TINY += ["--eval-every", "2", "--quiet"]
+_ITERATION = PartitionedTrainer.iteration
+
+
+def interrupt_at(step: int):
+    """A ``PartitionedTrainer.iteration`` that raises KeyboardInterrupt (Ctrl-C) once the trainer is at ``step``."""
+
+    def iteration(self):
+        if self.step == step:
+            raise KeyboardInterrupt
+        _ITERATION(self)
+
+    return iteration
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +111,7 @@ def test_existing_output_needs_overwrite_and_export_needs_a_run(run_dir, tmp_pat
 
 
 def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypatch, capsys):
-    original = PartitionedTrainer.iteration
-
-    def interrupt_after_step_2(self):
-        if self.step == 2:
-            raise KeyboardInterrupt
-        original(self)
-
-    monkeypatch.setattr(PartitionedTrainer, "iteration", interrupt_after_step_2)
+    monkeypatch.setattr(PartitionedTrainer, "iteration", interrupt_at(2))
     out = tmp_path / "run"
     assert main(["train", *TINY, "--out", str(out)]) == 130
     assert "interrupted" in capsys.readouterr().err
@@ -118,16 +123,9 @@ def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypa
 
 @pytest.mark.parametrize("interrupted_at", [2, 3])  # partitioned training; fine-tuning (it begins at step 3)
 def test_resumed_run_equals_the_uninterrupted_one(run_dir, tmp_path, monkeypatch, capsys, interrupted_at):
-    original = PartitionedTrainer.iteration
-
-    def interrupt(self):
-        if self.step == interrupted_at:
-            raise KeyboardInterrupt
-        original(self)
-
     out = tmp_path / "run"
     with monkeypatch.context() as patched:
-        patched.setattr(PartitionedTrainer, "iteration", interrupt)
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_at(interrupted_at))
         assert main(["train", *TINY, "--out", str(out)]) == 130
     assert main(["train", "--resume", str(out), "--steps", "5"]) == 2  # contradicts the run's --steps 4
     assert "drop --steps 5 (the run has 4)" in capsys.readouterr().err
@@ -237,16 +235,6 @@ def test_the_report_leads_with_the_conditional_lml_and_explains_both(run_dir):
 def test_an_interrupted_run_says_how_to_continue(tmp_path, monkeypatch, capsys):
     """The hint is what the run's report allows: --resume after an evaluation, a new run before the first one,
     export once training had finished (an interrupt while the files are written)."""
-    original = PartitionedTrainer.iteration
-
-    def interrupt_at(step):
-        def iteration(self):
-            if self.step == step:
-                raise KeyboardInterrupt
-            original(self)
-
-        return iteration
-
     for step, hint in ((2, "continue with `partition-fx train --resume {out}`"), (0, "run it again")):
         out = tmp_path / f"at{step}"
         with monkeypatch.context() as patched:
@@ -290,16 +278,9 @@ def test_overwrite_replaces_an_earlier_run(tmp_path):
 
 
 def test_keep_resume_is_honoured_when_the_run_resumes(tmp_path, monkeypatch):
-    original = PartitionedTrainer.iteration
-
-    def interrupt(self):
-        if self.step == 2:
-            raise KeyboardInterrupt
-        original(self)
-
     out = tmp_path / "run"
     with monkeypatch.context() as patched:
-        patched.setattr(PartitionedTrainer, "iteration", interrupt)
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_at(2))
         assert main(["train", *TINY, "--keep-resume", "--out", str(out)]) == 130
     assert main(["train", "--resume", str(out), "--quiet"]) == 0  # --keep-resume not repeated
     assert (out / "checkpoint" / "resume" / "state.json").is_file()
