@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 from pathlib import Path
-from typing import Any
 
 from .._validation import check_num_partitions, check_proportions
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..train_config import TrainConfig
 from .federated_options import FEDERATED_DEFAULTS
 from .parser import DATASETS, DEFAULT_PROPORTIONS
+from .run_config import train_config
 from .runs import check_out, read_run, resumed_args
 
-_POSITIVE_TRAIN_OPTIONS = (
-    "steps", "batch_size", "samples", "hyper_every", "hyper_samples", "hyper_batch_size", "eval_every", "image_size",
-    "channels",
-)  # fmt: skip
+_POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
+"""``train``'s own options that must be >= 1; the training configuration's options check themselves."""
 _POSITIVE_FEDERATED_OPTIONS = (
     "image_size", "clients", "partitions", "rounds", "batch_size", "samples", "evaluate_every",
 )  # fmt: skip
@@ -57,8 +55,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_out(args.out, args.overwrite, {})
 
 
-def check_train_options(args: argparse.Namespace) -> None:
-    """``train``'s option ranges and combinations (what argparse's types alone do not refuse).
+def check_train_options(args: argparse.Namespace) -> TrainConfig:
+    """``train``'s option ranges and combinations (what argparse's types alone do not refuse); returns the
+    training configuration they give (:func:`train_config`).
 
     >>> from partition_fx.cli.parser import parse_train
     >>> check_train_options(parse_train(["--partitions", "1"]))
@@ -66,20 +65,10 @@ def check_train_options(args: argparse.Namespace) -> None:
     ...
     partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
     """
+    config = train_config(args)
     for name in _POSITIVE_TRAIN_OPTIONS:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup_steps < 0:
-        raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-    if args.finetune_steps is not None and not 0 <= args.finetune_steps < args.steps:
-        raise PartitionArgumentError(
-            f"--finetune-steps must be >= 0 and less than --steps {args.steps} (they are its last iterations), "
-            f"got {args.finetune_steps}"
-        )
-    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
-        raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
-    if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
-        raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
     checked_proportions(args)
     if args.augment == "affine" and args.partitions < 2:
         raise PartitionArgumentError(
@@ -101,11 +90,12 @@ def check_train_options(args: argparse.Namespace) -> None:
             + "; pass one of those names or an image folder laid out as FOLDER/<class>/<image> "
             "or FOLDER/{train,test}/<class>/<image>"
         )
+    return config
 
 
-def check_export(args: argparse.Namespace) -> dict[str, Any]:
+def check_export(args: argparse.Namespace) -> argparse.Namespace:
     """``export``'s ``--run`` (a training run with the chosen checkpoint), ``--subnetwork`` and ``--out``;
-    returns the run's report.
+    returns the ``train`` options the run's configuration reads back as.
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import build_parser
@@ -120,15 +110,15 @@ def check_export(args: argparse.Namespace) -> dict[str, Any]:
             f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
             "(written by `partition-fx train`)"
         )
-    report = read_run(run, "--run")
-    partitions = report["config"]["partitions"]
+    _, run_args = read_run(run, "--run")
+    partitions = run_args.partitions
     if args.subnetwork is not None and not 0 <= args.subnetwork <= partitions:
         raise PartitionArgumentError(
             f"--subnetwork {args.subnetwork}: subnetwork must be in 0..{partitions} (0 = all defaults, "
             f"{partitions} = final model)"
         )
     check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
-    return report
+    return run_args
 
 
 def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:

@@ -5,6 +5,7 @@
 """
 
 from ..errors import PartitionCheckpointError
+from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint
 from .checkpoint_writer import CheckpointWriter
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
@@ -14,7 +15,7 @@ from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, 
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
-from .options import RunOptions, TrainerOptions
+from .options import Components
 from .result import FitResult
 from .resume import load_training_state, resume_directory, save_training_state
 from .sampler import PartitionedSampler
@@ -24,6 +25,7 @@ __all__ = [
     "CallableLikelihood",
     "Categorical",
     "CheckpointWriter",
+    "Components",
     "DataChunks",
     "Examples",
     "FitResult",
@@ -33,8 +35,7 @@ __all__ = [
     "PartitionCheckpointError",
     "PartitionedSampler",
     "PartitionedTrainer",
-    "RunOptions",
-    "TrainerOptions",
+    "TrainConfig",
     "TrainingHook",
     "chunks_from_assignment",
     "estimate_lml",

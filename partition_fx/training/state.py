@@ -34,7 +34,7 @@ class TrainerState:
     def _omitted_buffers(self) -> dict[str, torch.Tensor]:
         """The model's buffers that checkpoints leave out: the layouts, and the defaults unless
         ``checkpoint_defaults`` (see ``PartitionedModel.rebuilt_buffers``)."""
-        return self.pmodel.rebuilt_buffers(defaults=not self.options.checkpoint_defaults)
+        return self.pmodel.rebuilt_buffers(defaults=not self.config.checkpointing.defaults)
 
     def module_states(self, copy_values: bool = False) -> dict[str, dict[str, torch.Tensor]]:
         """The modules' state (``model``, ``hyper``, ``likelihood``) without the buffers checkpoints leave out
@@ -50,7 +50,7 @@ class TrainerState:
         """What checkpoints of this trainer leave out of the model and the digest that recognises it:
         ``{"omitted": "layouts" or "layouts+defaults", "omitted_sha256": ...}``."""
         if self._omitted is None:
-            kinds = "layouts" if self.options.checkpoint_defaults else "layouts+defaults"
+            kinds = "layouts" if self.config.checkpointing.defaults else "layouts+defaults"
             self._omitted = {"omitted": kinds, "omitted_sha256": buffers_digest(self._omitted_buffers())}
         return self._omitted
 
@@ -61,21 +61,15 @@ class TrainerState:
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a saved state to resume this trainer: the partitioning, the data chunks, the
-        options that change the iteration, and the names and shapes of everything trained."""
+        configuration fields that change the iteration (``Option.fingerprint``), and the names and shapes of
+        everything trained."""
         return {
             **self.identity(),
             **self.omitted(),
             "default": self.pmodel.default,
             "chunk_sizes": self.chunks.sizes,
             "num_examples": len(self.examples),
-            "batch_size": self.sampler.batch_size,
-            "hyper_batch_size": self.sampler.hyper_batch_size,
-            "hyper_every": self.hyper_every,
-            "warmup_steps": self.warmup_steps,
-            "hyper_chunks": self.options.hyper_chunks,
-            "hyper_samples": self.options.hyper_samples,
-            "fused": self.fused,
-            "every_partition": self.every_partition,
+            **self.config.flat(fingerprint=True),
             "parameters": {name: list(p.shape) for name, p in self.pmodel.named_parameters()},
             "hyperparameters": [list(p.shape) for p in self.hyperparameters_list],
         }

@@ -20,8 +20,9 @@ from torch import nn
 from ..errors import PartitionTrainingError
 from .faults import nonfinite_problem, storage_names, tensor_names
 
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""What ``precision=`` takes: the dtype the forward runs in under ``torch.autocast`` (None: no autocast)."""
+DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtype the forward runs in under ``torch.autocast`` for each of ``train_config.PRECISIONS`` (None: no
+autocast)."""
 
 LAZY_CHECK_EVERY = 50
 """Steps between reads of an accelerator for the non-finite check, unless ``check_every`` says otherwise."""
@@ -43,7 +44,7 @@ class Precision:
 
     def __init__(self, name: str, device: torch.device | None) -> None:
         self.name = name
-        self.dtype = PRECISIONS[name]
+        self.dtype = DTYPES[name]
         self.device_type = device.type if device is not None else "cpu"
         self.scaler = torch.amp.GradScaler(self.device_type) if name == "fp16" else None
 

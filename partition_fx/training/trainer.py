@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import PartitionArgumentError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
+from ..train_config import TrainConfig
 from ..transforms.base import HyperparameterModule
 from .checkpoint_writer import CheckpointWriter
 from .chunks import Examples, resolve_chunks
@@ -29,9 +30,9 @@ from .faults import warn_about_shared_parameters
 from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
 from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, hyper_loss, lml_fields, routed_losses
-from .loop import run_loop
-from .optim import partition_optimizer
-from .options import Callback, RunOptions, TrainerOptions, build, check_optimizer, check_scheduler
+from .loop import RunPlan, run_loop
+from .optim import configured_factories, partition_optimizer
+from .options import Callback, Components, build, check_optimizer, check_scheduler, resolve, takes_num_samples
 from .result import FitResult
 from .sampler import PartitionedSampler
 from .state import TrainerState
@@ -41,10 +42,10 @@ from .stepping import LAZY_CHECK_EVERY, NonfiniteWatch, Precision, Stepping
 class PartitionedTrainer(TrainerState, Stepping):
     """Partitioned training of ``pmodel`` on ``dataset`` with hyperparameters learned by the LML.
 
-    Built from ``options`` (a :class:`TrainerOptions`) or from the same names as keyword arguments (see
-    :func:`~partition_fx.training.fit` for each); exposes the single steps (``parameter_step``,
-    ``hyper_step``, ``evaluate``) for custom loops and tests, and ``state_dict()``/``load_state_dict()`` for
-    everything a resumed run needs.
+    Built from a :class:`~partition_fx.train_config.TrainConfig` (default the recommended one) and keywords, as
+    :func:`~partition_fx.training.fit` is (or from ``components`` already resolved); exposes the single steps
+    (``parameter_step``, ``hyper_step``, ``evaluate``) for custom loops and tests, and
+    ``state_dict()``/``load_state_dict()`` for everything a resumed run needs.
 
     Example::
 
@@ -58,45 +59,56 @@ class PartitionedTrainer(TrainerState, Stepping):
     """
 
     def __init__(
-        self, pmodel: PartitionedModel, dataset: Any, options: TrainerOptions | None = None, **kwargs: Any
+        self,
+        pmodel: PartitionedModel,
+        dataset: Any,
+        config: TrainConfig | None = None,
+        *,
+        components: Components | None = None,
+        **keywords: Any,
     ) -> None:
-        if options is None:
-            options = TrainerOptions.from_kwargs("PartitionedTrainer", kwargs)
-        elif kwargs:
-            raise PartitionTypeError("pass the trainer's options either as TrainerOptions or as keywords, not both")
+        if components is None:
+            config, components = resolve("PartitionedTrainer", config, keywords)
+        elif keywords or config is None:
+            raise PartitionTypeError("pass a TrainConfig with components=, or keywords without them, not both")
         if not isinstance(pmodel, PartitionedModel):
             raise PartitionTypeError(
                 f"fit needs a PartitionedModel (from partitionify(model)), got {type(pmodel).__name__}"
             )
-        self.options = options
+        self.config: TrainConfig = config  # type: ignore[assignment]
+        self.components = components
+        runtime, step, evaluation = self.config.runtime, self.config.hyper, self.config.evaluation
         self.pmodel = pmodel
-        self.hyper = options.hyper
-        self.likelihood = options.likelihood
-        self.fused = options.fused
-        self.every_partition = options.every_partition
-        self.seed = options.seed
-        self.on_nonfinite = options.on_nonfinite
-        self.hyper_every = options.hyper_every
-        self.warmup_steps = options.warmup_steps
-        self.eval_batch_size = options.eval_batch_size
-        self.eval_examples_per_chunk = options.eval_examples_per_chunk
-        self.checkpoint_dir: Path | None = options.checkpoint_dir  # type: ignore[assignment]
+        self.hyper = components.hyper
+        self.likelihood = components.likelihood
+        self.fused = runtime.fused
+        self.every_partition = runtime.every_partition
+        self.seed = runtime.seed
+        self.on_nonfinite = runtime.on_nonfinite
+        self.hyper_every = step.every
+        self.warmup_steps = step.warmup_steps
+        self.hyper_samples = step.samples if takes_num_samples(self.hyper) else None
+        """Augmentation samples per example in hyperparameter steps (None: the transform's own)."""
+        self.eval_batch_size = evaluation.batch_size
+        self.eval_examples_per_chunk = evaluation.examples_per_chunk
+        self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]
         self.examples = Examples(dataset)
-        self.chunks = resolve_chunks(options.chunks, len(self.examples), pmodel.proportions, self.seed)
-        self.sampler = PartitionedSampler(self.chunks, options.batch_size, options.hyper_batch_size, self.seed)
-        self.device = self._place(options.device)
-        self.data_parallel = DataParallel.from_environment(options.data_parallel)
+        self.chunks = resolve_chunks(components.chunks, len(self.examples), pmodel.proportions, self.seed)
+        batch_size = self.config.optimization.batch_size
+        self.sampler = PartitionedSampler(self.chunks, batch_size, step.batch_size, self.seed)
+        self.device = self._place(components.device)  # type: ignore[arg-type]
+        self.data_parallel = DataParallel.from_environment(components.data_parallel)
         """The process group gradients are averaged over (``training.data_parallel``), or None."""
         if self.data_parallel is not None:
-            self.data_parallel.check_batch_size("batch_size", options.batch_size)
-            self.data_parallel.check_batch_size("hyper_batch_size", options.hyper_batch_size or options.batch_size)
+            self.data_parallel.check_batch_size("batch_size", batch_size)
+            self.data_parallel.check_batch_size("hyper_batch_size", self.sampler.hyper_batch_size)
             self.data_parallel.broadcast([pmodel, self.hyper, self.likelihood])
         self._statistics_modules = running_statistics_modules(pmodel) if self.data_parallel is not None else []
-        if options.compile:
-            pmodel.compile(mode="default" if options.compile is True else options.compile)
-        self.precision = Precision(options.precision, self.device)
+        if runtime.compile is not None:
+            pmodel.compile(mode=runtime.compile)
+        self.precision = Precision(runtime.precision, self.device)
         on_cpu = self.device is None or self.device.type == "cpu"
-        self.check_every = options.check_every or (1 if on_cpu else LAZY_CHECK_EVERY)
+        self.check_every = runtime.check_every or (1 if on_cpu else LAZY_CHECK_EVERY)
         """Steps between reads of the device for the non-finite check (see ``Stepping``): 1 on the CPU, where a
         read costs nothing, ``LAZY_CHECK_EVERY`` on an accelerator, unless ``check_every`` says."""
         self.watch = NonfiniteWatch()
@@ -121,9 +133,9 @@ class PartitionedTrainer(TrainerState, Stepping):
         """(score, step, state of the modules) of the best evaluation so far, by :meth:`selection_score`."""
         self.skipped_steps = 0
         self.last_checkpoint_step: int | None = None
-        self.hooks: list[TrainingHook] = list(options.hooks)
+        self.hooks: list[TrainingHook] = list(components.hooks)
         """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
-        (``options.hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
+        (``hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
         if self.checkpoint_dir is not None and (self.data_parallel is None or self.data_parallel.is_writer):
             self.hooks.append(CheckpointWriter(self.checkpoint_dir))
         self._omitted: dict[str, Any] | None = None
@@ -143,25 +155,27 @@ class PartitionedTrainer(TrainerState, Stepping):
         return device
 
     def _build_optimizers(self) -> None:
-        options = self.options
-        factory = partial(build, "optimizer", options.optimizer or partial(torch.optim.Adam, lr=1e-3))
+        """The optimisers and schedulers the configuration asks for, or the factories given in their place."""
+        given = self.components
+        optimizer, hyper_optimizer, scheduler = configured_factories(self.config)
+        factory = partial(build, "optimizer", given.optimizer or optimizer)
+        scaling = self.config.optimization.weight_decay_scaling
         self.optimizer = check_optimizer(
-            "optimizer",
-            partition_optimizer(self.pmodel, factory, self.chunks.sizes, options.weight_decay_scaling),
+            "optimizer", partition_optimizer(self.pmodel, factory, self.chunks.sizes, scaling)
         )
         self.hyper_optimizer = None
         if self.hyperparameters_list:
-            hyper_factory = options.hyper_optimizer or partial(torch.optim.Adam, lr=1e-3)
+            hyper_factory = given.hyper_optimizer or hyper_optimizer
             self.hyper_optimizer = check_optimizer(
                 "hyper_optimizer", build("hyper_optimizer", hyper_factory, self.hyperparameters_list)
             )
         self.scheduler = None
-        if options.scheduler is not None:
-            self.scheduler = check_scheduler(build("scheduler", options.scheduler, self.optimizer))
+        if (given.scheduler or scheduler) is not None:
+            self.scheduler = check_scheduler(build("scheduler", given.scheduler or scheduler, self.optimizer))
         self.hyper_scheduler = None
-        if options.hyper_scheduler is not None and self.hyper_optimizer is not None:
+        if given.hyper_scheduler is not None and self.hyper_optimizer is not None:
             self.hyper_scheduler = check_scheduler(
-                build("hyper_scheduler", options.hyper_scheduler, self.hyper_optimizer), "hyper_scheduler"
+                build("hyper_scheduler", given.hyper_scheduler, self.hyper_optimizer), "hyper_scheduler"
             )
 
     # --- what is trained -------------------------------------------------------------------------
@@ -223,8 +237,8 @@ class PartitionedTrainer(TrainerState, Stepping):
         return self._step(None, loss, [], "hyperparameter step (chunks D_2..D_C through subnetworks 1..C-1)")
 
     def _draw_hyper_batches(self) -> list[tuple[float, int, torch.Tensor]]:
-        """The ``(weight, k, indices)`` batches of one hyperparameter step, as ``options.hyper_chunks`` asks."""
-        if self.options.hyper_chunks == "all":
+        """The ``(weight, k, indices)`` batches of one hyperparameter step, as ``config.hyper.chunks`` asks."""
+        if self.config.hyper.chunks == "all":
             return self.sampler.hyper_batches()
         return [(1.0, *self.sampler.hyper_batch())]
 
@@ -243,7 +257,7 @@ class PartitionedTrainer(TrainerState, Stepping):
                 self.examples,
                 batches,
                 self.device,
-                self.options.hyper_samples,
+                self.hyper_samples,
             )
 
     def _hyper_due(self, step: int) -> bool:
@@ -265,7 +279,7 @@ class PartitionedTrainer(TrainerState, Stepping):
             self.parameter_step()
         self.step += 1
         if self._hyper_due(self.step):
-            if self.options.hyper_chunks == "all":
+            if self.config.hyper.chunks == "all":
                 self.hyper_step_all_chunks()
             else:
                 self.hyper_step()
@@ -280,9 +294,7 @@ class PartitionedTrainer(TrainerState, Stepping):
         batch = self.examples.batch(indices, self.device)
         hyper_batches = [(w, k, *self.examples.batch(*self._local(i), self.device)) for w, k, i in hyper]
         with self.precision.autocast():
-            return routed_losses(
-                self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.options.hyper_samples
-            )
+            return routed_losses(self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.hyper_samples)
 
     def parameter_step_every_partition(self) -> torch.Tensor:
         """A parameter step in which each example trains its own partition (``sampler.parameter_examples``):
@@ -423,22 +435,27 @@ class PartitionedTrainer(TrainerState, Stepping):
 
     def run(
         self,
-        steps: int,
+        steps: int | None = None,
         *,
-        eval_every: int | None = None,
-        patience: int | None = None,
-        restore_best: bool = False,
         callbacks: Sequence[Callback] = (),
         progress: bool | None = None,
-        recalibrate_norms: bool = True,
-        finetune_steps: int = 0,
+        **overrides: Any,
     ) -> FitResult:
-        """Train for ``steps`` iterations, the last ``finetune_steps`` of them fine-tuning (see
-        :func:`~partition_fx.training.fit` for the arguments)."""
-        run = RunOptions(
-            steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms, finetune_steps
-        )
-        result = run_loop(self, run)
+        """Train for ``steps`` iterations (default: to the configuration's ``steps`` from the current step),
+        evaluating, fine-tuning and stopping as the configuration says; ``overrides`` (``eval_every``,
+        ``finetune_steps``, ``patience``, ... by their keywords) change it for this run. With ``finetune_steps``
+        given, the last ``finetune_steps`` of these ``steps`` fine-tune; otherwise fine-tuning starts at the
+        configuration's iteration ``steps - finetune_steps`` (so a resumed run switches where the whole run
+        would have)."""
+        config = self.config.replace(**overrides) if overrides else self.config
+        total = config.optimization.steps
+        end = self.step + steps if steps is not None else total
+        if "finetune_steps" in overrides:
+            switch = end - config.finetune_steps if config.finetune_steps else None
+        else:
+            switch = total - config.finetune_steps if config.finetune_steps else None
+        plan = RunPlan(end, switch, config, callbacks, progress)
+        result = run_loop(self, plan)
         for hook in self.hooks:
             hook.after_run(self, result)
         return result
