@@ -7,8 +7,8 @@ A configuration is a :class:`Settings` of sections, each section a :class:`Setti
 * the checks (run on construction, so a configuration that exists is valid),
 * ``to_dict()``/``from_dict()`` (nested, JSON-ready; an unknown key is refused naming the known ones), the
   model being torch.ao's ``QConfigMapping.to_dict``/``from_dict``,
-* the flat keyword spelling (``hyper_samples=16``), each field's keyword unique across the configuration,
-  which ``fit`` takes and the command line's options are generated from (``--hyper-samples``).
+* the flat keyword spelling (``hyper_lr=0.05``), each field's keyword unique across the configuration,
+  which ``fit`` takes and the command line's options are generated from (``--hyper-lr``).
 
 No torch here: the command line builds its parser from these declarations before it loads torch.
 """
@@ -178,7 +178,7 @@ class Settings:
 
     @classmethod
     def keywords(cls) -> dict[str, Field]:
-        """Every field by its flat keyword (``hyper_samples``)."""
+        """Every field by its flat keyword (``hyper_lr``)."""
         return {f.keyword: f for f in cls.fields()}
 
     def replace(self: S, **keywords: Any) -> S:
@@ -186,8 +186,8 @@ class Settings:
         the known ones listed.
 
         >>> from partition_fx.train_config import TrainConfig
-        >>> TrainConfig().replace(hyper_samples=4, steps=10).hyper.samples
-        4
+        >>> TrainConfig().replace(hyper_lr=0.1, steps=10).hyper.lr
+        0.1
         """
         known = self.keywords()
         unknown = sorted(set(keywords) - set(known))
@@ -213,8 +213,8 @@ class Settings:
         """A field's value by its flat keyword.
 
         >>> from partition_fx.train_config import TrainConfig
-        >>> TrainConfig().value("hyper_samples")
-        16
+        >>> TrainConfig().value("hyper_lr")
+        0.05
         """
         target: Any = self
         for name in self.keywords()[keyword].path:

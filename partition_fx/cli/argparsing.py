@@ -142,7 +142,7 @@ def proportions(text: str) -> tuple[float, ...]:
 
 def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups: dict[str, Any]) -> None:
     """An option for every field of ``config`` (a :class:`~partition_fx.settings.Settings`) that is on the command
-    line, generated from its declaration: ``--hyper-samples`` for the keyword ``hyper_samples``, its default,
+    line, generated from its declaration: ``--hyper-lr`` for the keyword ``hyper_lr``, its default,
     choices, metavar and help, the help ending with the default; a False bool becomes a flag, a field with a
     ``const`` an option whose value may be left out (``--compile [MODE]``). Each goes in the group titled by
     its section's ``section_help`` (``groups``, created when missing). The values are checked by the
@@ -151,9 +151,9 @@ def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups
     >>> from partition_fx.train_config import TrainConfig
     >>> parser = argparse.ArgumentParser()
     >>> add_settings(parser, TrainConfig, {})
-    >>> args = parser.parse_args(["--hyper-samples", "4", "--fused"])
-    >>> args.hyper_samples, args.fused, args.steps
-    (4, True, 400)
+    >>> args = parser.parse_args(["--hyper-lr", "0.1", "--fused"])
+    >>> args.hyper_lr, args.fused, args.steps
+    (0.1, True, 400)
     """
     for section in config.sections().values():
         group = groups.get(section.section_help)

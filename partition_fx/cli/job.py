@@ -133,11 +133,11 @@ def _load_data(args: argparse.Namespace, config: TrainConfig) -> DatasetSplits:
     batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
     step = config.hyper  # None: the parameter step's batch, the transform's own samples
-    hyper_batch, hyper_samples = step.batch_size or args.batch_size, step.samples or args.samples
+    hyper_batch, samples = step.batch_size or args.batch_size, step.samples or args.samples
     chunks = max(1, args.partitions - 1)  # a hyperparameter step takes a batch from each chunk 2..C
-    hyper = chunks * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
+    hyper = chunks * hyper_batch * samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(
-        f"--partitions {args.partitions} --hyper-batch-size {hyper_batch} --hyper-samples {hyper_samples}",
+        f"--partitions {args.partitions} --hyper-batch-size {hyper_batch} --hyper-samples {samples}",
         "one hyperparameter batch of inputs",
         hyper,
     )
