@@ -158,8 +158,10 @@ class Settings:
 
     @classmethod
     def from_dict(cls: type[S], values: dict[str, Any], *, where: str = "") -> S:
-        """The configuration ``to_dict`` wrote; missing keys take their defaults, unknown ones are refused
-        with the known ones listed."""
+        """The configuration ``to_dict`` wrote, exactly: an unknown key is refused with the known ones listed,
+        and a missing one (:class:`MissingSettings`, naming every missing path) is never defaulted, so a
+        configuration written by another version is not silently read as this one's defaults (build a
+        partial configuration with ``replace`` or the named constructors instead)."""
         name = where or cls.__name__
         if not isinstance(values, dict):
             raise PartitionTypeError(f"{name} must be a dict, got {type(values).__name__}")
@@ -169,6 +171,9 @@ class Settings:
             raise PartitionArgumentError(
                 f"{name} has unknown key(s) {', '.join(map(repr, unknown))}; it takes {', '.join(known)}"
             )
+        missing = [".".join(f.path) for f in cls.fields() if not _has(values, f.path)]
+        if missing:
+            raise MissingSettings(name, missing)
         sections = cls.sections()
         kwargs = {
             key: sections[key].from_dict(value, where=f"{name}.{key}") if key in sections else _from_json(value)
@@ -224,6 +229,26 @@ class Settings:
     def flat(self, *, fingerprint: bool = False) -> dict[str, Any]:
         """Every value by its flat keyword (only those a resumed run must match, with ``fingerprint``)."""
         return {k: self.value(k) for k, f in self.keywords().items() if f.option.fingerprint or not fingerprint}
+
+
+class MissingSettings(PartitionArgumentError):
+    """A configuration dict without some of the fields ``to_dict`` writes; ``missing``: their dotted paths."""
+
+    def __init__(self, where: str, missing: list[str]) -> None:
+        super().__init__(f"{where} lacks {', '.join(missing)}")
+        self.missing = missing
+
+
+def _has(values: Any, path: tuple[str, ...]) -> bool:
+    """Whether the nested dict ``values`` holds ``path`` (a section that is not a dict counts as holding it:
+    ``from_dict`` refuses its type)."""
+    for name in path:
+        if not isinstance(values, dict):
+            return True
+        if name not in values:
+            return False
+        values = values[name]
+    return True
 
 
 def _from_json(value: Any) -> Any:

@@ -12,6 +12,9 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTypeError
 from partition_fx.testing import perturb_partitions
+from partition_fx.train_config import TrainConfig
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 
 def _parts(pmodel) -> list[nn.Parameter]:
@@ -173,6 +176,7 @@ def _trainer(fused: bool = False, every_partition: bool = False, scheme: str = "
     return PartitionedTrainer(
         pmodel,
         (x, y),
+        PAPER,
         hyper=InputMask(5),
         batch_size=16,
         optimizer=sgd,
@@ -249,7 +253,7 @@ def test_fused_training_runs_and_refuses_in_model_hyperparameters():
     assert result.steps == 6 and len(result.history) == 2 and result.history[-1]["hyper_loss"] is not None
     model = nn.Sequential(nn.Linear(5, 8), ConcreteDropout(), nn.Linear(8, 3))
     with pytest.raises(PartitionArgumentError, match="fused=True does not support hyperparameter modules inside"):
-        fit(partitionify(model, 2), (torch.randn(20, 5), torch.zeros(20, dtype=torch.long)), steps=1, fused=True)
+        fit(partitionify(model, 2), (torch.randn(20, 5), torch.zeros(20, dtype=torch.long)), PAPER, steps=1, fused=True)
 
 
 def test_fused_iteration_keeps_the_parameter_loss_away_from_the_noise_scale():
@@ -268,7 +272,7 @@ def test_fused_iteration_keeps_the_parameter_loss_away_from_the_noise_scale():
         y = x[:, :1] * 2 + 0.1 * torch.randn(120, 1, generator=g)
         sgd = partial(torch.optim.SGD, lr=0.01)  # small: Gaussian.constrain_ clamps log_scale to [-9.2, 9.2]
         return PartitionedTrainer(
-            pmodel, (x, y), likelihood=Gaussian(0.5), batch_size=16, optimizer=sgd, hyper_optimizer=sgd,
+            pmodel, (x, y), PAPER, likelihood=Gaussian(0.5), batch_size=16, optimizer=sgd, hyper_optimizer=sgd,
             fused=fused, seed=3,
         )  # fmt: skip
 

@@ -81,7 +81,7 @@ def test_export_command_rebuilds_the_run(run_dir, capsys):
         (["--data", "/no/such/folder"], "unknown dataset '/no/such/folder'"),
         (["--proportions", "0.9995,0.0004,0.0001"], "data chunk 3 of 3 is empty"),
         (["--proportions", "0.5,0.6"], "proportions has 2 entries but num_partitions=3"),
-        (["--lr", "-1"], "--lr and --hyper-lr must be positive"),
+        (["--lr", "-1"], "--lr must be positive"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--data", "input_selection"], "is a regression task"),
         # found by fuzzing: these used to fail only after --out was created, or with a traceback
@@ -174,14 +174,18 @@ def test_fused_every_partition_training(tmp_path):
     out = tmp_path / "fused"
     assert main(["train", *TINY, "--fused", "--every-partition", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["status"] == "completed" and report["config"]["fused"] and report["config"]["every_partition"]
+    assert (
+        report["status"] == "completed"
+        and report["config"]["train"]["runtime"]["fused"]
+        and report["config"]["train"]["runtime"]["every_partition"]
+    )
 
 
 def test_mixed_precision_training_records_its_precision_and_exports_fp32(tmp_path):
     out = tmp_path / "bf16"
     assert main(["train", *TINY, "--precision", "bf16", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["status"] == "completed" and report["config"]["precision"] == "bf16"
+    assert report["status"] == "completed" and report["config"]["train"]["runtime"]["precision"] == "bf16"
     assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values() if t.is_floating_point())
 
 

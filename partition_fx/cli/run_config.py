@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, earlier_version
-from ..settings import SettingError, SettingTypeError
+from ..settings import MissingSettings, SettingError, SettingTypeError
 from ..train_config import TrainConfig
 from .parser import train_defaults
 
@@ -88,6 +88,8 @@ def args_from_config(config: dict[str, Any], source: str = "the run's config") -
         raise PartitionError(f"{source} has unknown key(s) {', '.join(unknown)}; it takes {', '.join(keys)}, train")
     try:
         train = TrainConfig.from_dict(config["train"], where=f"{source}: train")
+    except MissingSettings as e:
+        raise PartitionError(earlier_version(source, ", ".join(f"config.train.{m}" for m in e.missing))) from None
     except PartitionError as e:
         raise PartitionError(earlier_version(source, f"a training configuration this version reads: {e}")) from None
     flat = {keyword: train.value(keyword) for keyword in command_line_keywords()}

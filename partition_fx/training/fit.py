@@ -12,7 +12,7 @@ from .._validation import check_directory
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from .options import Callback, resolve
+from .options import Callback, check_run_arguments, resolve
 from .result import FitResult
 from .resume import load_training_state
 from .trainer import PartitionedTrainer
@@ -87,6 +87,7 @@ def fit(
     """
     resume = check_directory("resume", resume)
     config, components = resolve("fit", config, keywords)
+    check_run_arguments(callbacks, progress)  # before anything is built
     torch.manual_seed(config.runtime.seed)
     trainer = PartitionedTrainer(pmodel, dataset, config, components=components)
     if resume is not None:

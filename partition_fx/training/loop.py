@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import check_flag
 from ..train_config import TrainConfig
 from .lml import recalibrate_norm_statistics
-from .options import Callback, check_sequence_of
+from .options import Callback, check_run_arguments
 from .progress import ProgressLines, progress_outputs
 from .result import FitResult
 
@@ -27,12 +26,7 @@ class RunPlan:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        callbacks = check_sequence_of(
-            "callbacks", self.callbacks, callable, "callables cb(trainer, record)", "a callable cb(trainer, record)"
-        )
-        object.__setattr__(self, "callbacks", callbacks)
-        if self.progress is not None:
-            check_flag("progress", self.progress)
+        object.__setattr__(self, "callbacks", check_run_arguments(self.callbacks, self.progress))
 
 
 def run_loop(trainer: Any, plan: RunPlan) -> FitResult:

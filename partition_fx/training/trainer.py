@@ -441,19 +441,16 @@ class PartitionedTrainer(TrainerState, Stepping):
         progress: bool | None = None,
         **overrides: Any,
     ) -> FitResult:
-        """Train for ``steps`` iterations (default: to the configuration's ``steps`` from the current step),
-        evaluating, fine-tuning and stopping as the configuration says; ``overrides`` (``eval_every``,
-        ``finetune_steps``, ``patience``, ... by their keywords) change it for this run. With ``finetune_steps``
-        given, the last ``finetune_steps`` of these ``steps`` fine-tune; otherwise fine-tuning starts at the
-        configuration's iteration ``steps - finetune_steps`` (so a resumed run switches where the whole run
-        would have)."""
+        """Train to the configuration's ``steps`` (a resumed trainer: from its step), evaluating, fine-tuning
+        and stopping as the configuration says; ``overrides`` (``eval_every``, ``finetune_steps``, ``patience``,
+        ... by their keywords) change it for this run. ``steps``: run that many iterations from the current step
+        instead, as if the configuration's ``steps`` ended there (its evaluation interval and fine-tuning share
+        are then of those); the LR schedule built with the trainer is not changed."""
+        if steps is not None:
+            overrides = {**overrides, "steps": self.step + steps}
         config = self.config.replace(**overrides) if overrides else self.config
-        total = config.optimization.steps
-        end = self.step + steps if steps is not None else total
-        if "finetune_steps" in overrides:
-            switch = end - config.finetune_steps if config.finetune_steps else None
-        else:
-            switch = total - config.finetune_steps if config.finetune_steps else None
+        end = config.optimization.steps
+        switch = end - config.finetune_steps if config.finetune_steps else None
         plan = RunPlan(end, switch, config, callbacks, progress)
         result = run_loop(self, plan)
         for hook in self.hooks:
