@@ -14,6 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..choices import ASSIGNMENTS, COMPILE_MODES, DEFAULTS, PRECISIONS
+from ..kinds import partition_kinds
 from .argparsing import Parser, int_at_least, path, proportions, seed
 from .federated_options import add_federated
 
@@ -153,23 +155,24 @@ def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the pa
         help=f"each partition's share of the parameters and the data, C numbers summing to 1 "
         f"(default: {proportions_default_text()})",
     )
+    schemes = [kind for kind in partition_kinds() if kind.scheme]  # partition_fx.kinds: the registered schemes
     group.add_argument(
         "--scheme",
         default="random",
-        choices=["random", "node"],
-        help="random: each entry of a tensor to a random partition; node: whole output units (default: %(default)s)",
+        choices=[kind.name for kind in schemes],
+        help="; ".join(f"{kind.name}: {kind.description}" for kind in schemes) + " (default: %(default)s)",
     )
     group.add_argument(
         "--default",
         default="init",
-        choices=["init", "zero", "seed"],
+        choices=DEFAULTS,
         help="the values a subnetwork uses for partitions it does not train: the initial weights, zeros, or "
         "values regenerated from the seed (default: %(default)s)",
     )
     group.add_argument(
         "--assignments",
         default="stored",
-        choices=["stored", "regenerated"],
+        choices=ASSIGNMENTS,
         help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
     )
     group.add_argument(
@@ -368,7 +371,7 @@ def _add_training_options(train: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--precision",
-        choices=("fp32", "bf16", "fp16"),
+        choices=PRECISIONS,
         default="fp32",
         help="the dtype forwards run in under torch.autocast; weights and optimiser state stay fp32 "
         "(default: %(default)s)",
@@ -378,7 +381,7 @@ def _add_training_options(train: argparse.ArgumentParser) -> None:
         nargs="?",
         const="default",
         default=None,
-        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),  # COMPILE_MODES
+        choices=COMPILE_MODES,
         metavar="MODE",
         help="torch.compile the model first: MODE default, reduce-overhead (CUDA graphs) or max-autotune "
         "(default: off; --compile alone: default)",

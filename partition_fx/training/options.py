@@ -28,6 +28,7 @@ from .._validation import (
     check_int,
     check_seed,
 )
+from ..choices import COMPILE_MODES
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .chunks import DataChunks
 from .hooks import TrainingHook
@@ -39,9 +40,6 @@ Callback = Callable[[Any, dict[str, Any]], "bool | None"]
 """``cb(trainer, record)`` after each evaluation (``trainer``: the ``PartitionedTrainer``); True stops training."""
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""``torch.compile``'s modes, which ``compile=`` also takes (True: ``"default"``)."""
 
 HYPER_CHUNKS = ("one", "all")
 """How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted."""
