@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..choices import ASSIGNMENTS, COMPILE_MODES, DEFAULTS, PRECISIONS
+from ..datasets.registry import dataset_names
 from ..kinds import partition_kinds
 from .argparsing import Parser, int_at_least, path, proportions, seed
 from .federated_options import add_federated
@@ -42,8 +43,9 @@ TRAIN_DEFAULT_FINETUNE_FRACTION = 0.25
 """Without ``--finetune-steps``, this share of ``--steps`` fine-tunes the final model."""
 DEVICES = ("auto", "cpu", "cuda")
 """``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
-DATASETS = ("rotdigits", "digits")
-"""The named datasets ``train`` accepts (besides an image folder's path)."""
+DATASETS = dataset_names(task="images")
+"""The named datasets ``train`` accepts (besides an image folder's path): the image datasets registered
+(``partition_fx.datasets.registry``) when the command line was imported."""
 
 COMMANDS = {
     "train": (
