@@ -135,3 +135,14 @@ def proportions(text: str) -> tuple[float, ...]:
     if not all(math.isfinite(p) for p in values):
         raise argparse.ArgumentTypeError(f"proportions must be finite numbers, got {text!r}")
     return values
+
+
+def default_shares_text(default: tuple[float, ...]) -> str:
+    """What ``--proportions`` is when it is not given, as a command's help says it: ``default`` with its number
+    of partitions, equal shares with any other (every command's convention).
+
+    >>> default_shares_text((0.7, 0.2, 0.1))
+    '0.7,0.2,0.1 with 3 partitions, equal shares with any other --partitions'
+    """
+    shares = ",".join(str(p) for p in default)
+    return f"{shares} with {len(default)} partitions, equal shares with any other --partitions"

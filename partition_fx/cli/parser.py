@@ -17,7 +17,7 @@ from typing import Any
 from ..choices import ASSIGNMENTS, COMPILE_MODES, DEFAULTS, PRECISIONS
 from ..datasets.registry import dataset_names
 from ..kinds import partition_kinds
-from .argparsing import Parser, int_at_least, path, proportions, seed
+from .argparsing import Parser, default_shares_text, int_at_least, path, proportions, seed
 from .federated_options import add_federated
 
 DESCRIPTION = (
@@ -85,8 +85,7 @@ def proportions_default_text() -> str:
     >>> proportions_default_text()
     '0.8,0.1,0.1 with 3 partitions, equal shares with any other --partitions'
     """
-    shares = ",".join(str(p) for p in DEFAULT_PROPORTIONS)
-    return f"{shares} with {len(DEFAULT_PROPORTIONS)} partitions, equal shares with any other --partitions"
+    return default_shares_text(DEFAULT_PROPORTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:
