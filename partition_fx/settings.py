@@ -171,6 +171,9 @@ class Settings:
             raise PartitionArgumentError(
                 f"{name} has unknown key(s) {', '.join(map(repr, unknown))}; it takes {', '.join(known)}"
             )
+        unknown_inside = _first_unknown(cls, values, name)
+        if unknown_inside is not None:
+            raise PartitionArgumentError(unknown_inside)
         missing = [".".join(f.path) for f in cls.fields() if not _has(values, f.path)]
         if missing:
             raise MissingSettings(name, missing)
@@ -237,6 +240,22 @@ class MissingSettings(PartitionArgumentError):
     def __init__(self, where: str, missing: list[str]) -> None:
         super().__init__(f"{where} lacks {', '.join(missing)}")
         self.missing = missing
+
+
+def _first_unknown(cls: type[Settings], values: dict[str, Any], where: str) -> str | None:
+    """The refusal of the first unknown key in the nested sections of ``values``, or None."""
+    for key, section in cls.sections().items():
+        inner = values.get(key)
+        if not isinstance(inner, dict):
+            continue
+        known = [f.name for f in dataclasses.fields(section)]  # type: ignore[arg-type]
+        unknown = sorted(set(inner) - set(known))
+        if unknown:
+            return f"{where}.{key} has unknown key(s) {', '.join(map(repr, unknown))}; it takes {', '.join(known)}"
+        deeper = _first_unknown(section, inner, f"{where}.{key}")
+        if deeper is not None:
+            return deeper
+    return None
 
 
 def _has(values: Any, path: tuple[str, ...]) -> bool:

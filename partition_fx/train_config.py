@@ -23,12 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .choices import COMPILE_MODES, PRECISIONS
 from .settings import SettingError, Settings, setting
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-"""What ``precision`` takes: the dtype forwards run in under ``torch.autocast`` (fp32: no autocast)."""
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""``torch.compile``'s modes, which ``compile`` takes (True: ``"default"``)."""
 HYPER_CHUNKS = ("one", "all")
 """How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted
 (the estimators registered in ``training.estimators``)."""

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .._validation import check_fits_in_memory
-from ..datasets import NUM_DIGITS, DatasetSplits, load_dataset
+from ..datasets import DatasetSplits, load_dataset, named_dataset
 from ..errors import PartitionArgumentError, PartitionError
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
@@ -25,7 +25,7 @@ from ..train_config import TrainConfig
 from ..training import split_into_chunks, weight_decay_scales
 from ..transforms import AffineAugmentation
 from .checks import check_train_options, checked_proportions, proportions_text
-from .parser import DATASETS, parse_train
+from .parser import parse_train
 
 
 @dataclass
@@ -119,7 +119,7 @@ def job_from_args(args: argparse.Namespace) -> TrainJob:
 def _load_data(args: argparse.Namespace, config: TrainConfig) -> DatasetSplits:
     """``--data`` at ``--image-size``/``--channels``, refused if it or one batch of it cannot fit in memory."""
     sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
-    count = NUM_DIGITS if args.data in DATASETS else 1
+    count = getattr(named_dataset(args.data), "images", None) or 1  # its registered size; a folder's is unknown
     check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
     kwargs: dict[str, Any] = {"size": args.image_size}
     if args.channels is not None:

@@ -14,8 +14,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..choices import ASSIGNMENTS, DEFAULTS
+from ..datasets.registry import dataset_names
+from ..kinds import partition_kinds
 from ..train_config import TrainConfig
-from .argparsing import Parser, add_settings, int_at_least, path, proportions, seed
+from .argparsing import Parser, add_settings, default_shares_text, int_at_least, path, proportions, seed
 from .federated_options import add_federated
 
 DESCRIPTION = (
@@ -32,8 +35,9 @@ DEFAULT_PROPORTIONS = (0.8, 0.1, 0.1)
 """``--proportions`` when it is not given and ``--partitions`` is 3 (the default); other counts get equal shares."""
 DEVICES = ("auto", "cpu", "cuda")
 """``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
-DATASETS = ("rotdigits", "digits")
-"""The named datasets ``train`` accepts (besides an image folder's path)."""
+DATASETS = dataset_names(task="images")
+"""The named datasets ``train`` accepts (besides an image folder's path): the image datasets registered
+(``partition_fx.datasets.registry``) when the command line was imported."""
 
 COMMANDS = {
     "train": (
@@ -73,8 +77,7 @@ def proportions_default_text() -> str:
     >>> proportions_default_text()
     '0.8,0.1,0.1 with 3 partitions, equal shares with any other --partitions'
     """
-    shares = ",".join(str(p) for p in DEFAULT_PROPORTIONS)
-    return f"{shares} with {len(DEFAULT_PROPORTIONS)} partitions, equal shares with any other --partitions"
+    return default_shares_text(DEFAULT_PROPORTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,23 +150,24 @@ def _add_partition_options(parser: argparse.ArgumentParser, *, with_seed: bool =
         help=f"each partition's share of the parameters and the data, C numbers summing to 1 "
         f"(default: {proportions_default_text()})",
     )
+    schemes = [kind for kind in partition_kinds() if kind.scheme]  # partition_fx.kinds: the registered schemes
     group.add_argument(
         "--scheme",
         default="random",
-        choices=["random", "node"],
-        help="random: each entry of a tensor to a random partition; node: whole output units (default: %(default)s)",
+        choices=[kind.name for kind in schemes],
+        help="; ".join(f"{kind.name}: {kind.description}" for kind in schemes) + " (default: %(default)s)",
     )
     group.add_argument(
         "--default",
         default="init",
-        choices=["init", "zero", "seed"],
+        choices=DEFAULTS,
         help="the values a subnetwork uses for partitions it does not train: the initial weights, zeros, or "
         "values regenerated from the seed (default: %(default)s)",
     )
     group.add_argument(
         "--assignments",
         default="stored",
-        choices=["stored", "regenerated"],
+        choices=ASSIGNMENTS,
         help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
     )
     if with_seed:

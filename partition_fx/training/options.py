@@ -133,6 +133,16 @@ def resolve(where: str, config: TrainConfig | None, keywords: dict[str, Any]) ->
     return config, components
 
 
+def check_run_arguments(callbacks: Any, progress: Any) -> tuple[Callback, ...]:
+    """``callbacks`` as a tuple if it is a list of callables ``cb(trainer, record)``, and ``progress`` None or a
+    bool: what a run of the loop takes besides its configuration."""
+    if progress is not None:
+        check_flag("progress", progress)
+    return check_sequence_of(
+        "callbacks", callbacks, callable, "callables cb(trainer, record)", "a callable cb(trainer, record)"
+    )
+
+
 def check_sequence_of(
     name: str, values: Any, kind: type | Callable[[Any], bool], many: str, one: str
 ) -> tuple[Any, ...]:

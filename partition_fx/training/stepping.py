@@ -21,7 +21,7 @@ from ..errors import PartitionTrainingError
 from .faults import nonfinite_problem, storage_names, tensor_names
 
 DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""The dtype the forward runs in under ``torch.autocast`` for each of ``train_config.PRECISIONS`` (None: no
+"""The dtype the forward runs in under ``torch.autocast`` for each of ``choices.PRECISIONS`` (None: no
 autocast)."""
 
 LAZY_CHECK_EVERY = 50
