@@ -1,10 +1,11 @@
-"""The training loop: iterations, evaluations, callbacks, early stopping, and the end of a run."""
+"""The training loop: iterations, evaluations, hooks that stop a run, early stopping, and the end of a run."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from .hooks import CallbackHook
 from .lml import recalibrate_norm_statistics
 from .options import RunOptions
 from .progress import ProgressLines, progress_outputs
@@ -13,9 +14,10 @@ from .result import FitResult
 
 def run_loop(trainer: Any, run: RunOptions) -> FitResult:
     """Run ``trainer`` (a ``PartitionedTrainer``) for ``run.steps`` iterations from its current step:
-    evaluate every ``run.eval_every`` iterations and at the end, call the callbacks after each evaluation,
-    stop early on ``run.patience``, restore the best state (``run.restore_best``) and recalibrate BatchNorm
-    statistics for the final subnetwork (``run.recalibrate_norms``).
+    evaluate every ``run.eval_every`` iterations and at the end; after each evaluation ask the trainer's hooks,
+    then the run's callbacks (a ``CallbackHook``), whether to stop; stop early on ``run.patience``, restore the
+    best state (``run.restore_best``) and recalibrate BatchNorm statistics for the final subnetwork
+    (``run.recalibrate_norms``).
 
     Progress (``run.progress``): None shows a tqdm bar when stderr is a terminal and otherwise writes one line
     per evaluation to stderr; True forces the bar, False shows nothing."""
@@ -28,6 +30,7 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
     # Fine-tuning takes the last run.finetune_steps iterations; patience may move the switch earlier.
     switch = end - run.finetune_steps if run.finetune_steps else None
     lines = ProgressLines(trainer.step, end, started) if write_lines else None
+    callbacks = CallbackHook(run.callbacks)
     bar = tqdm(total=run.steps, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
     try:
         while trainer.step < end:
@@ -45,8 +48,7 @@ def run_loop(trainer: Any, run: RunOptions) -> FitResult:
                     bar.set_postfix(loss=f"{record['train_loss'] or float('nan'):.3f}")
                 if lines is not None:
                     lines(record)
-                stop = any(bool(cb(trainer, record)) for cb in run.callbacks)
-                if stop:
+                if any(hook.should_stop(trainer, record) for hook in (*trainer.hooks, callbacks)):
                     stopped_early = True
                     break
                 if (
