@@ -1,6 +1,6 @@
 """The steps of partitioned training: drawn examples through the right subnetworks into losses, which the
 :class:`~partition_fx.training.stepping.Stepper` turns into optimiser updates. What is drawn, and which
-steps make an iteration, is the trainer's; the losses are ``training.lml``'s."""
+steps make an iteration, is the iteration scheme's (``training.schemes``); the losses are ``training.lml``'s."""
 
 from __future__ import annotations
 

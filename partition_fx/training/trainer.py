@@ -8,10 +8,10 @@ the hyperparameter optimiser holds psi: the parameters of ``hyper`` (an input tr
 likelihood (a Gaussian's noise scale). ``fit`` (``partition_fx.training.fit``) is the one-call front.
 
 The trainer reads its options in ``__init__`` only, and holds the collaborators that do the work, each built
-from explicit values and usable alone: the hyperparameter-gradient estimator (``training.estimators``) the
-options choose, the steps and the stepper they hand losses to (``training.steps``, ``training.stepping``), the
-LML evaluator (``training.evaluation``) and the state (``training.state``). What remains here is the sequence
-of a run and its phases.
+from explicit values and usable alone: the iteration scheme (``training.schemes``) and hyperparameter-gradient
+estimator (``training.estimators``) the options choose, the steps and the stepper they hand losses to
+(``training.steps``, ``training.stepping``), the LML evaluator (``training.evaluation``) and the state
+(``training.state``). What remains here is the sequence of a run and its phases.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .optimizers import build_optimizers
 from .options import Callback, RunOptions, TrainerOptions
 from .result import FitResult
 from .sampler import PartitionedSampler
+from .schemes import iteration_scheme, scheme_name
 from .state import ModuleStates, TrainedModules, TrainingState
 from .stepping import LAZY_CHECK_EVERY, Precision, Stepper
 from .steps import TrainingSteps
@@ -109,11 +110,8 @@ class PartitionedTrainer:
                 "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
                 "partitionify the model with 2 or more partitions"
             )
-        if self.fused and any(any(True for _ in m.parameters()) for _, m in pmodel.hyperparameter_modules()):
-            raise PartitionArgumentError(
-                "fused=True does not support hyperparameter modules inside the model (e.g. ConcreteDropout) yet: "
-                "the parameter examples' loss would reach them; use fused=False"
-            )
+        self.scheme = iteration_scheme(scheme_name(self.fused, self.every_partition))
+        self.scheme.check(pmodel)
         self.estimator = hyper_estimator(options.hyper_chunks)
         self.optimizer, self.hyper_optimizer, self.scheduler, self.hyper_scheduler = build_optimizers(
             pmodel,
@@ -269,37 +267,21 @@ class PartitionedTrainer:
         return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
 
     def iteration(self) -> None:
-        """One iteration: the paper's parameter step then hyperparameter step (when due, by the configured
-        estimator), or both in one forward and one backward (``fused=True``); in the fine-tuning phase, a
-        ``finetune_step``."""
+        """One iteration of the configured scheme (``self.scheme``: the paper's parameter step then
+        hyperparameter step when due, or both in one forward and one backward with ``fused=True``), the
+        hyperparameter step by the configured estimator; in the fine-tuning phase, a ``finetune_step``."""
         if self.finetuning:
             self.finetune_step()
             self.steps.advance()
             return
-        if self.fused:
-            self.fused_iteration()
-            return
-        if self.every_partition:
-            self.steps.every_partition_step(*self.sampler.parameter_examples())
-        else:
-            self.parameter_step()
-        self.steps.advance()
-        if self._hyper_due(self.step):
-            batches = self.estimator.draw(self.sampler)
-            self.steps.hyper_step(batches, self.estimator.describe(batches))
+        due = self._hyper_due(self.step + 1)  # the step this iteration completes
+        self.scheme.iteration(self.sampler, self.steps, self.estimator if due else None)
 
     def fused_iteration(self) -> None:
-        """The parameter step and (when due) the hyperparameter step of one iteration in ONE forward and ONE
-        backward. Both gradients are taken at the same weights: the same gradients as the two steps of
-        appendix I.1, except that the paper's hyper step sees partition k already updated."""
-        if self.every_partition:
-            ks, indices = self.sampler.parameter_examples()
-        else:
-            k, indices = self.sampler.parameter_batch()
-            ks = torch.full((indices.numel(),), k)
-        hyper = self.estimator.draw(self.sampler) if self._hyper_due(self.step + 1) else []
-        self.steps.fused_step(ks, indices, hyper)
-        self.steps.advance()
+        """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
+        one: the parameter step and (when due) the hyperparameter step in ONE forward and ONE backward."""
+        fused = iteration_scheme(scheme_name(fused=True, every_partition=self.every_partition))
+        fused.iteration(self.sampler, self.steps, self.estimator if self._hyper_due(self.step + 1) else None)
 
     # --- the fine-tuning phase ---------------------------------------------------------------------
 
