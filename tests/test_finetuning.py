@@ -1,7 +1,6 @@
-"""The hyperparameter-step estimators and the fine-tuning phase, against their definitions.
+"""The hyperparameter-step options and the fine-tuning phase, against their definitions (the estimators
+``hyper_chunks`` picks: ``tests/test_estimators.py``).
 
-* ``hyper_chunks="all"``: the hyper-gradient is the sum over chunks k=2..C of u_k / (u_2 + ... + u_C) times
-  the gradient of chunk k's mean loss through subnetwork k-1;
 * ``hyper_samples``: hyper steps draw that many augmentation samples, parameter steps their own;
 * fine-tuning: every weight trains on all chunks through subnetwork C, psi never moves, the LR schedule
   spans both phases, and a run resumed in either phase equals the uninterrupted one bit for bit.
@@ -22,7 +21,6 @@ from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
-from partition_fx.training.lml import forward_log_likelihood
 from partition_fx.transforms import AffineAugmentation, InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -53,33 +51,7 @@ def _weights(trainer):
     return [p.detach().clone() for k in (1, 2, 3) for p in trainer.pmodel.partition_parameters(k)]
 
 
-# --- the hyper-step estimators ----------------------------------------------------------------------
-
-
-def test_the_all_chunks_hyper_gradient_is_the_weighted_sum_of_the_per_chunk_gradients():
-    trainer = _trainer(hyper_chunks="all", hyper_samples=3)
-    reference = _trainer()
-    before = trainer.hyper.ranges.detach().clone()
-    state, rng = trainer.sampler.generator.get_state(), torch.get_rng_state()
-    trainer.hyper_step_all_chunks()
-    got = before - trainer.hyper.ranges.detach()
-
-    reference.sampler.generator.set_state(state)
-    torch.set_rng_state(rng)
-    batches = reference.sampler.hyper_batches()
-    sizes = reference.chunks.sizes
-    later = sizes[1] + sizes[2]
-    assert [(k, w) for w, k, _ in batches] == [(2, sizes[1] / later), (3, sizes[2] / later)]
-    assert all(set(i.tolist()) <= set(reference.chunks.chunk(k).tolist()) for _, k, i in batches)
-    want = torch.zeros_like(before)
-    x, y = reference.examples.tensors
-    for weight, k, indices in batches:
-        loss = -forward_log_likelihood(
-            reference.pmodel, reference.likelihood, x[indices], y[indices], k - 1, reference.hyper, samples=3
-        ).mean()
-        want += weight * torch.autograd.grad(loss, reference.hyper.ranges)[0]
-    torch.testing.assert_close(got, want)
-    assert got.abs().sum() > 0
+# --- the hyper-step options ------------------------------------------------------------------------------
 
 
 def test_hyper_samples_apply_to_hyperparameter_steps_only():

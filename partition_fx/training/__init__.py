@@ -10,7 +10,7 @@ from .checkpoint import load_checkpoint
 from .checkpoint_writer import CheckpointWriter
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .fit import fit
-from .hooks import TrainingHook
+from .hooks import CallbackHook, TrainingHook
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_classifier
@@ -23,6 +23,7 @@ from .trainer import PartitionedTrainer
 
 __all__ = [
     "CallableLikelihood",
+    "CallbackHook",
     "Categorical",
     "CheckpointWriter",
     "Components",

@@ -1,4 +1,4 @@
-"""The training loop: iterations, evaluations, callbacks, early stopping, and the end of a run."""
+"""The training loop: iterations, evaluations, hooks that stop a run, early stopping, and the end of a run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..train_config import TrainConfig
+from .hooks import CallbackHook
 from .lml import recalibrate_norm_statistics
 from .options import Callback, check_run_arguments
 from .progress import ProgressLines, progress_outputs
@@ -31,9 +32,10 @@ class RunPlan:
 
 def run_loop(trainer: Any, plan: RunPlan) -> FitResult:
     """Run ``trainer`` (a ``PartitionedTrainer``) from its current step to ``plan.end``: evaluate every
-    ``eval_every`` iterations and at the end, call the callbacks after each evaluation, stop early on
-    ``patience``, restore the best state (``restore_best``) and recalibrate BatchNorm statistics for the final
-    subnetwork (``recalibrate_norms``), as ``plan.config`` says.
+    ``eval_every`` iterations and at the end; after each evaluation ask the trainer's hooks, then the run's
+    callbacks (a ``CallbackHook``), whether to stop; stop early on ``patience``, restore the best state
+    (``restore_best``) and recalibrate BatchNorm statistics for the final subnetwork (``recalibrate_norms``),
+    as ``plan.config`` says.
 
     Progress (``plan.progress``): None shows a tqdm bar when stderr is a terminal and otherwise writes one line
     per evaluation to stderr; True forces the bar, False shows nothing."""
@@ -46,6 +48,7 @@ def run_loop(trainer: Any, plan: RunPlan) -> FitResult:
     stopped_early = False
     end, switch = plan.end, plan.switch  # patience may move the switch to fine-tuning earlier
     lines = ProgressLines(trainer.step, end, started) if write_lines else None
+    callbacks = CallbackHook(plan.callbacks)
     total = end - trainer.step
     bar = tqdm(total=total, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
     try:
@@ -64,8 +67,7 @@ def run_loop(trainer: Any, plan: RunPlan) -> FitResult:
                     bar.set_postfix(loss=f"{record['train_loss'] or float('nan'):.3f}")
                 if lines is not None:
                     lines(record)
-                stop = any(bool(cb(trainer, record)) for cb in plan.callbacks)
-                if stop:
+                if any(hook.should_stop(trainer, record) for hook in (*trainer.hooks, callbacks)):
                     stopped_early = True
                     break
                 if (
