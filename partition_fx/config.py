@@ -126,6 +126,14 @@ class PartitionConfig:
         self.module_types.append((module_type, ParameterRule(partition, default, kind)))
         return self
 
+    def has_rules(self) -> bool:
+        """Whether any rule or extra leaf module was added (a conversion that differs from the default one).
+
+        >>> PartitionConfig().has_rules(), PartitionConfig().set_name("fc", partition=False).has_rules()
+        (False, True)
+        """
+        return bool(self.names or self.name_regexes or self.module_types or self.leaf_modules)
+
     def add_leaf_module(self, module: type | str) -> PartitionConfig:
         """Trace ``module`` (a class, or a qualified module name) as one call; returns self."""
         if not (isinstance(module, str) or (isinstance(module, type) and issubclass(module, nn.Module))):

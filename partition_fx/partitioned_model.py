@@ -51,6 +51,7 @@ class PartitionedModel(nn.Module):
         assignments: str,
         root_leaf: bool,
         promoted_leaves: set[str],
+        build: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -61,6 +62,9 @@ class PartitionedModel(nn.Module):
         self.seed = seed
         self.assignments = assignments
         self.promoted_leaves = sorted(promoted_leaves)
+        self.build = build
+        """How the original model was built (``models.build_model``'s name, classes and input channels), when it
+        was built by name and converted without rules; None otherwise."""
         # Plain attributes (not submodules): the skeleton must not show up in parameters() or state_dict.
         self.__dict__["_records"] = records
         self.__dict__["_skeleton"] = skeleton

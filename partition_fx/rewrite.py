@@ -262,6 +262,8 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         assignments=settings.assignments,
         root_leaf=root_leaf,
         promoted_leaves=promoted,
+        # A conversion with rules cannot be replayed from the model's name alone.
+        build=None if settings.config.has_rules() else getattr(model, "partition_fx_build", None),
     )
 
 

@@ -34,6 +34,9 @@ WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
 LR_SCHEDULES = ("cosine", "constant")
 """The weights' learning rate over the run: cosine-annealed to 1/100 of its initial value, or constant."""
 ON_NONFINITE = ("raise", "skip")
+RUN_FILE = "run.json"
+"""What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
+``partition-fx export --run DIR`` can rebuild it (``training.run_record``)."""
 FINETUNE_FRACTION = 0.25
 """Without ``finetune_steps``, this share of ``steps`` fine-tunes the final model."""
 

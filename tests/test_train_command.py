@@ -290,17 +290,19 @@ def test_keep_resume_is_honoured_when_the_run_resumes(tmp_path, monkeypatch):
     assert (out / "checkpoint" / "resume" / "state.json").is_file()
 
 
-def test_overwrite_replaces_a_run_an_earlier_version_wrote(run_dir, tmp_path):
-    """Reports did not name their command before this version: such a run is still recognised by its fields, so
-    the README's ``partition-fx train --overwrite`` replaces the runs/train it wrote; someone else's report with
-    ``status`` and ``config`` is not."""
+def test_overwrite_replaces_no_run_an_earlier_version_wrote(run_dir, tmp_path, capsys):
+    """Reports did not name their command before this version, which reads no earlier development format (issue
+    27): such a directory is refused like any other that is not a run, and left as it is; so is someone else's
+    report with ``status`` and ``config``."""
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     report = json.loads((run_dir / "report.json").read_text())
     for key in ("command", "keep_resume"):
         report.pop(key)
     (earlier / "report.json").write_text(json.dumps(report))
-    assert main(["convert", "--model", "fixup_resnet8", "--out", str(earlier), "--overwrite"]) == 0
+    assert main(["convert", "--model", "fixup_resnet8", "--out", str(earlier), "--overwrite"]) == 2
+    assert "holds no partition-fx run" in capsys.readouterr().err
+    assert [p.name for p in earlier.iterdir()] == ["report.json"]
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "report.json").write_text(json.dumps({"status": "completed", "config": {"lr": 0.1}}))

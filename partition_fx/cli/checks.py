@@ -17,7 +17,7 @@ from ..train_config import TrainConfig
 from .federated_options import DEFAULT_FEDERATED_PROPORTIONS
 from .parser import DATASETS, DEFAULT_PROPORTIONS
 from .run_config import train_config
-from .runs import check_out, read_run, resumed_args
+from .runs import check_out, resumed_args, training_run
 
 _POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
 """``train``'s own options that must be >= 1; the training configuration's options check themselves."""
@@ -93,24 +93,19 @@ def check_train_options(args: argparse.Namespace) -> TrainConfig:
     return config
 
 
-def check_export(args: argparse.Namespace) -> argparse.Namespace:
-    """``export``'s ``--run`` (a training run with the chosen checkpoint), ``--subnetwork`` and ``--out``;
-    returns the ``train`` options the run's configuration reads back as.
+def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:
+    """``export``'s ``--run`` (a training run with the chosen checkpoint: ``runs.training_run``), ``--subnetwork``
+    and ``--out``; returns the ``train`` options the run's configuration reads back as, and the checkpoint.
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import build_parser
     >>> check_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp(), "--which", "best"]))
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionError: '...' is not a training run: it needs report.json and checkpoint/best...
+    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and checkpoint/best...
     """
     run: Path = args.run
-    if not (run / "report.json").is_file() or not (run / "checkpoint" / f"{args.which}.safetensors").is_file():
-        raise PartitionError(
-            f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
-            "(written by `partition-fx train`)"
-        )
-    _, run_args = read_run(run, "--run")
+    run_args, checkpoint = training_run(run, "--run", args.which)
     partitions = run_args.partitions
     if args.subnetwork is not None and not 0 <= args.subnetwork <= partitions:
         raise PartitionArgumentError(
@@ -118,7 +113,7 @@ def check_export(args: argparse.Namespace) -> argparse.Namespace:
             f"{partitions} = final model)"
         )
     check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
-    return run_args
+    return run_args, checkpoint
 
 
 def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:

@@ -1,8 +1,10 @@
 """``partition-fx export --run DIR``: a trained run's checkpoint -> a plain safetensors model and ONNX.
 
-The run's model is rebuilt from its report's configuration (as ``train`` built it), its checkpoint loaded
-(``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to ``--out`` (default
-``RUN/export``) with an ``export.json`` summary.
+The run's model is rebuilt from its configuration (as ``train`` built it): a ``partition-fx train`` run's
+``report.json``, or the ``run.json`` that ``fit(..., checkpoint_dir=DIR)`` writes for a run of a model and data
+built by name (``training.run_record``). Its checkpoint is loaded (``training.load_checkpoint``: no trainer is
+built, and the training data is read only to recalibrate BatchNorm statistics where they need it), and the
+chosen subnetwork exported to ``--out`` (default ``RUN/export``) with an ``export.json`` summary.
 
 BatchNorm running statistics: a finished run's ``last`` and ``best`` checkpoints hold them recalibrated for the
 final subnetwork (as the run evaluated them), so their export reproduces the run's ``test_accuracy`` and
@@ -43,11 +45,10 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     >>> run_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp()]))
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionError: '...' is not a training run: it needs report.json and ...
+    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and ...
     """
     run: Path = args.run
-    checkpoint = run / "checkpoint" / f"{args.which}.safetensors"
-    run_args = check_export(args)
+    run_args, checkpoint = check_export(args)
     out: Path = args.out if args.out is not None else run / "export"
     with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
         warnings.simplefilter("ignore", PartitionWarning)

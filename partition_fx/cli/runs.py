@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PartitionArgumentError, PartitionError
+from ..train_config import RUN_FILE
 from .parser import COMMANDS, train_defaults
 from .run_config import RUN_CONTROL, args_from_config, run_config
 
@@ -145,6 +146,39 @@ def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace
             "`partition-fx train`"
         )
     return report, args_from_config(config, f"{option} {str(run)!r}: report.json")
+
+
+def training_run(run: Path, option: str, which: str) -> tuple[argparse.Namespace, Path]:
+    """The ``train`` options a training run's configuration reads back as, and its ``which`` checkpoint file:
+    from a ``partition-fx train`` run (``report.json``, ``checkpoint/WHICH.safetensors``) or a Python run's
+    ``checkpoint_dir`` (``run.json``, ``WHICH.safetensors``), refusing a Python run the command cannot rebuild
+    with the reason.
+
+    >>> import tempfile
+    >>> training_run(Path(tempfile.mkdtemp()), "--run", "last")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and ...
+    """
+    if (run / "report.json").is_file() and (run / "checkpoint" / f"{which}.safetensors").is_file():
+        return read_run(run, option)[1], run / "checkpoint" / f"{which}.safetensors"
+    if (run / RUN_FILE).is_file() and (run / f"{which}.safetensors").is_file():
+        try:
+            record = json.loads((run / RUN_FILE).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PartitionError(f"{option} {str(run)!r}: {RUN_FILE} cannot be read ({e})") from None
+        config = record.get("config") if isinstance(record, dict) else None
+        if not isinstance(config, dict):
+            why = record.get("why_not") if isinstance(record, dict) else None
+            raise PartitionError(
+                f"{option} {str(run)!r}: the command cannot rebuild this Python run ({why or 'no configuration'}); "
+                "export it from Python with export_subnetwork(pmodel) after training.load_checkpoint"
+            )
+        return args_from_config(config, f"{option} {str(run)!r}: {RUN_FILE}"), run / f"{which}.safetensors"
+    raise PartitionError(
+        f"{option} {str(run)!r} is not a training run: it needs report.json and checkpoint/{which}.safetensors "
+        f"(written by `partition-fx train`), or {RUN_FILE} and {which}.safetensors (by fit(..., checkpoint_dir=...))"
+    )
 
 
 def resumed_args(args: argparse.Namespace) -> argparse.Namespace:

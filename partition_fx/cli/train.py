@@ -151,6 +151,7 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any
         progress=None if not job.args.quiet else False,
         device=job.device,
         resume=resume_from,
+        record_run=False,  # report.json records the run
         hooks=[PartitionedAccuracy(job)],
     )
 

@@ -131,7 +131,14 @@ def load_dataset(name_or_path: str, **kwargs: Any) -> DatasetSplits:
         raise PartitionArgumentError(
             f"{loader.__name__} does not take {', '.join(unknown)}; it accepts {', '.join(accepted)}"
         )
-    return loader(**kwargs)
+    splits = loader(**kwargs)
+    if len(splits.input_shape) == 3 and set(kwargs) - {"root"} <= {"size", "channels"}:
+        # What `partition-fx train --data --image-size --channels` loads it with: a run of these splits records
+        # it, so `partition-fx export` can load them again (training.run_record).
+        source = {"data": str(name_or_path), "image_size": splits.input_shape[-1], "channels": kwargs.get("channels")}
+        for split in (splits.train, splits.test):
+            split.partition_fx_source = source
+    return splits
 
 
 _DIGITS = 1797  # scikit-learn's load_digits(); tests/test_data.py checks it against sklearn_digits.NUM_DIGITS

@@ -8,13 +8,15 @@ from typing import Any
 
 import torch
 
-from .._validation import check_directory
+from .._io import write_json
+from .._validation import check_directory, check_flag
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .options import Callback, check_run_arguments, resolve
 from .result import FitResult
 from .resume import load_training_state
+from .run_record import RUN_FILE, run_record
 from .trainer import PartitionedTrainer
 
 
@@ -26,6 +28,7 @@ def fit(
     callbacks: Sequence[Callback] = (),
     progress: bool | None = None,
     resume: str | Path | None = None,
+    record_run: bool = True,
     **keywords: Any,
 ) -> FitResult:
     """Train a partitioned model and learn its hyperparameters by the partitioned marginal likelihood.
@@ -71,6 +74,9 @@ def fit(
             ``checkpoint_dir/resume``, refreshed at every evaluation) with the same configuration: training
             continues from its step to ``steps`` in total, bit for bit as if it had not stopped (on CPU).
             A directory from another configuration is refused, naming what differs.
+        record_run: with ``checkpoint_dir``, write ``checkpoint_dir/run.json``: the run in the command line's
+            terms, so that ``partition-fx export --run checkpoint_dir`` rebuilds and exports it, or why it cannot
+            (``training.run_record``). ``partition-fx train`` records its runs in its own ``report.json``.
 
     Example::
 
@@ -82,14 +88,20 @@ def fit(
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
         >>> pmodel = partitionify(model, 2, (0.7, 0.3))
         >>> result = fit(pmodel, (x, y), hyper=InputMask(4), steps=20, batch_size=32, progress=False)
-        >>> sorted(result.hyperparameters), len(result.history), result.lml < 0
-        (['mask'], 10, True)
+        >>> sorted(result.hyperparameters), result.finetune_start, result.lml < 0  # the last quarter fine-tunes
+        (['mask'], 15, True)
     """
     resume = check_directory("resume", resume)
     config, components = resolve("fit", config, keywords)
     check_run_arguments(callbacks, progress)  # before anything is built
+    check_flag("record_run", record_run)
     torch.manual_seed(config.runtime.seed)
     trainer = PartitionedTrainer(pmodel, dataset, config, components=components)
+    directory = components.checkpoint_dir
+    writes = trainer.data_parallel is None or trainer.data_parallel.is_writer
+    if directory is not None and record_run and writes:
+        directory.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        write_json(directory / RUN_FILE, run_record(pmodel, dataset, components.hyper, config))  # type: ignore[operator]
     if resume is not None:
         load_training_state(trainer, resume)
         if trainer.step >= config.optimization.steps:

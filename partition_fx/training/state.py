@@ -221,8 +221,6 @@ class TrainingState:
             "default": pmodel.default,
             "chunk_sizes": self.sampler.chunks.sizes,
             "num_examples": len(self.steps.examples),
-            "batch_size": self.sampler.batch_size,
-            "hyper_batch_size": self.sampler.hyper_batch_size,
             **self.configuration,
             "parameters": {name: list(p.shape) for name, p in pmodel.named_parameters()},
             "hyperparameters": [list(p.shape) for p in self.stepper.hyperparameters],
