@@ -510,7 +510,8 @@ FIT_BAD: list[tuple[str, str, st.SearchStrategy[Any]]] = [
     *[(name, "type errors / out-of-range numbers", NOT_POSITIVE_INT) for name in
       ("hyper_batch_size", "eval_every", "eval_examples_per_chunk", "patience")],
     ("warmup_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none()),
-    ("finetune_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none() | st.integers(4, 10**6)),
+    # None is TrainConfig's default for finetune_steps (a quarter of the steps), as the command's
+    ("finetune_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.integers(4, 10**6)),
     ("hyper_samples", "type errors / out-of-range numbers", NOT_POSITIVE_INT),
     ("hyper_chunks", "unknown choices", _not("one", "all") | NOT_BOOL | st.none()),
     ("hyper_scheduler", "bad factories", st.one_of(st.integers(), st.text(max_size=3), st.just(lambda o: _NoStep()))),

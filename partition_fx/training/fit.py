@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import write_json
 from .._validation import check_directory, check_flag
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
@@ -16,7 +16,7 @@ from ..train_config import TrainConfig
 from .options import Callback, check_run_arguments, resolve
 from .result import FitResult
 from .resume import load_training_state
-from .run_record import RUN_FILE, run_record
+from .run_record import RunRecordWriter, run_record
 from .trainer import PartitionedTrainer
 
 
@@ -96,12 +96,10 @@ def fit(
     check_run_arguments(callbacks, progress)  # before anything is built
     check_flag("record_run", record_run)
     torch.manual_seed(config.runtime.seed)
+    if components.checkpoint_dir is not None and record_run:  # written with the first checkpoint
+        record = RunRecordWriter(components.checkpoint_dir, run_record(pmodel, dataset, components.hyper, config))
+        components = dataclasses.replace(components, hooks=(*components.hooks, record))
     trainer = PartitionedTrainer(pmodel, dataset, config, components=components)
-    directory = components.checkpoint_dir
-    writes = trainer.data_parallel is None or trainer.data_parallel.is_writer
-    if directory is not None and record_run and writes:
-        directory.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-        write_json(directory / RUN_FILE, run_record(pmodel, dataset, components.hyper, config))  # type: ignore[operator]
     if resume is not None:
         load_training_state(trainer, resume)
         if trainer.step >= config.optimization.steps:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from .._validation import check_choice
 from ..errors import PartitionTypeError
 from ..partitioned_model import PartitionedModel
-from ..train_config import WEIGHT_DECAY_SCALINGS, TrainConfig
+from ..train_config import WEIGHT_DECAY_SCALINGS
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -77,30 +76,3 @@ def partition_optimizer(
         group["base_weight_decay"] = base
         group["weight_decay"] = base * scales[group["partition"] - 1]
     return optimizer
-
-
-def configured_factories(
-    config: TrainConfig,
-) -> tuple[OptimizerFactory, OptimizerFactory, Callable[[torch.optim.Optimizer], Any] | None]:
-    """The optimisers and LR scheduler ``config`` asks for, as factories: Adam on the weights (``lr``,
-    ``weight_decay``), Adam on the hyperparameters (``hyper_lr``) and, with ``lr_schedule="cosine"``,
-    ``CosineAnnealingLR`` over the run's steps down to 1/100 of the optimiser's learning rate (None: constant).
-    A factory given to ``fit`` replaces the one built here.
-
-    >>> model, hyper, schedule = configured_factories(TrainConfig.recommended(steps=10))
-    >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-    >>> model.keywords, hyper.keywords, schedule(sgd).eta_min
-    ({'lr': 0.001, 'weight_decay': 0.0}, {'lr': 0.05}, 0.005)
-    """
-    optimization = config.optimization
-    model = partial(torch.optim.Adam, lr=optimization.lr, weight_decay=optimization.weight_decay)
-    hyper = partial(torch.optim.Adam, lr=config.hyper.lr)
-    if optimization.lr_schedule == "constant":
-        return model, hyper, None
-    return model, hyper, partial(_cosine, steps=optimization.steps)
-
-
-def _cosine(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
-    """Cosine annealing over ``steps`` to 1/100 of the optimiser's learning rate."""
-    eta_min = optimizer.defaults["lr"] / 100
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=eta_min)

@@ -13,16 +13,19 @@ cannot rebuild (another model or dataset, a custom transform, rules of a ``Parti
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from .._io import write_json
 from ..partitioned_model import PartitionedModel
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
 from ..transforms.affine import DEFAULT_MAX_RANGE
+from .hooks import TrainingHook
 
-__all__ = ["RUN_FILE", "run_record"]
+__all__ = ["RUN_FILE", "RunRecordWriter", "run_record"]
 
 
 def run_record(pmodel: PartitionedModel, dataset: Any, hyper: nn.Module | None, config: TrainConfig) -> dict[str, Any]:
@@ -77,3 +80,27 @@ def _command_config(
         "device": "auto",
         "train": config.to_dict(),
     }
+
+
+class RunRecordWriter(TrainingHook):
+    """Writes ``record`` (:func:`run_record`) to ``directory/run.json`` with the run's first checkpoint (on the
+    process that writes checkpoints), so a run refused before it starts leaves nothing behind.
+
+    >>> import tempfile
+    >>> writer = RunRecordWriter(Path(tempfile.mkdtemp()), {"command": "fit", "config": None, "why_not": "..."})
+    >>> writer.after_evaluation(type("Trainer", (), {"data_parallel": None})(), {}, True)
+    >>> sorted(p.name for p in writer.directory.iterdir())
+    ['run.json']
+    """
+
+    def __init__(self, directory: Path, record: dict[str, Any]) -> None:
+        self.directory = directory
+        self.record = record
+        self.written = False
+
+    def after_evaluation(self, trainer: Any, record: dict[str, Any], improved: bool) -> None:
+        parallel = trainer.data_parallel
+        if not self.written and (parallel is None or parallel.is_writer):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_json(self.directory / RUN_FILE, self.record)
+            self.written = True

@@ -37,8 +37,7 @@ from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
 from .lml import LMLEstimate, lml_fields
 from .loop import RunPlan, run_loop
-from .optim import configured_factories
-from .optimizers import build_optimizers
+from .optimizers import build_optimizers, configured_factories
 from .options import Callback, Components, resolve, takes_num_samples
 from .result import FitResult
 from .sampler import PartitionedSampler
