@@ -43,7 +43,7 @@ import torch
 from benchmarks import tables
 from benchmarks._common import RESULTS, header, paper_scheme, results, write_results
 from partition_fx import export_subnetwork
-from partition_fx.cli import train_job, training_recipe
+from partition_fx.cli import train_job
 from partition_fx.training import evaluate_classifier, fit
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
@@ -93,8 +93,8 @@ def run(variant: str, seed: int, args: argparse.Namespace, learned: dict[str, fl
     result = fit(
         pmodel,
         data.train,
+        prepared.config,
         hyper=hyper,
-        **training_recipe(job),
         seed=seed,
         eval_every=args.eval_every,
         eval_examples_per_chunk=16,

@@ -86,7 +86,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand
     do not depend on the model)."""
     from benchmarks.methods import PassCounter
     from partition_fx import export_subnetwork
-    from partition_fx.cli import train_job, training_recipe
+    from partition_fx.cli import train_job
     from partition_fx.training import evaluate_classifier, fit
     from partition_fx.transforms import AffineAugmentation
 
@@ -102,25 +102,25 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand
     if plain:
         argv += ["--partitions", "1", "--augment", "none"]
     job = train_job(argv)
-    recipe = training_recipe(job.args)
-    for key in ("hyper_chunks", "hyper_samples", "hyper_batch_size", "hyper_every"):
-        recipe[key] = spec[key]
-    recipe["finetune_steps"] = round(steps * spec["finetune"])
+    estimator = {key: spec[key] for key in ("hyper_chunks", "hyper_samples", "hyper_batch_size", "hyper_every")}
     if plain:
-        recipe["hyper_samples"] = None
+        estimator["hyper_samples"] = None
+    config = job.config.replace(**estimator, finetune_steps=round(steps * spec["finetune"]))
+    extra: dict[str, Any] = {}
     hyper = job.hyper
     if plain and spec["plain"] is not None:
         hyper = AffineAugmentation(num_samples=job.args.samples, init=spec["plain"])
         hyper.ranges.requires_grad_(False)  # fixed by hand: nothing to learn
     if spec.get("hyper_cosine"):
-        recipe["hyper_scheduler"] = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)
+        extra["hyper_scheduler"] = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)
     counter = PassCounter(job.pmodel)
     started = time.perf_counter()
     result = fit(
         job.pmodel,
         job.data.train,
+        config,
         hyper=hyper,
-        **recipe,
+        **extra,
         seed=seed,
         device=job.device,
         progress=False,
@@ -135,7 +135,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand
         "seed": seed,
         "steps": steps,
         "data": spec["data"],
-        "finetune_steps": recipe["finetune_steps"],
+        "finetune_steps": config.finetune_steps,
         "test_accuracy": accuracy,
         "test_log_likelihood": log_likelihood,
         "hyperparameters": result.hyperparameters,

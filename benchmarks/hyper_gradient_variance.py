@@ -81,7 +81,7 @@ def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.G
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from partition_fx.cli import train_job, training_recipe
+    from partition_fx.cli import train_job
     from partition_fx.training import PartitionedTrainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,14 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         argv_job += ["--model", "fixup_resnet8", "--image-size", "12", "--samples", "2"]
     job = train_job(argv_job)
-    recipe = training_recipe(job.args)
-    steps = recipe.pop("steps")
-    recipe.pop("finetune_steps")
+    config = job.config.replace(finetune_steps=0, recalibrate_norms=False)
     torch.manual_seed(args.seed)
-    trainer = PartitionedTrainer(job.pmodel, job.data.train, hyper=job.hyper, seed=args.seed, **recipe)
+    trainer = PartitionedTrainer(job.pmodel, job.data.train, config, hyper=job.hyper)
     started = time.perf_counter()
     if args.at:
-        trainer.run(steps, progress=False, recalibrate_norms=False)
+        trainer.run(progress=False)
     trained_seconds = time.perf_counter() - started
     trainer.pmodel.train()
     trainer.hyper.train()

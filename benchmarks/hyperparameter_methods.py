@@ -235,8 +235,8 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
         path = args.runs / task / model / f"{name or method}_s{seed}.json"
         if method.startswith("partitioned"):  # part of the cache key: runs of another estimator are not reused
             recipe = methods.Budget(**budget).recipe()
-            extra["estimator"] = {k: recipe[k] for k in ("hyper_chunks", "hyper_samples", "hyper_batch_size")}
-            extra["estimator"]["hyper_every"] = recipe["hyper_every"]
+            keys = ("hyper_chunks", "hyper_samples", "hyper_batch_size", "hyper_every")
+            extra["estimator"] = {k: recipe.value(k) for k in keys}
         jobs.append(
             {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
             | {"budget": budget, "path": str(path), **extra}

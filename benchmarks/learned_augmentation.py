@@ -37,7 +37,9 @@ def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dic
 
 def _same_config(config: dict, data: str, augment: str, seed: int, extra: list[str]) -> bool:
     steps = int(extra[extra.index("--steps") + 1]) if "--steps" in extra else 400
-    return (config["data"], config["augment"], config["seed"], config["steps"]) == (data, augment, seed, steps)
+    train = config["train"]
+    recorded = (config["data"], config["augment"], train["runtime"]["seed"], train["optimization"]["steps"])
+    return recorded == (data, augment, seed, steps)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -28,12 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.cli import training_recipe
-from partition_fx.cli.job import finetune_steps as default_finetune_steps
-from partition_fx.cli.parser import parse_train
 from partition_fx.models import build_model
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training.lml import apply_transform
+from partition_fx.training.optimizers import configured_factories
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
@@ -57,16 +56,17 @@ class Budget:
     lr: float = 1e-3
     hyper_lr: float = 0.05
 
-    def recipe(self, finetune_steps: int = 0) -> dict[str, Any]:
-        """``fit``'s optimisation options, from `partition-fx train`'s own recipe and defaults (the hyper-step
-        estimator included), with this budget's iterations, batch and learning rates."""
-        argv = ["--steps", str(self.steps), "--batch-size", str(self.batch_size), "--samples", str(self.samples)]
-        argv += ["--lr", str(self.lr), "--hyper-lr", str(self.hyper_lr), "--finetune-steps", str(finetune_steps)]
-        return training_recipe(parse_train(argv))
+    def recipe(self, finetune_steps: int = 0) -> TrainConfig:
+        """The recommended training configuration (what ``fit`` and `partition-fx train` default to, the
+        hyper-step estimator included), with this budget's iterations, batch and learning rates."""
+        return TrainConfig.recommended(
+            steps=self.steps, batch_size=self.batch_size, lr=self.lr, hyper_lr=self.hyper_lr,
+            finetune_steps=finetune_steps,
+        )  # fmt: skip
 
     def finetune_steps(self) -> int:
-        """The iterations a fine-tuned method spends fine-tuning: `partition-fx train`'s default share."""
-        return default_finetune_steps(parse_train(["--steps", str(self.steps)]))
+        """The iterations a fine-tuned method spends fine-tuning: the recommended share."""
+        return TrainConfig.recommended(steps=self.steps).finetune_steps
 
 
 class PassCounter:
@@ -198,10 +198,10 @@ def train_plain(
         unbounded = {name: 1e6 for name in GENERATORS} if learn == "augerino_unsafe" else None
         aug = AffineAugmentation(num_samples=budget.samples, init=augmentation or 0.0, max_range=unbounded)
         aug.ranges.requires_grad_(learn is not None)
-    recipe = budget.recipe()
-    optimizer = recipe["optimizer"](model.parameters())
-    scheduler = recipe["scheduler"](optimizer)
-    hyper_optimizer = recipe["hyper_optimizer"]([aug.ranges]) if learn is not None else None
+    model_optimizer, hyper_factory, schedule = configured_factories(budget.recipe())  # as fit builds them
+    optimizer = model_optimizer(model.parameters())
+    scheduler = schedule(optimizer)
+    hyper_optimizer = hyper_factory([aug.ranges]) if learn is not None else None
     likelihood = Categorical()
     generator = torch.Generator().manual_seed(seed)
     counter = PassCounter(model)
@@ -293,8 +293,8 @@ def train_partitioned(
     result = fit(
         pmodel,
         task.data.train,
+        budget.recipe(finetune_steps),
         hyper=aug,
-        **budget.recipe(finetune_steps),
         seed=seed,
         eval_every=eval_every,
         eval_examples_per_chunk=64,

@@ -195,6 +195,30 @@ def check_positive(name: str, value: object, *, hint: str = "") -> float:
     return float(value)
 
 
+def check_concentration(value: object, *, option: str | None = None) -> float:
+    """``value`` as the Dirichlet concentration alpha of the federated clients' skew: a finite number > 0 (0.1:
+    most clients hold one group; large: close to i.i.d.). The one check of alpha: the command line's (which
+    names its ``option``) and ``federated.dirichlet_split``'s.
+
+    Example::
+
+        >>> check_concentration(0.1)
+        0.1
+        >>> check_concentration(0.0, option="--alpha")
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: --alpha 0.0: the Dirichlet concentration must be > 0 and ...
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        if option is not None:
+            raise PartitionArgumentError(
+                f"{option} {value}: the Dirichlet concentration must be > 0 and finite (0.1: most clients hold "
+                "one group)"
+            )
+        raise PartitionArgumentError(f"alpha must be > 0 and finite (the Dirichlet concentration), got {value!r}")
+    return float(value)
+
+
 def check_subnetwork(value: object, num_partitions: int) -> int:
     """A subnetwork index as an int in 0..C (``None`` means C): an int or a one-element integer tensor.
 

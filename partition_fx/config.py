@@ -28,15 +28,15 @@ from typing import Literal
 from torch import nn
 
 from ._validation import check_choice, check_flag
+from .choices import DEFAULTS
 from .errors import PartitionArgumentError, PartitionTypeError
+from .kinds import kind_names
 
-Kind = Literal["random", "product", "sum"]
+Kind = str
+"""A rule kind of ``partition_fx.kinds`` (``kind_names(rule=True)``: ``"random"``, ``"product"``, ``"sum"`` and
+any registered since)."""
 Default = Literal["init", "zero", "seed"]
-
-SCHEMES = ("random", "node")
-DEFAULTS = ("init", "zero", "seed")
-ASSIGNMENTS = ("stored", "regenerated")
-KINDS = ("random", "product", "sum")
+"""One of ``choices.DEFAULTS`` (the test suite checks that they agree)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class ParameterRule:
         default: ``"init"``, ``"zero"`` or ``"seed"``, the value partitions take in subnetworks that do not
             train them (see :func:`partition_fx.partitionify`).
         kind: ``"random"`` (random-weight partitions), ``"product"`` or ``"sum"`` (C copies combined by
-            product or sum, appendix I.2 of the paper). ``None`` chooses automatically.
+            product or sum, appendix I.2 of the paper), or another rule kind registered in
+            ``partition_fx.kinds``. ``None`` chooses automatically.
     """
 
     partition: bool | None = None
@@ -63,7 +64,7 @@ class ParameterRule:
         if self.default is not None:
             check_choice("rule default", self.default, DEFAULTS)
         if self.kind is not None:
-            check_choice("rule kind", self.kind, KINDS)
+            check_choice("rule kind", self.kind, kind_names(rule=True))
 
     def merged_over(self, base: ParameterRule) -> ParameterRule:
         """This rule's set fields on top of ``base``."""
@@ -124,6 +125,14 @@ class PartitionConfig:
             raise PartitionTypeError(f"set_module_type needs an nn.Module subclass, got {module_type!r}")
         self.module_types.append((module_type, ParameterRule(partition, default, kind)))
         return self
+
+    def has_rules(self) -> bool:
+        """Whether any rule or extra leaf module was added (a conversion that differs from the default one).
+
+        >>> PartitionConfig().has_rules(), PartitionConfig().set_name("fc", partition=False).has_rules()
+        (False, True)
+        """
+        return bool(self.names or self.name_regexes or self.module_types or self.leaf_modules)
 
     def add_leaf_module(self, module: type | str) -> PartitionConfig:
         """Trace ``module`` (a class, or a qualified module name) as one call; returns self."""

@@ -40,17 +40,9 @@ from torch import nn
 
 from .assign import assignment_from_index, normal_segments
 from .errors import PartitionError
-from .params import (
-    HAND_OVER,
-    PartitionedTensor,
-    RandomPartitionedTensor,
-    ScalePartitionedTensor,
-    grad_partition,
-)
+from .kinds import PARTITION_KINDS, partition_kind
+from .params import HAND_OVER, PartitionedTensor, grad_partition
 from .regenerated import FEISTEL_BATCHED_ENTRIES, FeistelSegments, scatter_by_membership
-
-_LAYOUTS = ("random", "node")  # kinds gathered through a layout index; the others are product/sum scales
-
 
 GROUP_ENTRIES = 1 << 22
 """A group closes once its members' first parts hold this many entries (4M; with 0.8 of each tensor in part 1,
@@ -60,27 +52,19 @@ number of groups, and so of operators, still grows with the model's size, not wi
 
 
 def groupable(pt: PartitionedTensor) -> bool:
-    """Whether ``pt`` can live in a ``FlatGroup``: a product/sum scale, or a random-weight or node-partitioned
-    tensor (stored or regenerated layout; any default: stored, zero, or regenerated from the seed)."""
-    return isinstance(pt, (ScalePartitionedTensor, RandomPartitionedTensor))
+    """Whether ``pt`` can live in a ``FlatGroup``: its kind (``partition_fx.kinds``) has a storage, as the
+    product/sum scales and the random-weight and node-partitioned tensors have (stored or regenerated layout;
+    any default: stored, zero, or regenerated from the seed)."""
+    kind = PARTITION_KINDS.get(pt.kind)
+    return kind is not None and kind.storage is not None
 
 
 def _group_key(pt: PartitionedTensor) -> tuple[Any, ...]:
+    """What tensors of one group share: kind, the attributes the kind groups by (for layouts: stored or
+    regenerated, default, row length: node partitioning gathers whole rows), dtype, device, requires_grad, C."""
     part = pt.part(1)
-    if isinstance(pt, RandomPartitionedTensor):
-        # node partitioning gathers whole rows: one group per row length
-        layout = "regenerated" if pt.regenerated else "stored"
-        return (
-            pt.kind,
-            layout,
-            pt.default_mode,
-            pt.per_unit,
-            part.dtype,
-            part.device,
-            part.requires_grad,
-            pt.num_partitions,
-        )
-    return (pt.kind, "stored", "stored", 1, part.dtype, part.device, part.requires_grad, pt.num_partitions)
+    by_kind = tuple(getattr(pt, name) for name in partition_kind(pt.kind).group_by)
+    return (pt.kind, *by_kind, part.dtype, part.device, part.requires_grad, pt.num_partitions)
 
 
 def _regenerated_order(members: list[PartitionedTensor]) -> list[PartitionedTensor]:
@@ -129,12 +113,16 @@ class FlatGroup(nn.Module):
         super().__init__()
         first = members[0]
         self.kind = first.kind
+        kind = partition_kind(first.kind)
+        # Layouts gather rows through an index; copies combine whole parts (``kind.combine``).
+        self.gathered = kind.storage == "layout"
+        self.combine = kind.combine
         self.num_partitions = first.num_partitions
         self.__dict__["members"] = list(members)  # not submodules: they stay where partitionify put them
         self.shapes = [tuple(m.shape) for m in members]
         self.numels = [math.prod(shape) for shape in self.shapes]
         # Entries gathered together: a node-partitioned tensor's output unit (its row), else one entry.
-        self.row = first.per_unit if first.kind == "node" else 1
+        self.row = first.per_unit if kind.units else 1
         c = self.num_partitions
         # sizes[k][i]: entries of member i in partition k (1-based k); starts: where they begin in group part k
         self.sizes = [[]] + [[m.part(k).numel() for m in members] for k in range(1, c + 1)]
@@ -149,14 +137,14 @@ class FlatGroup(nn.Module):
         self.regenerated = bool(getattr(first, "regenerated", False))
         if self.regenerated:
             self.register_buffer("index", None)  # regenerated in every forward and backward (membership())
-        elif self.kind in _LAYOUTS:
+        elif self.gathered:
             # The index addresses rows: units of node-partitioned tensors, entries otherwise.
             positions = [
                 self._positions(i, m.layout_index().long() * self.row) // self.row for i, m in enumerate(members)
             ]
             dtype = torch.int32 if self.offsets[-1] < 2**31 else torch.int64
             self.register_buffer("index", torch.cat(positions).to(dtype))
-        if self.kind in _LAYOUTS:
+        if self.gathered:
             defaults = [m.stored_defaults() for m in members]
             self.register_buffer("default", None if defaults[0] is None else self._partition_major(defaults))
             self.seeded = first.default_mode == "seed"
@@ -207,7 +195,7 @@ class FlatGroup(nn.Module):
             return None
         start = self.starts[k][slot]
         part = source[start : start + self.sizes[k][slot]]
-        return part.view(self.shapes[slot]) if self.kind not in _LAYOUTS else part
+        return part if self.gathered else part.view(self.shapes[slot])
 
     def member_layout_index(self, slot: int) -> torch.Tensor:
         """Member ``slot``'s layout index (its rows' positions in cat(its parts)), int32. Node-partitioned
@@ -260,7 +248,7 @@ class FlatGroup(nn.Module):
         its default value (scales)."""
         if self.default is None:
             return None
-        if self.kind not in _LAYOUTS:
+        if not self.gathered:
             start, end = self._member_span(slot)
             return self.default[start:end].view(self.shapes[slot])
         pieces = []
@@ -280,13 +268,13 @@ class FlatGroup(nn.Module):
 
     def flat_value(self, k: int) -> torch.Tensor:
         """Every member's effective tensor of subnetwork k, flat and concatenated in member order."""
-        if self.kind not in _LAYOUTS:
+        if not self.gathered:
             if k == 0:
                 return self.default
             first, *rest = self._trained(k)
             out = first
             for part in rest:
-                out = out * part if self.kind == "product" else out + part
+                out = self.combine(out, part)
             return out
         pieces = self._trained(k)
         if self.regenerated:

@@ -28,9 +28,8 @@ from .assign import (
     normal_values,
 )
 from .errors import PartitionCheckpointError, PartitionError, PartitionNotImplementedError, earlier_version
+from .kinds import partition_kind, partition_kinds
 from .regenerated import scatter_by_membership
-
-SCALE_KINDS = ("product", "sum")
 
 _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
 # While set, calling a PartitionedTensor returns the tensor object itself, so that the rewritten graph hands
@@ -138,6 +137,28 @@ class PartitionedTensor(nn.Module):
         """Number of trainable entries each partition holds for this tensor."""
         return [p.numel() for p in self.parts()]
 
+    @classmethod
+    def from_parameter(
+        cls,
+        value: torch.Tensor,
+        kind: str,
+        proportions: Sequence[float],
+        *,
+        seed: int,
+        salt: int,
+        default_salt: int,
+        default: str,
+        regenerate: bool,
+    ) -> PartitionedTensor:
+        """``value`` partitioned as ``kind`` (one this class builds, ``partition_fx.kinds``), as ``partitionify``
+        asks: ``salt`` seeds the layout (the layer's for output units), ``default_salt`` regenerated defaults.
+
+        >>> ScalePartitionedTensor.from_parameter(
+        ...     torch.ones(2), "sum", (0.5, 0.5), seed=0, salt=0, default_salt=0, default="init", regenerate=False)
+        ScalePartitionedTensor(shape=(2,), kind='sum', default='init')
+        """
+        raise PartitionNotImplementedError(f"{cls.__name__} must implement from_parameter")
+
     def value(self, k: int) -> torch.Tensor:
         """The tensor subnetwork k uses."""
         raise PartitionNotImplementedError(f"{type(self).__name__} must implement value(k)")
@@ -237,6 +258,12 @@ class RandomPartitionedTensor(PartitionedTensor):
             self.register_buffer("default", laid_out.clone())
         else:
             self.default = None
+
+    @classmethod
+    def from_parameter(
+        cls, value: torch.Tensor, kind: str, proportions: Sequence[float], **how: Any
+    ) -> RandomPartitionedTensor:
+        return cls(value, proportions, node=partition_kind(kind).units, **how)  # how: the constructor's keywords
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         moments = state_dict.get(prefix + "moments")
@@ -390,13 +417,14 @@ class ScalePartitionedTensor(PartitionedTensor):
 
     def __init__(self, value: torch.Tensor, num_partitions: int, *, kind: str, default: str) -> None:
         super().__init__()
-        self.kind = check_choice("kind", kind, SCALE_KINDS)
+        copies = [k.name for k in partition_kinds() if k.storage == "copies"]
+        self.kind = check_choice("kind", kind, copies)
         self.num_partitions = num_partitions
         self.shape = tuple(value.shape)
         self.default_mode = default
         trainable = value.requires_grad
         value = value.detach()
-        identity = torch.ones_like(value) if kind == "product" else torch.zeros_like(value)
+        identity = torch.full_like(value, partition_kind(kind).identity)
         for k in range(1, num_partitions + 1):
             start = value.clone() if k == 1 else identity.clone()
             self.register_parameter(f"part{k}", nn.Parameter(start, requires_grad=trainable))
@@ -411,9 +439,16 @@ class ScalePartitionedTensor(PartitionedTensor):
         # the leaf's _parameters and, when restoring, leave the meta stand-in there as a parameter.
         first, *rest = self.trained_parts(k)
         out = first.view(self.shape)
+        combine = partition_kind(self.kind).combine
         for part in rest:
-            out = out * part if self.kind == "product" else out + part
+            out = combine(out, part)
         return out
+
+    @classmethod
+    def from_parameter(
+        cls, value: torch.Tensor, kind: str, proportions: Sequence[float], **how: Any
+    ) -> ScalePartitionedTensor:
+        return cls(value, len(proportions), kind=kind, default=how["default"])  # whole copies: no layout, no seed
 
     def extra_repr(self) -> str:
         return f"shape={self.shape}, kind={self.kind!r}, default={self.default_mode!r}"

@@ -15,6 +15,7 @@ from torch import nn
 from ._validation import check_choice, check_partition, check_subnetwork
 from .errors import PartitionArgumentError, PartitionCheckpointError
 from .flat import FlatGroup
+from .kinds import partition_kind
 from .params import PartitionedTensor, gradient_only_to
 from .per_example import batch_size, checked_routing, forward_grouped, forward_one_pass, supports_one_pass
 from .records import ParameterRecord, records_table
@@ -50,6 +51,7 @@ class PartitionedModel(nn.Module):
         assignments: str,
         root_leaf: bool,
         promoted_leaves: set[str],
+        build: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -60,6 +62,9 @@ class PartitionedModel(nn.Module):
         self.seed = seed
         self.assignments = assignments
         self.promoted_leaves = sorted(promoted_leaves)
+        self.build = build
+        """How the original model was built (``models.build_model``'s name, classes and input channels), when it
+        was built by name and converted without rules; None otherwise."""
         # Plain attributes (not submodules): the skeleton must not show up in parameters() or state_dict.
         self.__dict__["_records"] = records
         self.__dict__["_skeleton"] = skeleton
@@ -194,7 +199,8 @@ class PartitionedModel(nn.Module):
         if self._one_pass_supported is None:
             kinds = (PartitionedTensor, FlatGroup)
             tensors = {name: m for name, m in self.module.named_modules() if isinstance(m, kinds)}
-            ok = self.scheme == "node" and not self._root_leaf and isinstance(self.module, torch.fx.GraphModule)
+            routed = partition_kind(self.scheme).one_pass == "layer"  # the scheme's conv/linear tensors are routed
+            ok = routed and not self._root_leaf and isinstance(self.module, torch.fx.GraphModule)
             self.__dict__["_one_pass_supported"] = ok and supports_one_pass(self.module, tensors, LEAF_CALLERS)
         return self._one_pass_supported
 

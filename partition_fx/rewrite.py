@@ -29,9 +29,11 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils.weight_norm import WeightNorm
 
 from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
-from .config import ASSIGNMENTS, DEFAULTS, SCHEMES, PartitionConfig
+from .choices import ASSIGNMENTS, DEFAULTS
+from .config import PartitionConfig
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .flat import flat_groups
+from .kinds import kind_names
 from .partitioned_model import PartitionedModel
 from .records import ParameterRecord
 from .runtime import call_leaf, call_leaf_clearing_caches, clear_parameter_caches, get_path, parameter_caches
@@ -102,7 +104,8 @@ def partitionify(
         proportions: share of each tensor's entries per partition; ``None`` = equal shares.
         scheme: ``"random"`` (random-weight partitioning: each entry of each tensor) or ``"node"`` (node
             partitioning: each output unit of a conv/linear layer, with its weight row and bias entry; other
-            tensors keep random-weight partitioning, norm affines product/sum scales).
+            tensors keep random-weight partitioning, norm affines product/sum scales); any kind registered as a
+            scheme in ``partition_fx.kinds``.
         default: value of untrained partitions: ``"init"`` (the values at conversion, stored: +100% of
             parameter memory), ``"zero"``, or ``"seed"``: each random/node tensor is re-initialised at
             conversion with the mean and std it had, from a counter-based normal generator, and its defaults
@@ -161,7 +164,7 @@ def _validated_settings(
     _check_convertible(model)
     c = check_num_partitions(num_partitions)
     props = check_proportions(proportions, c)  # type: ignore[arg-type]
-    scheme = check_choice("scheme", scheme, SCHEMES)
+    scheme = check_choice("scheme", scheme, kind_names(scheme=True))
     default = check_choice("default", default, DEFAULTS)
     assignments = check_choice("assignments", assignments, ASSIGNMENTS)
     seed = check_seed("seed", seed)
@@ -259,6 +262,8 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         assignments=settings.assignments,
         root_leaf=root_leaf,
         promoted_leaves=promoted,
+        # A conversion with rules cannot be replayed from the model's name alone.
+        build=None if settings.config.has_rules() else getattr(model, "partition_fx_build", None),
     )
 
 

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 
 from .export import export_subnetwork, flat_tensors
-from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
+from .kinds import partition_kind
+from .params import PartitionedTensor
 from .partitioned_model import PartitionedModel
 
 
@@ -34,7 +36,7 @@ def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: i
                 if part.numel() == 0 or not part.is_floating_point():
                     continue
                 noise = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part)
-                if isinstance(pt, ScalePartitionedTensor) and pt.kind == "product":
+                if partition_kind(pt.kind).combine is operator.mul:
                     # multiply, and also shift, so zero-initialised scales (timm's zero_init_last) move too
                     shift = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part)
                     part.mul_(1 + scale * noise).add_(scale * shift)
@@ -71,25 +73,26 @@ def _by_entry(membership: torch.Tensor, order: torch.Tensor, layout_values: torc
 def _definition_of(pt: PartitionedTensor) -> Any:
     """``want(k)``: the tensor of subnetwork k by the definition, from ``pt``'s parts, defaults and layout.
 
-    Random/node: each entry's partition (``membership``) picks part i's value (i <= k) or the default; a part
-    lists its entries in flat order, as do the defaults of each partition (layout order). Product/sum scales:
-    the product/sum of parts 1..k, the stored default at k = 0. Nothing here reads ``FlatGroup.flat_value``,
-    which both the forward and the export use."""
+    Layouts (random/node): each entry's partition (``membership``) picks part i's value (i <= k) or the
+    default; a part lists its entries in flat order, as do the defaults of each partition (layout order).
+    Copies (product/sum scales): parts 1..k combined by the kind's ``combine``, the stored default at k = 0.
+    Nothing here reads ``FlatGroup.flat_value``, which both the forward and the export use."""
+    kind = partition_kind(pt.kind)
     with torch.no_grad():
-        if isinstance(pt, ScalePartitionedTensor):
+        if kind.storage == "copies":
             default = pt.stored_defaults().detach().clone()
             parts = [p.detach().clone().view(pt.shape) for p in pt.parts()]
 
-            def scale(k: int) -> torch.Tensor:
+            def copies(k: int) -> torch.Tensor:
                 if k == 0:
                     return default
                 out = parts[0]
                 for part in parts[1:k]:
-                    out = out * part if pt.kind == "product" else out + part
+                    out = kind.combine(out, part)
                 return out
 
-            return scale
-        assert isinstance(pt, RandomPartitionedTensor)
+            return copies
+        assert kind.storage == "layout", f"{pt.kind}: no definition of this storage"
         membership = pt.membership().long()
         order = torch.argsort(membership, stable=True)  # entries partition by partition, flat order within
         trained = _by_entry(membership, order, torch.cat([p.detach().reshape(-1) for p in pt.parts()]))

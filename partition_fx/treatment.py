@@ -1,6 +1,7 @@
 """How ``partitionify`` treats each parameter tensor: left whole (hyperparameter, excluded by config, frozen)
-or partitioned, and how: random-weight, node (output units of conv/linear layers), or product/sum copies
-for norm affines and scalar scales and biases (appendix I.2 of the paper).
+or partitioned, and how: random-weight, the scheme's kind for output units of conv/linear layers (node), or
+product/sum copies for norm affines and scalar scales and biases (appendix I.2 of the paper). The kinds, and
+the tensor class that builds each, are ``partition_fx.kinds``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from torch import nn
 
 from .assign import name_salt
 from .config import PartitionConfig
-from .params import PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor
+from .kinds import partition_kind
 from .records import ParameterRecord
 from .transforms.base import HyperparameterModule
 
@@ -124,24 +125,21 @@ def treat_parameters(
             value_default = rule.default or default
             if value_default != default:
                 reason += f"; default={value_default!r} by config"
-            node = kind == "random" and scheme == "node" and _has_output_units(owner, local, p)
-            if node:
-                reason = f"output units of {type(owner).__name__}"
-            if kind == "random":
-                # Node partitioning salts by the layer, so its weight rows and bias entries agree.
-                salt = name_salt(owner_name if node else names[0])
-                pt: PartitionedTensor = RandomPartitionedTensor(
-                    p,
-                    proportions,
-                    seed=seed,
-                    salt=salt,
-                    default=value_default,
-                    node=node,
-                    regenerate=assignments == "regenerated",
-                    default_salt=name_salt(names[0]),
-                )
-            else:
-                pt = ScalePartitionedTensor(p, len(proportions), kind=kind, default=value_default)
+            # The scheme decides the kind of random-weight tensors with output units (node: whole units).
+            if kind == "random" and partition_kind(scheme).units and _has_output_units(owner, local, p):
+                kind, reason = scheme, f"output units of {type(owner).__name__}"
+            spec = partition_kind(kind)
+            pt = spec.tensor_class().from_parameter(
+                p,
+                kind,
+                proportions,
+                seed=seed,
+                # Partitioning by output unit salts by the layer, so its weight rows and bias entries agree.
+                salt=name_salt(owner_name if spec.units else names[0]),
+                default_salt=name_salt(names[0]),
+                default=value_default,
+                regenerate=assignments == "regenerated",
+            )
             if not p.requires_grad:  # partitioned on request; its parts keep requires_grad=False
                 reason += "; frozen, partitioned by config"
             record.treatment, record.reason, record.partitioned = pt.kind, reason, pt

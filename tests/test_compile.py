@@ -15,8 +15,11 @@ from torch._dynamo.utils import counters
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 
 def _images(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +38,9 @@ def _trainer(num_partitions: int, backend: object, **options: object) -> Partiti
     pmodel = partitionify(small_cnn(), num_partitions, seed=0)
     if backend is not None:
         pmodel.compile(backend=backend)
-    return PartitionedTrainer(pmodel, _images(), hyper=AffineAugmentation(num_samples=2), batch_size=8, **options)
+    return PartitionedTrainer(
+        pmodel, _images(), PAPER, hyper=AffineAugmentation(num_samples=2), batch_size=8, **options
+    )
 
 
 _ROUTINGS = [{}, {"fused": True}, {"every_partition": True, "fused": True}]
@@ -92,12 +97,12 @@ def test_a_compiled_model_keeps_its_keys_and_refuses_one_pass_routing() -> None:
 
 def test_compile_is_checked() -> None:
     with pytest.raises(PartitionArgumentError, match="compile must be one of"):
-        PartitionedTrainer(partitionify(small_cnn(), 2), _images(), compile="fast")
+        PartitionedTrainer(partitionify(small_cnn(), 2), _images(), PAPER, compile="fast")
 
 
 def test_the_command_offers_the_modes_fit_takes() -> None:
     from partition_fx.cli.parser import build_parser
-    from partition_fx.training.options import COMPILE_MODES
+    from partition_fx.train_config import COMPILE_MODES
 
     train = next(
         a for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions if a.dest == "compile"
@@ -116,6 +121,7 @@ def test_fit_with_compile_matches_eager_under_inductor() -> None:
         result = fit(
             pmodel,
             _images(),
+            PAPER,
             hyper=AffineAugmentation(num_samples=2),
             steps=8,
             eval_every=4,

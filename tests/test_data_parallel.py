@@ -17,9 +17,12 @@ import torch.multiprocessing as mp
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.training.data_parallel import DataParallel
 from partition_fx.transforms import InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 VARIANTS = {"paper": {}, "fused": {"fused": True}, "every_partition": {"every_partition": True}}
 
@@ -37,7 +40,7 @@ def _train(variant: str, checkpoint_dir: Path | None = None, **extra: object) ->
     pmodel = partitionify(model, 3, (0.6, 0.2, 0.2))
     hyper = InputMask(6)
     fit(
-        pmodel, _data(), hyper=hyper, steps=12, batch_size=16, hyper_batch_size=8, progress=False,
+        pmodel, _data(), PAPER, hyper=hyper, steps=12, batch_size=16, hyper_batch_size=8, progress=False,
         checkpoint_dir=checkpoint_dir, recalibrate_norms=False, eval_every=3, **VARIANTS[variant], **extra,
     )  # fmt: skip
     state = {f"model.{k}": v.detach().clone() for k, v in pmodel.state_dict().items()}
@@ -50,7 +53,7 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        trainer = PartitionedTrainer(partitionify(torch.nn.Linear(6, 2), 2), _data(), batch_size=16)
+        trainer = PartitionedTrainer(partitionify(torch.nn.Linear(6, 2), 2), _data(), PAPER, batch_size=16)
         assert trainer.data_parallel is not None and trainer.data_parallel.world_size == world_size
         assert trainer.data_parallel.shard(torch.arange(16))[0].tolist() == list(range(8 * rank, 8 * rank + 8))
         # Each rank gets its own checkpoint directory, so what is found in it was written by that rank (in one
@@ -96,4 +99,4 @@ def test_data_parallel_needs_a_process_group_and_an_even_split() -> None:
     assert DataParallel.from_environment(None) is None
     x, y = _data()
     with pytest.raises(PartitionArgumentError, match="torchrun --nproc_per_node"):
-        PartitionedTrainer(partitionify(torch.nn.Linear(6, 2), 2), (x, y), batch_size=16, data_parallel=True)
+        PartitionedTrainer(partitionify(torch.nn.Linear(6, 2), 2), (x, y), PAPER, batch_size=16, data_parallel=True)

@@ -15,8 +15,11 @@ from safetensors.torch import save
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import fit, split_into_chunks
 from partition_fx.transforms import ConcreteDropout, InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 # One run, as a script: it must give the same bits in a fresh interpreter with another hash seed.
 RUN = """
@@ -115,7 +118,7 @@ def test_a_different_seed_gives_a_different_run() -> None:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(6, 8), ConcreteDropout(p=0.2), nn.Linear(8, 3))
         pmodel = partitionify(model, 2, seed=1)
-        fit(pmodel, (x, y), steps=4, batch_size=8, seed=seed, progress=False)
+        fit(pmodel, (x, y), PAPER, steps=4, batch_size=8, seed=seed, progress=False)
         return hashlib.sha256(save(export_subnetwork(pmodel).state_dict())).hexdigest()
 
     assert digest(0) == digest(0) != digest(1)
@@ -134,7 +137,9 @@ def test_how_often_the_lml_is_estimated_does_not_change_the_training_path() -> N
         x = torch.randn(96, 16, generator=g)
         y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
         hyper = InputMask(16)
-        result = fit(pmodel, (x, y), hyper=hyper, steps=12, batch_size=8, eval_every=eval_every, seed=3, progress=False)
+        result = fit(
+            pmodel, (x, y), PAPER, hyper=hyper, steps=12, batch_size=8, eval_every=eval_every, seed=3, progress=False
+        )
         state = {f"{k}.{name}": v for k in range(4) for name, v in export_subnetwork(pmodel, k).state_dict().items()}
         state["mask"] = hyper.logits.detach()
         return hashlib.sha256(save(state)).hexdigest(), [r["step"] for r in result.history]

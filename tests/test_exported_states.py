@@ -7,7 +7,6 @@ they are."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -21,9 +20,13 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.cli.job import job_from_args
+from partition_fx.cli.run_config import args_from_config
 from partition_fx.export import export_subnetwork
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, evaluate_classifier, fit, recalibrate_norm_statistics
 from partition_fx.training.checkpoint import read_checkpoint
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 # resnet10t has BatchNorm; 6 steps, evaluations at 2, 4 and 6 (and 5, where fine-tuning begins)
 TINY = ["--model", "resnet10t", "--image-size", "16", "--steps", "6", "--eval-every", "2", "--batch-size", "16"]
@@ -53,8 +56,8 @@ def _exported(run: Path, which: str, *argv: str) -> dict:
 def _recalibrated_accuracy(run: Path, which: str, subnetwork: int | None = None) -> float:
     """The definition: the checkpoint's state, its BatchNorm statistics recalibrated for ``subnetwork`` (default
     the final one) over the training data (on a copy, as the end of a run does), exported."""
-    job = job_from_args(argparse.Namespace(**json.loads((run / "report.json").read_text())["config"]))
-    trainer = PartitionedTrainer(job.pmodel, job.data.train, hyper=job.hyper)
+    job = job_from_args(args_from_config(json.loads((run / "report.json").read_text())["config"]))
+    trainer = PartitionedTrainer(job.pmodel, job.data.train, job.config, hyper=job.hyper)
     trainer.load_checkpoint(run / "checkpoint" / f"{which}.safetensors")
     pmodel = copy.deepcopy(job.pmodel)
     assert recalibrate_norm_statistics(pmodel, trainer.examples, subnetwork, batch_size=trainer.eval_batch_size) > 0
@@ -140,7 +143,7 @@ def test_the_end_of_a_run_writes_best_recalibrated_on_a_copy(tmp_path, monkeypat
     returned = {}
     for directory in (None, tmp_path):
         pmodel = _bn_pmodel()
-        result = fit(pmodel, (x, y), checkpoint_dir=directory, **kwargs)
+        result = fit(pmodel, (x, y), PAPER, checkpoint_dir=directory, **kwargs)
         returned[directory] = (pmodel.state_dict(), torch.get_rng_state())
     # the extra recalibration ran on a copy, with torch's generator forked: the run is what it was
     (plain, plain_rng), (written, written_rng) = returned.values()
@@ -151,7 +154,7 @@ def test_the_end_of_a_run_writes_best_recalibrated_on_a_copy(tmp_path, monkeypat
     assert os.path.samefile(best, last) == (case == "best is last")
     # best holds the best state recalibrated for the final subnetwork (the definition, on the resumed best state)
     expected = _bn_pmodel()
-    trainer = PartitionedTrainer(expected, (x, y), batch_size=8)
+    trainer = PartitionedTrainer(expected, (x, y), PAPER, batch_size=8)
     trainer.load_checkpoint(best)
     loaded = copy.deepcopy(expected.state_dict())
     with torch.random.fork_rng():

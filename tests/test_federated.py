@@ -242,3 +242,55 @@ def test_federated_without_flower_says_how_to_install_it(tmp_path, capsys, monke
     assert main(["federated", "--clients", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert 'pip install -e ".[federated]"' in err and not out.exists()
+
+
+@pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf")])
+def test_alpha_has_one_check_for_the_library_and_the_command_line(alpha) -> None:
+    """dirichlet_split, plan_clients (through it) and the command line refuse the same values by one check
+    (``_validation.check_concentration``), the command line naming --alpha; inf too, which numpy turned into NaN
+    probabilities."""
+    from partition_fx.cli.checks import check_federated_options
+    from partition_fx.cli.parser import build_parser
+    from partition_fx.datasets import digits
+    from partition_fx.federated.job import plan_clients
+
+    with pytest.raises(PartitionArgumentError, match="alpha must be > 0 and finite"):
+        dirichlet_split(torch.arange(20) % 4, 4, alpha)
+    with pytest.raises(PartitionArgumentError, match="alpha must be > 0 and finite"):
+        plan_clients(digits(size=8), 10, alpha, (0.7, 0.2, 0.1))
+    args = build_parser().parse_args(["federated", f"--alpha={alpha}"])
+    with pytest.raises(PartitionArgumentError, match="^" + re.escape(f"--alpha {alpha}: the Dirichlet concentration")):
+        check_federated_options(args)
+
+
+def test_federated_options_parse_and_default_as_trains(capsys) -> None:
+    """--proportions and --seed go through the shared parsers (train's refusals), and --proportions left out
+    means the default shares with 3 partitions and equal shares with any other, as train's help says."""
+    from partition_fx.cli.checks import check_federated_options
+    from partition_fx.cli.parser import build_parser
+
+    for option, value, fragment in [
+        ("--proportions", "a,b", "comma-separated numbers"),
+        ("--seed", "-1", "must be >= 0"),
+        ("--seed", str(2**63), "at most 2**63-1"),
+    ]:
+        for command in ("train", "federated"):
+            with pytest.raises(SystemExit):
+                build_parser().parse_args([command, f"{option}={value}"])
+            assert fragment in capsys.readouterr().err, (command, option, value)
+
+    def parse(*argv: str):
+        return build_parser().parse_args(["federated", *argv])
+
+    assert check_federated_options(parse()) == (0.7, 0.2, 0.1)
+    assert check_federated_options(parse("--partitions", "4")) == (0.25, 0.25, 0.25, 0.25)
+    assert check_federated_options(parse("--partitions", "2", "--proportions", "0.6,0.4")) == (0.6, 0.4)
+    with pytest.raises(PartitionArgumentError, match=r"^--partitions 300: num_partitions must be <= 255"):
+        check_federated_options(parse("--partitions", "300"))
+    with pytest.raises(PartitionArgumentError, match=r"^--proportions 0\.9,0\.1,0\.0: give 3 positive shares"):
+        check_federated_options(parse("--proportions", "0.9,0.1,0"))
+    sub = build_parser()._subparsers._group_actions[0].choices["federated"]
+    [proportions] = [a for a in sub._actions if a.dest == "proportions"]
+    assert proportions.help.endswith(
+        "(default: 0.7,0.2,0.1 with 3 partitions, equal shares with any other --partitions)"
+    )

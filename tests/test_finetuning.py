@@ -1,7 +1,6 @@
-"""The hyperparameter-step estimators and the fine-tuning phase, against their definitions.
+"""The hyperparameter-step options and the fine-tuning phase, against their definitions (the estimators
+``hyper_chunks`` picks: ``tests/test_estimators.py``).
 
-* ``hyper_chunks="all"``: the hyper-gradient is the sum over chunks k=2..C of u_k / (u_2 + ... + u_C) times
-  the gradient of chunk k's mean loss through subnetwork k-1;
 * ``hyper_samples``: hyper steps draw that many augmentation samples, parameter steps their own;
 * fine-tuning: every weight trains on all chunks through subnetwork C, psi never moves, the LR schedule
   spans both phases, and a run resumed in either phase equals the uninterrupted one bit for bit.
@@ -20,9 +19,11 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
-from partition_fx.training.lml import forward_log_likelihood
 from partition_fx.transforms import AffineAugmentation, InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 PROPORTIONS = (0.5, 0.3, 0.2)
 
@@ -43,40 +44,14 @@ def _pmodel(seed: int = 0):
 def _trainer(**options):
     sgd = partial(torch.optim.SGD, lr=1.0)  # new = old - grad: the update is the gradient
     defaults = {"hyper": AffineAugmentation(num_samples=2, init=0.3), "optimizer": sgd, "hyper_optimizer": sgd}
-    return PartitionedTrainer(_pmodel(), _images(), **{"batch_size": 8, "seed": 5, **defaults, **options})
+    return PartitionedTrainer(_pmodel(), _images(), PAPER, **{"batch_size": 8, "seed": 5, **defaults, **options})
 
 
 def _weights(trainer):
     return [p.detach().clone() for k in (1, 2, 3) for p in trainer.pmodel.partition_parameters(k)]
 
 
-# --- the hyper-step estimators ----------------------------------------------------------------------
-
-
-def test_the_all_chunks_hyper_gradient_is_the_weighted_sum_of_the_per_chunk_gradients():
-    trainer = _trainer(hyper_chunks="all", hyper_samples=3)
-    reference = _trainer()
-    before = trainer.hyper.ranges.detach().clone()
-    state, rng = trainer.sampler.generator.get_state(), torch.get_rng_state()
-    trainer.hyper_step_all_chunks()
-    got = before - trainer.hyper.ranges.detach()
-
-    reference.sampler.generator.set_state(state)
-    torch.set_rng_state(rng)
-    batches = reference.sampler.hyper_batches()
-    sizes = reference.chunks.sizes
-    later = sizes[1] + sizes[2]
-    assert [(k, w) for w, k, _ in batches] == [(2, sizes[1] / later), (3, sizes[2] / later)]
-    assert all(set(i.tolist()) <= set(reference.chunks.chunk(k).tolist()) for _, k, i in batches)
-    want = torch.zeros_like(before)
-    x, y = reference.examples.tensors
-    for weight, k, indices in batches:
-        loss = -forward_log_likelihood(
-            reference.pmodel, reference.likelihood, x[indices], y[indices], k - 1, reference.hyper, samples=3
-        ).mean()
-        want += weight * torch.autograd.grad(loss, reference.hyper.ranges)[0]
-    torch.testing.assert_close(got, want)
-    assert got.abs().sum() > 0
+# --- the hyper-step options ------------------------------------------------------------------------------
 
 
 def test_hyper_samples_apply_to_hyperparameter_steps_only():
@@ -92,7 +67,7 @@ def test_hyper_samples_are_refused_without_a_transform_that_takes_them():
     with pytest.raises(PartitionArgumentError, match="there is no input transform"):
         _trainer(hyper=None, hyper_samples=4)
     with pytest.raises(PartitionArgumentError, match=r"InputMask\.forward does not"):
-        PartitionedTrainer(_pmodel(), (torch.randn(60, 4), torch.zeros(60)), hyper=InputMask(4), hyper_samples=4)
+        PartitionedTrainer(_pmodel(), (torch.randn(60, 4), torch.zeros(60)), PAPER, hyper=InputMask(4), hyper_samples=4)
     with pytest.raises(PartitionArgumentError, match="hyper_chunks must be one of"):
         _trainer(hyper_chunks="both")
 
@@ -181,11 +156,11 @@ def test_patience_ends_partitioned_training_early_and_finetuning_runs_to_the_end
 
 def test_finetuning_arguments_are_checked():
     with pytest.raises(PartitionArgumentError, match="finetune_steps \\(4\\) must be less than steps \\(4\\)"):
-        fit(_pmodel(), _images(), steps=4, finetune_steps=4)
+        fit(_pmodel(), _images(), PAPER, steps=4, finetune_steps=4)
     with pytest.raises(PartitionArgumentError, match="finetune_steps must be an int >= 0"):
-        fit(_pmodel(), _images(), steps=4, finetune_steps=-1)
+        fit(_pmodel(), _images(), PAPER, steps=4, finetune_steps=-1)
     with pytest.raises(PartitionTypeError, match=r"hooks\[0\] must be a TrainingHook"):
-        fit(_pmodel(), _images(), steps=4, hooks=[print])
+        fit(_pmodel(), _images(), PAPER, steps=4, hooks=[print])
 
 
 def _fit(pmodel, **kwargs):
@@ -200,6 +175,7 @@ def _fit(pmodel, **kwargs):
     return fit(
         pmodel,
         _images(),
+        PAPER,
         hyper=AffineAugmentation(num_samples=2),
         batch_size=8,
         optimizer=partial(torch.optim.Adam, lr=1e-2, weight_decay=1e-3),
@@ -262,7 +238,7 @@ def test_recalibrating_a_copy_mid_run_changes_no_later_draw():
         model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2))
         pmodel = partitionify(model, 2)
         x, y = torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), torch.arange(64) % 2
-        fit(pmodel, (x, y), steps=12, finetune_steps=6, batch_size=16, seed=3, progress=False, hooks=hooks)
+        fit(pmodel, (x, y), PAPER, steps=12, finetune_steps=6, batch_size=16, seed=3, progress=False, hooks=hooks)
         return [p.detach().clone() for p in pmodel.parameters()]
 
     for a, b in zip(trained([]), trained([RecalibrateACopy()])):

@@ -15,7 +15,10 @@ from partition_fx import partitionify
 from partition_fx.flat import FlatGroup, flat_groups
 from partition_fx.params import RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
+from partition_fx.train_config import TrainConfig
 from tests.test_random_architectures import Case, build, cases
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 
 def _grads(values: list[torch.Tensor], weights: list[torch.Tensor], storage: list[torch.Tensor]) -> list:
@@ -143,7 +146,7 @@ def _step_operators(layers: int, **convert: str) -> tuple[int, int]:
     if convert.get("assignments") == "regenerated":
         assert sum(getattr(pt, "regenerated", False) for _, pt in pmodel.partitioned_tensors()) == layers
     x, y = torch.randn(32, 16), torch.randint(0, 3, (32,))
-    trainer = PartitionedTrainer(pmodel, (x, y), batch_size=8, optimizer=partial(torch.optim.Adam, lr=1e-3))
+    trainer = PartitionedTrainer(pmodel, (x, y), PAPER, batch_size=8, optimizer=partial(torch.optim.Adam, lr=1e-3))
     plain = export_subnetwork(pmodel)
     optimizer = torch.optim.Adam(plain.parameters(), lr=1e-3)
 

@@ -36,9 +36,13 @@ import partition_fx.cli.convert
 import partition_fx.cli.export
 from partition_fx import partitionify
 from partition_fx.cli import main
+from partition_fx.cli.run_config import args_from_config
 from partition_fx.errors import PartitionError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 TINY = ["--model", "fixup_resnet8", "--image-size", "16", "--steps", "4", "--batch-size", "8", "--samples", "2"]
 TINY += ["--eval-every", "2", "--quiet"]
@@ -277,7 +281,7 @@ def _make_root(root: Path, run: Path, weights: Path) -> None:
             (run / "checkpoint/last.safetensors").read_bytes()
         )
     report = json.loads((run / "report.json").read_text())
-    del report["config"]["precision"]  # as an earlier development version wrote it
+    del report["config"]["train"]["runtime"]["precision"]  # as an earlier development version wrote it
     (root / "earlier_run" / "checkpoint").mkdir(parents=True)
     (root / "earlier_run" / "report.json").write_text(json.dumps(report))
     (root / "corrupt_run" / "checkpoint").mkdir(parents=True)
@@ -419,8 +423,8 @@ def good_train_options(draw: st.DrawFn) -> dict[str, Any]:
 def test_good_train_input_reaches_training_with_only_a_report_written(options):
     started: dict[str, Any] = {}
 
-    def record(trainer: PartitionedTrainer, steps: int, **kwargs: Any) -> None:
-        started.update(trainer=trainer, steps=steps, **kwargs)
+    def record(trainer: PartitionedTrainer, **kwargs: Any) -> None:
+        started.update(trainer=trainer, **kwargs)
         raise WorkStarted
 
     argv = ["train", "--model", "fixup_resnet8", "--quiet"]
@@ -436,19 +440,19 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
         assert sorted(p.name for p in out.iterdir()) == ["report.json"]
         report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and report["history"] == []
-    config = report["config"]
+    config = vars(args_from_config(report["config"]))
     for key, value in options.items():
-        expected = [float(p) for p in value.split(",")] if key == "proportions" else value
+        expected = tuple(float(p) for p in value.split(",")) if key == "proportions" else value
         assert config[key.replace("-", "_")] == expected, key
     trainer = started["trainer"]
-    assert started["steps"] == options["steps"] and trainer.step == 0
-    assert started["eval_every"] == (options["eval-every"] or max(1, options["steps"] // 10))
+    assert trainer.config.optimization.steps == options["steps"] and trainer.step == 0
+    assert trainer.config.eval_every == (options["eval-every"] or max(1, options["steps"] // 10))
     assert trainer.sampler.batch_size == options["batch-size"] and trainer.seed == options["seed"]
     assert (trainer.hyper_every, trainer.warmup_steps) == (options["hyper-every"], options["warmup-steps"])
-    assert trainer.options.hyper_chunks == options["hyper-chunks"]
+    assert trainer.config.hyper.chunks == options["hyper-chunks"]
     assert trainer.sampler.hyper_batch_size == options["hyper-batch-size"]
-    assert trainer.options.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)
-    assert started["finetune_steps"] == options["steps"] // 4
+    assert trainer.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)
+    assert trainer.config.finetune_steps == options["steps"] // 4
     assert (trainer.fused, trainer.every_partition) == (options["fused"], options["every-partition"])
     assert trainer.pmodel.num_partitions == options["partitions"] and min(trainer.chunks.sizes) >= 1
     assert all(math.isfinite(g["weight_decay"]) for g in trainer.optimizer.param_groups)
@@ -506,7 +510,8 @@ FIT_BAD: list[tuple[str, str, st.SearchStrategy[Any]]] = [
     *[(name, "type errors / out-of-range numbers", NOT_POSITIVE_INT) for name in
       ("hyper_batch_size", "eval_every", "eval_examples_per_chunk", "patience")],
     ("warmup_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none()),
-    ("finetune_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none() | st.integers(4, 10**6)),
+    # None is TrainConfig's default for finetune_steps (a quarter of the steps), as the command's
+    ("finetune_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.integers(4, 10**6)),
     ("hyper_samples", "type errors / out-of-range numbers", NOT_POSITIVE_INT),
     ("hyper_chunks", "unknown choices", _not("one", "all") | NOT_BOOL | st.none()),
     ("hyper_scheduler", "bad factories", st.one_of(st.integers(), st.text(max_size=3), st.just(lambda o: _NoStep()))),
@@ -551,7 +556,7 @@ def check_fit_refuses(name: str, value: Any) -> None:
         kwargs["checkpoint_dir"] = root / "checkpoints"
         kwargs[name] = value
         with pytest.raises(PartitionError) as info:
-            fit(pmodel, data, **kwargs)
+            fit(pmodel, data, PAPER, **kwargs)
         assert sorted(p.name for p in root.iterdir()) == ["afile"], "fit wrote before refusing"
     message = str(info.value)
     assert NAMED.get(name, name) in message, f"{name}={value!r}: {message!r} does not name the argument"
@@ -578,21 +583,21 @@ def test_ordinary_fit_arguments_pass_the_checks(tmp_path):
     pmodel, data = _tiny()
     started: dict[str, Any] = {}
 
-    def record(trainer: PartitionedTrainer, steps: int, **kwargs: Any) -> None:
-        started.update(trainer=trainer, steps=steps)
+    def record(trainer: PartitionedTrainer, **kwargs: Any) -> None:
+        started.update(trainer=trainer)
         raise WorkStarted
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(PartitionedTrainer, "run", record)
         with pytest.raises(WorkStarted):
             fit(
-                pmodel, data, hyper=InputMask(6), steps=10,
+                pmodel, data, PAPER, hyper=InputMask(6), steps=10,
                 optimizer=partial(torch.optim.SGD, lr=0.1, weight_decay=1e-4),
                 scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=10), chunks=[1, 2, 3, 1] * 16,
                 checkpoint_dir=tmp_path / "new", device="cpu", seed=2**63 - 1, callbacks=[lambda t, r: None],
                 restore_best=True, progress=False, fused=False,
             )  # fmt: skip
-    assert started["steps"] == 10 and started["trainer"].chunks.sizes == [32, 16, 16]
+    assert started["trainer"].config.optimization.steps == 10 and started["trainer"].chunks.sizes == [32, 16, 16]
     assert not (tmp_path / "new").exists()
 
 

@@ -12,9 +12,12 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionTrainingError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout, InputMask
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 
 def _images(n: int = 48):
@@ -43,6 +46,7 @@ def test_exploding_hyperparameter_steps_stay_within_the_documented_bounds() -> N
     fit(
         pmodel,
         _images(),
+        PAPER,
         hyper=augment,
         steps=12,
         batch_size=8,
@@ -64,7 +68,7 @@ def test_an_input_mask_under_exploding_steps_keeps_its_logits_bounded() -> None:
     y = (x[:, 0] > 0).long()
     pmodel = partitionify(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)), 2)
     mask = InputMask(6)
-    fit(pmodel, (x, y), hyper=mask, steps=10, batch_size=8, hyper_optimizer=partial(torch.optim.SGD, lr=1e4))
+    fit(pmodel, (x, y), PAPER, hyper=mask, steps=10, batch_size=8, hyper_optimizer=partial(torch.optim.SGD, lr=1e4))
     assert torch.isfinite(mask.logits).all() and float(mask.logits.detach().abs().max()) <= mask.max_logit
 
 
@@ -83,14 +87,14 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_naming_the_step_partition
         model[0].bias.zero_()
     pmodel = partitionify(model, 3)
     x, y = torch.randn(48, 6), torch.randint(0, 3, (48,))
-    trainer = PartitionedTrainer(pmodel, (x, y), batch_size=8)
+    trainer = PartitionedTrainer(pmodel, (x, y), PAPER, batch_size=8)
     with pytest.raises(PartitionTrainingError) as info:
         trainer.parameter_step(2)
     message = str(info.value)
     assert "step 0" in message and "partition 2" in message and "gradient" in message
     assert "0.weight partition" in message  # the tensor whose gradient is not finite
 
-    skipping = PartitionedTrainer(partitionify(model, 3), (x, y), batch_size=8, on_nonfinite="skip")
+    skipping = PartitionedTrainer(partitionify(model, 3), (x, y), PAPER, batch_size=8, on_nonfinite="skip")
     before = [p.detach().clone() for p in skipping.pmodel.parameters()]
     skipping.parameter_step(2)
     assert skipping.skipped_steps == 1
@@ -112,7 +116,7 @@ def test_a_nonfinite_hyperparameter_gradient_names_the_hyperparameter() -> None:
         model[0].bias.zero_()
         model[0].weight.zero_()
     x, y = torch.randn(48, 6), torch.randint(0, 3, (48,))
-    trainer = PartitionedTrainer(partitionify(model, 3), (x, y), hyper=InputMask(6), batch_size=8)
+    trainer = PartitionedTrainer(partitionify(model, 3), (x, y), PAPER, hyper=InputMask(6), batch_size=8)
     with pytest.raises(
         PartitionTrainingError,
         match=r"step 0: non-finite gradient norm nan \(in hyper.logits\) in the "

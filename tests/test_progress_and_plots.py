@@ -16,8 +16,11 @@ from matplotlib.text import Text
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.cli.plots import figure_curves, figure_hyperparameters, plot_curves, plot_hyperparameters
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation, InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 LINE = re.compile(
     r"^partition-fx: step (\d+)/20 \| conditional LML -?\d+\.\d \(-?\d+\.\d{3}/example\) \| train loss \S+ \| "
@@ -37,7 +40,7 @@ def tiny_fit(stderr: io.StringIO, **kwargs):
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     pmodel = partitionify(model, 2, (0.7, 0.3))
     with contextlib.redirect_stderr(stderr):
-        result = fit(pmodel, (x, y), hyper=InputMask(4), steps=20, eval_every=5, batch_size=16, **kwargs)
+        result = fit(pmodel, (x, y), PAPER, hyper=InputMask(4), steps=20, eval_every=5, batch_size=16, **kwargs)
     return pmodel, result
 
 

@@ -12,8 +12,11 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionCheckpointError, fit
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 
 def _images(n: int = 48, seed: int = 0):
@@ -34,6 +37,7 @@ def _fit(pmodel, steps: int, **kwargs):
     return fit(
         pmodel,
         _images(),
+        PAPER,
         hyper=AffineAugmentation(num_samples=2),
         steps=steps,
         batch_size=8,
@@ -110,12 +114,12 @@ def test_single_file_checkpoints_refuse_other_configurations_and_truncation(tmp_
 
     _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
     last = tmp_path / "last.safetensors"
-    assert PartitionedTrainer(_pmodel(), _images()).load_checkpoint(last)["step"] == 4
+    assert PartitionedTrainer(_pmodel(), _images(), PAPER).load_checkpoint(last)["step"] == 4
     with pytest.raises(PartitionCheckpointError, match=r"num_partitions: saved 3, this model 2"):
-        PartitionedTrainer(_pmodel(partitions=2), _images()).load_checkpoint(last)
+        PartitionedTrainer(_pmodel(partitions=2), _images(), PAPER).load_checkpoint(last)
     last.write_bytes(last.read_bytes()[:100])
     with pytest.raises(PartitionCheckpointError, match="corrupted or truncated"):
-        PartitionedTrainer(_pmodel(), _images()).load_checkpoint(last)
+        PartitionedTrainer(_pmodel(), _images(), PAPER).load_checkpoint(last)
 
 
 def _rewrite_checkpoint_metadata(path, drop: str) -> None:
@@ -131,7 +135,9 @@ def _rewrite_checkpoint_metadata(path, drop: str) -> None:
 def test_state_checkpoint_and_report_from_an_earlier_development_version_are_refused_naming_what_they_lack(tmp_path):
     """Version 0.1.0 reads only what it writes: a field an earlier development version did not write is
     never defaulted; the state, checkpoint or report is refused with one message naming the file and the field."""
-    from partition_fx.cli.runs import RUN_CONFIG_KEYS, read_run
+    from partition_fx.cli.parser import parse_train
+    from partition_fx.cli.run_config import run_config
+    from partition_fx.cli.runs import read_run
     from partition_fx.errors import PartitionError
     from partition_fx.training import load_checkpoint
 
@@ -155,9 +161,10 @@ def test_state_checkpoint_and_report_from_an_earlier_development_version_are_ref
         _fit(_pmodel(), 2, checkpoint_dir=tmp_path)  # a current checkpoint again
     run = tmp_path / "run"
     run.mkdir()
-    config = {key: None for key in RUN_CONFIG_KEYS if key != "precision"}
+    config = run_config(parse_train([]), (0.8, 0.1, 0.1))
+    del config["train"]["runtime"]["precision"]
     (run / "report.json").write_text(json.dumps({"command": "train", "config": config}))
-    with pytest.raises(PartitionError, match=rf"report.json {earlier} \(it lacks config.precision\)"):
+    with pytest.raises(PartitionError, match=rf"report.json {earlier} \(it lacks config.train.runtime.precision\)"):
         read_run(run, "--run")
 
 
@@ -193,7 +200,9 @@ def test_the_best_state_is_saved_with_its_score_and_its_own_lmls(tmp_path):
     x, y = torch.randn(48, 4, generator=torch.Generator().manual_seed(0)), torch.arange(48) % 2
 
     def trainer():
-        return PartitionedTrainer(partitionify(nn.Linear(4, 2), 3), (x, y), batch_size=8, checkpoint_dir=tmp_path)
+        return PartitionedTrainer(
+            partitionify(nn.Linear(4, 2), 3), (x, y), PAPER, batch_size=8, checkpoint_dir=tmp_path
+        )
 
     first = trainer()
     first.run(6, eval_every=2, progress=False)

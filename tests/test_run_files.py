@@ -15,9 +15,12 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.errors import PartitionCheckpointError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit, load_checkpoint
 from partition_fx.training.checkpoint import read_checkpoint
 from partition_fx.transforms import InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 # resnet10t has BatchNorm: its running statistics are recalibrated for the final subnetwork at the end
 TINY = ["--model", "resnet10t", "--image-size", "16", "--steps", "6", "--eval-every", "3", "--batch-size", "8"]
@@ -90,11 +93,11 @@ def test_best_is_a_link_to_last_and_the_final_last_holds_what_the_run_returned(t
             seen.append(os.path.samefile(last, best))
 
     pmodel = _pmodel(0)
-    fit(pmodel, (x, y), hyper=InputMask(6), steps=8, eval_every=4, checkpoint_dir=tmp_path, callbacks=[linked],
+    fit(pmodel, (x, y), PAPER, hyper=InputMask(6), steps=8, eval_every=4, checkpoint_dir=tmp_path, callbacks=[linked],
         progress=False)  # fmt: skip
     assert seen and all(seen)
     reloaded = _pmodel(0)
-    PartitionedTrainer(reloaded, (x, y), hyper=InputMask(6)).load_checkpoint(tmp_path / "last.safetensors")
+    PartitionedTrainer(reloaded, (x, y), PAPER, hyper=InputMask(6)).load_checkpoint(tmp_path / "last.safetensors")
     for a, b in zip(pmodel.state_dict().values(), reloaded.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -111,11 +114,11 @@ def test_load_checkpoint_restores_what_the_trainer_restores_without_one(tmp_path
     ``load_checkpoint``, and refuses a checkpoint from another configuration with the same message."""
     x, y = _data()
     trained = (_pmodel(0), InputMask(6))
-    fit(trained[0], (x, y), hyper=trained[1], steps=6, eval_every=3, checkpoint_dir=tmp_path,
+    fit(trained[0], (x, y), PAPER, hyper=trained[1], steps=6, eval_every=3, checkpoint_dir=tmp_path,
         checkpoint_defaults=checkpoint_defaults, progress=False)  # fmt: skip
     last = tmp_path / "last.safetensors"
     by_trainer, by_function = (_pmodel(0), InputMask(6)), (_pmodel(0), InputMask(6))
-    trainer_meta = PartitionedTrainer(by_trainer[0], (x, y), hyper=by_trainer[1]).load_checkpoint(last)
+    trainer_meta = PartitionedTrainer(by_trainer[0], (x, y), PAPER, hyper=by_trainer[1]).load_checkpoint(last)
     assert load_checkpoint(by_function[0], last, hyper=by_function[1]) == trainer_meta
     assert trainer_meta["step"] == 6
     for a, b, c in zip(by_trainer, by_function, trained):
@@ -125,7 +128,7 @@ def test_load_checkpoint_restores_what_the_trainer_restores_without_one(tmp_path
     other_partitions = partitionify(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)), 2, seed=1)
     other_layouts = partitionify(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)), 3, (0.5, 0.25, 0.25))
     for other in (other_partitions, other_layouts):
-        expected = _refusal(lambda other=other: PartitionedTrainer(other, (x, y)).load_checkpoint(last))
+        expected = _refusal(lambda other=other: PartitionedTrainer(other, (x, y), PAPER).load_checkpoint(last))
         assert _refusal(lambda other=other: load_checkpoint(other, last)) == expected
         assert "different configuration" in expected or "builds differently" in expected
     wrong_mask = InputMask(5)  # a hyperparameter module of another shape: refused, naming the file and the module
@@ -135,11 +138,11 @@ def test_load_checkpoint_restores_what_the_trainer_restores_without_one(tmp_path
 
 def test_checkpoints_without_defaults_refuse_a_model_that_rebuilds_them_differently(tmp_path: Path) -> None:
     x, y = _data()
-    fit(_pmodel(0), (x, y), steps=4, checkpoint_dir=tmp_path, checkpoint_defaults=False, progress=False)
-    meta = PartitionedTrainer(_pmodel(0), (x, y)).load_checkpoint(tmp_path / "last.safetensors")
+    fit(_pmodel(0), (x, y), PAPER, steps=4, checkpoint_dir=tmp_path, checkpoint_defaults=False, progress=False)
+    meta = PartitionedTrainer(_pmodel(0), (x, y), PAPER).load_checkpoint(tmp_path / "last.safetensors")
     assert meta["omitted"] == "layouts+defaults"
     with pytest.raises(PartitionCheckpointError, match="default values, which this model builds differently"):
-        PartitionedTrainer(_pmodel(9), (x, y)).load_checkpoint(tmp_path / "last.safetensors")
+        PartitionedTrainer(_pmodel(9), (x, y), PAPER).load_checkpoint(tmp_path / "last.safetensors")
 
 
 def _as_format_1(resume: Path, pmodel: nn.Module) -> None:
@@ -167,10 +170,10 @@ def test_state_from_before_flat_storage_is_refused_with_one_clear_message(tmp_pa
     x, y = _data()
     kwargs = dict(steps=4, eval_every=2, batch_size=8, progress=False)
     first = _pmodel(0)
-    fit(first, (x, y), hyper=InputMask(6), checkpoint_dir=tmp_path, **kwargs)
+    fit(first, (x, y), PAPER, hyper=InputMask(6), checkpoint_dir=tmp_path, **kwargs)
     _as_format_1(tmp_path / "resume", first)
     with pytest.raises(PartitionCheckpointError, match="before flat storage"):
-        fit(_pmodel(0), (x, y), hyper=InputMask(6), resume=tmp_path / "resume", **kwargs)
+        fit(_pmodel(0), (x, y), PAPER, hyper=InputMask(6), resume=tmp_path / "resume", **kwargs)
     from safetensors.torch import load_file, save_file
 
     path = tmp_path / "last.safetensors"
@@ -179,7 +182,7 @@ def test_state_from_before_flat_storage_is_refused_with_one_clear_message(tmp_pa
     del meta["storage"]
     save_file(load_file(str(path)), str(path), metadata={"partition_fx": json.dumps(meta)})
     with pytest.raises(PartitionCheckpointError, match="before flat storage"):
-        PartitionedTrainer(_pmodel(0), (x, y)).load_checkpoint(path)
+        PartitionedTrainer(_pmodel(0), (x, y), PAPER).load_checkpoint(path)
     per_tensor = {"module.partitioned.0.weight.part1": torch.zeros(3)}
     with pytest.raises(PartitionCheckpointError, match="per tensor"):
         _pmodel(0).load_state_dict(per_tensor)

@@ -15,8 +15,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from partition_fx import PartitionedModel, export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 
 class _NanFrom:
@@ -66,6 +69,7 @@ def test_a_lazy_check_names_the_faulty_step_and_never_checkpoints_after_it(tmp_p
         fit(
             _faulty(at=5),
             _data(),
+            PAPER,
             steps=12,
             eval_every=2,
             batch_size=8,
@@ -91,7 +95,7 @@ def test_a_lazy_check_names_the_tensors_whose_gradient_was_not_finite() -> None:
     with torch.no_grad():
         model[0].weight.zero_()
         model[0].bias.zero_()
-    trainer = PartitionedTrainer(partitionify(model, 3), _data(), batch_size=8, check_every=4)
+    trainer = PartitionedTrainer(partitionify(model, 3), _data(), PAPER, batch_size=8, check_every=4)
     for _ in range(3):
         trainer.parameter_step(2)  # recorded, not read
     with pytest.raises(PartitionTrainingError, match=r"^step 0: non-finite gradient \(in 0.weight, 0.bias and "):
@@ -106,6 +110,7 @@ def test_the_check_interval_does_not_change_a_run() -> None:
         result = fit(
             pmodel,
             _images(),
+            PAPER,
             hyper=AffineAugmentation(num_samples=2),
             steps=10,
             eval_every=5,
@@ -145,6 +150,7 @@ def test_iterations_read_nothing_from_the_device_between_checks(fused) -> None:
         trainer = PartitionedTrainer(
             partitionify(small_cnn(), 3, seed=0),
             _images(),
+            PAPER,
             hyper=AffineAugmentation(num_samples=2),
             batch_size=8,
             check_every=check_every,
@@ -164,7 +170,7 @@ def test_iterations_read_nothing_from_the_device_between_checks(fused) -> None:
 
 def test_check_every_is_checked() -> None:
     with pytest.raises(PartitionArgumentError, match="check_every must be an int >= 1, got 0"):
-        PartitionedTrainer(partitionify(_model(), 2), _data(), check_every=0)
+        PartitionedTrainer(partitionify(_model(), 2), _data(), PAPER, check_every=0)
 
 
 # --- mixed precision -------------------------------------------------------------------------------------
@@ -172,14 +178,14 @@ def test_check_every_is_checked() -> None:
 
 def test_precision_is_checked() -> None:
     with pytest.raises(PartitionArgumentError, match="precision must be one of"):
-        PartitionedTrainer(partitionify(_model(), 2), _data(), precision="fp64")
+        PartitionedTrainer(partitionify(_model(), 2), _data(), PAPER, precision="fp64")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_keeps_weights_and_optimiser_state_fp32_and_trains(precision) -> None:
     pmodel = partitionify(small_cnn(), 3, seed=0)
     trainer = PartitionedTrainer(
-        pmodel, _images(), hyper=AffineAugmentation(num_samples=2), batch_size=16, precision=precision
+        pmodel, _images(), PAPER, hyper=AffineAugmentation(num_samples=2), batch_size=16, precision=precision
     )
     first = float(trainer.parameter_step(3, torch.arange(16))[1])
     for _ in range(30):
@@ -212,7 +218,9 @@ def test_a_subnetwork_under_bf16_autocast_matches_its_export() -> None:
 def test_the_lml_under_bf16_is_the_fp32_lml_to_bf16_tolerance() -> None:
     estimates = []
     for precision in ("fp32", "bf16"):
-        trainer = PartitionedTrainer(partitionify(small_cnn(), 3, seed=0), _images(), batch_size=8, precision=precision)
+        trainer = PartitionedTrainer(
+            partitionify(small_cnn(), 3, seed=0), _images(), PAPER, batch_size=8, precision=precision
+        )
         estimates.append(trainer.estimate_lml().total)
     fp32, bf16 = estimates
     assert bf16 != fp32 and abs(bf16 - fp32) <= 2e-2 * abs(fp32)
@@ -227,6 +235,7 @@ def test_an_fp16_run_resumes_exactly_with_its_loss_scale(tmp_path) -> None:
         return PartitionedTrainer(
             partitionify(small_cnn(), 3, seed=0),
             _images(),
+            PAPER,
             hyper=AffineAugmentation(num_samples=2),
             batch_size=8,
             precision="fp16",

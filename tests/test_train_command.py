@@ -81,7 +81,7 @@ def test_export_command_rebuilds_the_run(run_dir, capsys):
         (["--data", "/no/such/folder"], "unknown dataset '/no/such/folder'"),
         (["--proportions", "0.9995,0.0004,0.0001"], "data chunk 3 of 3 is empty"),
         (["--proportions", "0.5,0.6"], "proportions has 2 entries but num_partitions=3"),
-        (["--lr", "-1"], "--lr and --hyper-lr must be positive"),
+        (["--lr", "-1"], "--lr must be positive"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--data", "input_selection"], "is a regression task"),
         # found by fuzzing: these used to fail only after --out was created, or with a traceback
@@ -174,14 +174,18 @@ def test_fused_every_partition_training(tmp_path):
     out = tmp_path / "fused"
     assert main(["train", *TINY, "--fused", "--every-partition", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["status"] == "completed" and report["config"]["fused"] and report["config"]["every_partition"]
+    assert (
+        report["status"] == "completed"
+        and report["config"]["train"]["runtime"]["fused"]
+        and report["config"]["train"]["runtime"]["every_partition"]
+    )
 
 
 def test_mixed_precision_training_records_its_precision_and_exports_fp32(tmp_path):
     out = tmp_path / "bf16"
     assert main(["train", *TINY, "--precision", "bf16", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["status"] == "completed" and report["config"]["precision"] == "bf16"
+    assert report["status"] == "completed" and report["config"]["train"]["runtime"]["precision"] == "bf16"
     assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values() if t.is_floating_point())
 
 
@@ -286,17 +290,19 @@ def test_keep_resume_is_honoured_when_the_run_resumes(tmp_path, monkeypatch):
     assert (out / "checkpoint" / "resume" / "state.json").is_file()
 
 
-def test_overwrite_replaces_a_run_an_earlier_version_wrote(run_dir, tmp_path):
-    """Reports did not name their command before this version: such a run is still recognised by its fields, so
-    the README's ``partition-fx train --overwrite`` replaces the runs/train it wrote; someone else's report with
-    ``status`` and ``config`` is not."""
+def test_overwrite_replaces_no_run_an_earlier_version_wrote(run_dir, tmp_path, capsys):
+    """Reports did not name their command before this version, which reads no earlier development format (issue
+    27): such a directory is refused like any other that is not a run, and left as it is; so is someone else's
+    report with ``status`` and ``config``."""
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     report = json.loads((run_dir / "report.json").read_text())
     for key in ("command", "keep_resume"):
         report.pop(key)
     (earlier / "report.json").write_text(json.dumps(report))
-    assert main(["convert", "--model", "fixup_resnet8", "--out", str(earlier), "--overwrite"]) == 0
+    assert main(["convert", "--model", "fixup_resnet8", "--out", str(earlier), "--overwrite"]) == 2
+    assert "holds no partition-fx run" in capsys.readouterr().err
+    assert [p.name for p in earlier.iterdir()] == ["report.json"]
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "report.json").write_text(json.dumps({"status": "completed", "config": {"lr": 0.1}}))

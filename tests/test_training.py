@@ -14,6 +14,7 @@ from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import (
     Categorical,
     DataChunks,
@@ -29,6 +30,8 @@ from partition_fx.training import (
     weight_decay_scales,
 )
 from partition_fx.transforms import ConcreteDropout, InputMask
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
 PROPORTIONS = (0.5, 0.25, 0.25)
 
@@ -165,7 +168,7 @@ def test_partition_updates_equal_a_fresh_optimiser_per_partition(factory, scalin
     x, y = _data()
     schedule = partial(torch.optim.lr_scheduler.StepLR, step_size=4, gamma=0.5)
     trainer = PartitionedTrainer(
-        _pmodel(), (x, y), optimizer=factory, scheduler=schedule, weight_decay_scaling=scaling, batch_size=8
+        _pmodel(), (x, y), PAPER, optimizer=factory, scheduler=schedule, weight_decay_scaling=scaling, batch_size=8
     )
     reference = _pmodel()
     scales = weight_decay_scales(trainer.chunks.sizes, scaling)
@@ -204,7 +207,7 @@ def test_partition_k_depends_only_on_chunks_1_to_k():
     x, y = _data(96)
 
     def trained(perturbed_chunk: int | None) -> nn.Module:
-        trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), batch_size=8, seed=5)
+        trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), PAPER, batch_size=8, seed=5)
         if perturbed_chunk is not None:  # change every example of D_j beyond recognition
             idx = trainer.chunks.chunk(perturbed_chunk)
             trainer.examples.tensors[0][idx] = torch.randn(len(idx), 6) * 10
@@ -229,7 +232,7 @@ def test_hyper_step_depends_only_on_chunk_k_through_subnetwork_k_minus_1():
     def one_step(perturb: str | None) -> torch.Tensor:
         torch.manual_seed(0)
         mask = InputMask(6)
-        trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), hyper=mask, batch_size=8, seed=2)
+        trainer = PartitionedTrainer(_pmodel(), (x.clone(), y.clone()), PAPER, hyper=mask, batch_size=8, seed=2)
         k = 3
         idx = trainer.chunks.chunk(k)[:8]
         tx = trainer.examples.tensors[0]
@@ -298,6 +301,7 @@ def test_gaussian_noise_scale_is_learned():
     result = fit(
         pmodel,
         (x, y),
+        PAPER,
         likelihood=Gaussian(scale=2.0),
         steps=600,
         batch_size=64,
@@ -319,7 +323,13 @@ def test_concrete_dropout_in_the_model_is_a_hyperparameter():
     assert all(p is not logit for k in range(1, 4) for p in pmodel.partition_parameters(k))
     before = logit.item()
     result = fit(
-        pmodel, (x, y), steps=20, batch_size=16, hyper_optimizer=partial(torch.optim.Adam, lr=0.1), progress=False
+        pmodel,
+        (x, y),
+        PAPER,
+        steps=20,
+        batch_size=16,
+        hyper_optimizer=partial(torch.optim.Adam, lr=0.1),
+        progress=False,
     )
     assert logit.item() != before
     assert set(result.hyperparameters) == {"2.p"}
@@ -333,6 +343,7 @@ def test_fit_history_checkpoint_and_callbacks(tmp_path):
     result = fit(
         _pmodel(),
         (x, y),
+        PAPER,
         hyper=InputMask(6),
         steps=12,
         batch_size=8,
@@ -345,17 +356,19 @@ def test_fit_history_checkpoint_and_callbacks(tmp_path):
     assert result.lml == result.history[-1]["lml"] and len(result.history[-1]["lml_per_chunk"]) == 3
     assert isinstance(result.hyperparameters["mask"], list) and len(result.hyperparameters["mask"]) == 6
     assert (tmp_path / "last.safetensors").is_file() and (tmp_path / "best.safetensors").is_file()
-    reloaded = PartitionedTrainer(_pmodel(seed=9), (x, y), hyper=InputMask(6))
+    reloaded = PartitionedTrainer(_pmodel(seed=9), (x, y), PAPER, hyper=InputMask(6))
     assert reloaded.load_checkpoint(tmp_path / "last.safetensors")["step"] == 12
     assert reloaded.estimate_lml().total == pytest.approx(result.lml, rel=1e-6)
 
 
 def test_callback_stop_patience_and_restore_best():
     x, y = _data()
-    result = fit(_pmodel(), (x, y), steps=50, eval_every=5, callbacks=[lambda t, r: r["step"] >= 10], progress=False)
+    result = fit(
+        _pmodel(), (x, y), PAPER, steps=50, eval_every=5, callbacks=[lambda t, r: r["step"] >= 10], progress=False
+    )
     assert result.stopped_early and result.steps == 10
     frozen = partial(torch.optim.SGD, lr=0.0)
-    result = fit(_pmodel(), (x, y), steps=50, eval_every=5, optimizer=frozen, patience=2, progress=False)
+    result = fit(_pmodel(), (x, y), PAPER, steps=50, eval_every=5, optimizer=frozen, patience=2, progress=False)
     assert result.stopped_early and result.steps == 15 and result.best_step == 5
 
     def wreck(trainer, record):
@@ -364,7 +377,7 @@ def test_callback_stop_patience_and_restore_best():
                 for p in trainer.pmodel.parameters():
                     p.mul_(-50)
 
-    trainer = PartitionedTrainer(_pmodel(), (x, y), batch_size=16)
+    trainer = PartitionedTrainer(_pmodel(), (x, y), PAPER, batch_size=16)
     result = trainer.run(20, eval_every=5, restore_best=True, callbacks=[wreck], progress=False)
     assert result.best_step == 10 and result.lml == result.best_lml
     assert trainer.estimate_lml().total == pytest.approx(result.best_lml, rel=1e-9)
@@ -382,11 +395,20 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_pa
         poison["on"] = True
 
     with pytest.raises(PartitionTrainingError, match=r"step 4: non-finite loss nan in the parameter step of partition"):
-        fit(_pmodel(), (x, y), likelihood=loglik, steps=20, eval_every=4, callbacks=[arm], checkpoint_dir=tmp_path)
+        fit(
+            _pmodel(),
+            (x, y),
+            PAPER,
+            likelihood=loglik,
+            steps=20,
+            eval_every=4,
+            callbacks=[arm],
+            checkpoint_dir=tmp_path,
+        )
     assert (tmp_path / "last.safetensors").is_file()
-    assert PartitionedTrainer(_pmodel(), (x, y)).load_checkpoint(tmp_path / "last.safetensors")["step"] == 4
+    assert PartitionedTrainer(_pmodel(), (x, y), PAPER).load_checkpoint(tmp_path / "last.safetensors")["step"] == 4
     poison["on"] = False
-    trainer = PartitionedTrainer(_pmodel(), (x, y), likelihood=loglik, on_nonfinite="skip")
+    trainer = PartitionedTrainer(_pmodel(), (x, y), PAPER, likelihood=loglik, on_nonfinite="skip")
     poison["on"] = True
     before = _parts(trainer.pmodel)
     trainer.parameter_step()
@@ -396,23 +418,23 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_pa
 def test_fit_refuses_bad_input():
     x, y = _data()
     with pytest.raises(TypeError, match="needs a PartitionedModel"):
-        fit(nn.Linear(6, 3), (x, y), steps=1)
+        fit(nn.Linear(6, 3), (x, y), PAPER, steps=1)
     with pytest.raises(PartitionArgumentError, match="steps must be an int >= 1"):
-        fit(_pmodel(), (x, y), steps=0)
+        fit(_pmodel(), (x, y), PAPER, steps=0)
     with pytest.raises(PartitionArgumentError, match="chunk 3 of 3 is empty"):
-        fit(_pmodel(), (x[:2], y[:2]), steps=1)
+        fit(_pmodel(), (x[:2], y[:2]), PAPER, steps=1)
     with pytest.raises(PartitionArgumentError, match="differ in length"):
-        fit(_pmodel(), (x, y[:10]), steps=1)
+        fit(_pmodel(), (x, y[:10]), PAPER, steps=1)
     with pytest.raises(PartitionArgumentError, match="likelihood must be"):
-        fit(_pmodel(), (x, y), steps=1, likelihood="poisson")
+        fit(_pmodel(), (x, y), PAPER, steps=1, likelihood="poisson")
     with pytest.raises(PartitionArgumentError, match="num_partitions >= 2"):
-        fit(partitionify(nn.Linear(6, 3), 1), (x, y), hyper=InputMask(6), steps=1)
+        fit(partitionify(nn.Linear(6, 3), 1), (x, y), PAPER, hyper=InputMask(6), steps=1)
     with pytest.raises(TypeError, match="fused must be True or False, got 'no'"):
-        fit(_pmodel(), (x, y), steps=1, fused="no")
+        fit(_pmodel(), (x, y), PAPER, steps=1, fused="no")
     with pytest.raises(TypeError, match=r"seed must be an int in 0..2\*\*63-1, got None"):
-        fit(_pmodel(), (x, y), steps=1, seed=None)
+        fit(_pmodel(), (x, y), PAPER, steps=1, seed=None)
     with pytest.raises(PartitionArgumentError, match="optimizer could not be built: Invalid learning rate"):
-        fit(_pmodel(), (x, y), steps=1, optimizer=partial(torch.optim.Adam, lr=-1.0))
+        fit(_pmodel(), (x, y), PAPER, steps=1, optimizer=partial(torch.optim.Adam, lr=-1.0))
 
 
 def test_batchnorm_statistics_are_recalibrated_for_the_final_subnetwork():
@@ -439,7 +461,7 @@ def test_unpartitioned_trainable_parameters_are_warned_about():
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     pmodel = partitionify(model, 3, PROPORTIONS, config=PartitionConfig().set_name("2", partition=False))
     with pytest.warns(UserWarning, match=r"2 parameter\(s\) left unpartitioned by the config \(2.weight, 2.bias\)"):
-        PartitionedTrainer(pmodel, _data())
+        PartitionedTrainer(pmodel, _data(), PAPER)
 
 
 def test_the_best_state_is_chosen_by_the_conditional_lml():
@@ -447,7 +469,7 @@ def test_the_best_state_is_chosen_by_the_conditional_lml():
     (and patience, and restore_best) now follow the conditional LML. Scripted estimates where the two disagree:
     the old rule picks step 5 (total -10 > -22), the conditional one step 10 (-2 > -9)."""
     scripted = iter([LMLEstimate(-10.0, [-1.0, -4.0, -5.0], -0.1), LMLEstimate(-22.0, [-20.0, -1.0, -1.0], -0.2)])
-    trainer = PartitionedTrainer(_pmodel(), _data(), batch_size=16)
+    trainer = PartitionedTrainer(_pmodel(), _data(), PAPER, batch_size=16)
     trainer.estimate_lml = lambda: next(scripted)
     result = trainer.run(10, eval_every=5, progress=False)
     assert trainer.best[1] == result.best_step == 10

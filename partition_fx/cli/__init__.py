@@ -10,17 +10,19 @@ available (``--device auto``).
 ``partition-fx convert`` converts a timm model, verifies every subnetwork on digits and exports it;
 ``partition-fx describe --model NAME`` prints how a model would be partitioned.
 
-One module per purpose: ``parser`` (every option, help and default), ``dispatch`` (the entry point, one-line
-errors), ``job`` (a train job before training: checks, data, model, conversion, recipe), ``runs`` (run
-directories, reports, ``--resume``), ``train``, ``export``, ``convert`` (and describe) and ``plots``.
+One module per purpose: ``parser`` (every option, help and default; the training options generated from
+``TrainConfig``), ``argparsing`` (the parsing machinery), ``checks`` (every torch-free check), ``run_config``
+(a run's configuration and its options, both ways), ``dispatch`` (the entry point, one-line errors), ``job``
+(a train job before training: checks, data, model, conversion), ``runs`` (run directories, reports,
+``--resume``), ``train``, ``export``, ``convert`` (and describe) and ``plots``.
 
 Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once);
-``TrainJob``, ``train_job`` and ``training_recipe`` are loaded on first use.
+``TrainJob`` and ``train_job`` are loaded on first use.
 
 For scripts and benchmarks that train exactly what the command trains::
 
-    job = train_job(["--steps", "100"])          # TrainJob(args, data, model, pmodel, hyper, device)
-    fit(job.pmodel, job.data.train, hyper=job.hyper, **training_recipe(job.args), device=job.device)
+    job = train_job(["--steps", "100"])          # TrainJob(args, config, data, model, pmodel, hyper, device)
+    fit(job.pmodel, job.data.train, job.config, hyper=job.hyper, device=job.device)
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ from .parser import build_parser
 if TYPE_CHECKING:
     from .job import TrainJob as TrainJob
     from .job import train_job as train_job
-    from .job import training_recipe as training_recipe
 
-__all__ = ["TrainJob", "build_parser", "main", "train_job", "training_recipe"]
-_FROM_JOB = ("TrainJob", "train_job", "training_recipe")
+__all__ = ["TrainJob", "build_parser", "main", "train_job"]
+_FROM_JOB = ("TrainJob", "train_job")
 
 
 def __getattr__(name: str) -> Any:

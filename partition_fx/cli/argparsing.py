@@ -9,7 +9,10 @@ import difflib
 import math
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 
 class Parser(argparse.ArgumentParser):
@@ -135,3 +138,54 @@ def proportions(text: str) -> tuple[float, ...]:
     if not all(math.isfinite(p) for p in values):
         raise argparse.ArgumentTypeError(f"proportions must be finite numbers, got {text!r}")
     return values
+
+
+def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups: dict[str, Any]) -> None:
+    """An option for every field of ``config`` (a :class:`~partition_fx.settings.Settings`) that is on the command
+    line, generated from its declaration: ``--hyper-lr`` for the keyword ``hyper_lr``, its default,
+    choices, metavar and help, the help ending with the default; a False bool becomes a flag, a field with a
+    ``const`` an option whose value may be left out (``--compile [MODE]``). Each goes in the group titled by
+    its section's ``section_help`` (``groups``, created when missing). The values are checked by the
+    configuration itself when it is built from them (``cli.checks.train_config``).
+
+    >>> from partition_fx.train_config import TrainConfig
+    >>> parser = argparse.ArgumentParser()
+    >>> add_settings(parser, TrainConfig, {})
+    >>> args = parser.parse_args(["--hyper-lr", "0.1", "--fused"])
+    >>> args.hyper_lr, args.fused, args.steps
+    (0.1, True, 400)
+    """
+    for section in config.sections().values():
+        group = groups.get(section.section_help)
+        if group is None:
+            group = groups[section.section_help] = parser.add_argument_group(section.section_help)
+        for field in section.fields():
+            option = field.option
+            if not option.command_line:
+                continue
+            kwargs: dict[str, Any] = {"dest": field.keyword, "default": field.default}
+            if field.kind is bool:
+                if field.default is not False:
+                    raise TypeError(f"{field.keyword}: a bool option on the command line must default to False")
+                kwargs.update(action="store_true", help=f"{option.help} (default: off)")
+            else:
+                default = option.default_text if field.default is None else "%(default)s"
+                kwargs.update(help=f"{option.help} (default: {default})", choices=option.choices)
+                if option.metavar:
+                    kwargs["metavar"] = option.metavar
+                if option.const is not None:
+                    kwargs.update(nargs="?", const=option.const)
+                elif option.choices is None:
+                    kwargs.update(type=seed if option.seed else field.kind)
+            group.add_argument(field.flag, **kwargs)
+
+
+def default_shares_text(default: tuple[float, ...]) -> str:
+    """What ``--proportions`` is when it is not given, as a command's help says it: ``default`` with its number
+    of partitions, equal shares with any other (every command's convention).
+
+    >>> default_shares_text((0.7, 0.2, 0.1))
+    '0.7,0.2,0.1 with 3 partitions, equal shares with any other --partitions'
+    """
+    shares = ",".join(str(p) for p in default)
+    return f"{shares} with {len(default)} partitions, equal shares with any other --partitions"

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 from pathlib import Path
-from typing import Any
 
-from .._validation import check_num_partitions, check_proportions
+from .._validation import check_concentration, check_num_partitions, check_proportions
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
-from .federated_options import FEDERATED_DEFAULTS
+from ..train_config import TrainConfig
+from .federated_options import DEFAULT_FEDERATED_PROPORTIONS
 from .parser import DATASETS, DEFAULT_PROPORTIONS
-from .runs import check_out, read_run, resumed_args
+from .run_config import train_config
+from .runs import check_out, resumed_args, training_run
 
-_POSITIVE_TRAIN_OPTIONS = (
-    "steps", "batch_size", "samples", "hyper_every", "hyper_samples", "hyper_batch_size", "eval_every", "image_size",
-    "channels",
-)  # fmt: skip
+_POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
+"""``train``'s own options that must be >= 1; the training configuration's options check themselves."""
 _POSITIVE_FEDERATED_OPTIONS = (
     "image_size", "clients", "partitions", "rounds", "batch_size", "samples", "evaluate_every",
 )  # fmt: skip
@@ -57,8 +55,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_out(args.out, args.overwrite, {})
 
 
-def check_train_options(args: argparse.Namespace) -> None:
-    """``train``'s option ranges and combinations (what argparse's types alone do not refuse).
+def check_train_options(args: argparse.Namespace) -> TrainConfig:
+    """``train``'s option ranges and combinations (what argparse's types alone do not refuse); returns the
+    training configuration they give (:func:`train_config`).
 
     >>> from partition_fx.cli.parser import parse_train
     >>> check_train_options(parse_train(["--partitions", "1"]))
@@ -66,20 +65,10 @@ def check_train_options(args: argparse.Namespace) -> None:
     ...
     partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
     """
+    config = train_config(args)
     for name in _POSITIVE_TRAIN_OPTIONS:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup_steps < 0:
-        raise PartitionArgumentError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-    if args.finetune_steps is not None and not 0 <= args.finetune_steps < args.steps:
-        raise PartitionArgumentError(
-            f"--finetune-steps must be >= 0 and less than --steps {args.steps} (they are its last iterations), "
-            f"got {args.finetune_steps}"
-        )
-    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
-        raise PartitionArgumentError(f"--weight-decay must be finite and >= 0, got {args.weight_decay}")
-    if not (args.lr > 0 and math.isfinite(args.lr) and args.hyper_lr > 0 and math.isfinite(args.hyper_lr)):
-        raise PartitionArgumentError(f"--lr and --hyper-lr must be positive, got {args.lr} and {args.hyper_lr}")
     checked_proportions(args)
     if args.augment == "affine" and args.partitions < 2:
         raise PartitionArgumentError(
@@ -101,42 +90,41 @@ def check_train_options(args: argparse.Namespace) -> None:
             + "; pass one of those names or an image folder laid out as FOLDER/<class>/<image> "
             "or FOLDER/{train,test}/<class>/<image>"
         )
+    return config
 
 
-def check_export(args: argparse.Namespace) -> dict[str, Any]:
-    """``export``'s ``--run`` (a training run with the chosen checkpoint), ``--subnetwork`` and ``--out``;
-    returns the run's report.
+def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:
+    """``export``'s ``--run`` (a training run with the chosen checkpoint: ``runs.training_run``), ``--subnetwork``
+    and ``--out``; returns the ``train`` options the run's configuration reads back as, and the checkpoint.
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import build_parser
     >>> check_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp(), "--which", "best"]))
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionError: '...' is not a training run: it needs report.json and checkpoint/best...
+    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and checkpoint/best...
     """
     run: Path = args.run
-    if not (run / "report.json").is_file() or not (run / "checkpoint" / f"{args.which}.safetensors").is_file():
-        raise PartitionError(
-            f"{str(run)!r} is not a training run: it needs report.json and checkpoint/{args.which}.safetensors "
-            "(written by `partition-fx train`)"
-        )
-    report = read_run(run, "--run")
-    partitions = report["config"]["partitions"]
+    run_args, checkpoint = training_run(run, "--run", args.which)
+    partitions = run_args.partitions
     if args.subnetwork is not None and not 0 <= args.subnetwork <= partitions:
         raise PartitionArgumentError(
             f"--subnetwork {args.subnetwork}: subnetwork must be in 0..{partitions} (0 = all defaults, "
             f"{partitions} = final model)"
         )
     check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
-    return report
+    return run_args, checkpoint
 
 
 def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
-    """``federated``'s option ranges; returns its proportions.
+    """``federated``'s option ranges; returns its proportions (``--proportions``, else the default shares with 3
+    partitions and equal shares with any other, as ``train``'s).
 
     >>> from partition_fx.cli.parser import build_parser
     >>> check_federated_options(build_parser().parse_args(["federated"]))
     (0.7, 0.2, 0.1)
+    >>> check_federated_options(build_parser().parse_args(["federated", "--partitions", "2"]))
+    (0.5, 0.5)
     """
     for name in _POSITIVE_FEDERATED_OPTIONS:
         if getattr(args, name) < 1:
@@ -148,26 +136,23 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
     for name in ("lr", "server_lr", "hyper_lr"):
         if not getattr(args, name) > 0:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if not args.alpha > 0:
+    check_concentration(args.alpha, option="--alpha")
+    shares = args.proportions
+    # Every chunk needs clients: a share must be positive, where train accepts an empty partition.
+    if shares is not None and (len(shares) != args.partitions or any(not p > 0 for p in shares)):
         raise PartitionArgumentError(
-            f"--alpha {args.alpha}: the Dirichlet concentration must be > 0 (0.1: most clients hold one group)"
-        )
-    shares = args.proportions if args.proportions is not None else FEDERATED_DEFAULTS["proportions"]
-    text = ",".join(str(p) for p in shares) + (" (the default)" if args.proportions is None else "")
-    if len(shares) != args.partitions or any(not p > 0 for p in shares):
-        raise PartitionArgumentError(
-            f"--proportions {text}: give {args.partitions} positive shares summing to 1 "
+            f"--proportions {proportions_text(args)}: give {args.partitions} positive shares summing to 1 "
             f"(--partitions {args.partitions})"
         )
-    try:
-        return check_proportions(shares, args.partitions)
-    except PartitionArgumentError as e:
-        raise PartitionArgumentError(f"--proportions {text}: {e}") from None
+    num_partitions, shares = checked_proportions(args, DEFAULT_FEDERATED_PROPORTIONS)
+    return check_proportions(shares, num_partitions)
 
 
-def checked_proportions(args: argparse.Namespace) -> tuple[int, tuple[float, ...] | None]:
-    """``(C, proportions)`` from ``--partitions``/``--proportions`` (proportions None: equal shares), refusals
-    naming those options.
+def checked_proportions(
+    args: argparse.Namespace, default: tuple[float, ...] = DEFAULT_PROPORTIONS
+) -> tuple[int, tuple[float, ...] | None]:
+    """``(C, proportions)`` from ``--partitions``/``--proportions`` (proportions None: equal shares; ``default``:
+    the command's default shares), refusals naming those options.
 
     >>> from partition_fx.cli.parser import parse_train
     >>> checked_proportions(parse_train(["--partitions", "2"]))
@@ -177,30 +162,32 @@ def checked_proportions(args: argparse.Namespace) -> tuple[int, tuple[float, ...
     ...
     partition_fx.errors.PartitionArgumentError: --partitions 3 --proportions 0.5,0.5: proportions has 2 entries ...
     """
-    proportions = command_line_proportions(args)
+    proportions = command_line_proportions(args, default)
     try:
         num_partitions = check_num_partitions(args.partitions)
     except (PartitionArgumentError, PartitionTypeError) as e:
         raise PartitionArgumentError(f"--partitions {args.partitions}: {e}") from None
     if proportions is not None and len(proportions) != num_partitions:
         raise PartitionArgumentError(
-            f"--partitions {num_partitions} --proportions {proportions_text(args)}: proportions has "
+            f"--partitions {num_partitions} --proportions {proportions_text(args, default)}: proportions has "
             f"{len(proportions)} entries but num_partitions={num_partitions}; give --proportions {num_partitions} "
             f"comma-separated shares summing to 1, or --partitions {len(proportions)} to match them, or leave "
-            f"--proportions out ({_without_proportions(num_partitions)})"
+            f"--proportions out ({_without_proportions(num_partitions, default)})"
         )
     try:
         check_proportions(proportions, num_partitions)
     except (PartitionArgumentError, PartitionTypeError) as e:
         raise PartitionArgumentError(
-            f"--partitions {num_partitions} --proportions {proportions_text(args)}: {e}"
+            f"--partitions {num_partitions} --proportions {proportions_text(args, default)}: {e}"
         ) from None
     return num_partitions, proportions
 
 
-def command_line_proportions(args: argparse.Namespace) -> tuple[float, ...] | None:
-    """The proportions ``--partitions``/``--proportions`` ask for: ``--proportions`` when given, else 0.8,0.1,0.1
-    with 3 partitions and None (equal shares) with any other number.
+def command_line_proportions(
+    args: argparse.Namespace, default: tuple[float, ...] = DEFAULT_PROPORTIONS
+) -> tuple[float, ...] | None:
+    """The proportions ``--partitions``/``--proportions`` ask for: ``--proportions`` when given, else ``default``
+    (train's 0.8,0.1,0.1) with its number of partitions and None (equal shares) with any other number.
 
     >>> from partition_fx.cli.parser import parse_train
     >>> command_line_proportions(parse_train([])), command_line_proportions(parse_train(["--partitions", "2"]))
@@ -208,10 +195,10 @@ def command_line_proportions(args: argparse.Namespace) -> tuple[float, ...] | No
     """
     if args.proportions is not None:
         return tuple(args.proportions)
-    return DEFAULT_PROPORTIONS if args.partitions == len(DEFAULT_PROPORTIONS) else None
+    return default if args.partitions == len(default) else None
 
 
-def proportions_text(args: argparse.Namespace) -> str:
+def proportions_text(args: argparse.Namespace, default: tuple[float, ...] = DEFAULT_PROPORTIONS) -> str:
     """``--proportions`` as the user wrote it (comma-separated), or what it is when not given, for messages.
 
     >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1), partitions=3))
@@ -222,13 +209,13 @@ def proportions_text(args: argparse.Namespace) -> str:
     'not given: the default 0.8,0.1,0.1'
     """
     if args.proportions is None:
-        return f"not given: {_without_proportions(args.partitions)}"
+        return f"not given: {_without_proportions(args.partitions, default)}"
     return ",".join(str(p) for p in args.proportions)
 
 
-def _without_proportions(num_partitions: int) -> str:
-    if num_partitions == len(DEFAULT_PROPORTIONS):
-        return "the default " + ",".join(str(p) for p in DEFAULT_PROPORTIONS)
+def _without_proportions(num_partitions: int, default: tuple[float, ...]) -> str:
+    if num_partitions == len(default):
+        return "the default " + ",".join(str(p) for p in default)
     return "equal shares"
 
 

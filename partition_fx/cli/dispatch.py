@@ -74,7 +74,11 @@ def _how_to_continue(args: Any) -> str:
         report = None
     if not isinstance(report, dict) or report.get("status") != "interrupted":  # not this run's report
         return "; it stopped before anything was saved: run it again"
-    step, steps = report.get("last_checkpoint_step"), (report.get("config") or {}).get("steps")
+    try:  # the run's iterations, as its configuration records them (cli.run_config)
+        steps = report["config"]["train"]["optimization"]["steps"]
+    except (KeyError, TypeError):
+        steps = None
+    step = report.get("last_checkpoint_step")
     if step is None:
         return "; it stopped before its first evaluation, so there is nothing to resume: run it again (--overwrite)"
     if step == steps:

@@ -1,8 +1,10 @@
 """``partition-fx export --run DIR``: a trained run's checkpoint -> a plain safetensors model and ONNX.
 
-The run's model is rebuilt from its report's configuration (as ``train`` built it), its checkpoint loaded
-(``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to ``--out`` (default
-``RUN/export``) with an ``export.json`` summary.
+The run's model is rebuilt from its configuration (as ``train`` built it): a ``partition-fx train`` run's
+``report.json``, or the ``run.json`` that ``fit(..., checkpoint_dir=DIR)`` writes for a run of a model and data
+built by name (``training.run_record``). Its checkpoint is loaded (``training.load_checkpoint``: no trainer is
+built, and the training data is read only to recalibrate BatchNorm statistics where they need it), and the
+chosen subnetwork exported to ``--out`` (default ``RUN/export``) with an ``export.json`` summary.
 
 BatchNorm running statistics: a finished run's ``last`` and ``best`` checkpoints hold them recalibrated for the
 final subnetwork (as the run evaluated them), so their export reproduces the run's ``test_accuracy`` and
@@ -27,13 +29,8 @@ from .._io import replace_file, write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_onnx, export_subnetwork
 from ..partitioned_model import PartitionedModel
-from ..training import (
-    Examples,
-    TrainerOptions,
-    evaluate_classifier,
-    load_checkpoint,
-    recalibrate_norm_statistics,
-)
+from ..train_config import TrainConfig
+from ..training import Examples, evaluate_classifier, load_checkpoint, recalibrate_norm_statistics
 from ..training.checkpoint import needs_recalibration, norm_statistics
 from .checks import check_export
 from .job import job_from_args
@@ -48,22 +45,21 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     >>> run_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp()]))
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionError: '...' is not a training run: it needs report.json and ...
+    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and ...
     """
     run: Path = args.run
-    checkpoint = run / "checkpoint" / f"{args.which}.safetensors"
-    config = check_export(args)["config"]
+    run_args, checkpoint = check_export(args)
     out: Path = args.out if args.out is not None else run / "export"
     with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
         warnings.simplefilter("ignore", PartitionWarning)
-        job = job_from_args(argparse.Namespace(**config))
+        job = job_from_args(run_args)
     pmodel = job.pmodel
     if args.subnetwork is not None:
         try:
             pmodel.check_subnetwork(args.subnetwork)
         except PartitionArgumentError as e:
             raise PartitionArgumentError(f"--subnetwork {args.subnetwork}: {e}") from None
-    meta, recalibrated = load_for_export(pmodel, job.hyper, job.data.train, checkpoint, args.subnetwork)
+    meta, recalibrated = load_for_export(pmodel, job.hyper, job.data.train, checkpoint, job.config, args.subnetwork)
     prepare_out(out, args.overwrite, {"--run": run})
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
     x_test, y_test = job.data.test.tensors
@@ -87,17 +83,23 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_for_export(
-    pmodel: PartitionedModel, hyper: nn.Module | None, train: Any, checkpoint: Path, subnetwork: int | None = None
+    pmodel: PartitionedModel,
+    hyper: nn.Module | None,
+    train: Any,
+    checkpoint: Path,
+    config: TrainConfig,
+    subnetwork: int | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
     ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
     ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
-    training data ``train``, as the end of a run does (the trainer's evaluation batch size, on the CPU); only then
-    is ``train`` read. Returns the checkpoint's metadata and how many BatchNorm modules were recalibrated."""
+    training data ``train``, as the end of a run does (the run's ``config``: its evaluation batch size; on the
+    CPU); only then is ``train`` read. Returns the checkpoint's metadata and how many BatchNorm modules were
+    recalibrated."""
     meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
     if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
         return meta, 0
-    batch_size = TrainerOptions.eval_batch_size  # the end of a run recalibrates with the trainer's default
+    batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
     recalibrated = recalibrate_norm_statistics(
         pmodel, Examples(train), subnetwork, batch_size=batch_size, device=torch.device("cpu")
     )

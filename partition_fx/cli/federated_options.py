@@ -1,26 +1,48 @@
-"""``partition-fx federated``'s options (imported by ``--help``: no torch here)."""
+"""``partition-fx federated``'s options (imported by ``--help``: no torch here).
+
+They follow ``train``'s conventions: the shared ``type=`` parsers of ``cli.argparsing``, the named image datasets
+of the registry, ``--proportions`` None meaning the default shares with their number of partitions and equal
+shares with any other, and every help ending with its default once. The values are checked, without torch, by
+``cli.checks.check_federated_options`` before anything is written.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .argparsing import path, proportions, seed
+from ..datasets.registry import dataset_names
+from .argparsing import default_shares_text, path, proportions, seed
 
-FEDERATED_DEFAULTS = {"proportions": (0.7, 0.2, 0.1)}
-"""What an option left at None means (``--proportions``: the paper's chunk shares of appendix J)."""
+DEFAULT_FEDERATED_PROPORTIONS = (0.7, 0.2, 0.1)
+"""``--proportions`` when it is not given and ``--partitions`` is 3 (the default): the paper's chunk shares of
+appendix J; other counts get equal shares."""
 
 
 def add_federated(parser: argparse.ArgumentParser) -> None:
-    """The options; values are checked by ``cli.federated`` before anything is written."""
+    """The options of ``partition-fx federated``.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_federated(parser)
+    >>> args = parser.parse_args(["--proportions", "0.5,0.5", "--partitions", "2"])
+    >>> args.proportions, args.alpha, args.data
+    ((0.5, 0.5), 0.1, 'rotdigits')
+    """
     data = parser.add_argument_group("data and clients (appendix J.2)")
     data.add_argument(
         "--data",
         default="rotdigits",
-        choices=["rotdigits", "digits"],
-        help="rotdigits: skew over 10 rotation bins; digits: label skew (default: %(default)s)",
+        choices=dataset_names(task="images"),
+        help="a bundled image dataset (nothing downloaded); rotated digits are skewed over 10 rotation bins, others "
+        "by label (default: %(default)s)",
     )
-    data.add_argument("--image-size", type=int, default=16, metavar="PX", help="image side (default: %(default)s)")
+    data.add_argument(
+        "--image-size",
+        type=int,
+        default=16,
+        metavar="PIXELS",
+        help="images are resized to this square, a multiple of 4 (default: %(default)s)",
+    )
     data.add_argument("--clients", type=int, default=100, metavar="N", help="clients (default: %(default)s)")
     data.add_argument(
         "--alpha",
@@ -31,16 +53,20 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
     )
     model = parser.add_argument_group("partitions and training (appendix J.1)")
     model.add_argument(
-        "--partitions", type=int, default=3, metavar="C", help="partitions and chunks (default: %(default)s)"
+        "--partitions",
+        type=int,
+        default=3,
+        metavar="C",
+        help="number of partitions and chunks C, 1..255; without --proportions, any C but 3 gets equal shares "
+        "(default: %(default)s)",
     )
     model.add_argument(
         "--proportions",
         type=proportions,
         default=None,
-        metavar="U1,..,UC",
-        help="the partitions' shares and the clients' chunk shares (default: "
-        + ",".join(map(str, FEDERATED_DEFAULTS["proportions"]))
-        + ")",
+        metavar="P1,P2,...",
+        help="each partition's share of the parameters and of the clients (their chunks), C positive numbers "
+        f"summing to 1 (default: {default_shares_text(DEFAULT_FEDERATED_PROPORTIONS)})",
     )
     model.add_argument(
         "--rounds", type=int, default=30, metavar="R", help="communication rounds (default: %(default)s)"
@@ -74,7 +100,11 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
         help="rounds between test evaluations of the learning curve (default: %(default)s)",
     )
     model.add_argument(
-        "--seed", type=seed, default=0, metavar="S", help="clients, chunks, model (default: %(default)s)"
+        "--seed",
+        type=seed,
+        default=0,
+        metavar="N",
+        help="seeds the clients' data and chunks, the partition layout and the model (default: %(default)s)",
     )
     output = parser.add_argument_group("output")
     output.add_argument(

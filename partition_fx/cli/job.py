@@ -1,5 +1,5 @@
-"""A ``partition-fx train`` job before any training: the options checked, the data loaded, the model built and
-converted (:func:`train_job`), and the command's optimisation recipe (:func:`training_recipe`).
+"""A ``partition-fx train`` job before any training: the options checked, the training configuration built,
+the data loaded and the model built and converted (:func:`train_job`).
 
 Everything that can fail on bad input fails here, before an output directory is touched. The benchmarks
 build their runs with these same functions, so they train exactly what the command trains.
@@ -11,32 +11,36 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
 
 from .._validation import check_fits_in_memory
-from ..datasets import NUM_DIGITS, DatasetSplits, load_dataset
+from ..datasets import DatasetSplits, load_dataset, named_dataset
 from ..errors import PartitionArgumentError, PartitionError
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
+from ..train_config import TrainConfig
 from ..training import split_into_chunks, weight_decay_scales
 from ..transforms import AffineAugmentation
 from .checks import check_train_options, checked_proportions, proportions_text
-from .parser import DATASETS, TRAIN_DEFAULT_FINETUNE_FRACTION, parse_train
+from .parser import parse_train
 
 
 @dataclass
 class TrainJob:
-    """What ``partition-fx train`` trains: its options, data, model and conversion, and learnable augmentation.
+    """What ``partition-fx train`` trains: its options, training configuration, data, model and conversion, and
+    learnable augmentation.
 
-    ``args`` is the parsed command line (``args.device`` as asked, e.g. ``"auto"``); ``device`` is the device
-    it resolved to here (``"cpu"`` or ``"cuda"``); ``hyper`` is None with ``--augment none``.
+    ``args`` is the parsed command line (``args.device`` as asked, e.g. ``"auto"``); ``config`` the training
+    configuration its options give (``fit(job.pmodel, job.data.train, job.config, hyper=job.hyper)`` trains
+    what the command trains); ``device`` is the device it resolved to here (``"cpu"`` or ``"cuda"``); ``hyper``
+    is None with ``--augment none``.
     """
 
     args: argparse.Namespace
+    config: TrainConfig
     data: DatasetSplits
     model: torch.nn.Module
     pmodel: PartitionedModel
@@ -49,44 +53,10 @@ def train_job(argv: Sequence[str]) -> TrainJob:
     own defaults and checks; nothing is trained or written.
 
     >>> job = train_job(["--model", "fixup_resnet8", "--image-size", "12", "--data", "digits"])
-    >>> job.args.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__, job.device
-    (400, 'digits', 3, 'AffineAugmentation', 'cpu')
+    >>> job.config.optimization.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__
+    (400, 'digits', 3, 'AffineAugmentation')
     """
     return job_from_args(parse_train(list(argv)))
-
-
-def training_recipe(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``fit`` options that make up the command's optimisation: iterations, batches, Adam on the weights
-    (cosine-annealed to lr/100) and on the hyperparameters, and the hyperparameter-step schedule.
-
-    >>> recipe = training_recipe(parse_train(["--steps", "10"]))
-    >>> recipe["steps"], recipe["batch_size"], recipe["optimizer"].keywords, recipe["finetune_steps"]
-    (10, 64, {'lr': 0.001, 'weight_decay': 0.0}, 2)
-    """
-    return {
-        "steps": args.steps,
-        "finetune_steps": finetune_steps(args),
-        "batch_size": args.batch_size,
-        "hyper_batch_size": args.hyper_batch_size,
-        "hyper_chunks": args.hyper_chunks,
-        "hyper_samples": args.hyper_samples if args.augment != "none" else None,
-        "optimizer": partial(torch.optim.Adam, lr=args.lr, weight_decay=args.weight_decay),
-        "hyper_optimizer": partial(torch.optim.Adam, lr=args.hyper_lr),
-        "scheduler": partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=args.steps, eta_min=args.lr / 100),
-        "hyper_every": args.hyper_every,
-        "warmup_steps": args.warmup_steps,
-    }
-
-
-def finetune_steps(args: argparse.Namespace) -> int:
-    """``--finetune-steps``, or when not given ``TRAIN_DEFAULT_FINETUNE_FRACTION`` of ``--steps`` (rounded down).
-
-    >>> finetune_steps(parse_train(["--steps", "400"])), finetune_steps(parse_train(["--finetune-steps", "0"]))
-    (100, 0)
-    """
-    if args.finetune_steps is not None:
-        return args.finetune_steps
-    return int(args.steps * TRAIN_DEFAULT_FINETUNE_FRACTION)
 
 
 def resolve_device(requested: str) -> str:
@@ -135,21 +105,21 @@ def job_from_args(args: argparse.Namespace) -> TrainJob:
     ...
     partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got 0
     """
-    check_train_options(args)
+    config = check_train_options(args)
     device = resolve_device(args.device)  # refuses --device cuda where there is none
-    data = _load_data(args)
+    data = _load_data(args, config)
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
     pmodel = partitionify_from_args(model, args)
     _check_chunks(args, len(data.train), pmodel)
     hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
-    return TrainJob(args=args, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
+    return TrainJob(args=args, config=config, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
 
 
-def _load_data(args: argparse.Namespace) -> DatasetSplits:
+def _load_data(args: argparse.Namespace, config: TrainConfig) -> DatasetSplits:
     """``--data`` at ``--image-size``/``--channels``, refused if it or one batch of it cannot fit in memory."""
     sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
-    count = NUM_DIGITS if args.data in DATASETS else 1
+    count = getattr(named_dataset(args.data), "images", None) or 1  # its registered size; a folder's is unknown
     check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
     kwargs: dict[str, Any] = {"size": args.image_size}
     if args.channels is not None:
@@ -162,12 +132,12 @@ def _load_data(args: argparse.Namespace) -> DatasetSplits:
         raise PartitionError(f"--data {args.data!r}: {e}") from None
     batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
-    # A run written before these options existed has None: the parameter step's batch and samples.
-    hyper_batch, hyper_samples = args.hyper_batch_size or args.batch_size, args.hyper_samples or args.samples
+    step = config.hyper  # None: the parameter step's batch, the transform's own samples
+    hyper_batch, samples = step.batch_size or args.batch_size, step.samples or args.samples
     chunks = max(1, args.partitions - 1)  # a hyperparameter step takes a batch from each chunk 2..C
-    hyper = chunks * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
+    hyper = chunks * hyper_batch * samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(
-        f"--partitions {args.partitions} --hyper-batch-size {hyper_batch} --hyper-samples {hyper_samples}",
+        f"--partitions {args.partitions} --hyper-batch-size {hyper_batch} --hyper-samples {samples}",
         "one hyperparameter batch of inputs",
         hyper,
     )

@@ -14,7 +14,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .argparsing import Parser, int_at_least, path, proportions, seed
+from ..choices import ASSIGNMENTS, DEFAULTS
+from ..datasets.registry import dataset_names
+from ..kinds import partition_kinds
+from ..train_config import TrainConfig
+from .argparsing import Parser, add_settings, default_shares_text, int_at_least, path, proportions, seed
 from .federated_options import add_federated
 
 DESCRIPTION = (
@@ -29,19 +33,11 @@ DEFAULT_MODEL = "resnet10t"
 """``--model`` of ``train``, ``convert`` and ``describe``."""
 DEFAULT_PROPORTIONS = (0.8, 0.1, 0.1)
 """``--proportions`` when it is not given and ``--partitions`` is 3 (the default); other counts get equal shares."""
-TRAIN_DEFAULT_STEPS = 400
-TRAIN_DEFAULT_LR = 1e-3
-TRAIN_DEFAULT_HYPER_LR = 0.05
-TRAIN_DEFAULT_HYPER_CHUNKS = "all"
-TRAIN_DEFAULT_HYPER_SAMPLES = 16
-TRAIN_DEFAULT_HYPER_BATCH_SIZE = 16
-TRAIN_DEFAULT_HYPER_EVERY = 2
-TRAIN_DEFAULT_FINETUNE_FRACTION = 0.25
-"""Without ``--finetune-steps``, this share of ``--steps`` fine-tunes the final model."""
 DEVICES = ("auto", "cpu", "cuda")
 """``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
-DATASETS = ("rotdigits", "digits")
-"""The named datasets ``train`` accepts (besides an image folder's path)."""
+DATASETS = dataset_names(task="images")
+"""The named datasets ``train`` accepts (besides an image folder's path): the image datasets registered
+(``partition_fx.datasets.registry``) when the command line was imported."""
 
 COMMANDS = {
     "train": (
@@ -81,8 +77,7 @@ def proportions_default_text() -> str:
     >>> proportions_default_text()
     '0.8,0.1,0.1 with 3 partitions, equal shares with any other --partitions'
     """
-    shares = ",".join(str(p) for p in DEFAULT_PROPORTIONS)
-    return f"{shares} with {len(DEFAULT_PROPORTIONS)} partitions, equal shares with any other --partitions"
+    return default_shares_text(DEFAULT_PROPORTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +130,9 @@ def _add_model_options(parser: argparse.ArgumentParser, *, classes: bool) -> Non
         )
 
 
-def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the partition layout") -> None:
+def _add_partition_options(parser: argparse.ArgumentParser, *, with_seed: bool = True) -> None:
+    """The conversion's options; ``train`` takes ``--seed`` from its training configuration instead (it seeds
+    the layout and the run)."""
     group = parser.add_argument_group("partitioning")
     group.add_argument(
         "--partitions",
@@ -153,40 +150,39 @@ def _add_partition_options(parser: argparse.ArgumentParser, seeds: str = "the pa
         help=f"each partition's share of the parameters and the data, C numbers summing to 1 "
         f"(default: {proportions_default_text()})",
     )
+    schemes = [kind for kind in partition_kinds() if kind.scheme]  # partition_fx.kinds: the registered schemes
     group.add_argument(
         "--scheme",
         default="random",
-        choices=["random", "node"],
-        help="random: each entry of a tensor to a random partition; node: whole output units (default: %(default)s)",
+        choices=[kind.name for kind in schemes],
+        help="; ".join(f"{kind.name}: {kind.description}" for kind in schemes) + " (default: %(default)s)",
     )
     group.add_argument(
         "--default",
         default="init",
-        choices=["init", "zero", "seed"],
+        choices=DEFAULTS,
         help="the values a subnetwork uses for partitions it does not train: the initial weights, zeros, or "
         "values regenerated from the seed (default: %(default)s)",
     )
     group.add_argument(
         "--assignments",
         default="stored",
-        choices=["stored", "regenerated"],
+        choices=ASSIGNMENTS,
         help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
     )
-    group.add_argument(
-        "--seed",
-        type=seed,
-        default=0,
-        metavar="N",
-        help=f"seeds {seeds} (default: %(default)s)",
-    )
+    if with_seed:
+        group.add_argument(
+            "--seed", type=seed, default=0, metavar="N", help="seeds the partition layout (default: %(default)s)"
+        )
 
 
-def _add_output_options(parser: argparse.ArgumentParser, out: str, default: Path | None) -> None:
+def _add_output_options(parser: argparse.ArgumentParser, out: str, default: Path | None) -> Any:
     group = parser.add_argument_group("output")
     group.add_argument("--out", type=path, default=default, metavar="DIR", help=out)
     group.add_argument(
         "--overwrite", action="store_true", help="replace --out if it exists and is not empty (default: off)"
     )
+    return group
 
 
 def _add_convert(convert: argparse.ArgumentParser) -> None:
@@ -244,7 +240,7 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--channels", type=int, default=None, metavar="N", help="image channels (default: the data's own)"
     )
-    _add_partition_options(train, "the partition layout, data chunks, sampler and augmentation noise")
+    _add_partition_options(train, with_seed=False)
     hyper = train.add_argument_group("learned hyperparameters")
     hyper.add_argument(
         "--augment",
@@ -255,51 +251,11 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     hyper.add_argument(
         "--samples", type=int, default=4, metavar="S", help="augmentation samples per example (default: %(default)s)"
     )
-    hyper.add_argument(
-        "--hyper-lr",
-        type=float,
-        default=TRAIN_DEFAULT_HYPER_LR,
-        metavar="LR",
-        help="Adam's learning rate on the hyperparameters (default: %(default)s)",
+    groups = {"learned hyperparameters": hyper, "training": train.add_argument_group("training")}
+    groups["output"] = _add_output_options(
+        train, "directory to write the run to (default: %(default)s)", Path("runs/train")
     )
-    hyper.add_argument(
-        "--hyper-every",
-        type=int,
-        default=TRAIN_DEFAULT_HYPER_EVERY,
-        metavar="N",
-        help="a hyperparameter step every N iterations (default: %(default)s)",
-    )
-    hyper.add_argument(
-        "--hyper-chunks",
-        choices=["one", "all"],
-        default=TRAIN_DEFAULT_HYPER_CHUNKS,
-        help="a hyperparameter step scores one drawn chunk (the paper's) or every chunk 2..C, weighted "
-        "(default: %(default)s)",
-    )
-    hyper.add_argument(
-        "--hyper-samples",
-        type=int,
-        default=TRAIN_DEFAULT_HYPER_SAMPLES,
-        metavar="S",
-        help="augmentation samples per example in hyperparameter steps (default: %(default)s)",
-    )
-    hyper.add_argument(
-        "--hyper-batch-size",
-        type=int,
-        default=TRAIN_DEFAULT_HYPER_BATCH_SIZE,
-        metavar="N",
-        help="examples per chunk in a hyperparameter step (default: %(default)s)",
-    )
-    hyper.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=0,
-        metavar="N",
-        help="iterations before the first hyperparameter step (default: %(default)s)",
-    )
-    _add_training_options(train)
-    _add_output_options(train, "directory to write the run to (default: %(default)s)", Path("runs/train"))
-    run = train.add_argument_group("running")
+    run = groups["running"] = train.add_argument_group("running")
     run.add_argument(
         "--device",
         default="auto",
@@ -323,71 +279,7 @@ def _add_train(train: argparse.ArgumentParser) -> None:
         help="continue an interrupted or failed run (its --out directory) with its own options "
         "(default: none, a new run)",
     )
-
-
-def _add_training_options(train: argparse.ArgumentParser) -> None:
-    group = train.add_argument_group("training")
-    group.add_argument(
-        "--steps", type=int, default=TRAIN_DEFAULT_STEPS, metavar="N", help="iterations (default: %(default)s)"
-    )
-    group.add_argument(
-        "--batch-size", type=int, default=64, metavar="N", help="examples per parameter step (default: %(default)s)"
-    )
-    group.add_argument(
-        "--finetune-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the last N of --steps fine-tune the final model on all the data with the learned hyperparameters "
-        f"frozen; 0: none (default: {TRAIN_DEFAULT_FINETUNE_FRACTION:g} of --steps)",
-    )
-    group.add_argument(
-        "--lr",
-        type=float,
-        default=TRAIN_DEFAULT_LR,
-        help="Adam's learning rate on the weights, cosine-annealed to lr/100 (default: %(default)s)",
-    )
-    group.add_argument(
-        "--weight-decay",
-        type=float,
-        default=0.0,
-        metavar="WD",
-        help="Adam's weight decay, scaled for partition k by N/|D_1:k| (default: %(default)s)",
-    )
-    group.add_argument(
-        "--eval-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="estimate the LML and checkpoint every N iterations (default: --steps/10, at least 1)",
-    )
-    group.add_argument(
-        "--fused",
-        action="store_true",
-        help="the parameter and hyperparameter steps in one forward and backward (default: off)",
-    )
-    group.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", "fp16"),
-        default="fp32",
-        help="the dtype forwards run in under torch.autocast; weights and optimiser state stay fp32 "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--compile",
-        nargs="?",
-        const="default",
-        default=None,
-        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),  # COMPILE_MODES
-        metavar="MODE",
-        help="torch.compile the model first: MODE default, reduce-overhead (CUDA graphs) or max-autotune "
-        "(default: off; --compile alone: default)",
-    )
-    group.add_argument(
-        "--every-partition",
-        action="store_true",
-        help="every example draws its own partition, so each iteration trains them all (default: off)",
-    )
+    add_settings(train, TrainConfig, groups)
 
 
 def parse_train(argv: list[str]) -> argparse.Namespace:
@@ -401,9 +293,10 @@ def parse_train(argv: list[str]) -> argparse.Namespace:
 
 
 def train_defaults() -> dict[str, Any]:
-    """Every ``partition-fx train`` option's default, by destination name (``batch_size``, ...).
+    """Every ``partition-fx train`` option's default, by destination name (``batch_size``, ...): the training
+    configuration's defaults for its options.
 
-    >>> train_defaults()["lr"] == TRAIN_DEFAULT_LR
+    >>> train_defaults()["lr"] == TrainConfig().optimization.lr
     True
     """
     return vars(parse_train([]))

@@ -2,8 +2,8 @@
 
 A run directory is what a command writes to ``--out``: its ``report.json`` (``export.json`` for ``export``)
 names the ``command`` that wrote it, and ``--overwrite`` replaces nothing else. A training run's report holds
-its ``config`` (every option in :data:`RUN_CONFIG_KEYS`), from which ``export`` rebuilds the model and
-``--resume`` continues the run with the same options.
+its ``config`` (``cli.run_config``: the job's options and the training configuration), from which ``export``
+rebuilds the model and ``--resume`` continues the run with the same options.
 
 No torch here: the command line checks ``--out`` and ``--resume`` before it loads torch.
 """
@@ -16,19 +16,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PartitionArgumentError, PartitionError, earlier_version
+from ..errors import PartitionArgumentError, PartitionError
+from ..train_config import RUN_FILE
 from .parser import COMMANDS, train_defaults
+from .run_config import RUN_CONTROL, args_from_config, run_config
 
 if TYPE_CHECKING:
     from ..datasets import DatasetSplits
-
-RUN_CONFIG_KEYS = (
-    "model", "checkpoint", "data", "image_size", "channels", "augment", "samples", "partitions", "proportions",
-    "scheme", "default", "assignments", "steps", "batch_size", "lr", "hyper_lr", "weight_decay", "hyper_every",
-    "warmup_steps", "eval_every", "fused", "every_partition", "seed", "device", "hyper_chunks", "hyper_samples",
-    "hyper_batch_size", "finetune_steps", "precision", "compile",
-)  # fmt: skip
-"""The ``train`` options a run's report records under ``config`` (``device`` as asked, e.g. ``auto``)."""
 
 REPORTS = ("report.json", "export.json")
 """The files a command's run directory is recognised by: each is a JSON object naming its ``command``."""
@@ -55,28 +49,9 @@ def is_run_directory(path: Path) -> bool:
         if not isinstance(report, dict):
             continue
         command = report.get("command")
-        if (isinstance(command, str) and command in COMMANDS) or _written_before_commands(report):
+        if isinstance(command, str) and command in COMMANDS:
             return True
     return False
-
-
-def _written_before_commands(report: dict[str, Any]) -> bool:
-    """A report from before reports named their command (this version), by fields that only partition-fx's
-    reports held together: a ``train`` run's configuration, a ``federated`` run's, a ``convert`` report or an
-    ``export.json``. Without this, the README's own ``partition-fx train --overwrite`` would refuse the
-    ``runs/train`` an earlier version wrote.
-
-    >>> _written_before_commands({"status": "completed", "config": {"lr": 0.1}})  # someone else's report
-    False
-    """
-    config = report.get("config")
-    config = config.keys() if isinstance(config, dict) else set()
-    return (
-        {"model", "partitions", "proportions", "scheme", "hyper_lr"} <= config
-        or {"clients", "alpha", "rounds", "server_lr"} <= config
-        or {"num_partitions", "max_relative_difference_to_original", "trainable_entries_per_partition"} <= report.keys()
-        or {"run", "checkpoint", "checkpoint_step", "subnetwork"} <= report.keys()
-    )
 
 
 def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
@@ -149,10 +124,10 @@ def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
         raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
 
 
-def read_run(run: Path, option: str) -> dict[str, Any]:
-    """The report of the training run in ``run``, refusing one that ``partition-fx train`` did not write, and one
-    whose ``config`` lacks an option of :data:`RUN_CONFIG_KEYS` (an earlier development version wrote it). Its
-    ``config`` holds every option, with proportions as a tuple.
+def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace]:
+    """The report of the training run in ``run`` and the ``train`` options its ``config`` reads back as
+    (``run_config.args_from_config``), refusing a directory ``partition-fx train`` did not write and a
+    configuration this version does not read.
 
     >>> import tempfile
     >>> read_run(Path(tempfile.mkdtemp()), "--run")
@@ -170,11 +145,40 @@ def read_run(run: Path, option: str) -> dict[str, Any]:
             f"{option} {str(run)!r}: report.json holds no training configuration; pass the --out directory of "
             "`partition-fx train`"
         )
-    missing = [f"config.{k}" for k in RUN_CONFIG_KEYS if k not in config]
-    if missing:
-        raise PartitionError(earlier_version(f"{option} {str(run)!r}: report.json", ", ".join(missing)))
-    report["config"] = {**config, "proportions": tuple(config["proportions"])}
-    return report
+    return report, args_from_config(config, f"{option} {str(run)!r}: report.json")
+
+
+def training_run(run: Path, option: str, which: str) -> tuple[argparse.Namespace, Path]:
+    """The ``train`` options a training run's configuration reads back as, and its ``which`` checkpoint file:
+    from a ``partition-fx train`` run (``report.json``, ``checkpoint/WHICH.safetensors``) or a Python run's
+    ``checkpoint_dir`` (``run.json``, ``WHICH.safetensors``), refusing a Python run the command cannot rebuild
+    with the reason.
+
+    >>> import tempfile
+    >>> training_run(Path(tempfile.mkdtemp()), "--run", "last")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and ...
+    """
+    if (run / "report.json").is_file() and (run / "checkpoint" / f"{which}.safetensors").is_file():
+        return read_run(run, option)[1], run / "checkpoint" / f"{which}.safetensors"
+    if (run / RUN_FILE).is_file() and (run / f"{which}.safetensors").is_file():
+        try:
+            record = json.loads((run / RUN_FILE).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PartitionError(f"{option} {str(run)!r}: {RUN_FILE} cannot be read ({e})") from None
+        config = record.get("config") if isinstance(record, dict) else None
+        if not isinstance(config, dict):
+            why = record.get("why_not") if isinstance(record, dict) else None
+            raise PartitionError(
+                f"{option} {str(run)!r}: the command cannot rebuild this Python run ({why or 'no configuration'}); "
+                "export it from Python with export_subnetwork(pmodel) after training.load_checkpoint"
+            )
+        return args_from_config(config, f"{option} {str(run)!r}: {RUN_FILE}"), run / f"{which}.safetensors"
+    raise PartitionError(
+        f"{option} {str(run)!r} is not a training run: it needs report.json and checkpoint/{which}.safetensors "
+        f"(written by `partition-fx train`), or {RUN_FILE} and {which}.safetensors (by fit(..., checkpoint_dir=...))"
+    )
 
 
 def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -194,14 +198,15 @@ def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
         raise PartitionError(
             f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
         )
-    report = read_run(run, "--resume")
+    report, saved_args = read_run(run, "--resume")
     if report.get("status") == "completed":
         raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
     defaults = train_defaults()
-    given = {key: getattr(args, key) for key in RUN_CONFIG_KEYS if getattr(args, key) != defaults[key]}
+    configured = [key for key in defaults if key not in RUN_CONTROL]
+    given = {key: getattr(args, key) for key in configured if getattr(args, key) != defaults[key]}
     if args.out != defaults["out"] and args.out != run:
         given["out"] = args.out
-    saved = {**report["config"], "out": run}
+    saved = {**vars(saved_args), "out": run}
     conflicts = [key for key, value in given.items() if value != saved.get(key)]
     if conflicts:
         options = ", ".join(
@@ -209,7 +214,8 @@ def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
         )
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
     keep_resume = args.keep_resume or bool(report.get("keep_resume"))  # asked for when the run started, or now
-    return argparse.Namespace(**{**vars(args), **saved, "overwrite": False, "keep_resume": keep_resume})
+    controls = {key: getattr(args, key) for key in RUN_CONTROL if key not in ("out", "overwrite")}
+    return argparse.Namespace(**{**saved, **controls, "overwrite": False, "keep_resume": keep_resume})
 
 
 def starting_report(
@@ -226,8 +232,7 @@ def starting_report(
     """
     import torch
 
-    config = {key: getattr(args, key) for key in RUN_CONFIG_KEYS}
-    config["proportions"] = list(proportions)
+    config = run_config(args, proportions)
     return {
         "command": "train",
         "status": "running",

@@ -35,7 +35,7 @@ from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
 from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
 from .export import load_for_export
-from .job import TrainJob, job_from_args, resolve_device, training_recipe
+from .job import TrainJob, job_from_args, resolve_device
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
 from .runs import check_out, prepare_out, resumed_args, starting_report
@@ -141,24 +141,17 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
 
 
 def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any]) -> FitResult:
-    args = job.args
     return fit(
         job.pmodel,
         job.data.train,
+        job.config,  # without the defaults in checkpoints: export and --resume rebuild the model as this run did
         hyper=job.hyper,
-        **training_recipe(args),
-        seed=args.seed,
-        eval_every=args.eval_every,
         callbacks=callbacks,
         checkpoint_dir=out / "checkpoint",
-        checkpoint_defaults=False,  # export and --resume rebuild the model as this run did: its defaults too
-        fused=args.fused,
-        every_partition=args.every_partition,
-        precision=args.precision,
-        compile=args.compile or False,
-        progress=None if not args.quiet else False,
+        progress=None if not job.args.quiet else False,
         device=job.device,
         resume=resume_from,
+        record_run=False,  # report.json records the run
         hooks=[PartitionedAccuracy(job)],
     )
 
@@ -227,7 +220,7 @@ def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
     ``checkpoint`` (the run's ``best.safetensors``, its BatchNorm statistics recalibrated for the final subnetwork
     at the end of the run) loaded into a copy of the model and exported."""
     pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
-    load_for_export(pmodel, hyper, job.data.train, checkpoint)
+    load_for_export(pmodel, hyper, job.data.train, checkpoint, job.config)
     accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), *job.data.test.tensors)
     return accuracy
 

@@ -9,79 +9,67 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
 * :func:`image_folder` -- a torchvision ``ImageFolder``-style folder, with or without ``train/``/``test/``.
 * :func:`write_scattered_digits` -- writes an image folder of digits at random positions and sizes.
 * :func:`input_selection` -- the synthetic regression task of the paper's input-selection experiment.
-* :func:`load_dataset` -- one of the names above, or a folder path.
+* :func:`load_dataset` -- a registered name (``digits``, ``rotdigits``, ``input_selection``), or a folder path.
 
 One module per source: ``sklearn_digits``, ``folder`` and ``synthetic``; ``splits`` holds what they share
-(the seeded random streams, one per purpose, and the stratified split).
+(the seeded random streams, one per purpose, and the stratified split); ``registry`` the named datasets
+(:func:`register_dataset`). The loaders are imported on first use (PEP 562), so that the command line reads
+the names without importing torch.
 """
 
 from __future__ import annotations
 
-import difflib
-import inspect
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from ..errors import PartitionArgumentError, PartitionError
-from .folder import image_folder, write_scattered_digits
-from .sklearn_digits import NUM_DIGITS, digits, normalized_digits, rotdigits
-from .splits import DatasetSplits
-from .synthetic import input_selection
+from .registry import NamedDataset, dataset_names, load_dataset, named_dataset, register_dataset
+
+if TYPE_CHECKING:
+    from .folder import image_folder as image_folder
+    from .folder import write_scattered_digits as write_scattered_digits
+    from .sklearn_digits import NUM_DIGITS as NUM_DIGITS
+    from .sklearn_digits import digits as digits
+    from .sklearn_digits import normalized_digits as normalized_digits
+    from .sklearn_digits import rotdigits as rotdigits
+    from .splits import DatasetSplits as DatasetSplits
+    from .synthetic import input_selection as input_selection
 
 __all__ = [
     "NUM_DIGITS",
     "DatasetSplits",
+    "NamedDataset",
+    "dataset_names",
     "digits",
     "image_folder",
     "input_selection",
     "load_dataset",
+    "named_dataset",
     "normalized_digits",
+    "register_dataset",
     "rotdigits",
     "write_scattered_digits",
 ]
 
-
-_NAMED: dict[str, Callable[..., DatasetSplits]] = {
-    "digits": digits,
-    "rotdigits": rotdigits,
-    "input_selection": input_selection,
+_HOME = {
+    "image_folder": "folder",
+    "write_scattered_digits": "folder",
+    "NUM_DIGITS": "sklearn_digits",
+    "digits": "sklearn_digits",
+    "normalized_digits": "sklearn_digits",
+    "rotdigits": "sklearn_digits",
+    "DatasetSplits": "splits",
+    "input_selection": "synthetic",
 }
+"""Each loader's module, imported on first use."""
 
 
-def load_dataset(name_or_path: str, **kwargs: Any) -> DatasetSplits:
-    """The dataset called ``name_or_path`` ("digits", "rotdigits", "input_selection") or an image folder path.
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Names win over folders of the same name; write ``./digits`` for a folder called ``digits``. ``kwargs``
-    go to the loader (:func:`digits`, :func:`rotdigits`, :func:`input_selection` or :func:`image_folder`).
 
-    >>> load_dataset("input_selection", num_train=8, num_test=4, num_inputs=4).input_shape
-    (4,)
-    >>> load_dataset("rotdigit")
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionError: unknown dataset 'rotdigit': not one of ... (did you mean rotdigits?), ...
-    """
-    loader = _NAMED.get(str(name_or_path))
-    if loader is None:
-        if not Path(name_or_path).is_dir():
-            close = difflib.get_close_matches(str(name_or_path), _NAMED, n=1)
-            raise PartitionError(
-                f"unknown dataset {name_or_path!r}: not one of {', '.join(_NAMED)}"
-                + (f" (did you mean {close[0]}?)" if close else "")
-                + ", and no folder of that name exists; pass one of those names or the path of an image folder "
-                "laid out as <folder>/<class>/<image>"
-            )
-        if "root" in kwargs:
-            raise PartitionArgumentError(
-                f"pass the folder once: as name_or_path ({name_or_path!r}) or as root=, not both"
-            )
-        loader = image_folder
-        kwargs = {"root": name_or_path, **kwargs}
-    accepted = list(inspect.signature(loader).parameters)
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise PartitionArgumentError(
-            f"{loader.__name__} does not take {', '.join(unknown)}; it accepts {', '.join(accepted)}"
-        )
-    return loader(**kwargs)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

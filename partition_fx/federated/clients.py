@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .._validation import check_concentration
 from ..assign import partition_sizes
 from ..errors import PartitionArgumentError
 
@@ -29,8 +30,7 @@ def dirichlet_split(groups: torch.Tensor, num_clients: int, alpha: float, seed: 
         raise PartitionArgumentError(
             f"{num_clients} clients for {n} examples: every client needs at least one; use at most {n} clients"
         )
-    if not alpha > 0:
-        raise PartitionArgumentError(f"alpha must be > 0 (the Dirichlet concentration), got {alpha!r}")
+    check_concentration(alpha)
     rng = np.random.default_rng(seed)
     labels, inverse = np.unique(groups.cpu().numpy(), return_inverse=True)
     pools = [list(rng.permutation(np.flatnonzero(inverse == g))) for g in range(len(labels))]

@@ -59,6 +59,9 @@ def build_model(
             load_checkpoint_into(model, checkpoint)
         except PartitionCheckpointError as e:  # "checkpoint 'FILE' ...": name the option
             raise PartitionCheckpointError(f"--{e}") from e.__cause__
+    # How to build it again: partitionify keeps it (PartitionedModel.build), so a run of it records its name
+    # and `partition-fx export` can rebuild it (training.run_record).
+    model.partition_fx_build = {"name": name, "num_classes": num_classes, "in_chans": in_chans}
     return model
 
 

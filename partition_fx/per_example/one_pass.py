@@ -13,6 +13,7 @@ normalisation.
 A model qualifies when every partitioned tensor is a node-partitioned ``Linear``/``Conv{1,2,3}d`` weight or
 bias or a product/sum affine of ``BatchNorm``/``GroupNorm``/``LayerNorm``, each used only by its own layer;
 others (FixUp scalars, ViT position embeddings, random-weight tensors) fall back to grouping by subnetwork.
+Which kinds play which part is their ``one_pass`` entry in ``partition_fx.kinds``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..errors import PartitionTypeError
-from ..params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
+from ..kinds import PARTITION_KINDS, OnePass
+from ..params import HAND_OVER, PartitionedTensor, gradient_only_to
 from .routing import Routing
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -37,6 +39,12 @@ _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
 _ROUTING: ContextVar[Routing | None] = ContextVar("partition_fx_one_pass_routing", default=None)
+
+
+def _role(pt: Any) -> OnePass | None:
+    """How one-pass routing applies ``pt``: its kind's ``one_pass`` ("layer", "norm"), None otherwise."""
+    kind = PARTITION_KINDS.get(pt.kind) if isinstance(pt, PartitionedTensor) else None
+    return None if kind is None else kind.one_pass
 
 
 @contextmanager
@@ -102,11 +110,11 @@ def supports_one_pass(
             params = user.args[1]
             if isinstance(leaf, _LAYERS):
                 weight = tensors.get(params.get("weight"))
-                ok = isinstance(weight, RandomPartitionedTensor) and weight.kind == "node"
+                ok = _role(weight) == "layer"
                 ok = ok and all(v is node or k in ("weight", "bias") for k, v in params.items())
-                ok = ok and (pt is weight or (isinstance(pt, RandomPartitionedTensor) and pt.kind == "node"))
+                ok = ok and (pt is weight or _role(pt) == "layer")
             else:
-                ok = isinstance(leaf, _NORMS) and isinstance(pt, ScalePartitionedTensor)
+                ok = isinstance(leaf, _NORMS) and _role(pt) == "norm"
             if not ok:
                 return False
     return True
@@ -131,7 +139,7 @@ def _value(module: nn.Module, params: dict[str, Any], name: str, k: int) -> torc
 
 def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
     weight_pt = params["weight"]
-    if not isinstance(weight_pt, RandomPartitionedTensor) or weight_pt.kind != "node":
+    if _role(weight_pt) != "layer":
         raise PartitionTypeError(f"one-pass routing needs a node-partitioned weight, got {weight_pt!r}")
     c = weight_pt.num_partitions
     ks = routing.subnetworks
@@ -158,7 +166,7 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
     # 0.8/0.1/0.1 and k >= 1: the 20% of units in partitions 2 and 3).
     with torch.no_grad():
         units, default_weight = weight_pt.unit_defaults(int(ks.min()))
-        if isinstance(bias_pt, RandomPartitionedTensor):  # same layer, same salt: the same units
+        if _role(bias_pt) == "layer":  # same layer, same salt: the same units
             default_bias = bias_pt.unit_defaults(int(ks.min()))[1]
         else:
             default_bias = None if module.bias is None else module.bias.index_select(0, units.to(x.device))
@@ -241,7 +249,7 @@ def _norm(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.
 def _per_example(module: nn.Module, params: dict[str, Any], name: str, routing: Routing) -> torch.Tensor | None:
     """One row per example: the value its subnetwork uses, with gradients to its grad partition only."""
     pt = params.get(name)
-    if not isinstance(pt, ScalePartitionedTensor):
+    if _role(pt) != "norm":
         value = getattr(module, name, None)
         return None if value is None else value.expand(routing.subnetworks.numel(), *value.shape)
     ks = routing.subnetworks

@@ -5,16 +5,17 @@
 """
 
 from ..errors import PartitionCheckpointError
+from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint
 from .checkpoint_writer import CheckpointWriter
 from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
 from .fit import fit
-from .hooks import TrainingHook
+from .hooks import CallbackHook, TrainingHook
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
-from .options import RunOptions, TrainerOptions
+from .options import Components
 from .result import FitResult
 from .resume import load_training_state, resume_directory, save_training_state
 from .sampler import PartitionedSampler
@@ -22,8 +23,10 @@ from .trainer import PartitionedTrainer
 
 __all__ = [
     "CallableLikelihood",
+    "CallbackHook",
     "Categorical",
     "CheckpointWriter",
+    "Components",
     "DataChunks",
     "Examples",
     "FitResult",
@@ -33,8 +36,7 @@ __all__ = [
     "PartitionCheckpointError",
     "PartitionedSampler",
     "PartitionedTrainer",
-    "RunOptions",
-    "TrainerOptions",
+    "TrainConfig",
     "TrainingHook",
     "chunks_from_assignment",
     "estimate_lml",

@@ -103,13 +103,13 @@ def routed_losses(
     ks: torch.Tensor,
     batch: tuple[torch.Tensor, torch.Tensor],
     hyper_batches: Sequence[HyperBatch] = (),
-    hyper_samples: int | None = None,
+    samples: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and hyperparameter
     examples (each ``(weight, k, x, y)`` of ``hyper_batches``: chunk k through subnetwork k-1, training no
     partition) in ONE forward; returns (parameter loss, hyperparameter loss or None): the parameter
     examples' mean negative log-likelihood, and the weighted sum of each hyper batch's mean. The hyper
-    examples draw ``hyper_samples`` augmentation samples each (default: the transform's own number)."""
+    examples draw ``samples`` augmentation samples each (default: the transform's own number)."""
     xp, yp = batch
     xp, samples_p = apply_transform(hyper, xp, grad=False)
     # The routing stays where the sampler drew it (the host): checking it and grouping examples by it then
@@ -118,7 +118,7 @@ def routed_losses(
     inputs, subnetworks, grads = [xp], [ks], [ks]
     hyper_parts = []
     for weight, k, xh, yh in hyper_batches:
-        xh, samples_h = apply_transform(hyper, xh, grad=True, samples=hyper_samples)
+        xh, samples_h = apply_transform(hyper, xh, grad=True, samples=samples)
         inputs.append(xh)
         subnetworks.append(torch.full((xh.shape[0],), k - 1, device=ks.device))
         grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=ks.device))

@@ -17,9 +17,9 @@ import torch
 from .._validation import check_choice
 from ..errors import PartitionTypeError
 from ..partitioned_model import PartitionedModel
+from ..train_config import WEIGHT_DECAY_SCALINGS
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
-WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
 
 
 def weight_decay_scales(chunk_sizes: Sequence[int], scaling: str = "reciprocal") -> list[float]:

@@ -4,24 +4,29 @@ steps, and the loss history, without reading the device after every step.
 A GPU runs ahead of the Python that issues its work until something reads a value back. Reading the loss
 (``float(loss)``) after every step stops it there, so the trainer keeps losses and finiteness flags on the
 device and reads them every ``check_every`` steps, at every evaluation and before any state is saved
-(``Precision`` and ``NonfiniteWatch`` here, ``Stepping`` mixed into ``PartitionedTrainer``).
+(``Precision``, ``NonfiniteWatch`` and the ``Stepper`` a ``PartitionedTrainer`` holds).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import PartitionTrainingError
+from ..partitioned_model import PartitionedModel
+from ..transforms.base import HyperparameterModule
+from .data_parallel import DataParallel
 from .faults import nonfinite_problem, storage_names, tensor_names
 
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""What ``precision=`` takes: the dtype the forward runs in under ``torch.autocast`` (None: no autocast)."""
+DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtype the forward runs in under ``torch.autocast`` for each of ``choices.PRECISIONS`` (None: no
+autocast)."""
 
 LAZY_CHECK_EVERY = 50
 """Steps between reads of an accelerator for the non-finite check, unless ``check_every`` says otherwise."""
@@ -43,7 +48,7 @@ class Precision:
 
     def __init__(self, name: str, device: torch.device | None) -> None:
         self.name = name
-        self.dtype = PRECISIONS[name]
+        self.dtype = DTYPES[name]
         self.device_type = device.type if device is not None else "cpu"
         self.scaler = torch.amp.GradScaler(self.device_type) if name == "fp16" else None
 
@@ -152,24 +157,88 @@ class NonfiniteWatch:
         return bad.step, bad.what, "gradient (in " + ", ".join(which[:3]) + more + ")"
 
 
-class Stepping:
-    """Mixed into ``PartitionedTrainer``: ``_step`` turns a step's losses into optimiser steps, under the
-    trainer's ``precision``, with the non-finite check done now (``check_every=1``, or
-    ``on_nonfinite="skip"``, which must decide before stepping) or lazily (``NonfiniteWatch``). It reads the
-    trainer's optimisers, schedulers, hyperparameters, step and checkpoint attributes."""
+class Stepper:
+    """Turns a step's losses into optimiser updates: one backward (scaled under fp16), the non-finite check,
+    a step of each optimiser whose loss was given (and of its LR scheduler), psi's constraints, and the losses
+    kept for the next evaluation.
 
-    def _step(
-        self, loss: torch.Tensor | None, hyper_loss: torch.Tensor | None, params: list[nn.Parameter], what: str
+    The check is done now (``check_every=1``, or ``on_nonfinite="skip"``, which must decide before stepping)
+    or lazily (``NonfiniteWatch``, read every ``check_every`` steps and by :meth:`check_nonfinite`). ``modules``
+    (``(pmodel, hyper, likelihood)``) are those whose tensors a non-finite error names; ``checkpoint_dir``
+    and ``last_checkpoint_step`` say in it which checkpoint is kept.
+
+    Example::
+
+        >>> from partition_fx import partitionify
+        >>> pmodel = partitionify(torch.nn.Linear(2, 1), 2)
+        >>> stepper = Stepper(torch.optim.SGD(pmodel.parameters(), lr=0.1), modules=(pmodel, None, None))
+        >>> loss = pmodel(torch.ones(1, 2), subnetwork=2).sum() ** 2
+        >>> total = stepper.step(loss, None, pmodel.partition_parameters(2), "a step", at=0)
+        >>> stepper.pending_losses() == ([float(loss.detach())], [])
+        True
+        >>> stepper.step(loss * float("nan"), None, [], "bad step", at=1)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionTrainingError: step 1: non-finite loss nan in the bad step. Lower the learning ...
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        hyper_optimizer: torch.optim.Optimizer | None = None,
+        *,
+        modules: tuple[PartitionedModel, nn.Module | None, nn.Module | None],
+        hyperparameters: Sequence[nn.Parameter] = (),
+        hyperparameter_modules: Sequence[HyperparameterModule] = (),
+        scheduler: Any = None,
+        hyper_scheduler: Any = None,
+        precision: Precision | None = None,
+        data_parallel: DataParallel | None = None,
+        check_every: int = 1,
+        on_nonfinite: str = "raise",
+        checkpoint_dir: Path | None = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.hyper_optimizer = hyper_optimizer
+        self.modules = modules
+        self.hyperparameters = list(hyperparameters)
+        """psi: what a hyperparameter loss's backward gives gradients to."""
+        self.hyperparameter_modules = list(hyperparameter_modules)
+        """The modules whose constraints (``constrain_``) follow each hyperparameter update."""
+        self.scheduler = scheduler
+        self.hyper_scheduler = hyper_scheduler
+        self.precision = precision if precision is not None else Precision("fp32", None)
+        self.data_parallel = data_parallel
+        self.check_every = check_every
+        self.on_nonfinite = on_nonfinite
+        self.checkpoint_dir = checkpoint_dir
+        self.last_checkpoint_step: int | None = None
+        """The step of the last checkpoint written (a non-finite error says it is kept)."""
+        self.skipped_steps = 0
+        """Steps skipped for a non-finite loss or gradient (``on_nonfinite="skip"``)."""
+        self.watch = NonfiniteWatch()
+        self.losses: list[torch.Tensor] = []
+        self.hyper_losses: list[torch.Tensor] = []
+        """The parameter and hyperparameter losses since the last evaluation, on the device."""
+
+    def step(
+        self,
+        loss: torch.Tensor | None,
+        hyper_loss: torch.Tensor | None,
+        params: Sequence[nn.Parameter],
+        what: str,
+        at: int,
     ) -> torch.Tensor:
         """One backward of the given losses, then a step of each optimiser whose loss was given; returns the
-        summed loss, detached and still on the device.
+        summed loss, detached and still on the device. ``what`` and ``at`` (the step's number) name the step in
+        a non-finite error.
 
         ``backward(inputs=...)`` gives .grad only to ``params`` (the partitions being trained) and, with a
         hyper loss, to psi: every other part keeps grad None, which stock optimisers skip, so a partition's
         state advances only when it is stepped. The LR scheduler follows parameter steps."""
         inputs = list(params) if loss is not None else []
         if hyper_loss is not None:
-            inputs += self.hyperparameters_list
+            inputs += self.hyperparameters
         total = sum(x for x in (loss, hyper_loss) if x is not None)
         stepped = [o for o, lo in ((self.optimizer, loss), (self.hyper_optimizer, hyper_loss)) if lo is not None]
         self._zero_grads()
@@ -185,23 +254,23 @@ class Stepping:
         # Under fp16 an overflowing gradient is the scaler's to handle (it skips the step and lowers the
         # scale); only a non-finite loss is a fault then.
         checked = inputs if self.precision.scaler is None else []
-        if self._finite(total, what, checked):
+        if self._finite(total, what, checked, at):
             if loss is not None:
                 self.precision.step(self.optimizer, scaled)
-                self._losses.append(loss.detach())
+                self.losses.append(loss.detach())
             if hyper_loss is not None:
                 self.precision.step(self.hyper_optimizer, scaled)  # type: ignore[arg-type]
-                for _, m in self.hyperparameter_modules():
+                for m in self.hyperparameter_modules:
                     m.constrain_()
                 if self.hyper_scheduler is not None:
                     self.hyper_scheduler.step()
-                self._hyper_losses.append(hyper_loss.detach())
+                self.hyper_losses.append(hyper_loss.detach())
         self.precision.update(scaled)
         self._zero_grads()
         if loss is not None and self.scheduler is not None:
             self.scheduler.step()
         if len(self.watch) >= self.check_every:
-            self.check_nonfinite()
+            self.check_nonfinite(at)
         return total
 
     def _zero_grads(self) -> None:
@@ -214,31 +283,28 @@ class Stepping:
         """Whether finiteness is read every ``check_every`` steps rather than before each step."""
         return self.check_every > 1 and self.on_nonfinite == "raise"
 
-    def _finite(self, total: torch.Tensor, what: str, params: list[torch.Tensor]) -> bool:
+    def _finite(self, total: torch.Tensor, what: str, params: list[torch.Tensor], at: int) -> bool:
         """Whether to step: always when checking lazily (the flags are read later), otherwise whether the loss
         and gradients are finite now (raising, or counting a skipped step, when not)."""
         if self.checks_lazily:
-            self.watch.record(self.step, what, total, params)
+            self.watch.record(at, what, total, params)
             return True
-        problem = nonfinite_problem(
-            float(total), params, lambda: tensor_names(self.pmodel, self.hyper, self.likelihood)
-        )
+        problem = nonfinite_problem(float(total), params, lambda: tensor_names(*self.modules))
         if problem is None:
             return True
         if self.on_nonfinite == "skip":
             self.skipped_steps += 1
             return False
-        raise self._nonfinite_error(self.step, what, problem, "")
+        raise self._nonfinite_error(at, what, problem, "")
 
-    def check_nonfinite(self) -> None:
+    def check_nonfinite(self, now: int) -> None:
         """Read the finiteness flags of the steps taken since the last check (one transfer from the device)
-        and raise ``PartitionTrainingError`` naming the first step whose loss or a gradient was not finite.
-        The trainer calls it every ``check_every`` steps, at every evaluation and before saving state, so no
-        checkpoint is written from weights a non-finite step has updated."""
-        found = self.watch.first_problem(lambda: storage_names(self.pmodel, self.hyper, self.likelihood))
+        and raise ``PartitionTrainingError`` naming the first step whose loss or a gradient was not finite
+        (``now``: the current step, to say whether the weights were updated since)."""
+        found = self.watch.first_problem(lambda: storage_names(*self.modules))
         if found is not None:
             step, what, problem = found
-            since = f" (found at step {self.step}: the weights were updated since)" if self.step > step + 1 else ""
+            since = f" (found at step {now}: the weights were updated since)" if now > step + 1 else ""
             raise self._nonfinite_error(step, what, problem, since)
 
     def _nonfinite_error(self, step: int, what: str, problem: str, since: str) -> PartitionTrainingError:
@@ -254,7 +320,40 @@ class Stepping:
 
     def pending_losses(self) -> tuple[list[float], list[float]]:
         """The parameter and hyperparameter losses since the last evaluation, read from the device."""
-        return _floats(self._losses), _floats(self._hyper_losses)
+        return _floats(self.losses), _floats(self.hyper_losses)
+
+    def clear_losses(self) -> None:
+        """Forget the pending losses (an evaluation has recorded them)."""
+        self.losses, self.hyper_losses = [], []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimisers', LR schedulers' and loss scaler's states, the skipped steps and the pending losses
+        (as ``PartitionedTrainer.state_dict`` holds them)."""
+        losses, hyper_losses = self.pending_losses()
+        return {
+            "skipped_steps": self.skipped_steps,
+            "pending_losses": losses,
+            "pending_hyper_losses": hyper_losses,
+            "grad_scaler": self.precision.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "hyper_optimizer": self.hyper_optimizer.state_dict() if self.hyper_optimizer is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "hyper_scheduler": self.hyper_scheduler.state_dict() if self.hyper_scheduler is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (other keys of ``state`` are ignored)."""
+        if self.hyper_optimizer is not None and state["hyper_optimizer"] is not None:
+            self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.hyper_scheduler is not None and state["hyper_scheduler"] is not None:
+            self.hyper_scheduler.load_state_dict(state["hyper_scheduler"])
+        self.skipped_steps = state["skipped_steps"]
+        self.losses = [torch.tensor(v) for v in state["pending_losses"]]
+        self.hyper_losses = [torch.tensor(v) for v in state["pending_hyper_losses"]]
+        self.precision.load_state_dict(state["grad_scaler"])
 
 
 def _floats(values: list[torch.Tensor]) -> list[float]:

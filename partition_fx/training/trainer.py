@@ -6,45 +6,54 @@ minibatch of D_k, k ~ Cat(u_2..u_C), through subnetwork k-1. The model optimiser
 the hyperparameter optimiser holds psi: the parameters of ``hyper`` (an input transform such as
 ``AffineAugmentation``), of ``HyperparameterModule`` s inside the model (``ConcreteDropout``), and of the
 likelihood (a Gaussian's noise scale). ``fit`` (``partition_fx.training.fit``) is the one-call front.
+
+The trainer reads its configuration in ``__init__`` only, and holds the collaborators that do the work, each built
+from explicit values and usable alone: the iteration scheme (``training.schemes``) and hyperparameter-gradient
+estimator (``training.estimators``) the configuration chooses, the steps and the stepper they hand losses to
+(``training.steps``, ``training.stepping``), the LML evaluator (``training.evaluation``) and the state
+(``training.state``). What remains here is the sequence of a run and its phases.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..errors import PartitionArgumentError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
+from ..train_config import TrainConfig
 from ..transforms.base import HyperparameterModule
 from .checkpoint_writer import CheckpointWriter
 from .chunks import Examples, resolve_chunks
-from .data_parallel import DataParallel, running_statistics_modules
+from .data_parallel import DataParallel
+from .estimators import AllChunks, OneChunk, hyper_estimator
+from .evaluation import LMLEvaluator
 from .faults import warn_about_shared_parameters
 from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
-from .lml import LMLEstimate, estimate_lml, forward_log_likelihood, hyper_loss, lml_fields, routed_losses
-from .loop import run_loop
-from .optim import partition_optimizer
-from .options import Callback, RunOptions, TrainerOptions, build, check_optimizer, check_scheduler
+from .lml import LMLEstimate, lml_fields
+from .loop import RunPlan, run_loop
+from .optimizers import build_optimizers, configured_factories
+from .options import Callback, Components, resolve, takes_num_samples
 from .result import FitResult
 from .sampler import PartitionedSampler
-from .state import TrainerState
-from .stepping import LAZY_CHECK_EVERY, NonfiniteWatch, Precision, Stepping
+from .schemes import iteration_scheme, scheme_name
+from .state import ModuleStates, TrainedModules, TrainingState
+from .stepping import LAZY_CHECK_EVERY, Precision, Stepper
+from .steps import TrainingSteps
 
 
-class PartitionedTrainer(TrainerState, Stepping):
+class PartitionedTrainer:
     """Partitioned training of ``pmodel`` on ``dataset`` with hyperparameters learned by the LML.
 
-    Built from ``options`` (a :class:`TrainerOptions`) or from the same names as keyword arguments (see
-    :func:`~partition_fx.training.fit` for each); exposes the single steps (``parameter_step``,
-    ``hyper_step``, ``evaluate``) for custom loops and tests, and ``state_dict()``/``load_state_dict()`` for
-    everything a resumed run needs.
+    Built from a :class:`~partition_fx.train_config.TrainConfig` (default the recommended one) and keywords, as
+    :func:`~partition_fx.training.fit` is (or from ``components`` already resolved); exposes the single steps
+    (``parameter_step``, ``hyper_step``, ``evaluate``) for custom loops and tests, and
+    ``state_dict()``/``load_state_dict()`` for everything a resumed run needs.
 
     Example::
 
@@ -58,48 +67,53 @@ class PartitionedTrainer(TrainerState, Stepping):
     """
 
     def __init__(
-        self, pmodel: PartitionedModel, dataset: Any, options: TrainerOptions | None = None, **kwargs: Any
+        self,
+        pmodel: PartitionedModel,
+        dataset: Any,
+        config: TrainConfig | None = None,
+        *,
+        components: Components | None = None,
+        **keywords: Any,
     ) -> None:
-        if options is None:
-            options = TrainerOptions.from_kwargs("PartitionedTrainer", kwargs)
-        elif kwargs:
-            raise PartitionTypeError("pass the trainer's options either as TrainerOptions or as keywords, not both")
+        if components is None:
+            config, components = resolve("PartitionedTrainer", config, keywords)
+        elif keywords or config is None:
+            raise PartitionTypeError("pass a TrainConfig with components=, or keywords without them, not both")
         if not isinstance(pmodel, PartitionedModel):
             raise PartitionTypeError(
                 f"fit needs a PartitionedModel (from partitionify(model)), got {type(pmodel).__name__}"
             )
-        self.options = options
+        # The one place the configuration is read: everything below gets explicit values.
+        self.config: TrainConfig = config  # type: ignore[assignment]
+        self.components = components
+        optimization, step, evaluation, runtime = config.optimization, config.hyper, config.evaluation, config.runtime
         self.pmodel = pmodel
-        self.hyper = options.hyper
-        self.likelihood = options.likelihood
-        self.fused = options.fused
-        self.every_partition = options.every_partition
-        self.seed = options.seed
-        self.on_nonfinite = options.on_nonfinite
-        self.hyper_every = options.hyper_every
-        self.warmup_steps = options.warmup_steps
-        self.eval_batch_size = options.eval_batch_size
-        self.eval_examples_per_chunk = options.eval_examples_per_chunk
-        self.checkpoint_dir: Path | None = options.checkpoint_dir  # type: ignore[assignment]
+        self.hyper = components.hyper
+        self.likelihood = components.likelihood
+        self.fused = runtime.fused
+        self.every_partition = runtime.every_partition
+        self.seed = runtime.seed
+        self.hyper_every = step.every
+        self.warmup_steps = step.warmup_steps
+        self.hyper_samples = step.samples if takes_num_samples(self.hyper) else None
+        """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
+        self.eval_batch_size = evaluation.batch_size
+        self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]
         self.examples = Examples(dataset)
-        self.chunks = resolve_chunks(options.chunks, len(self.examples), pmodel.proportions, self.seed)
-        self.sampler = PartitionedSampler(self.chunks, options.batch_size, options.hyper_batch_size, self.seed)
-        self.device = self._place(options.device)
-        self.data_parallel = DataParallel.from_environment(options.data_parallel)
+        self.chunks = resolve_chunks(components.chunks, len(self.examples), pmodel.proportions, self.seed)
+        self.sampler = PartitionedSampler(self.chunks, optimization.batch_size, step.batch_size, self.seed)
+        defaults = config.checkpointing.defaults
+        trained = TrainedModules(pmodel, self.hyper, self.likelihood, checkpoint_defaults=defaults)
+        self.device = trained.place(components.device)  # type: ignore[arg-type]
+        self.data_parallel = DataParallel.from_environment(components.data_parallel)
         """The process group gradients are averaged over (``training.data_parallel``), or None."""
         if self.data_parallel is not None:
-            self.data_parallel.check_batch_size("batch_size", options.batch_size)
-            self.data_parallel.check_batch_size("hyper_batch_size", options.hyper_batch_size or options.batch_size)
+            self.data_parallel.check_batch_size("batch_size", optimization.batch_size)
+            self.data_parallel.check_batch_size("hyper_batch_size", self.sampler.hyper_batch_size)
             self.data_parallel.broadcast([pmodel, self.hyper, self.likelihood])
-        self._statistics_modules = running_statistics_modules(pmodel) if self.data_parallel is not None else []
-        if options.compile:
-            pmodel.compile(mode="default" if options.compile is True else options.compile)
-        self.precision = Precision(options.precision, self.device)
-        on_cpu = self.device is None or self.device.type == "cpu"
-        self.check_every = options.check_every or (1 if on_cpu else LAZY_CHECK_EVERY)
-        """Steps between reads of the device for the non-finite check (see ``Stepping``): 1 on the CPU, where a
-        read costs nothing, ``LAZY_CHECK_EVERY`` on an accelerator, unless ``check_every`` says."""
-        self.watch = NonfiniteWatch()
+        if runtime.compile is not None:
+            pmodel.compile(mode=runtime.compile)
+        self.precision = Precision(runtime.precision, self.device)
         warn_about_shared_parameters(pmodel)
         self.hyperparameters_list = collect_hyperparameters(pmodel, self.hyper, self.likelihood)
         if self.hyperparameters_list and pmodel.num_partitions < 2:
@@ -107,62 +121,112 @@ class PartitionedTrainer(TrainerState, Stepping):
                 "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
                 "partitionify the model with 2 or more partitions"
             )
-        if self.fused and any(any(True for _ in m.parameters()) for _, m in pmodel.hyperparameter_modules()):
-            raise PartitionArgumentError(
-                "fused=True does not support hyperparameter modules inside the model (e.g. ConcreteDropout) yet: "
-                "the parameter examples' loss would reach them; use fused=False"
-            )
-        self._build_optimizers()
-        self.step = 0
-        self.finetune_start: int | None = None
-        """The step the fine-tuning phase began at (None while partitioned training goes on)."""
-        self.history: list[dict[str, Any]] = []
-        self.best: tuple[float, int, dict[str, Any]] | None = None
-        """(score, step, state of the modules) of the best evaluation so far, by :meth:`selection_score`."""
-        self.skipped_steps = 0
-        self.last_checkpoint_step: int | None = None
-        self.hooks: list[TrainingHook] = list(options.hooks)
+        self.scheme = iteration_scheme(scheme_name(self.fused, self.every_partition))
+        self.scheme.check(pmodel)
+        self.estimator = hyper_estimator(step.chunks)
+        optimizer, hyper_optimizer, scheduler = configured_factories(config)  # unless a factory was given
+        self.optimizer, self.hyper_optimizer, self.scheduler, self.hyper_scheduler = build_optimizers(
+            pmodel,
+            self.chunks.sizes,
+            self.hyperparameters_list,
+            optimizer=components.optimizer or optimizer,
+            hyper_optimizer=components.hyper_optimizer or hyper_optimizer,
+            scheduler=components.scheduler or scheduler,
+            hyper_scheduler=components.hyper_scheduler,
+            weight_decay_scaling=optimization.weight_decay_scaling,
+        )
+        on_cpu = self.device is None or self.device.type == "cpu"
+        self.stepper = Stepper(
+            self.optimizer,
+            self.hyper_optimizer,
+            modules=(pmodel, self.hyper, self.likelihood),
+            hyperparameters=self.hyperparameters_list,
+            hyperparameter_modules=[m for _, m in self.hyperparameter_modules()],
+            scheduler=self.scheduler,
+            hyper_scheduler=self.hyper_scheduler,
+            precision=self.precision,
+            data_parallel=self.data_parallel,
+            # A read of the device costs nothing on the CPU: check every step there, lazily on an accelerator.
+            check_every=runtime.check_every or (1 if on_cpu else LAZY_CHECK_EVERY),
+            on_nonfinite=runtime.on_nonfinite,
+            checkpoint_dir=self.checkpoint_dir,
+        )
+        self.steps = TrainingSteps(
+            pmodel,
+            self.likelihood,
+            self.examples,
+            self.stepper,
+            hyper=self.hyper,
+            device=self.device,
+            data_parallel=self.data_parallel,
+            hyper_samples=self.hyper_samples,
+        )
+        self.evaluator = LMLEvaluator(
+            pmodel,
+            self.examples,
+            self.chunks,
+            self.likelihood,
+            self.hyper,
+            batch_size=evaluation.batch_size,
+            max_examples_per_chunk=evaluation.examples_per_chunk,
+            seed=self.seed + 1,  # not the sampler's stream
+            device=self.device,
+            precision=self.precision,
+        )
+        self.state = TrainingState(
+            trained,
+            self.steps,
+            self.stepper,
+            self.sampler,
+            self.evaluator.generator,
+            # The fields that change the iteration: a saved state must match them to resume this trainer.
+            configuration=config.flat(fingerprint=True),
+        )
+        self.hooks: list[TrainingHook] = list(components.hooks)
         """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
-        (``options.hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
+        (``hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
         if self.checkpoint_dir is not None and (self.data_parallel is None or self.data_parallel.is_writer):
             self.hooks.append(CheckpointWriter(self.checkpoint_dir))
-        self._omitted: dict[str, Any] | None = None
-        self._losses: list[torch.Tensor] = []
-        self._hyper_losses: list[torch.Tensor] = []
-        self._lml_generator = torch.Generator().manual_seed(self.seed + 1)
 
-    def _place(self, device: torch.device | None) -> torch.device | None:
-        """Move the model, input transform and likelihood to ``device`` (default: where the model is)."""
-        params = [p for p in self.pmodel.parameters() if p.requires_grad]
-        first = params[0] if params else next(self.pmodel.buffers(), None)
-        device = device if device is not None else (first.device if first is not None else None)
-        if device is not None:
-            for m in (self.pmodel, self.hyper, self.likelihood):
-                if m is not None:
-                    m.to(device)
-        return device
+    # --- the run's state, kept by the collaborators ----------------------------------------------------
 
-    def _build_optimizers(self) -> None:
-        options = self.options
-        factory = partial(build, "optimizer", options.optimizer or partial(torch.optim.Adam, lr=1e-3))
-        self.optimizer = check_optimizer(
-            "optimizer",
-            partition_optimizer(self.pmodel, factory, self.chunks.sizes, options.weight_decay_scaling),
-        )
-        self.hyper_optimizer = None
-        if self.hyperparameters_list:
-            hyper_factory = options.hyper_optimizer or partial(torch.optim.Adam, lr=1e-3)
-            self.hyper_optimizer = check_optimizer(
-                "hyper_optimizer", build("hyper_optimizer", hyper_factory, self.hyperparameters_list)
-            )
-        self.scheduler = None
-        if options.scheduler is not None:
-            self.scheduler = check_scheduler(build("scheduler", options.scheduler, self.optimizer))
-        self.hyper_scheduler = None
-        if options.hyper_scheduler is not None and self.hyper_optimizer is not None:
-            self.hyper_scheduler = check_scheduler(
-                build("hyper_scheduler", options.hyper_scheduler, self.hyper_optimizer), "hyper_scheduler"
-            )
+    @property
+    def step(self) -> int:
+        """Iterations done."""
+        return self.steps.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.steps.step = value
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Every evaluation's record, in order."""
+        return self.state.history
+
+    @property
+    def best(self) -> tuple[float, int, ModuleStates] | None:
+        """(score, step, state of the modules) of the best evaluation so far, by :meth:`selection_score`."""
+        return self.state.best
+
+    @property
+    def finetune_start(self) -> int | None:
+        """The step the fine-tuning phase began at (None while partitioned training goes on)."""
+        return self.state.finetune_start
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for a non-finite loss or gradient (``on_nonfinite="skip"``)."""
+        return self.stepper.skipped_steps
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        """The step of the last checkpoint written (``CheckpointWriter`` sets it)."""
+        return self.stepper.last_checkpoint_step
+
+    @last_checkpoint_step.setter
+    def last_checkpoint_step(self, value: int | None) -> None:
+        self.stepper.last_checkpoint_step = value
 
     # --- what is trained -------------------------------------------------------------------------
 
@@ -176,141 +240,53 @@ class PartitionedTrainer(TrainerState, Stepping):
 
     # --- steps -------------------------------------------------------------------------------------
 
-    def _train_mode(self) -> None:
-        self.pmodel.train()
-        if self.hyper is not None:
-            self.hyper.train()
-        self._same_running_statistics()
-
-    def _same_running_statistics(self) -> None:
-        """Data-parallel: rank 0's BatchNorm running statistics on every rank (as DDP's broadcast_buffers)."""
-        if self.data_parallel is not None and self._statistics_modules:
-            self.data_parallel.broadcast(self._statistics_modules, buffers_only=True)
-
-    def _local(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """This process's share of a global minibatch (all of it without data parallelism)."""
-        return tensors if self.data_parallel is None else self.data_parallel.shard(*tensors)
-
     def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
         """Train partition k (default: drawn by the sampler) on a minibatch of D_1:k; returns (k, loss)."""
         if k is None or indices is None:
             drawn_k, drawn = self.sampler.parameter_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
-        self._train_mode()
-        x, y = self.examples.batch(*self._local(indices), self.device)
-        with self.precision.autocast():
-            loss = -forward_log_likelihood(
-                self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False
-            ).mean()
-        what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
-        return k, self._step(loss, None, self.pmodel.partition_parameters(k), what)
+        return k, self.steps.parameter_step(k, indices)
 
     def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
-        """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C); returns (k, loss)."""
+        """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C; default: drawn by the sampler, as
+        the :class:`OneChunk` estimator draws it); returns (k, loss)."""
         self._check_hyperparameters()
         if k is None or indices is None:
             drawn_k, drawn = self.sampler.hyper_batch()
             k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
-        loss = self._hyper_loss([(1.0, k, indices)])
-        return k, self._step(None, loss, [], f"hyperparameter step (chunk D_{k} through subnetwork {k - 1})")
+        batches = [(1.0, k, indices)]
+        return k, self.steps.hyper_step(batches, OneChunk().describe(batches))
 
     def hyper_step_all_chunks(self) -> torch.Tensor:
-        """Step psi on a minibatch of EVERY chunk D_k (k in 2..C) through its subnetwork k-1, the chunks'
-        mean losses weighted by the probabilities ``hyper_step`` draws them with (``hyper_chunks="all"``):
-        the expected gradient of ``hyper_step``, without the variance of drawing k; returns the loss."""
+        """Step psi on a minibatch of EVERY chunk D_k (k in 2..C) through its subnetwork k-1, weighted by the
+        probabilities ``hyper_step`` draws them with (:class:`AllChunks`, ``hyper_chunks="all"``); returns the loss."""
         self._check_hyperparameters()
-        loss = self._hyper_loss(self.sampler.hyper_batches())
-        return self._step(None, loss, [], "hyperparameter step (chunks D_2..D_C through subnetworks 1..C-1)")
-
-    def _draw_hyper_batches(self) -> list[tuple[float, int, torch.Tensor]]:
-        """The ``(weight, k, indices)`` batches of one hyperparameter step, as ``options.hyper_chunks`` asks."""
-        if self.options.hyper_chunks == "all":
-            return self.sampler.hyper_batches()
-        return [(1.0, *self.sampler.hyper_batch())]
+        batches = AllChunks().draw(self.sampler)
+        return self.steps.hyper_step(batches, AllChunks().describe(batches))
 
     def _check_hyperparameters(self) -> None:
         if self.hyper_optimizer is None:
             raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
 
-    def _hyper_loss(self, batches: list[tuple[float, int, torch.Tensor]]) -> torch.Tensor:
-        self._train_mode()
-        batches = [(weight, k, *self._local(indices)) for weight, k, indices in batches]
-        with self.precision.autocast():
-            return hyper_loss(
-                self.pmodel,
-                self.likelihood,
-                self.hyper,
-                self.examples,
-                batches,
-                self.device,
-                self.options.hyper_samples,
-            )
-
     def _hyper_due(self, step: int) -> bool:
         return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
 
     def iteration(self) -> None:
-        """One iteration: the paper's parameter step then hyperparameter step (when due), or both in one
-        forward and one backward (``fused=True``); in the fine-tuning phase, a ``finetune_step``."""
+        """One iteration of the configured scheme (``self.scheme``: the paper's parameter step then
+        hyperparameter step when due, or both in one forward and one backward with ``fused=True``), the
+        hyperparameter step by the configured estimator; in the fine-tuning phase, a ``finetune_step``."""
         if self.finetuning:
             self.finetune_step()
-            self.step += 1
+            self.steps.advance()
             return
-        if self.fused:
-            self.fused_iteration()
-            return
-        if self.every_partition:
-            self.parameter_step_every_partition()
-        else:
-            self.parameter_step()
-        self.step += 1
-        if self._hyper_due(self.step):
-            if self.options.hyper_chunks == "all":
-                self.hyper_step_all_chunks()
-            else:
-                self.hyper_step()
-
-    def _routed_losses(
-        self, ks: torch.Tensor, indices: torch.Tensor, hyper: list[tuple[float, int, torch.Tensor]]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The parameter loss and (if ``hyper`` lists ``(weight, k, indices)`` batches) the hyperparameter loss
-        in one forward."""
-        self._train_mode()
-        ks, indices = self._local(ks, indices)
-        batch = self.examples.batch(indices, self.device)
-        hyper_batches = [(w, k, *self.examples.batch(*self._local(i), self.device)) for w, k, i in hyper]
-        with self.precision.autocast():
-            return routed_losses(
-                self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.options.hyper_samples
-            )
-
-    def parameter_step_every_partition(self) -> torch.Tensor:
-        """A parameter step in which each example trains its own partition (``sampler.parameter_examples``):
-        one forward and one backward, every partition drawn at least once updated."""
-        ks, indices = self.sampler.parameter_examples()
-        loss, _ = self._routed_losses(ks, indices, [])
-        params, drawn = self._parameters_of(ks)
-        return self._step(loss, None, params, f"parameter step of partitions {drawn}")
-
-    def _parameters_of(self, ks: torch.Tensor) -> tuple[list[nn.Parameter], list[int]]:
-        """The parameters of the partitions drawn in ``ks``, and those partitions."""
-        drawn = torch.unique(ks).tolist()
-        return [p for k in drawn for p in self.pmodel.partition_parameters(int(k))], drawn
+        due = self._hyper_due(self.step + 1)  # the step this iteration completes
+        self.scheme.iteration(self.sampler, self.steps, self.estimator if due else None)
 
     def fused_iteration(self) -> None:
-        """The parameter step and (when due) the hyperparameter step of one iteration in ONE forward and ONE
-        backward. Both gradients are taken at the same weights: the same gradients as the two steps of
-        appendix I.1, except that the paper's hyper step sees partition k already updated."""
-        if self.every_partition:
-            ks, indices = self.sampler.parameter_examples()
-        else:
-            k, indices = self.sampler.parameter_batch()
-            ks = torch.full((indices.numel(),), k)
-        hyper = self._draw_hyper_batches() if self._hyper_due(self.step + 1) else []
-        loss, hyper_loss = self._routed_losses(ks, indices, hyper)
-        params, drawn = self._parameters_of(ks)
-        self._step(loss, hyper_loss, params, f"fused iteration (partitions {drawn})")
-        self.step += 1
+        """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
+        one: the parameter step and (when due) the hyperparameter step in ONE forward and ONE backward."""
+        fused = iteration_scheme(scheme_name(fused=True, every_partition=self.every_partition))
+        fused.iteration(self.sampler, self.steps, self.estimator if self._hyper_due(self.step + 1) else None)
 
     # --- the fine-tuning phase ---------------------------------------------------------------------
 
@@ -332,7 +308,7 @@ class PartitionedTrainer(TrainerState, Stepping):
         self.check_nonfinite()
         if restore_best and self.best is not None and self.best[1] != self.step:
             self.restore_modules(self.best[2])
-        self.finetune_start = self.step
+        self.state.finetune_start = self.step
         for group in self.optimizer.param_groups:
             group["weight_decay"] = group["base_weight_decay"]
         for hook in self.hooks:
@@ -341,62 +317,26 @@ class PartitionedTrainer(TrainerState, Stepping):
     def finetune_step(self, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Train every weight of the final subnetwork C on a minibatch of all the data (default: drawn by the
         sampler), with the input transform's psi fixed; returns the loss."""
-        if indices is None:
-            indices = self.sampler.finetune_batch()
-        self._train_mode()
-        x, y = self.examples.batch(*self._local(indices), self.device)
-        final = self.pmodel.num_partitions
-        with self.precision.autocast():
-            loss = -forward_log_likelihood(
-                self.pmodel, self.likelihood, x, y, final, self.hyper, transform_grad=False
-            ).mean()
-        params, _ = self._parameters_of(torch.arange(1, final + 1))
-        return self._step(loss, None, params, f"fine-tuning step (subnetwork {final}, all data)")
+        return self.steps.finetune_step(indices if indices is not None else self.sampler.finetune_batch())
 
     # --- evaluation ------------------------------------------------------------------------------
 
     def estimate_lml(self) -> LMLEstimate:
-        """The LML of the current model and hyperparameters (see :func:`estimate_lml`).
-
-        Its random draws (augmentation and dropout noise, subsampling) come from the trainer's own LML
-        generator: torch's global generator is forked around it, so how often the LML is estimated
-        (``eval_every``) does not change the training path."""
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-        with torch.random.fork_rng(devices=devices):
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._lml_generator))
-            torch.manual_seed(seed)
-            with self.precision.autocast():
-                return estimate_lml(
-                    self.pmodel,
-                    self.examples,
-                    self.chunks,
-                    self.likelihood,
-                    self.hyper,
-                    batch_size=self.eval_batch_size,
-                    max_examples_per_chunk=self.eval_examples_per_chunk,
-                    generator=self._lml_generator,
-                    device=self.device,
-                )
+        """The LML of the current model and hyperparameters (:meth:`LMLEvaluator.estimate`: its noise from its
+        own generator, so how often it is estimated does not change the training path)."""
+        return self.evaluator.estimate()
 
     def selection_score(self, estimate: LMLEstimate) -> float:
-        """The evidence the best state is chosen by: the conditional LML (chunks 2..C), or the full LML when
-        C = 1. The full one adds chunk 1 scored by the untrained subnetwork 0, which dominates it (-2743 of
-        -2772 nats on the main job) whatever was learned.
-
-        >>> from partition_fx import partitionify
-        >>> trainer = PartitionedTrainer(partitionify(nn.Linear(2, 2), 3), (torch.randn(30, 2), torch.zeros(30).long()))
-        >>> trainer.selection_score(LMLEstimate(-30.0, [-20.0, -6.0, -4.0], -1.0))
-        -10.0
-        """
-        return estimate.conditional if self.pmodel.num_partitions > 1 else estimate.total
+        """The evidence the best state is chosen by: the conditional LML (``LMLEvaluator.selection_score``)."""
+        return self.evaluator.selection_score(estimate)
 
     def evaluate(self, started: float) -> dict[str, Any]:
         """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state, run
         the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume directory)."""
         self.check_nonfinite()  # before anything is recorded or written from these weights
-        self._same_running_statistics()
+        self.steps.same_running_statistics()
         mean = lambda xs: float(sum(xs) / len(xs)) if xs else None  # noqa: E731
-        losses, hyper_losses = self.pending_losses()
+        losses, hyper_losses = self.stepper.pending_losses()
         # Once fine-tuning has trained every weight on every chunk, no subnetwork k-1 is unseen by chunk k:
         # there is no partitioned LML to estimate.
         estimate = None if self.finetuning else self.estimate_lml()
@@ -409,39 +349,97 @@ class PartitionedTrainer(TrainerState, Stepping):
             "hyperparameters": self.hyperparameter_values(),
             "seconds": round(time.perf_counter() - started, 3),
         }
-        self._losses, self._hyper_losses = [], []
-        self.history.append(record)
-        score = None if estimate is None else self.selection_score(estimate)
-        improved = score is not None and (self.best is None or score > self.best[0])
-        if improved:
-            self.best = (score, self.step, self.module_states(copy_values=True))
+        self.stepper.clear_losses()
+        improved = self.state.add_evaluation(record, None if estimate is None else self.selection_score(estimate))
         for hook in self.hooks:
             hook.after_evaluation(self, record, improved)
         return record
+
+    def check_nonfinite(self) -> None:
+        """Raise ``PartitionTrainingError`` naming the first step since the last check whose loss or a gradient
+        was not finite (``Stepper.check_nonfinite``): run every ``check_every`` steps, at every evaluation and
+        before saving state, so no checkpoint is written from weights a non-finite step has updated."""
+        self.stepper.check_nonfinite(self.step)
 
     # --- the loop ----------------------------------------------------------------------------------
 
     def run(
         self,
-        steps: int,
+        steps: int | None = None,
         *,
-        eval_every: int | None = None,
-        patience: int | None = None,
-        restore_best: bool = False,
         callbacks: Sequence[Callback] = (),
         progress: bool | None = None,
-        recalibrate_norms: bool = True,
-        finetune_steps: int = 0,
+        **overrides: Any,
     ) -> FitResult:
-        """Train for ``steps`` iterations, the last ``finetune_steps`` of them fine-tuning (see
-        :func:`~partition_fx.training.fit` for the arguments)."""
-        run = RunOptions(
-            steps, eval_every, patience, restore_best, callbacks, progress, recalibrate_norms, finetune_steps
-        )
-        result = run_loop(self, run)
+        """Train to the configuration's ``steps`` (a resumed trainer: from its step), evaluating, fine-tuning
+        and stopping as the configuration says; ``overrides`` (``eval_every``, ``finetune_steps``, ``patience``,
+        ... by their keywords) change it for this run. ``steps``: run that many iterations from the current step
+        instead, as if the configuration's ``steps`` ended there (its evaluation interval and fine-tuning share
+        are then of those); the LR schedule built with the trainer is not changed."""
+        if steps is not None:
+            overrides = {**overrides, "steps": self.step + steps}
+        config = self.config.replace(**overrides) if overrides else self.config
+        end = config.optimization.steps
+        switch = end - config.finetune_steps if config.finetune_steps else None
+        result = run_loop(self, RunPlan(end, switch, config, callbacks, progress))
         for hook in self.hooks:
             hook.after_run(self, result)
         return result
+
+    # --- saving and restoring ----------------------------------------------------------------------
+
+    def module_states(self, copy_values: bool = False) -> ModuleStates:
+        """The modules' state (``model``, ``hyper``, ``likelihood``) without the buffers checkpoints leave out
+        (they never change); detached, and copied with ``copy_values``."""
+        return self.state.modules.states(copy_values)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must match for a saved state to resume this trainer: the partitioning, the data chunks, the
+        options that change the iteration, and the names and shapes of everything trained."""
+        return self.state.fingerprint()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit (``TrainingState.state_dict``)."""
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], *, source: str = "the state") -> None:
+        """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
+        ``source`` and every field that differs, before anything changes."""
+        self.state.load_state_dict(state, source=source)
+
+    def save_checkpoint(
+        self,
+        path: str | Path,
+        *,
+        final: bool = False,
+        norm_statistics: str | None = None,
+        best: tuple[float, int, ModuleStates] | None = None,
+    ) -> None:
+        """Model, hyperparameter modules and likelihood in one safetensors file, with the step, its evaluation's
+        LMLs, ``final`` (the state a finished run returned) and ``norm_statistics`` (see
+        ``TrainedModules.save``); ``best``: a ``(score, step, module states)`` to write instead of the current
+        state (as kept in ``self.best``)."""
+        self.state.save_checkpoint(path, final=final, norm_statistics=norm_statistics, best=best)
+
+    def best_is_current(self) -> bool:
+        """Whether the best evaluation's state is the current one, BatchNorm running statistics aside."""
+        assert self.best is not None
+        return self.state.modules.is_current(self.best[2])
+
+    def recalibrated_best(self) -> ModuleStates:
+        """The best evaluation's module states with the model's BatchNorm running statistics recalibrated for
+        the final subnetwork over the training data with the evaluation batch size, as the end of a run does,
+        on a copy of the model (``TrainedModules.recalibrated``)."""
+        assert self.best is not None
+        return self.state.modules.recalibrated(self.best[2], self.examples, self.eval_batch_size, self.device)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
+        return self.state.modules.load(path)
+
+    def restore_modules(self, states: ModuleStates, source: str = "the best state") -> None:
+        """Load module states as kept in ``best``; one that does not fit is refused naming ``source``."""
+        self.state.modules.restore(states, source)
 
 
 __all__ = ["PartitionedTrainer"]

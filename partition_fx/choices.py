@@ -1,0 +1,26 @@
+"""The fixed choices that options of the package take, each list written once.
+
+The library checks its arguments against these lists and the command line offers them as ``choices=``;
+this module imports nothing, so ``partition-fx --help`` lists them without loading torch. The open-ended
+lists, which other code may extend, are registries: the partition kinds and schemes (``partition_fx.kinds``)
+and the named datasets (``partition_fx.datasets.registry``).
+
+>>> "seed" in DEFAULTS and "regenerated" in ASSIGNMENTS
+True
+"""
+
+from __future__ import annotations
+
+DEFAULTS = ("init", "zero", "seed")
+"""What ``partitionify(default=)`` and ``--default`` take: the values of partitions a subnetwork does not train
+(the initial values, zeros, or values regenerated from the seed)."""
+
+ASSIGNMENTS = ("stored", "regenerated")
+"""What ``partitionify(assignments=)`` and ``--assignments`` take: store each tensor's layout index, or
+regenerate it from the seed."""
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""What ``precision=`` and ``--precision`` take (``training.stepping.DTYPES`` maps each to its dtype)."""
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile``'s modes, which ``compile=`` and ``--compile`` also take (True: ``"default"``)."""

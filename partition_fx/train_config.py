@@ -1,0 +1,312 @@
+"""``TrainConfig``: everything that decides what a partitioned training run computes, in one serialisable,
+frozen, torch-free configuration with one set of defaults.
+
+``fit(pmodel, data, hyper=..., steps=N, seed=S)`` and ``partition-fx train --steps N --seed S`` train with the
+same :meth:`TrainConfig.recommended` recipe; ``TrainConfig.paper()`` is the paper's exact hyperparameter step.
+Each field is declared once below (default, help, choices, bounds, whether a resumed run must match it), and
+from there come ``fit``'s keywords (``hyper_samples=16``), the command line's options (``--hyper-samples``),
+the checks, ``to_dict``/``from_dict`` (what ``report.json``, a run's ``config.json`` and ``--resume`` hold)
+and the fields of the resume fingerprint.
+
+What is not a recipe stays out: the Python objects a run is given (the model, data, input transform,
+likelihood, optimiser factories, hooks) and where it runs (device, checkpoint directory, process group).
+
+>>> config = TrainConfig.recommended(steps=200, seed=3)
+>>> config.optimization.steps, config.hyper.samples, config.finetune_steps, config.eval_every
+(200, 16, 50, 20)
+>>> TrainConfig.from_dict(config.to_dict()) == config
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .choices import COMPILE_MODES, PRECISIONS
+from .settings import SettingError, Settings, setting
+
+HYPER_CHUNKS = ("one", "all")
+"""How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted
+(the estimators registered in ``training.estimators``)."""
+WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
+"""How partition k's weight decay is scaled by |D_1:k| (``training.optim.weight_decay_scales``)."""
+LR_SCHEDULES = ("cosine", "constant")
+"""The weights' learning rate over the run: cosine-annealed to 1/100 of its initial value, or constant."""
+ON_NONFINITE = ("raise", "skip")
+RUN_FILE = "run.json"
+"""What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
+``partition-fx export --run DIR`` can rebuild it (``training.run_record``)."""
+FINETUNE_FRACTION = 0.25
+"""Without ``finetune_steps``, this share of ``steps`` fine-tunes the final model."""
+
+
+@dataclass(frozen=True)
+class Optimization(Settings):
+    """How the weights are trained: ``steps`` iterations, each a parameter step of partition k ~ Cat(u) on
+    ``batch_size`` examples of D_1:k (plus a hyperparameter step when due), Adam at ``lr`` with ``weight_decay``
+    scaled per partition (``weight_decay_scaling``: reciprocal/sqrt/none of N/|D_1:k|, see
+    ``training.weight_decay_scales``), the learning rate following ``lr_schedule`` over the whole run."""
+
+    section_help = "training"
+    steps: int = setting(400, "iterations", minimum=1, metavar="N")
+    batch_size: int = setting(64, "examples per parameter step", minimum=1, metavar="N", fingerprint=True)
+    lr: float = setting(1e-3, "Adam's learning rate on the weights", positive=True, metavar="LR")
+    lr_schedule: str = setting(
+        "cosine",
+        "the weights' learning rate over --steps: cosine-annealed to 1/100 of --lr, or constant",
+        choices=LR_SCHEDULES,
+    )
+    weight_decay: float = setting(0.0, "Adam's weight decay, scaled per partition by --weight-decay-scaling",
+                                  metavar="WD")  # fmt: skip
+    weight_decay_scaling: str = setting(
+        "reciprocal",
+        "partition k's weight decay times N/|D_1:k| (reciprocal), its square root (sqrt), or unscaled (none)",
+        choices=WEIGHT_DECAY_SCALINGS,
+    )
+
+
+@dataclass(frozen=True)
+class HyperStep(Settings):
+    """How the hyperparameters are learned: Adam (``hyper_lr``) on the partitioned LML's hyper-gradient, a
+    step every ``hyper_every`` iterations once ``warmup_steps`` have passed. ``hyper_chunks="one"`` (the
+    paper's) scores one chunk k ~ Cat(u_2..C) through subnetwork k-1; ``"all"`` scores a minibatch of every
+    chunk 2..C, weighted by the same probabilities: the same expected gradient without the variance of the
+    draw of k, at C-1 times the cost. ``hyper_batch_size`` examples per chunk (None: ``batch_size``);
+    ``hyper_samples`` augmentation samples per example (None: the transform's own ``num_samples``; ignored by
+    a transform whose forward takes no ``num_samples``): more samples lower the hyper-gradient's variance."""
+
+    section_help = "learned hyperparameters"
+    lr: float = setting(0.05, "Adam's learning rate on the hyperparameters", keyword="hyper_lr", positive=True,
+                        metavar="LR")  # fmt: skip
+    every: int = setting(2, "a hyperparameter step every N iterations", keyword="hyper_every", minimum=1,
+                         metavar="N", fingerprint=True)  # fmt: skip
+    chunks: str = setting(
+        "all",
+        "a hyperparameter step scores one drawn chunk (the paper's) or every chunk 2..C, weighted",
+        keyword="hyper_chunks",
+        choices=HYPER_CHUNKS,
+        fingerprint=True,
+    )
+    samples: int | None = setting(
+        16,
+        "augmentation samples per example in hyperparameter steps, for an input transform that draws samples",
+        keyword="hyper_samples",
+        minimum=1,
+        metavar="S",
+        default_text="the transform's own",
+        fingerprint=True,
+    )
+    batch_size: int | None = setting(16, "examples per chunk in a hyperparameter step", keyword="hyper_batch_size",
+                                     minimum=1, metavar="N", default_text="--batch-size", fingerprint=True)  # fmt: skip
+    warmup_steps: int = setting(0, "iterations before the first hyperparameter step", minimum=0, metavar="N",
+                                fingerprint=True)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FineTuning(Settings):
+    """The last ``finetune_steps`` of the ``steps`` iterations fine-tune the final model (the paper's Table 2):
+    psi is frozen, every weight of subnetwork C (all partitions, as exported) trains on ALL the data with the
+    learned augmentation, the optimiser and LR schedule carry on (a schedule spans both phases) and the weight
+    decay is no longer scaled. No LML is estimated then (no subnetwork is unseen by a chunk any more): those
+    evaluations record ``phase: "finetune"`` and the training loss. ``patience`` ends the partitioned phase
+    early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best state first. None: a
+    quarter of the steps; 0: partitioned training only."""
+
+    section_help = "training"
+    steps: int | None = setting(
+        None,
+        "the last N of --steps fine-tune the final model on all the data with the learned hyperparameters "
+        "frozen; 0: none",
+        keyword="finetune_steps",
+        minimum=0,
+        metavar="N",
+        default_text=f"{FINETUNE_FRACTION:g} of --steps",
+    )
+
+
+@dataclass(frozen=True)
+class Evaluation(Settings):
+    """When the LML is estimated (every ``eval_every`` iterations and at the last; at most
+    ``eval_examples_per_chunk`` examples per chunk, an unbiased estimate) and what is done with it:
+    ``patience`` evaluations without a better conditional LML end partitioned training, ``restore_best``
+    returns the best state (the highest conditional LML; see ``PartitionedTrainer.selection_score``), and
+    ``recalibrate_norms`` recomputes BatchNorm running statistics for the final subnetwork over the training
+    data at the end (they are shared by all subnetworks during training; the LML runs in training mode)."""
+
+    section_help = "evaluation"
+    every: int | None = setting(None, "estimate the LML and checkpoint every N iterations", keyword="eval_every",
+                                minimum=1, metavar="N", default_text="--steps/10, at least 1")  # fmt: skip
+    batch_size: int = setting(256, "examples per forward when estimating the LML", keyword="eval_batch_size",
+                              minimum=1, metavar="N")  # fmt: skip
+    examples_per_chunk: int | None = setting(
+        None,
+        "score at most N examples per chunk (an unbiased estimate)",
+        keyword="eval_examples_per_chunk",
+        minimum=1,
+        metavar="N",
+        default_text="all of them",
+    )
+    patience: int | None = setting(
+        None,
+        "end partitioned training after N evaluations without a better conditional LML",
+        minimum=1,
+        metavar="N",
+        default_text="never",
+    )
+    restore_best: bool = setting(False, "restore the state of the best conditional LML when partitioned training ends")
+    recalibrate_norms: bool = setting(
+        True,
+        "recompute BatchNorm running statistics for the final subnetwork at the end of the run",
+        command_line=False,
+    )
+
+
+@dataclass(frozen=True)
+class Runtime(Settings):
+    """How the iterations are computed.
+
+    ``seed`` (0..2**63-1) seeds the chunks, the sampler and torch's global RNG (augmentation and dropout
+    noise). ``precision`` ``bf16``/``fp16`` runs the forwards under ``torch.autocast`` (partitions, gradients
+    and optimiser state stay fp32; fp16 adds a ``GradScaler``, whose skipped overflowing steps are not faults).
+    ``compile`` (True or a mode) compiles the model in place first (``PartitionedModel.compile``). ``fused``:
+    the parameter and hyperparameter steps of an iteration in one forward and one backward (not yet with
+    hyperparameter modules inside the model); ``every_partition``: each example of a parameter batch draws its
+    own partition, so every partition is updated every iteration. ``on_nonfinite``: ``raise`` (name the step
+    and partition) or ``skip`` the step; ``check_every``: steps between reads of the device for that check
+    (1 on the CPU, 50 on an accelerator, which runs ahead of Python between reads: a fault is then found at the
+    next read, at the latest before any state is saved; ``skip`` reads every step)."""
+
+    section_help = "running"
+    seed: int = setting(0, "seeds the partition layout, data chunks, sampler and augmentation noise", seed=True,
+                        metavar="N")  # fmt: skip
+    precision: str = setting(
+        "fp32",
+        "the dtype forwards run in under torch.autocast; weights and optimiser state stay fp32",
+        choices=PRECISIONS,
+    )
+    compile: str | None = setting(
+        None,
+        "torch.compile the model first: MODE default, reduce-overhead (CUDA graphs) or max-autotune",
+        choices=COMPILE_MODES,
+        const="default",
+        bool_values=(None, "default"),
+        metavar="MODE",
+        default_text="off; --compile alone: default",
+    )
+    fused: bool = setting(False, "the parameter and hyperparameter steps in one forward and backward",
+                          fingerprint=True)  # fmt: skip
+    every_partition: bool = setting(
+        False, "every example draws its own partition, so each iteration trains them all", fingerprint=True
+    )
+    check_every: int | None = setting(
+        None,
+        "steps between reads of the device for the non-finite check",
+        minimum=1,
+        metavar="N",
+        default_text="1 on the CPU, 50 on an accelerator",
+    )
+    on_nonfinite: str = setting("raise", "a non-finite loss or gradient stops the run (raise) or skips the step",
+                                choices=ON_NONFINITE)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Checkpointing(Settings):
+    """What checkpoints hold: ``checkpoint_defaults=False`` leaves the partitions' default values out (a third
+    of an ``init``-default checkpoint), for runs whose model is rebuilt the same way before loading (same
+    seed and weights, as ``partition-fx`` does); a model that rebuilds them differently is refused. Layouts
+    are always left out: ``partitionify`` rebuilds them from its seed."""
+
+    section_help = "output"
+    defaults: bool = setting(
+        True,
+        "store the partitions' default values in checkpoints (False: a model rebuilt the same way restores them)",
+        keyword="checkpoint_defaults",
+        command_line=False,
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig(Settings):
+    """A training run's recipe: :class:`Optimization`, :class:`HyperStep`, :class:`FineTuning`,
+    :class:`Evaluation`, :class:`Runtime` and :class:`Checkpointing` (see each field's help, or
+    ``partition-fx train --help``). Built with the recommended defaults; ``replace(**keywords)`` and the named
+    constructors take the flat keywords ``fit`` takes.
+
+    >>> TrainConfig.paper().hyper.chunks, TrainConfig().hyper.chunks
+    ('one', 'all')
+    >>> TrainConfig.from_dict({"optimization": {"stepz": 3}})
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: TrainConfig.optimization has unknown key(s) 'stepz'; it takes ...
+    """
+
+    optimization: Optimization = field(default_factory=Optimization)
+    hyper: HyperStep = field(default_factory=HyperStep)
+    finetuning: FineTuning = field(default_factory=FineTuning)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+    runtime: Runtime = field(default_factory=Runtime)
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)
+
+    def check(self) -> None:
+        steps, finetune = self.optimization.steps, self.finetuning.steps
+        if finetune is not None and finetune >= steps:
+            fields = self.keywords()
+            raise SettingError(
+                fields["finetune_steps"],
+                f"must be less than --steps {steps} (they are its last iterations, after partitioned training has "
+                f"learned the hyperparameters), got {finetune}",
+                f"({finetune}) must be less than steps ({steps}): they are the last iterations of the run, after "
+                "partitioned training (at least one iteration) has learned the hyperparameters",
+            )
+
+    @classmethod
+    def recommended(cls, **keywords: Any) -> TrainConfig:
+        """The recipe ``fit`` and ``partition-fx train`` default to (the defaults of every field), with
+        ``keywords`` changed: every chunk scored with 16 augmentation samples of 16 examples every 2nd
+        iteration, Adam 0.05 on the hyperparameters, Adam 1e-3 on the weights cosine-annealed to 1e-5, the last
+        quarter fine-tuning. The project's measurements chose it (``docs/benchmarks.md``)."""
+        return cls().replace(**keywords)
+
+    @classmethod
+    def paper(cls, **keywords: Any) -> TrainConfig:
+        """The paper's hyperparameter step (appendix I.1): one chunk k ~ Cat(u_2..C) on a minibatch as large as
+        the parameter step's, every iteration, with the input transform's own samples; Adam 1e-3 on weights
+        and hyperparameters at a constant rate, batches of 128, no fine-tuning; with ``keywords`` changed.
+
+        >>> TrainConfig.paper(steps=10).hyper.every
+        1
+        """
+        paper = {
+            "batch_size": 128,
+            "lr_schedule": "constant",
+            "hyper_lr": 1e-3,
+            "hyper_every": 1,
+            "hyper_chunks": "one",
+            "hyper_samples": None,
+            "hyper_batch_size": None,
+            "finetune_steps": 0,
+        }
+        return cls().replace(**{**paper, **keywords})
+
+    @property
+    def finetune_steps(self) -> int:
+        """The iterations that fine-tune: ``finetuning.steps``, or ``FINETUNE_FRACTION`` of the steps."""
+        steps = self.finetuning.steps
+        return steps if steps is not None else int(self.optimization.steps * FINETUNE_FRACTION)
+
+    @property
+    def eval_every(self) -> int:
+        """Iterations between LML estimates: ``evaluation.every``, or a tenth of the steps (at least 1)."""
+        return self.evaluation.every or max(1, self.optimization.steps // 10)
+
+
+__all__ = [
+    "Checkpointing",
+    "Evaluation",
+    "FineTuning",
+    "HyperStep",
+    "Optimization",
+    "Runtime",
+    "TrainConfig",
+]

@@ -1,0 +1,91 @@
+"""The optimisers and LR schedulers a trainer steps: the factories its configuration asks for
+(:func:`configured_factories`), or the user's, built and checked (:func:`build_optimizers`)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from ..partitioned_model import PartitionedModel
+from ..train_config import TrainConfig
+from .optim import OptimizerFactory, partition_optimizer
+from .options import SchedulerFactory, build, check_optimizer, check_scheduler
+
+
+class Optimizers(NamedTuple):
+    """The model optimiser (a param group per partition), the hyperparameter optimiser (None without
+    hyperparameters) and their LR schedulers (None when not asked for)."""
+
+    optimizer: torch.optim.Optimizer
+    hyper_optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    hyper_scheduler: Any
+
+
+def build_optimizers(
+    pmodel: PartitionedModel,
+    chunk_sizes: list[int],
+    hyperparameters: list[nn.Parameter],
+    *,
+    optimizer: OptimizerFactory,
+    hyper_optimizer: OptimizerFactory,
+    scheduler: SchedulerFactory | None = None,
+    hyper_scheduler: SchedulerFactory | None = None,
+    weight_decay_scaling: str = "reciprocal",
+) -> Optimizers:
+    """Build each from its factory (``optimizer`` through ``optim.partition_optimizer``, its weight decay
+    scaled per partition by ``weight_decay_scaling`` of the ``chunk_sizes``) and check it; a factory's refusal
+    of its arguments is reported naming it.
+
+    Example::
+
+        >>> from partition_fx import partitionify
+        >>> sgd = partial(torch.optim.SGD, lr=0.1)
+        >>> built = build_optimizers(partitionify(nn.Linear(2, 2), 2), [8, 2], [], optimizer=sgd, hyper_optimizer=sgd)
+        >>> len(built.optimizer.param_groups) >= 2, built.hyper_optimizer, built.scheduler
+        (True, None, None)
+    """
+    model_optimizer = check_optimizer(
+        "optimizer",
+        partition_optimizer(pmodel, partial(build, "optimizer", optimizer), chunk_sizes, weight_decay_scaling),
+    )
+    psi_optimizer = None
+    if hyperparameters:
+        psi_optimizer = check_optimizer("hyper_optimizer", build("hyper_optimizer", hyper_optimizer, hyperparameters))
+    model_scheduler = None
+    if scheduler is not None:
+        model_scheduler = check_scheduler(build("scheduler", scheduler, model_optimizer))
+    psi_scheduler = None
+    if hyper_scheduler is not None and psi_optimizer is not None:
+        psi_scheduler = check_scheduler(build("hyper_scheduler", hyper_scheduler, psi_optimizer), "hyper_scheduler")
+    return Optimizers(model_optimizer, psi_optimizer, model_scheduler, psi_scheduler)
+
+
+def configured_factories(
+    config: TrainConfig,
+) -> tuple[OptimizerFactory, OptimizerFactory, SchedulerFactory | None]:
+    """The optimisers and LR scheduler ``config`` asks for, as factories: Adam on the weights (``lr``,
+    ``weight_decay``), Adam on the hyperparameters (``hyper_lr``) and, with ``lr_schedule="cosine"``,
+    ``CosineAnnealingLR`` over the run's steps down to 1/100 of the optimiser's learning rate (None: constant).
+    A factory given to ``fit`` replaces the one built here.
+
+    >>> model, hyper, schedule = configured_factories(TrainConfig.recommended(steps=10))
+    >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    >>> model.keywords, hyper.keywords, schedule(sgd).eta_min
+    ({'lr': 0.001, 'weight_decay': 0.0}, {'lr': 0.05}, 0.005)
+    """
+    optimization = config.optimization
+    model = partial(torch.optim.Adam, lr=optimization.lr, weight_decay=optimization.weight_decay)
+    hyper = partial(torch.optim.Adam, lr=config.hyper.lr)
+    if optimization.lr_schedule == "constant":
+        return model, hyper, None
+    return model, hyper, partial(_cosine, steps=optimization.steps)
+
+
+def _cosine(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """Cosine annealing over ``steps`` to 1/100 of the optimiser's learning rate."""
+    eta_min = optimizer.defaults["lr"] / 100
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=eta_min)

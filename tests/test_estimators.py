@@ -1,0 +1,112 @@
+"""The hyperparameter-gradient estimators (``training.estimators``) against their definitions.
+
+* ``OneChunk`` (``hyper_chunks="one"``, the paper's): one chunk k ~ Cat(u_2..u_C renormalised), weight 1;
+* ``AllChunks`` (``hyper_chunks="all"``): the hyper-gradient is the sum over chunks k=2..C of
+  u_k / (u_2 + ... + u_C) times the gradient of chunk k's mean loss through subnetwork k-1, the expected
+  value of ``OneChunk``'s;
+* the registry holds exactly the names the options accept.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from partition_fx import partitionify
+from partition_fx.errors import PartitionArgumentError
+from partition_fx.train_config import HYPER_CHUNKS, TrainConfig
+from partition_fx.training import PartitionedSampler, PartitionedTrainer, split_into_chunks
+from partition_fx.training.estimators import ESTIMATORS, AllChunks, HyperEstimator, OneChunk, hyper_estimator
+from partition_fx.training.lml import forward_log_likelihood
+from partition_fx.transforms import AffineAugmentation
+
+PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
+
+PROPORTIONS = (0.5, 0.3, 0.2)
+
+
+def _images(n: int = 60, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _pmodel(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3)
+    )  # fmt: skip
+    return partitionify(model, 3, PROPORTIONS, seed=seed)
+
+
+def _trainer(**options):
+    sgd = partial(torch.optim.SGD, lr=1.0)  # new = old - grad: the update is the gradient
+    defaults = {"hyper": AffineAugmentation(num_samples=2, init=0.3), "optimizer": sgd, "hyper_optimizer": sgd}
+    return PartitionedTrainer(_pmodel(), _images(), PAPER, **{"batch_size": 8, "seed": 5, **defaults, **options})
+
+
+def _sampler(seed: int = 0) -> PartitionedSampler:
+    return PartitionedSampler(split_into_chunks(100, (0.6, 0.1, 0.2, 0.1), seed=seed), batch_size=4, seed=seed)
+
+
+def test_the_all_chunks_hyper_gradient_is_the_weighted_sum_of_the_per_chunk_gradients():
+    trainer = _trainer(hyper_chunks="all", hyper_samples=3)
+    reference = _trainer()
+    before = trainer.hyper.ranges.detach().clone()
+    state, rng = trainer.sampler.generator.get_state(), torch.get_rng_state()
+    trainer.hyper_step_all_chunks()
+    got = before - trainer.hyper.ranges.detach()
+
+    reference.sampler.generator.set_state(state)
+    torch.set_rng_state(rng)
+    batches = reference.sampler.hyper_batches()
+    sizes = reference.chunks.sizes
+    later = sizes[1] + sizes[2]
+    assert [(k, w) for w, k, _ in batches] == [(2, sizes[1] / later), (3, sizes[2] / later)]
+    assert all(set(i.tolist()) <= set(reference.chunks.chunk(k).tolist()) for _, k, i in batches)
+    want = torch.zeros_like(before)
+    x, y = reference.examples.tensors
+    for weight, k, indices in batches:
+        loss = -forward_log_likelihood(
+            reference.pmodel, reference.likelihood, x[indices], y[indices], k - 1, reference.hyper, samples=3
+        ).mean()
+        want += weight * torch.autograd.grad(loss, reference.hyper.ranges)[0]
+    torch.testing.assert_close(got, want)
+    assert got.abs().sum() > 0
+
+
+def test_one_chunk_is_one_draw_of_the_hyper_chunk_weight_one():
+    """The paper's step: the sampler's ``hyper_batch`` (k in 2..C, a minibatch of D_k), with weight 1."""
+    sampler, reference = _sampler(), _sampler()
+    for _ in range(20):
+        ((weight, k, indices),) = OneChunk().draw(sampler)
+        want_k, want = reference.hyper_batch()
+        assert (weight, k) == (1.0, want_k) and torch.equal(indices, want)
+        assert set(indices.tolist()) <= set(sampler.chunks.chunk(k).tolist())
+    assert OneChunk().describe([(1.0, 3, indices)]) == "chunk D_3 through subnetwork 2"
+
+
+def test_all_chunks_weights_every_chunk_by_the_probability_one_chunk_draws_it():
+    """``AllChunks``' weights are u_k / (u_2 + ... + u_C), k = 2..C, and ``OneChunk`` draws chunk k with exactly
+    those frequencies (binomial, 5 standard deviations over 20000 draws): the expected one-chunk step is the
+    all-chunks step."""
+    sampler = _sampler()
+    batches = AllChunks().draw(sampler)
+    sizes = sampler.chunks.sizes
+    assert [(k, w) for w, k, _ in batches] == [(k, sizes[k - 1] / sum(sizes[1:])) for k in range(2, len(sizes) + 1)]
+    assert all(set(i.tolist()) <= set(sampler.chunks.chunk(k).tolist()) and len(i) == 4 for _, k, i in batches)
+    drawn = torch.tensor([OneChunk().draw(sampler)[0][1] for _ in range(20000)])
+    for weight, k, _ in batches:
+        count = int((drawn == k).sum())
+        assert abs(count - 20000 * weight) <= 5 * math.sqrt(20000 * weight * (1 - weight)), (k, count)
+
+
+def test_the_registry_holds_the_names_the_options_accept():
+    assert tuple(ESTIMATORS) == HYPER_CHUNKS
+    assert all(isinstance(hyper_estimator(name), HyperEstimator) for name in HYPER_CHUNKS)
+    assert type(_trainer(hyper_chunks="all").estimator) is AllChunks and type(_trainer().estimator) is OneChunk
+    with pytest.raises(PartitionArgumentError, match="no hyperparameter estimator 'both'"):
+        hyper_estimator("both")
