@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 from torch import nn
@@ -176,3 +177,29 @@ def small_images(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` random 1x8x8 images in [0, 1) and labels in 0..2, for ``small_cnn``."""
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def small_partitioned_cnn(seed: int = 0, proportions: tuple[float, ...] = (0.5, 0.3, 0.2)) -> Any:
+    """:func:`small_cnn`'s architecture, seeded by ``seed``, in 3 partitions with ``proportions``."""
+    from partition_fx import partitionify
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
+    return partitionify(model, 3, proportions, seed=seed)
+
+
+def gradient_step_trainer(**options: Any) -> Any:
+    """A trainer of :func:`small_partitioned_cnn` on 60 :func:`small_images` with the paper's configuration, whose
+    optimisers are SGD with lr 1 (new = old - grad: each update is the gradient); ``options`` change it."""
+    from functools import partial
+
+    from partition_fx.train_config import TrainConfig
+    from partition_fx.training import PartitionedTrainer
+    from partition_fx.transforms import AffineAugmentation
+
+    sgd = partial(torch.optim.SGD, lr=1.0)
+    defaults = {"hyper": AffineAugmentation(num_samples=2, init=0.3), "optimizer": sgd, "hyper_optimizer": sgd}
+    config = TrainConfig.paper()
+    return PartitionedTrainer(
+        small_partitioned_cnn(), small_images(60), config, **{"batch_size": 8, "seed": 5, **defaults, **options}
+    )

@@ -15,6 +15,7 @@ from functools import partial
 
 import pytest
 import torch
+from models_for_tests import gradient_step_trainer, small_images, small_partitioned_cnn
 from torch import nn
 
 from partition_fx import partitionify
@@ -28,17 +29,12 @@ PAPER = TrainConfig.paper()  # the defaults these tests were written against: th
 PROPORTIONS = (0.5, 0.3, 0.2)
 
 
-def _images(n: int = 60, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+def _images():
+    return small_images(60)
 
 
-def _pmodel(seed: int = 0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3)
-    )  # fmt: skip
-    return partitionify(model, 3, PROPORTIONS, seed=seed)
+_pmodel = small_partitioned_cnn
+_trainer = gradient_step_trainer
 
 
 def _trainer(**options):
