@@ -10,36 +10,18 @@
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import pytest
 import torch
-from models_for_tests import gradient_step_trainer, small_images, small_partitioned_cnn
+from models_for_tests import gradient_step_trainer
 
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import HYPER_CHUNKS, TrainConfig
-from partition_fx.training import PartitionedSampler, PartitionedTrainer, split_into_chunks
+from partition_fx.train_config import HYPER_CHUNKS
+from partition_fx.training import PartitionedSampler, split_into_chunks
 from partition_fx.training.estimators import ESTIMATORS, AllChunks, HyperEstimator, OneChunk, hyper_estimator
 from partition_fx.training.lml import forward_log_likelihood
-from partition_fx.transforms import AffineAugmentation
 
-PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
-
-PROPORTIONS = (0.5, 0.3, 0.2)
-
-
-def _images():
-    return small_images(60)
-
-
-_pmodel = small_partitioned_cnn
 _trainer = gradient_step_trainer
-
-
-def _trainer(**options):
-    sgd = partial(torch.optim.SGD, lr=1.0)  # new = old - grad: the update is the gradient
-    defaults = {"hyper": AffineAugmentation(num_samples=2, init=0.3), "optimizer": sgd, "hyper_optimizer": sgd}
-    return PartitionedTrainer(_pmodel(), _images(), PAPER, **{"batch_size": 8, "seed": 5, **defaults, **options})
 
 
 def _sampler(seed: int = 0) -> PartitionedSampler:

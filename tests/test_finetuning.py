@@ -26,8 +26,6 @@ from partition_fx.transforms import AffineAugmentation, InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
 
-PROPORTIONS = (0.5, 0.3, 0.2)
-
 
 def _images():
     return small_images(60)
@@ -35,12 +33,6 @@ def _images():
 
 _pmodel = small_partitioned_cnn
 _trainer = gradient_step_trainer
-
-
-def _trainer(**options):
-    sgd = partial(torch.optim.SGD, lr=1.0)  # new = old - grad: the update is the gradient
-    defaults = {"hyper": AffineAugmentation(num_samples=2, init=0.3), "optimizer": sgd, "hyper_optimizer": sgd}
-    return PartitionedTrainer(_pmodel(), _images(), PAPER, **{"batch_size": 8, "seed": 5, **defaults, **options})
 
 
 def _weights(trainer):
