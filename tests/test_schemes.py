@@ -63,6 +63,14 @@ def _snapshot(trainer):
     return [p.detach().clone() for p in _parts(trainer.pmodel)] + [trainer.hyper.logits.detach().clone()]
 
 
+def _drawn_parameter_examples(sampler, every_partition: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next parameter batch the sampler draws, as (partition of each example, example indices)."""
+    if every_partition:
+        return sampler.parameter_examples()
+    k, indices = sampler.parameter_batch()
+    return torch.full((indices.numel(),), k), indices
+
+
 @pytest.mark.parametrize(
     ("scheme", "every_partition", "hyper_chunks"),
     [
@@ -86,11 +94,7 @@ def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_par
 
     sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.hyper
     x, y = reference.examples.tensors
-    if every_partition:
-        ks, idx = sampler.parameter_examples()
-    else:
-        k, idx = sampler.parameter_batch()
-        ks = torch.full((16,), k)
+    ks, idx = _drawn_parameter_examples(sampler, every_partition)
     hyper_batches = sampler.hyper_batches() if hyper_chunks == "all" else [(1.0, *sampler.hyper_batch())]
     # The reference reads the sampler's draws, so check them against the definition here: without this, a
     # sampler giving partition k examples from D_1:k+1 passed every fused and every-partition test.
@@ -195,11 +199,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
 
     sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.hyper
     x, y = reference.examples.tensors
-    if every_partition:
-        ks, idx = sampler.parameter_examples()
-    else:
-        k, idx = sampler.parameter_batch()
-        ks = torch.full((16,), k)
+    ks, idx = _drawn_parameter_examples(sampler, every_partition)
     want = _parameter_gradients(reference, ks, idx)
     with torch.no_grad():  # the hyperparameter step sees the partitions already updated
         for p, g in zip(_parts(pmodel), want):
