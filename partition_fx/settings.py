@@ -16,6 +16,7 @@ No torch here: the command line builds its parser from these declarations before
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import typing
@@ -118,35 +119,25 @@ class Settings:
         """Checks between fields, after each field was checked alone (override)."""
 
     @classmethod
-    def fields(cls, *, recurse: bool = True, prefix: tuple[str, ...] = ()) -> Iterator[Field]:
+    def fields(cls, *, recurse: bool = True) -> Iterator[Field]:
         """Every field (of the nested sections too with ``recurse``), in declaration order.
 
         >>> from partition_fx.train_config import TrainConfig
         >>> next(TrainConfig.fields()).keyword
         'steps'
         """
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            hint = hints[f.name]
-            if isinstance(hint, type) and issubclass(hint, Settings):
-                if recurse:
-                    yield from hint.fields(prefix=(*prefix, f.name))
-                continue
-            option: Option = f.metadata["option"]
-            args = [a for a in typing.get_args(hint) if a is not type(None)]
-            kind = args[0] if args else hint
-            optional = len(args) < len(typing.get_args(hint))
-            yield Field((*prefix, f.name), option.keyword or f.name, kind, optional, f.default, option)
+        own, sections = _declared(cls)
+        for name in (f.name for f in dataclasses.fields(cls)):  # type: ignore[arg-type]
+            if name in own:
+                yield own[name]
+            elif recurse:
+                for f in sections[name].fields():
+                    yield dataclasses.replace(f, path=(name, *f.path))
 
     @classmethod
     def sections(cls) -> dict[str, type[Settings]]:
         """The nested sections, by attribute name."""
-        hints = typing.get_type_hints(cls)
-        return {
-            f.name: hints[f.name]
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Settings)
-        }
+        return dict(_declared(cls)[1])
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as nested plain values (JSON-ready); ``from_dict`` reads it back."""
@@ -165,21 +156,15 @@ class Settings:
         name = where or cls.__name__
         if not isinstance(values, dict):
             raise PartitionTypeError(f"{name} must be a dict, got {type(values).__name__}")
-        known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise PartitionArgumentError(
-                f"{name} has unknown key(s) {', '.join(map(repr, unknown))}; it takes {', '.join(known)}"
-            )
-        unknown_inside = _first_unknown(cls, values, name)
-        if unknown_inside is not None:
-            raise PartitionArgumentError(unknown_inside)
+        unknown = _first_unknown(cls, values, name)  # at any depth, before anything is reported missing
+        if unknown is not None:
+            raise PartitionArgumentError(unknown)
         missing = [".".join(f.path) for f in cls.fields() if not _has(values, f.path)]
         if missing:
             raise MissingSettings(name, missing)
         sections = cls.sections()
         kwargs = {
-            key: sections[key].from_dict(value, where=f"{name}.{key}") if key in sections else _from_json(value)
+            key: sections[key].from_dict(value, where=f"{name}.{key}") if key in sections else value
             for key, value in values.items()
         }
         return cls(**kwargs)
@@ -193,9 +178,9 @@ class Settings:
         """A copy with the fields named by their flat keywords changed; an unknown keyword is refused with
         the known ones listed.
 
-        >>> from partition_fx.train_config import TrainConfig
-        >>> TrainConfig().replace(hyper_lr=0.1, steps=10).hyper.lr
-        0.1
+        >>> from partition_fx.train_config import Optimization, TrainConfig
+        >>> TrainConfig().replace(hyper_lr=0.1, steps=10).hyper.lr, Optimization().replace(steps=3).steps
+        (0.1, 3)
         """
         known = self.keywords()
         unknown = sorted(set(keywords) - set(known))
@@ -204,18 +189,17 @@ class Settings:
                 f"{type(self).__name__} got unknown argument(s) {', '.join(unknown)}; it takes "
                 f"{', '.join(sorted(known))}"
             )
-        changes: dict[str, dict[str, Any]] = {}
+        own: dict[str, Any] = {}
+        inner: dict[str, dict[str, Any]] = {}
         for keyword, value in keywords.items():
             path = known[keyword].path
-            changes.setdefault(path[0], {})[path[-1]] = value
-        return self._replaced(changes)
-
-    def _replaced(self: S, changes: dict[str, Any]) -> S:
-        nested = {}
-        for name, change in changes.items():
-            value = getattr(self, name)
-            nested[name] = dataclasses.replace(value, **change) if isinstance(value, Settings) else change
-        return dataclasses.replace(self, **nested)  # type: ignore[type-var]
+            if len(path) == 1:
+                own[path[0]] = value
+            else:
+                inner.setdefault(path[0], {})[keyword] = value
+        for name, changes in inner.items():
+            own[name] = getattr(self, name).replace(**changes)
+        return dataclasses.replace(self, **own)  # type: ignore[type-var]
 
     def value(self, keyword: str) -> Any:
         """A field's value by its flat keyword.
@@ -224,14 +208,17 @@ class Settings:
         >>> TrainConfig().value("hyper_lr")
         0.05
         """
-        target: Any = self
-        for name in self.keywords()[keyword].path:
-            target = getattr(target, name)
-        return target
+        return self._at(self.keywords()[keyword].path)
 
     def flat(self, *, fingerprint: bool = False) -> dict[str, Any]:
         """Every value by its flat keyword (only those a resumed run must match, with ``fingerprint``)."""
-        return {k: self.value(k) for k, f in self.keywords().items() if f.option.fingerprint or not fingerprint}
+        return {f.keyword: self._at(f.path) for f in self.fields() if f.option.fingerprint or not fingerprint}
+
+    def _at(self, path: tuple[str, ...]) -> Any:
+        target: Any = self
+        for name in path:
+            target = getattr(target, name)
+        return target
 
 
 class MissingSettings(PartitionArgumentError):
@@ -243,18 +230,16 @@ class MissingSettings(PartitionArgumentError):
 
 
 def _first_unknown(cls: type[Settings], values: dict[str, Any], where: str) -> str | None:
-    """The refusal of the first unknown key in the nested sections of ``values``, or None."""
+    """The refusal of the first unknown key of ``values`` (``cls``'s, then its sections'), or None."""
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        return f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; it takes {', '.join(known)}"
     for key, section in cls.sections().items():
         inner = values.get(key)
-        if not isinstance(inner, dict):
-            continue
-        known = [f.name for f in dataclasses.fields(section)]  # type: ignore[arg-type]
-        unknown = sorted(set(inner) - set(known))
-        if unknown:
-            return f"{where}.{key} has unknown key(s) {', '.join(map(repr, unknown))}; it takes {', '.join(known)}"
-        deeper = _first_unknown(section, inner, f"{where}.{key}")
-        if deeper is not None:
-            return deeper
+        found = _first_unknown(section, inner, f"{where}.{key}") if isinstance(inner, dict) else None
+        if found is not None:
+            return found
     return None
 
 
@@ -270,8 +255,22 @@ def _has(values: Any, path: tuple[str, ...]) -> bool:
     return True
 
 
-def _from_json(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+@functools.cache
+def _declared(cls: type[Settings]) -> tuple[dict[str, Field], dict[str, type[Settings]]]:
+    """``cls``'s own fields (by attribute name) and its nested sections, read once from its annotations."""
+    hints = typing.get_type_hints(cls)
+    own: dict[str, Field] = {}
+    sections: dict[str, type[Settings]] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        hint = hints[f.name]
+        if isinstance(hint, type) and issubclass(hint, Settings):
+            sections[f.name] = hint
+            continue
+        option: Option = f.metadata["option"]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        own[f.name] = Field((f.name,), option.keyword or f.name, args[0] if args else hint, optional, f.default, option)
+    return own, sections
 
 
 def _checked(f: Field, value: Any) -> Any:
