@@ -16,7 +16,7 @@ from ..train_config import TrainConfig
 from .options import Callback, check_run_arguments, resolve
 from .result import FitResult
 from .resume import load_training_state
-from .run_record import RunRecordWriter, run_record
+from .run_record import RunRecordWriter
 from .trainer import PartitionedTrainer
 
 
@@ -97,7 +97,7 @@ def fit(
     check_flag("record_run", record_run)
     torch.manual_seed(config.runtime.seed)
     if components.checkpoint_dir is not None and record_run:  # written with the first checkpoint
-        record = RunRecordWriter(components.checkpoint_dir, run_record(pmodel, dataset, components.hyper, config))
+        record = RunRecordWriter(components.checkpoint_dir, dataset)
         components = dataclasses.replace(components, hooks=(*components.hooks, record))
     trainer = PartitionedTrainer(pmodel, dataset, config, components=components)
     if resume is not None:

@@ -83,24 +83,29 @@ def _command_config(
 
 
 class RunRecordWriter(TrainingHook):
-    """Writes ``record`` (:func:`run_record`) to ``directory/run.json`` with the run's first checkpoint (on the
-    process that writes checkpoints), so a run refused before it starts leaves nothing behind.
+    """Writes the run's :func:`run_record` (of the trainer's model, input transform and configuration, and
+    ``dataset``, the data it was given) to ``directory/run.json`` with the run's first checkpoint, on the process
+    that writes checkpoints, so a run refused before it starts leaves nothing behind.
 
-    >>> import tempfile
-    >>> writer = RunRecordWriter(Path(tempfile.mkdtemp()), {"command": "fit", "config": None, "why_not": "..."})
-    >>> writer.after_evaluation(type("Trainer", (), {"data_parallel": None})(), {}, True)
+    >>> import tempfile, torch
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import PartitionedTrainer
+    >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(2, 2), 2), (torch.randn(8, 2), torch.zeros(8).long()))
+    >>> writer = RunRecordWriter(Path(tempfile.mkdtemp()), None)
+    >>> writer.after_evaluation(trainer, {}, True)
     >>> sorted(p.name for p in writer.directory.iterdir())
     ['run.json']
     """
 
-    def __init__(self, directory: Path, record: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, dataset: Any) -> None:
         self.directory = directory
-        self.record = record
+        self.dataset = dataset
         self.written = False
 
     def after_evaluation(self, trainer: Any, record: dict[str, Any], improved: bool) -> None:
         parallel = trainer.data_parallel
         if not self.written and (parallel is None or parallel.is_writer):
             self.directory.mkdir(parents=True, exist_ok=True)
-            write_json(self.directory / RUN_FILE, self.record)
+            run = run_record(trainer.pmodel, self.dataset, trainer.hyper, trainer.config)
+            write_json(self.directory / RUN_FILE, run)
             self.written = True
