@@ -11,6 +11,7 @@ what it means where it is None or depends on other options (``--proportions``, `
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -299,4 +300,10 @@ def train_defaults() -> dict[str, Any]:
     >>> train_defaults()["lr"] == TrainConfig().optimization.lr
     True
     """
+    return dict(_train_defaults())  # a copy: callers may change theirs
+
+
+@functools.cache
+def _train_defaults() -> dict[str, Any]:
+    """The defaults, parsed once (reading a report back asks for them several times)."""
     return vars(parse_train([]))
