@@ -68,6 +68,21 @@ def _no_trainer(self, *args, **kwargs):
     raise AssertionError("export built a PartitionedTrainer")
 
 
+def _record_splits(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The ``split`` of every dataset the command line loads from now on (None: both), in order."""
+    import partition_fx.cli.job as job_module
+
+    loaded: list = []
+    original = job_module.load_dataset
+
+    def recording(*args, split=None, **kwargs):
+        loaded.append(split)
+        return original(*args, split=split, **kwargs)
+
+    monkeypatch.setattr(job_module, "load_dataset", recording)
+    return loaded
+
+
 @pytest.mark.parametrize("finetune", [True, False])
 def test_export_of_best_and_last_reproduces_the_reported_accuracies(tmp_path, monkeypatch, finetune):
     run = tmp_path / "run"
@@ -79,7 +94,9 @@ def test_export_of_best_and_last_reproduces_the_reported_accuracies(tmp_path, mo
     report = json.loads((run / "report.json").read_text())
     with monkeypatch.context() as patched:  # calibrated at the end of the run: exported without a trainer
         patched.setattr(PartitionedTrainer, "__init__", _no_trainer)
+        loaded = _record_splits(patched)
         best, last = _exported(run, "best"), _exported(run, "last")
+    assert loaded == ["test", "test"]  # ... and without the training data
     assert (best["checkpoint_step"], last["checkpoint_step"]) == (report["best_step"], report["steps"])
     assert last["test_accuracy"] == report["test_accuracy"]
     if finetune:  # the best state is the one fine-tuning began from, scored before fine-tuning by its own hook
@@ -93,8 +110,11 @@ def test_export_of_best_and_last_reproduces_the_reported_accuracies(tmp_path, mo
     # calibrated at the end of the run: their export needs no training data to recalibrate them
     assert best["norm_statistics"] == last["norm_statistics"] == "final"
     assert best["recalibrated_norms"] == last["recalibrated_norms"] == 0
-    if not finetune:  # another subnetwork than the final one: recalibrated for it
-        other = _exported(run, "last", "--subnetwork", "2")
+    if not finetune:  # another subnetwork than the final one: recalibrated for it, over the training split
+        with monkeypatch.context() as patched:
+            loaded = _record_splits(patched)
+            other = _exported(run, "last", "--subnetwork", "2")
+        assert loaded == ["test", "train"]
         assert other["recalibrated_norms"] > 0
         assert other["test_accuracy"] == _recalibrated_accuracy(run, "last", subnetwork=2)
 

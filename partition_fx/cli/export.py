@@ -2,9 +2,11 @@
 
 The run's model is rebuilt from its configuration (as ``train`` built it): a ``partition-fx train`` run's
 ``report.json``, or the ``run.json`` that ``fit(..., checkpoint_dir=DIR)`` writes for a run of a model and data
-built by name (``training.run_record``). Its checkpoint is loaded (``training.load_checkpoint``: no trainer is
-built, and the training data is read only to recalibrate BatchNorm statistics where they need it), and the
-chosen subnetwork exported to ``--out`` (default ``RUN/export``) with an ``export.json`` summary.
+built by name (``training.run_record``), with the test split of its data alone (``load_dataset(...,
+split="test")``: the model's input shape and classes, and the examples the export is evaluated on). Its
+checkpoint is loaded (``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to
+``--out`` (default ``RUN/export``) with an ``export.json`` summary. The training split is loaded only to
+recalibrate BatchNorm statistics where they need it (below).
 
 BatchNorm running statistics: a finished run's ``last`` and ``best`` checkpoints hold them recalibrated for the
 final subnetwork (as the run evaluated them), so their export reproduces the run's ``test_accuracy`` and
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from ..train_config import TrainConfig
 from ..training import Examples, evaluate_classifier, load_checkpoint, recalibrate_norm_statistics
 from ..training.checkpoint import needs_recalibration, norm_statistics
 from .checks import check_export
-from .job import job_from_args
+from .job import job_from_args, load_job_data
 from .runs import prepare_out
 
 
@@ -52,14 +55,21 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out if args.out is not None else run / "export"
     with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
         warnings.simplefilter("ignore", PartitionWarning)
-        job = job_from_args(run_args)
+        job = job_from_args(run_args, split="test")
     pmodel = job.pmodel
     if args.subnetwork is not None:
         try:
             pmodel.check_subnetwork(args.subnetwork)
         except PartitionArgumentError as e:
             raise PartitionArgumentError(f"--subnetwork {args.subnetwork}: {e}") from None
-    meta, recalibrated = load_for_export(pmodel, job.hyper, job.data.train, checkpoint, job.config, args.subnetwork)
+    meta, recalibrated = load_for_export(
+        pmodel,
+        job.hyper,
+        lambda: load_job_data(run_args, job.config, split="train").train,
+        checkpoint,
+        job.config,
+        args.subnetwork,
+    )
     prepare_out(out, args.overwrite, {"--run": run})
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
     x_test, y_test = job.data.test.tensors
@@ -85,7 +95,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 def load_for_export(
     pmodel: PartitionedModel,
     hyper: nn.Module | None,
-    train: Any,
+    training_data: Callable[[], Any],
     checkpoint: Path,
     config: TrainConfig,
     subnetwork: int | None = None,
@@ -93,14 +103,15 @@ def load_for_export(
     """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
     ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
     ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
-    training data ``train``, as the end of a run does (the run's ``config``: its evaluation batch size; on the
-    CPU); only then is ``train`` read. Returns the checkpoint's metadata and how many BatchNorm modules were
+    training examples that ``training_data()`` returns, as the end of a run does (the run's ``config``: its
+    evaluation batch size; on the CPU). ``training_data`` is called only then: ``export`` loads the training
+    split only for a recalibration. Returns the checkpoint's metadata and how many BatchNorm modules were
     recalibrated."""
     meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
     if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
         return meta, 0
     batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
     recalibrated = recalibrate_norm_statistics(
-        pmodel, Examples(train), subnetwork, batch_size=batch_size, device=torch.device("cpu")
+        pmodel, Examples(training_data()), subnetwork, batch_size=batch_size, device=torch.device("cpu")
     )
     return meta, recalibrated

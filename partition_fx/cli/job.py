@@ -17,6 +17,7 @@ import torch
 
 from .._validation import check_fits_in_memory
 from ..datasets import DatasetSplits, load_dataset, named_dataset
+from ..datasets.splits import Split
 from ..errors import PartitionArgumentError, PartitionError
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
@@ -97,8 +98,11 @@ def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> 
     )
 
 
-def job_from_args(args: argparse.Namespace) -> TrainJob:
+def job_from_args(args: argparse.Namespace, *, split: Split | None = None) -> TrainJob:
     """:func:`train_job` from parsed arguments (also a finished run's configuration, for ``export``).
+
+    ``split="test"`` loads the test split alone (``load_dataset``'s ``split``; ``job.data.train`` is empty and
+    the chunks of the training data are not checked): a job to export and evaluate, not to train.
 
     >>> job_from_args(parse_train(["--steps", "0"]))
     Traceback (most recent call last):
@@ -107,17 +111,24 @@ def job_from_args(args: argparse.Namespace) -> TrainJob:
     """
     config = check_train_options(args)
     device = resolve_device(args.device)  # refuses --device cuda where there is none
-    data = _load_data(args, config)
+    data = load_job_data(args, config, split)
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
     pmodel = partitionify_from_args(model, args)
-    _check_chunks(args, len(data.train), pmodel)
+    if split is None:
+        _check_chunks(args, len(data.train), pmodel)
     hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
     return TrainJob(args=args, config=config, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
 
 
-def _load_data(args: argparse.Namespace, config: TrainConfig) -> DatasetSplits:
-    """``--data`` at ``--image-size``/``--channels``, refused if it or one batch of it cannot fit in memory."""
+def load_job_data(args: argparse.Namespace, config: TrainConfig, split: Split | None = None) -> DatasetSplits:
+    """``--data`` at ``--image-size``/``--channels`` (``split``: that split alone, as ``load_dataset``), refused
+    if it or one batch of it cannot fit in memory.
+
+    >>> data = load_job_data(parse_train(["--image-size", "12"]), TrainConfig.recommended(), "train")
+    >>> len(data.train), len(data.test)
+    (1438, 0)
+    """
     sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
     count = getattr(named_dataset(args.data), "images", None) or 1  # its registered size; a folder's is unknown
     check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
@@ -125,7 +136,7 @@ def _load_data(args: argparse.Namespace, config: TrainConfig) -> DatasetSplits:
     if args.channels is not None:
         kwargs["channels"] = args.channels
     try:
-        data = load_dataset(args.data, **kwargs)
+        data = load_dataset(args.data, split=split, **kwargs)
     except PartitionArgumentError as e:  # the loader names its own arguments (size, channels): name the options
         raise PartitionArgumentError(f"--data {args.data!r} {sizes}: {e}") from None
     except PartitionError as e:  # an unknown name, or a folder that is not a dataset

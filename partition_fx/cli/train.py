@@ -220,7 +220,7 @@ def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
     ``checkpoint`` (the run's ``best.safetensors``, its BatchNorm statistics recalibrated for the final subnetwork
     at the end of the run) loaded into a copy of the model and exported."""
     pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
-    load_for_export(pmodel, hyper, job.data.train, checkpoint, job.config)
+    load_for_export(pmodel, hyper, lambda: job.data.train, checkpoint, job.config)
     accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), *job.data.test.tensors)
     return accuracy
 

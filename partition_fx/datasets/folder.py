@@ -17,7 +17,17 @@ from torch.utils.data import TensorDataset
 from .._validation import check_int, check_open_unit
 from ..errors import PartitionArgumentError, PartitionError
 from .sklearn_digits import raw_digits
-from .splits import BOTH_SPLITS_HINT, PLACEMENT_STREAM, SPLIT_STREAM, DatasetSplits, seeded_rng, stratified_split
+from .splits import (
+    BOTH_SPLITS_HINT,
+    PLACEMENT_STREAM,
+    SPLIT_STREAM,
+    DatasetSplits,
+    Split,
+    check_split,
+    seeded_rng,
+    stratified_split,
+    wanted,
+)
 
 
 def _image_extensions() -> tuple[str, ...]:
@@ -61,18 +71,26 @@ def _pil_mode(channels: int | None, first_mode: str) -> str:
     return "L" if Image.getmodebase(first_mode) == "L" else "RGB"
 
 
-def _load_images(files: list[Path], size: int | None, channels: int | None) -> torch.Tensor:
-    """Load ``files`` as one float32 tensor (N, C, H, W) in [0, 1]."""
+def _first_mode(path: Path) -> str:
+    """The PIL mode of the image at ``path`` (read from its header; nothing is decoded)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            return img.mode
+    except OSError as error:  # includes PIL.UnidentifiedImageError
+        raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
+
+
+def _load_images(files: list[Path], size: int | None, mode: str) -> torch.Tensor:
+    """Load ``files`` as one float32 tensor (N, C, H, W) in [0, 1], each converted to PIL ``mode``."""
     from PIL import Image
 
     arrays: list[np.ndarray] = []
-    mode: str | None = None
     first: tuple[Path, tuple[int, int]] | None = None
     for path in files:
         try:
             with Image.open(path) as img:
-                if mode is None:
-                    mode = _pil_mode(channels, img.mode)
                 img = img.convert(mode)
                 if size is not None:
                     img = img.resize((size, size), Image.Resampling.BILINEAR)
@@ -98,6 +116,7 @@ def image_folder(
     channels: int | None = None,
     test_fraction: float = 0.2,
     seed: int = 0,
+    split: Split | None = None,
 ) -> DatasetSplits:
     """Images in torchvision's ``ImageFolder`` layout (``root/<class>/<image>``), loaded into memory.
 
@@ -109,6 +128,8 @@ def image_folder(
     (1: "L", 3: "RGB") or else to the first image's mode, and scaled to [0, 1]. Both splits come in a seeded
     shuffled order (not grouped by class).
     ``info`` holds ``classes`` and ``train_files``/``test_files`` (aligned with the splits).
+    ``split="train"`` or ``"test"`` decodes that split's images alone (every file is still listed, to split
+    them and to number the classes) and returns the same tensors; the other split is left empty.
 
     >>> import tempfile
     >>> from PIL import Image
@@ -122,6 +143,7 @@ def image_folder(
     (8, 2, (1, 4, 4), ['a', 'b'])
     """
     root = Path(root)
+    split = check_split(split)
     if size is not None:
         size = check_int("size", size, 1, noun="an integer")
     if channels is not None and channels not in (1, 3):
@@ -166,21 +188,31 @@ def image_folder(
         labels = np.array([i for i, paths in enumerate(found.values()) for _ in paths])
         train_idx, test_idx = stratified_split(labels, test_fraction, seed, classes)
         layout = f"stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
-    x, y = _load_images(files, size, channels), torch.from_numpy(labels).long()
-    train_x, train_y = x[torch.from_numpy(train_idx)], y[torch.from_numpy(train_idx)]
-    test_x, test_y = x[torch.from_numpy(test_idx)], y[torch.from_numpy(test_idx)]
-    train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
+    # decoded in the folder's order, as if every file were (so the first file fixes every image's mode and
+    # size errors name the same files), but only the files of the split(s) asked for
+    asked = [idx for which, idx in (("train", train_idx), ("test", test_idx)) if wanted(split, which)]
+    rows = np.sort(np.concatenate(asked))
+    x = _load_images([files[i] for i in rows], size, _pil_mode(channels, _first_mode(files[0])))
+    row_of = np.zeros(len(files), dtype=np.int64)
+    row_of[rows] = np.arange(len(rows))
+    y = torch.from_numpy(labels).long()
 
-    input_shape = tuple(train_x.shape[1:])
+    def take(which: Split, idx: np.ndarray) -> TensorDataset:
+        idx = idx if wanted(split, which) else idx[:0]  # a split not asked for: empty, with the same shapes
+        return TensorDataset(x[torch.from_numpy(row_of[idx])], y[torch.from_numpy(idx)])
+
+    input_shape = tuple(x.shape[1:])
+    train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
     shape_text = f"{input_shape[0]}x{input_shape[1]}x{input_shape[2]}"
     return DatasetSplits(
-        train=TensorDataset(train_x, train_y),
-        test=TensorDataset(test_x, test_y),
+        train=take("train", train_idx),
+        test=take("test", test_idx),
         num_classes=len(classes),
         input_shape=input_shape,
         name=root.resolve().name,
         description=f"image folder {root}: {len(classes)} classes, {shape_text} images in [0, 1]; {layout}",
         info={"classes": classes, "train_files": train_files, "test_files": test_files},
+        split=split,
     )
 
 

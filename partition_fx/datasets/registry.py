@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import PartitionArgumentError, PartitionError
 
 if TYPE_CHECKING:
-    from .splits import DatasetSplits
+    from .splits import DatasetSplits, Split
 
 Task = Literal["images", "regression"]
 
@@ -90,16 +90,21 @@ def dataset_names(*, task: Task | None = None) -> tuple[str, ...]:
     return tuple(d.name for d in NAMED_DATASETS.values() if task is None or d.task == task)
 
 
-def load_dataset(name_or_path: str, **kwargs: Any) -> DatasetSplits:
+def load_dataset(name_or_path: str, *, split: Split | None = None, **kwargs: Any) -> DatasetSplits:
     """The dataset called ``name_or_path`` (registered: "digits", "rotdigits", "input_selection", ...) or an
     image folder path.
 
     Names win over folders of the same name; write ``./digits`` for a folder called ``digits``. ``kwargs``
     go to the loader (:func:`~partition_fx.datasets.digits`, ``rotdigits``, ``input_selection`` or
-    ``image_folder``).
+    ``image_folder``). ``split="train"`` or ``"test"`` loads that split alone (``DatasetSplits.split``; the
+    other is empty): the same tensors as loading both, without reading the other's images. A registered loader
+    that does not take ``split`` loads both, and the other is dropped.
 
     >>> load_dataset("input_selection", num_train=8, num_test=4, num_inputs=4).input_shape
     (4,)
+    >>> test = load_dataset("digits", size=12, split="test")
+    >>> len(test.train), len(test.test), test.split
+    (0, 359, 'test')
     >>> load_dataset("rotdigit")
     Traceback (most recent call last):
     ...
@@ -131,7 +136,14 @@ def load_dataset(name_or_path: str, **kwargs: Any) -> DatasetSplits:
         raise PartitionArgumentError(
             f"{loader.__name__} does not take {', '.join(unknown)}; it accepts {', '.join(accepted)}"
         )
-    splits = loader(**kwargs)
+    from .splits import check_split, only_split
+
+    if check_split(split) is None:
+        splits = loader(**kwargs)
+    elif "split" in accepted:
+        splits = loader(**kwargs, split=split)
+    else:
+        splits = only_split(loader(**kwargs), split)
     if len(splits.input_shape) == 3 and set(kwargs) - {"root"} <= {"size", "channels"}:
         # What `partition-fx train --data --image-size --channels` loads it with: a run of these splits records
         # it, so `partition-fx export` can load them again (training.run_record).

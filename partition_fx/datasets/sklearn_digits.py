@@ -14,7 +14,16 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from .._validation import check_int, check_open_unit
-from .splits import ANGLE_STREAM, BOTH_SPLITS_HINT, DatasetSplits, seeded_rng, stratified_split
+from .splits import (
+    ANGLE_STREAM,
+    BOTH_SPLITS_HINT,
+    DatasetSplits,
+    Split,
+    check_split,
+    seeded_rng,
+    stratified_split,
+    wanted,
+)
 
 NUM_DIGITS = 1797
 """How many images scikit-learn's digits hold: the size of ``--data digits`` and ``rotdigits``."""
@@ -84,7 +93,10 @@ def _digits_angles(seed: int) -> torch.Tensor:
     return torch.from_numpy(seeded_rng(seed, ANGLE_STREAM).uniform(-math.pi, math.pi, NUM_DIGITS)).float()
 
 
-def _digits_splits(name: str, size: int, channels: int, test_fraction: float, seed: int, rotate: bool) -> DatasetSplits:
+def _digits_splits(
+    name: str, size: int, channels: int, test_fraction: float, seed: int, split: Split | None, rotate: bool
+) -> DatasetSplits:
+    split = check_split(split)
     size = check_int("size", size, _MIN_DIGITS_SIZE, noun="an integer")
     channels = check_int("channels", channels, 1, noun="an integer")
     test_fraction = check_open_unit("test_fraction", test_fraction, hint=BOTH_SPLITS_HINT)
@@ -101,6 +113,9 @@ def _digits_splits(name: str, size: int, channels: int, test_fraction: float, se
     if rotate:
         info["train_angles"], info["test_angles"] = angles[train_idx], angles[test_idx]
     x = x.expand(-1, channels, -1, -1)  # grey to `channels` identical channels; indexing below copies
+    # a split not asked for is indexed with no indices: empty, with the shapes of the one that is
+    train_rows = train_idx if wanted(split, "train") else train_idx[:0]
+    test_rows = test_idx if wanted(split, "test") else test_idx[:0]
     side = _digit_side(size)
     description = (
         f"scikit-learn 8x8 digits upsampled (bilinear) to {side}x{side} in the centre of a {size}x{size} zero "
@@ -109,17 +124,20 @@ def _digits_splits(name: str, size: int, channels: int, test_fraction: float, se
         + f"; stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
     )
     return DatasetSplits(
-        train=TensorDataset(x[train_idx], targets[train_idx]),
-        test=TensorDataset(x[test_idx], targets[test_idx]),
+        train=TensorDataset(x[train_rows], targets[train_rows]),
+        test=TensorDataset(x[test_rows], targets[test_rows]),
         num_classes=10,
         input_shape=(channels, size, size),
         name=name,
         description=description,
         info=info,
+        split=split,
     )
 
 
-def digits(size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0) -> DatasetSplits:
+def digits(
+    size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0, split: Split | None = None
+) -> DatasetSplits:
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) on a ``size`` x ``size`` canvas.
 
     Geometry: each digit, scaled from 0..16 to [0, 1], is upsampled (bilinear, ``align_corners=False``, no
@@ -129,18 +147,21 @@ def digits(size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: 
     normalisation: rotation pads with 0, which must equal the background). The grey image is repeated to
     ``channels``. The split is stratified: ``test_fraction * n_c`` (nearest, halves up) images of each class
     c go to test, chosen with ``seed``. ``info`` holds ``train_indices``/``test_indices`` into scikit-learn's order.
+    ``split="train"`` or ``"test"`` returns that split alone, the same tensors; the other is left empty.
 
     >>> splits = digits(size=12)
     >>> len(splits.train), len(splits.test), tuple(splits.train[0][0].shape), splits.num_classes
     (1438, 359, (1, 12, 12), 10)
     """
-    return _digits_splits("digits", size, channels, test_fraction, seed, rotate=False)
+    return _digits_splits("digits", size, channels, test_fraction, seed, split, rotate=False)
 
 
-def rotdigits(size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0) -> DatasetSplits:
+def rotdigits(
+    size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0, split: Split | None = None
+) -> DatasetSplits:
     """:func:`digits` with every image (train and test) rotated by its own fixed angle, uniform on [-pi, pi].
 
-    Same images, canvas and split as ``digits(size, channels, test_fraction, seed)``; the angles are drawn
+    Same images, canvas and split as ``digits(size, channels, test_fraction, seed, split)``; the angles are drawn
     per image (in scikit-learn's order, from a stream of ``seed`` separate from the split's, so an image's
     angle does not depend on ``test_fraction``). Rotation is about the canvas centre, counter-clockwise as
     displayed, with ``affine_grid``/``grid_sample`` (bilinear, zeros padding, ``align_corners=False``).
@@ -150,7 +171,7 @@ def rotdigits(size: int = 28, channels: int = 1, test_fraction: float = 0.2, see
     >>> bool(splits.info["train_angles"].abs().max() <= math.pi), len(splits.test)
     (True, 359)
     """
-    return _digits_splits("rotdigits", size, channels, test_fraction, seed, rotate=True)
+    return _digits_splits("rotdigits", size, channels, test_fraction, seed, split, rotate=True)
 
 
 def normalized_digits(count: int, size: int, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,13 +9,17 @@ one place, so that two loaders never share one by accident.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 from torch.utils.data import TensorDataset
 
-from ..errors import PartitionError
+from ..errors import PartitionArgumentError, PartitionError
+
+Split = Literal["train", "test"]
+SPLITS: tuple[Split, ...] = ("train", "test")
+"""What a loader's ``split=`` takes: the one split to load (None, the default, loads both)."""
 
 # One numpy stream per purpose (the second entry of the seed sequence), so that changing one use of
 # randomness (e.g. the split) never changes another (e.g. the angles).
@@ -38,6 +42,8 @@ class DatasetSplits:
 
     ``num_classes`` is None for regression. ``input_shape`` is one example's shape (no batch dimension).
     ``info`` holds extras specific to a loader (indices, angles, class names, informative inputs...).
+    ``split`` is None when both splits are loaded, else the one that is (a loader's ``split=``): the other is
+    then empty (no examples, the same shapes), and everything else is as when both are loaded.
 
     >>> import torch
     >>> splits = DatasetSplits(
@@ -55,6 +61,51 @@ class DatasetSplits:
     name: str
     description: str
     info: dict[str, Any] = field(default_factory=dict)
+    split: Split | None = None
+
+
+def check_split(split: object) -> Split | None:
+    """``split`` if it is None, ``"train"`` or ``"test"``; anything else is refused.
+
+    >>> check_split("test"), check_split(None)
+    ('test', None)
+    >>> check_split("val")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: split must be 'train', 'test' or None (both), got 'val'
+    """
+    if split is not None and split not in SPLITS:
+        raise PartitionArgumentError(f"split must be 'train', 'test' or None (both), got {split!r}")
+    return split  # type: ignore[return-value]
+
+
+def wanted(split: Split | None, which: Split) -> bool:
+    """Whether a loader asked for ``split`` loads ``which``.
+
+    >>> wanted(None, "train"), wanted("test", "train"), wanted("test", "test")
+    (True, False, True)
+    """
+    return split is None or split == which
+
+
+def only_split(splits: DatasetSplits, split: Split | None) -> DatasetSplits:
+    """``splits`` with every split but ``split`` emptied (the same shapes, no examples); all of it if None.
+
+    What a loader that reads both splits anyway returns for ``split=`` (and what :func:`load_dataset` makes of a
+    registered loader that does not take ``split``).
+
+    >>> import torch
+    >>> both = DatasetSplits(TensorDataset(torch.ones(4, 3)), TensorDataset(torch.zeros(2, 3)), None, (3,), "t", "")
+    >>> test = only_split(both, "test")
+    >>> len(test.train), tuple(test.train.tensors[0].shape), len(test.test), test.split
+    (0, (0, 3), 2, 'test')
+    """
+    if check_split(split) is None:
+        return splits
+    empty = {
+        which: TensorDataset(*(t[:0] for t in getattr(splits, which).tensors)) for which in SPLITS if which != split
+    }
+    return replace(splits, **empty, split=split)
 
 
 def seeded_rng(seed: int, stream: int) -> np.random.Generator:

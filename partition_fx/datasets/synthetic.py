@@ -17,7 +17,10 @@ from .splits import (
     TRAIN_INPUT_STREAM,
     TRAIN_NOISE_STREAM,
     DatasetSplits,
+    Split,
+    check_split,
     seeded_rng,
+    wanted,
 )
 
 _NUM_SINES = 16  # terms of the input-selection target function
@@ -55,6 +58,7 @@ def input_selection(
     num_inputs: int = 10,
     noise: float = 0.1,
     seed: int = 0,
+    split: Split | None = None,
 ) -> DatasetSplits:
     """Synthetic regression where only the first ``num_informative`` of ``num_inputs`` inputs matter.
 
@@ -64,6 +68,7 @@ def input_selection(
     process here is this package's. Train and test are independent samples; x and the noise come from
     separate streams, so a smaller ``num_train`` gives a prefix of a larger one. Targets have shape (N, 1).
     ``info`` holds ``informative`` (input indices), ``noise`` and the noiseless ``train_clean``/``test_clean``.
+    ``split="train"`` or ``"test"`` draws that split alone (the same tensors); the other is left empty.
 
     >>> splits = input_selection(num_train=50, num_test=20)
     >>> tuple(splits.train.tensors[0].shape), tuple(splits.test.tensors[1].shape), splits.info["informative"]
@@ -81,6 +86,7 @@ def input_selection(
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
         raise PartitionArgumentError(f"noise must be a finite standard deviation >= 0 (e.g. 0.1), got {noise!r}")
     seed = check_int("seed", seed, 0, noun="an integer")
+    split = check_split(split)
     f = _input_selection_function(num_informative, seed)
 
     def sample(count: int, input_stream: int, noise_stream: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,8 +95,11 @@ def input_selection(
         eps = torch.from_numpy(seeded_rng(seed, noise_stream).standard_normal(count)).float()
         return x, (clean + float(noise) * eps).unsqueeze(1), clean.unsqueeze(1)
 
-    train_x, train_y, train_clean = sample(num_train, TRAIN_INPUT_STREAM, TRAIN_NOISE_STREAM)
-    test_x, test_y, test_clean = sample(num_test, TEST_INPUT_STREAM, TEST_NOISE_STREAM)
+    # a split not asked for is drawn with no examples (each has its own streams, so the other is unchanged)
+    train_count = num_train if wanted(split, "train") else 0
+    test_count = num_test if wanted(split, "test") else 0
+    train_x, train_y, train_clean = sample(train_count, TRAIN_INPUT_STREAM, TRAIN_NOISE_STREAM)
+    test_x, test_y, test_clean = sample(test_count, TEST_INPUT_STREAM, TEST_NOISE_STREAM)
     return DatasetSplits(
         train=TensorDataset(train_x, train_y),
         test=TensorDataset(test_x, test_y),
@@ -108,4 +117,5 @@ def input_selection(
             "train_clean": train_clean,
             "test_clean": test_clean,
         },
+        split=split,
     )
