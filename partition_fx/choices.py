@@ -24,3 +24,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``torch.compile``'s modes, which ``compile=`` and ``--compile`` also take (True: ``"default"``)."""
+
+AFFINE_GENERATORS = ("translation_x", "translation_y", "rotation", "scale_x", "scale_y", "shear")
+"""The ranges of ``transforms.AffineAugmentation`` (its generators), by name: what ``--fix NAME=VALUE`` names."""

@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from .._io import write_json
+from ..choices import AFFINE_GENERATORS
 from ..partitioned_model import PartitionedModel
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
@@ -55,10 +56,12 @@ def _command_config(
         return "the data is not the train split of partition_fx.datasets.load_dataset"
     if model["in_chans"] != (data["channels"] or model["in_chans"]):
         return f"the model takes {model['in_chans']} input channels and the data has {data['channels']}"
-    if hyper is not None and not (
-        type(hyper) is AffineAugmentation and hyper.max_range == DEFAULT_MAX_RANGE  # as --augment affine builds it
-    ):
-        return f"the input transform {type(hyper).__name__} is not an AffineAugmentation with its default ranges"
+    fixed = isinstance(hyper, AffineAugmentation) and hyper.is_fixed
+    if hyper is not None and not (type(hyper) is AffineAugmentation and _as_the_command_builds(hyper)):
+        return (
+            f"the input transform {type(hyper).__name__} is not an AffineAugmentation with its default ranges "
+            "(learned, or fixed with AffineAugmentation.fixed)"
+        )
     if pmodel.seed != config.runtime.seed:
         return (
             f"partitionify's seed ({pmodel.seed}) is not fit's ({config.runtime.seed}), and the command seeds both "
@@ -72,6 +75,8 @@ def _command_config(
         "channels": data["channels"],
         "augment": "affine" if hyper is not None else "none",
         "samples": hyper.num_samples if hyper is not None else 1,
+        "fix": hyper.hyperparameters() if fixed else None,
+        "fix_from": None,
         "partitions": pmodel.num_partitions,
         "proportions": list(pmodel.proportions),
         "scheme": pmodel.scheme,
@@ -80,6 +85,12 @@ def _command_config(
         "device": "auto",
         "train": config.to_dict(),
     }
+
+
+def _as_the_command_builds(hyper: AffineAugmentation) -> bool:
+    """Whether ``--augment affine`` builds ``hyper``: every generator, learned from any start within the default
+    bounds, or fixed (``--fix``; the bounds of fixed ranges constrain nothing)."""
+    return hyper.generators == AFFINE_GENERATORS and (hyper.is_fixed or hyper.max_range == DEFAULT_MAX_RANGE)
 
 
 class RunRecordWriter(TrainingHook):

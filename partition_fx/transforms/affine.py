@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_choice, check_int, check_real
+from ..choices import AFFINE_GENERATORS
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -26,6 +27,7 @@ GENERATORS: dict[str, tuple[tuple[float, ...], ...]] = {
     "scale_y": ((0, 0, 0), (0, 1, 0), (0, 0, 0)),
     "shear": ((0, 1, 0), (1, 0, 0), (0, 0, 0)),
 }
+assert tuple(GENERATORS) == AFFINE_GENERATORS  # the command line names them without importing torch
 
 # Default bounds on |range| enforced by ``constrain_``, in the coefficient units of GENERATORS.
 DEFAULT_MAX_RANGE: dict[str, float] = {
@@ -81,7 +83,7 @@ class AffineAugmentation(HyperparameterModule):
     def __init__(
         self,
         num_samples: int = 8,
-        generators: Sequence[str] = ("translation_x", "translation_y", "rotation", "scale_x", "scale_y", "shear"),
+        generators: Sequence[str] = AFFINE_GENERATORS,
         init: float | Mapping[str, float] = 0.0,
         max_range: Mapping[str, float] | None = None,
         padding_mode: str = "zeros",
@@ -115,6 +117,33 @@ class AffineAugmentation(HyperparameterModule):
         self.register_buffer("generator_matrices", matrices, persistent=False)
         limits = torch.tensor([bounds[name] for name in self.generators], dtype=torch.float32)
         self.register_buffer("max_ranges", limits, persistent=False)
+
+    @classmethod
+    def fixed(cls, ranges: Mapping[str, float], num_samples: int = 8) -> AffineAugmentation:
+        """An augmentation whose ranges are fixed at ``ranges`` (every generator not named at 0) and are not
+        learned (``self.ranges.requires_grad`` is False, so ``fit`` steps nothing): training with a chosen
+        augmentation (appendix G's retraining; ``partition-fx train --fix``). A range may exceed its learning
+        bound (``DEFAULT_MAX_RANGE``: rotation 3.1416 > pi): the bound of a fixed range is raised to hold it.
+
+        >>> aug = AffineAugmentation.fixed({"rotation": math.pi}, num_samples=2)
+        >>> aug.hyperparameters()["rotation"] == float(torch.tensor(math.pi)), aug.ranges.requires_grad
+        (True, False)
+        >>> AffineAugmentation.fixed({"rotate": 1.0})
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: init has key 'rotate', which is not one of this module's ...
+        """
+        bounds = {
+            name: max(DEFAULT_MAX_RANGE[name], abs(value)) for name, value in ranges.items() if name in GENERATORS
+        }
+        augmentation = cls(num_samples=num_samples, init=dict(ranges), max_range=bounds)
+        augmentation.ranges.requires_grad_(False)
+        return augmentation
+
+    @property
+    def is_fixed(self) -> bool:
+        """Whether the ranges are fixed (not learned): :meth:`fixed`, or ``ranges.requires_grad_(False)``."""
+        return not self.ranges.requires_grad
 
     def forward(self, x: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
         """[B, C, H, W] -> [S * B, C, H, W] (sample-major) in training mode; ``x`` itself in eval mode.
