@@ -125,6 +125,15 @@ def path(text: str) -> Path:
     return Path(text)
 
 
+def path_text(text: str) -> str:
+    """:func:`path` kept as text, for an option a report records (JSON has no paths).
+
+    >>> path_text("runs/a")
+    'runs/a'
+    """
+    return str(path(text))
+
+
 def proportions(text: str) -> tuple[float, ...]:
     """A ``type=`` for comma-separated proportions (checked against ``--partitions`` after parsing).
 
@@ -137,6 +146,44 @@ def proportions(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"proportions must be comma-separated numbers, got {text!r}") from None
     if not all(math.isfinite(p) for p in values):
         raise argparse.ArgumentTypeError(f"proportions must be finite numbers, got {text!r}")
+    return values
+
+
+def range_values(text: str) -> dict[str, float]:
+    """A ``type=`` for ``--fix``: comma-separated ``NAME=VALUE`` pairs, each an affine augmentation range
+    (``choices.AFFINE_GENERATORS``) and a finite half-width >= 0, each name once.
+
+    >>> range_values("rotation=3.1416,translation_x=0.1")
+    {'rotation': 3.1416, 'translation_x': 0.1}
+    >>> range_values("rot=1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: unknown range 'rot' (did you mean rotation?); the ranges are translation_x, ...
+    """
+    from ..choices import AFFINE_GENERATORS
+
+    values: dict[str, float] = {}
+    for pair in text.split(","):
+        name, equals, value = pair.partition("=")
+        name = name.strip()
+        if not equals:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs separated by commas, got {pair!r}")
+        if name not in AFFINE_GENERATORS:
+            close = difflib.get_close_matches(name, AFFINE_GENERATORS, n=1)
+            raise argparse.ArgumentTypeError(
+                f"unknown range {name!r}"
+                + (f" (did you mean {close[0]}?)" if close else "")
+                + f"; the ranges are {', '.join(AFFINE_GENERATORS)}"
+            )
+        if name in values:
+            raise argparse.ArgumentTypeError(f"{name} is given twice; give each range once")
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}={value!r} is not a number") from None
+        if not math.isfinite(number) or number < 0:
+            raise argparse.ArgumentTypeError(f"{name}={value} must be a finite half-width >= 0")
+        values[name] = number
     return values
 
 

@@ -17,7 +17,7 @@ from ..train_config import TrainConfig
 from .federated_options import DEFAULT_FEDERATED_PROPORTIONS
 from .parser import DATASETS, DEFAULT_PROPORTIONS
 from .run_config import train_config
-from .runs import check_out, resumed_args, training_run
+from .runs import check_out, learned_ranges, resumed_args, training_run
 
 _POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
 """``train``'s own options that must be >= 1; the training configuration's options check themselves."""
@@ -70,10 +70,15 @@ def check_train_options(args: argparse.Namespace) -> TrainConfig:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     checked_proportions(args)
-    if args.augment == "affine" and args.partitions < 2:
+    fixed = fixed_ranges(args)
+    if fixed is not None and args.augment != "affine":
+        option = "--fix" if args.fix is not None else "--fix-from"
+        raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {args.augment}")
+    if args.augment == "affine" and fixed is None and args.partitions < 2:
         raise PartitionArgumentError(
             f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
-            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions or pass --augment none"
+            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions, fix the ranges with --fix "
+            "NAME=VALUE (or --fix-from RUN), or pass --augment none"
         )
     if args.data == "input_selection":
         raise PartitionArgumentError(
@@ -91,6 +96,32 @@ def check_train_options(args: argparse.Namespace) -> TrainConfig:
             "or FOLDER/{train,test}/<class>/<image>"
         )
     return config
+
+
+def fixed_ranges(args: argparse.Namespace) -> dict[str, float] | None:
+    """The augmentation ranges ``train`` fixes: ``--fix``'s values, or those the ``--fix-from`` run learned; None
+    when the ranges are learned.
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> fixed_ranges(parse_train(["--fix", "rotation=1.5"])), fixed_ranges(parse_train([]))
+    ({'rotation': 1.5}, None)
+    """
+    if args.fix is not None:
+        return dict(args.fix)
+    if args.fix_from is not None:
+        return learned_ranges(Path(args.fix_from))
+    return None
+
+
+def with_fixed_ranges(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--fix-from RUN`` read into ``fix`` (``fix_from`` kept, to say where they came from), so
+    that a run's report records the values it trained with.
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> with_fixed_ranges(parse_train(["--fix", "rotation=1.5"])).fix
+    {'rotation': 1.5}
+    """
+    return argparse.Namespace(**{**vars(args), "fix": fixed_ranges(args)})
 
 
 def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:

@@ -132,7 +132,8 @@ def _print_train(report: dict[str, Any], out: Path) -> None:
         f"{report['seconds']:.0f}s: test accuracy {report['test_accuracy']:.4f}"
     )
     print(_evidence(report))
-    print(f"learned hyperparameters (ranges; rotation in radians): {learned}")
+    how = "fixed" if report["config"]["fix"] is not None else "learned"  # --fix, --fix-from: nothing learned
+    print(f"{how} hyperparameters (ranges; rotation in radians): {learned}")
     print(f"wrote {out}/: report.json, lml.png, hyperparameters.png, model.safetensors, model.onnx, checkpoint/")
 
 

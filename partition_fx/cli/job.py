@@ -25,7 +25,7 @@ from ..rewrite import partitionify
 from ..train_config import TrainConfig
 from ..training import split_into_chunks, weight_decay_scales
 from ..transforms import AffineAugmentation
-from .checks import check_train_options, checked_proportions, proportions_text
+from .checks import check_train_options, checked_proportions, fixed_ranges, proportions_text
 from .parser import parse_train
 
 
@@ -117,8 +117,18 @@ def job_from_args(args: argparse.Namespace, *, split: Split | None = None) -> Tr
     pmodel = partitionify_from_args(model, args)
     if split is None:
         _check_chunks(args, len(data.train), pmodel)
-    hyper = AffineAugmentation(num_samples=args.samples) if args.augment == "affine" else None
+    hyper = _augmentation(args)
     return TrainJob(args=args, config=config, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
+
+
+def _augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
+    """``--augment``'s input transform: learned ranges from 0, or those ``--fix``/``--fix-from`` fix."""
+    if args.augment != "affine":
+        return None
+    fixed = fixed_ranges(args)
+    if fixed is None:
+        return AffineAugmentation(num_samples=args.samples)
+    return AffineAugmentation.fixed(fixed, num_samples=args.samples)
 
 
 def load_job_data(args: argparse.Namespace, config: TrainConfig, split: Split | None = None) -> DatasetSplits:

@@ -19,7 +19,17 @@ from ..choices import ASSIGNMENTS, DEFAULTS
 from ..datasets.registry import dataset_names
 from ..kinds import partition_kinds
 from ..train_config import TrainConfig
-from .argparsing import Parser, add_settings, default_shares_text, int_at_least, path, proportions, seed
+from .argparsing import (
+    Parser,
+    add_settings,
+    default_shares_text,
+    int_at_least,
+    path,
+    path_text,
+    proportions,
+    range_values,
+    seed,
+)
 from .federated_options import add_federated
 
 DESCRIPTION = (
@@ -251,6 +261,22 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     )
     hyper.add_argument(
         "--samples", type=int, default=4, metavar="S", help="augmentation samples per example (default: %(default)s)"
+    )
+    fixed = hyper.add_mutually_exclusive_group()
+    fixed.add_argument(
+        "--fix",
+        type=range_values,
+        default=None,
+        metavar="NAME=VALUE[,...]",
+        help="fix the augmentation's ranges at these values, every other at 0, and learn nothing: training with a "
+        "chosen augmentation, e.g. --partitions 1 --fix rotation=3.1416 (default: none, the ranges are learned)",
+    )
+    fixed.add_argument(
+        "--fix-from",
+        type=path_text,
+        default=None,
+        metavar="RUN",
+        help="--fix every range that the finished `partition-fx train` run RUN learned (default: none)",
     )
     groups = {"learned hyperparameters": hyper, "training": train.add_argument_group("training")}
     groups["output"] = _add_output_options(

@@ -148,6 +148,30 @@ def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace
     return report, args_from_config(config, f"{option} {str(run)!r}: report.json")
 
 
+def learned_ranges(run: Path, option: str = "--fix-from") -> dict[str, float]:
+    """The augmentation ranges the completed ``partition-fx train`` run in ``run`` learned (its report's
+    ``hyperparameters``), by name; a run that is not completed, or learned no affine ranges, is refused.
+
+    >>> import tempfile
+    >>> learned_ranges(Path(tempfile.mkdtemp()))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --fix-from '...': report.json cannot be read (...)
+    """
+    from ..choices import AFFINE_GENERATORS
+
+    report, args = read_run(run, option)
+    if report.get("status") != "completed":
+        raise PartitionError(
+            f"{option} {str(run)!r}: that run is {report.get('status', 'not completed')}, not completed; its ranges "
+            "are not final (resume it with --resume first)"
+        )
+    ranges = report.get("hyperparameters")
+    if args.augment != "affine" or not isinstance(ranges, dict) or not set(ranges) <= set(AFFINE_GENERATORS):
+        raise PartitionError(f"{option} {str(run)!r}: that run learned no augmentation ranges (--augment none)")
+    return {name: float(value) for name, value in ranges.items()}
+
+
 def training_run(run: Path, option: str, which: str) -> tuple[argparse.Namespace, Path]:
     """The ``train`` options a training run's configuration reads back as, and its ``which`` checkpoint file:
     from a ``partition-fx train`` run (``report.json``, ``checkpoint/WHICH.safetensors``) or a Python run's

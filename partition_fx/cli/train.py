@@ -34,6 +34,7 @@ from .._io import remove_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
 from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
+from .checks import with_fixed_ranges
 from .export import load_for_export
 from .job import TrainJob, job_from_args, resolve_device
 from .launch import barrier, processes, torchrun_group
@@ -81,6 +82,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "resume", None) is not None:
         args = resumed_args(args)
         resume_from = args.out / "checkpoint" / "resume"
+    args = with_fixed_ranges(args)  # the report records the values --fix-from read
     with torchrun_group(resolve_device(args.device)) as rank:
         return _run(args, resume_from, writes=rank in (None, 0), rank=rank)
 

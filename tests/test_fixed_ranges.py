@@ -1,0 +1,121 @@
+"""Training with fixed hyperparameters (appendix G's retraining): ``partition-fx train --fix NAME=VALUE`` and
+``--fix-from RUN``, and ``AffineAugmentation.fixed`` in ``fit``. Nothing is learned, the values are exactly the
+ones asked for (as float32, the ranges' dtype), and bad names are refused with the known ones listed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from partition_fx import partitionify
+from partition_fx.choices import AFFINE_GENERATORS
+from partition_fx.cli import main
+from partition_fx.datasets import load_dataset
+from partition_fx.models import build_model
+from partition_fx.training import fit
+from partition_fx.transforms import AffineAugmentation
+from partition_fx.transforms.affine import GENERATORS
+
+TINY = ["--model", "fixup_resnet8", "--image-size", "12", "--steps", "6", "--batch-size", "16", "--eval-every", "2"]
+TINY += ["--samples", "2", "--quiet"]
+
+
+def _float32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _exit_status(argv: list[str]) -> int:
+    """``partition-fx ARGV``'s exit status (argparse's refusals exit, the package's return)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code)
+
+
+def _report(run) -> dict:
+    return json.loads((run / "report.json").read_text())
+
+
+def test_the_command_line_names_the_ranges_the_augmentation_has() -> None:
+    assert tuple(GENERATORS) == AFFINE_GENERATORS == AffineAugmentation().generators
+
+
+def test_fix_trains_with_the_values_given_and_learns_nothing(tmp_path) -> None:
+    run = tmp_path / "fixed"
+    assert main(["train", *TINY, "--partitions", "1", "--fix", "rotation=3.1416,scale_x=0.2", "--out", str(run)]) == 0
+    report = _report(run)
+    expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": _float32(3.1416), "scale_x": _float32(0.2)}
+    assert report["hyperparameters"] == expected  # every other range at 0, the values exact
+    assert [record["hyperparameters"] for record in report["history"]] == [expected] * len(report["history"])
+    assert report["config"]["fix"] == {"rotation": 3.1416, "scale_x": 0.2} and report["config"]["fix_from"] is None
+    # the run exports (its augmentation rebuilt fixed) and reproduces its test accuracy
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+    exported = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert exported["test_accuracy"] == report["test_accuracy"]
+
+
+def test_fix_from_fixes_every_value_a_run_learned(tmp_path) -> None:
+    learned, fixed = tmp_path / "learned", tmp_path / "fixed"
+    assert main(["train", *TINY, "--hyper-lr", "0.2", "--out", str(learned)]) == 0
+    ranges = _report(learned)["hyperparameters"]
+    assert any(value > 0 for value in ranges.values())  # it learned something to fix
+    assert main(["train", *TINY, "--partitions", "1", "--fix-from", str(learned), "--out", str(fixed)]) == 0
+    report = _report(fixed)
+    assert report["hyperparameters"] == ranges  # float32 values read back exactly
+    assert report["config"]["fix"] == ranges and report["config"]["fix_from"] == str(learned)
+    # a run that learned nothing, or did not finish, has no ranges to fix
+    plain = tmp_path / "plain"
+    assert main(["train", *TINY, "--partitions", "1", "--augment", "none", "--out", str(plain)]) == 0
+    assert main(["train", *TINY, "--fix-from", str(plain), "--out", str(tmp_path / "x")]) == 2
+    report = _report(learned) | {"status": "interrupted"}
+    (learned / "report.json").write_text(json.dumps(report))
+    assert main(["train", *TINY, "--fix-from", str(learned), "--out", str(tmp_path / "y")]) == 2
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--fix", "rotaton=1"], "unknown range 'rotaton' (did you mean rotation?); the ranges are translation_x, "),
+        (["--fix", "zoom=1"], "the ranges are translation_x, translation_y, rotation, scale_x, scale_y, shear"),
+        (["--fix", "rotation"], "expected NAME=VALUE pairs"),
+        (["--fix", "rotation=1,rotation=2"], "rotation is given twice"),
+        (["--fix", "rotation=-1"], "must be a finite half-width >= 0"),
+        (["--fix", "rotation=nan"], "must be a finite half-width >= 0"),
+        (["--fix", "rotation=pi"], "rotation='pi' is not a number"),
+        (["--fix", "rotation=1", "--fix-from", "runs/x"], "not allowed with argument --fix"),
+        (["--fix", "rotation=1", "--augment", "none"], "--fix fixes the ranges of --augment affine; drop --augment"),
+        (["--partitions", "1"], "fix the ranges with --fix NAME=VALUE (or --fix-from RUN), or pass --augment none"),
+    ],
+)
+def test_bad_fixes_are_refused_before_anything_runs(tmp_path, capsys, argv, message) -> None:
+    assert _exit_status(["train", *TINY, *argv, "--out", str(tmp_path / "run")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_with_a_fixed_augmentation_learns_nothing_and_records_it(tmp_path) -> None:
+    data = load_dataset("digits", size=12)
+    torch.manual_seed(0)
+    pmodel = partitionify(build_model("fixup_resnet8", 10, in_chans=1, img_size=12), 1, seed=3)
+    hyper = AffineAugmentation.fixed({"rotation": math.pi}, num_samples=2)
+    before = hyper.ranges.detach().clone()
+    options = {"steps": 4, "batch_size": 8, "seed": 3, "checkpoint_dir": tmp_path, "progress": False}
+    result = fit(pmodel, data.train, hyper=hyper, **options)
+    assert torch.equal(hyper.ranges.detach(), before) and not hyper.ranges.requires_grad
+    assert result.hyperparameters["rotation"] == _float32(math.pi)
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["config"]["fix"] == result.hyperparameters and record["config"]["partitions"] == 1
+    assert main(["export", "--run", str(tmp_path), "--out", str(tmp_path / "export")]) == 0
+
+
+def test_a_fixed_range_may_exceed_its_learning_bound() -> None:
+    aug = AffineAugmentation.fixed({"rotation": 3.1416})
+    assert aug.hyperparameters()["rotation"] == _float32(3.1416) > math.pi
+    aug.constrain_()  # its bound holds it
+    assert aug.hyperparameters()["rotation"] == _float32(3.1416)
+    with pytest.raises(Exception, match="outside the bound"):  # a learned one may not
+        AffineAugmentation(init={"rotation": 3.1416})
