@@ -1,11 +1,14 @@
 """What partitioned training learns: `partition-fx train` runs on rotdigits/digits, with and without
-learned affine augmentation, over several seeds.
+learned affine augmentation, and the oracle, over several seeds.
 
 Each run is the `partition-fx train` default (resnet10t, C=3, 0.8/0.1/0.1, 400 iterations) with the
-data, augmentation and seed changed; a run directory that already holds a completed run of the same
-configuration is reused. Prints a table and writes ``benchmarks/results/learned_augmentation.json``.
+data, augmentation and seed changed; ``oracle`` is the same job with the truth fixed and nothing learned
+(``--partitions 1 --fix rotation=3.1416``: plain training with full rotation, the same recipe). A run
+directory that already holds a completed run of the same configuration is reused. Prints a table and writes
+``benchmarks/results/learned_augmentation.json``.
 
-    python -m benchmarks.learned_augmentation [--seeds 0,1,2] [--runs runs/learned_augmentation] [--quick]
+    python -m benchmarks.learned_augmentation [--seeds 0,1,2] [--configs rotdigits:affine,...]
+        [--runs runs/learned_augmentation] [--quick]
 """
 
 from __future__ import annotations
@@ -18,14 +21,20 @@ from benchmarks import tables
 from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx.cli import main as cli
 
-CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("digits", "affine")]
+CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("rotdigits", "oracle"), ("digits", "affine")]
+ARMS = {
+    "affine": ["--augment", "affine"],
+    "none": ["--augment", "none"],
+    "oracle": ["--partitions", "1", "--fix", "rotation=3.1416"],  # rotdigits' truth: full rotation
+}
+"""The command-line options of each arm (``augment`` in the rows)."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]
 
 
 def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dict:
     out = runs / f"{data}_{augment}_s{seed}"
     report_path = out / "report.json"
-    argv = ["train", "--data", data, "--augment", augment, "--seed", str(seed), *extra, "--quiet"]
+    argv = ["train", "--data", data, *ARMS[augment], "--seed", str(seed), *extra, "--quiet"]
     if report_path.is_file():
         report = json.loads(report_path.read_text())
         if report.get("status") == "completed" and _same_config(report["config"], data, augment, seed, extra):
@@ -38,21 +47,28 @@ def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dic
 def _same_config(config: dict, data: str, augment: str, seed: int, extra: list[str]) -> bool:
     steps = int(extra[extra.index("--steps") + 1]) if "--steps" in extra else 400
     train = config["train"]
-    recorded = (config["data"], config["augment"], train["runtime"]["seed"], train["optimization"]["steps"])
+    arm = "oracle" if config.get("fix") is not None else config["augment"]
+    recorded = (config["data"], arm, train["runtime"]["seed"], train["optimization"]["steps"])
     return recorded == (data, augment, seed, steps)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument(
+        "--configs",
+        default=",".join(f"{data}:{arm}" for data, arm in CONFIGS),
+        help="DATA:ARM pairs to run, ARM one of " + ", ".join(ARMS),
+    )
     parser.add_argument("--runs", type=Path, default=Path("runs/learned_augmentation"))
     parser.add_argument("--out", type=Path, default=RESULTS / "learned_augmentation.json")
     parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test, numbers meaningless)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     extra = QUICK if args.quick else []
+    configs = [tuple(pair.split(":")) for pair in args.configs.split(",")]
     rows = []
-    for data, augment in CONFIGS:
+    for data, augment in configs:
         reports = [run(data, augment, seed, args.runs, extra) for seed in seeds]
         rotation = [r["hyperparameters"].get("rotation") for r in reports]
         rows.append(
@@ -62,17 +78,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "seeds": seeds,
                 "test_accuracy": [r["test_accuracy"] for r in reports],
                 "lml": [r["lml"] for r in reports],
-                "rotation": rotation if augment == "affine" else None,
+                "rotation": rotation if augment != "none" else None,
                 "other_ranges_max": [
                     max(v for k, v in r["hyperparameters"].items() if k != "rotation") for r in reports
                 ]
-                if augment == "affine"
+                if augment != "none"
                 else None,
                 "seconds": [r["seconds"] for r in reports],
             }
         )
 
-    result = results(header("learned_augmentation", quick=args.quick), {"configs": CONFIGS}, rows)
+    result = results(header("learned_augmentation", quick=args.quick), {"configs": configs}, rows)
     print(tables.learned_augmentation(result))
     if not args.quick:
         write_results(args.out, result)

@@ -39,12 +39,15 @@ METHOD_LABELS = {
 }
 
 
+ARM_LABELS = {"affine": "learned affine", "none": "none", "oracle": "oracle: rotation fixed at pi, C=1"}
+
+
 def learned_augmentation(result: Results) -> str:
     header = ["data", "augmentation", "test accuracy", "LML (nats)", "rotation range (rad)", "largest other range"]
     body = [
         [
             r["data"],
-            "learned affine" if r["augment"] == "affine" else "none",
+            ARM_LABELS[r["augment"]],
             mean_sd(r["test_accuracy"], ".3f"),
             mean_sd(r["lml"], ".0f"),
             mean_sd(r["rotation"], ".2f") if r["rotation"] else "-",

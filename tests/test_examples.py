@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -57,7 +58,10 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
     module = _benchmark("learned_augmentation")
     result = module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])
     assert [(r["data"], r["augment"]) for r in result["rows"]] == module.CONFIGS
-    assert "| rotdigits | learned affine |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| rotdigits | learned affine |" in out and "| rotdigits | oracle: rotation fixed at pi, C=1 |" in out
+    (oracle,) = [r for r in result["rows"] if r["augment"] == "oracle"]
+    assert oracle["rotation"] == [float(np.float32(3.1416))] and oracle["other_ranges_max"] == [0.0]
     # a second call reuses the completed runs
     assert module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])["rows"] == result["rows"]
 

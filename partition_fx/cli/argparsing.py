@@ -155,10 +155,10 @@ def range_values(text: str) -> dict[str, float]:
 
     >>> range_values("rotation=3.1416,translation_x=0.1")
     {'rotation': 3.1416, 'translation_x': 0.1}
-    >>> range_values("rot=1")
+    >>> range_values("rotaton=1")
     Traceback (most recent call last):
     ...
-    argparse.ArgumentTypeError: unknown range 'rot' (did you mean rotation?); the ranges are translation_x, ...
+    argparse.ArgumentTypeError: unknown range 'rotaton' (did you mean rotation?); the ranges are translation_x, ...
     """
     from ..choices import AFFINE_GENERATORS
 
