@@ -20,9 +20,9 @@ from .splits import (
     DatasetSplits,
     Split,
     check_split,
+    only_split,
     seeded_rng,
     stratified_split,
-    wanted,
 )
 
 NUM_DIGITS = 1797
@@ -113,9 +113,6 @@ def _digits_splits(
     if rotate:
         info["train_angles"], info["test_angles"] = angles[train_idx], angles[test_idx]
     x = x.expand(-1, channels, -1, -1)  # grey to `channels` identical channels; indexing below copies
-    # a split not asked for is indexed with no indices: empty, with the shapes of the one that is
-    train_rows = train_idx if wanted(split, "train") else train_idx[:0]
-    test_rows = test_idx if wanted(split, "test") else test_idx[:0]
     side = _digit_side(size)
     description = (
         f"scikit-learn 8x8 digits upsampled (bilinear) to {side}x{side} in the centre of a {size}x{size} zero "
@@ -123,16 +120,16 @@ def _digits_splits(
         + (", each rotated by a fixed angle uniform on [-pi, pi]" if rotate else "")
         + f"; stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
     )
-    return DatasetSplits(
-        train=TensorDataset(x[train_rows], targets[train_rows]),
-        test=TensorDataset(x[test_rows], targets[test_rows]),
+    both = DatasetSplits(
+        train=TensorDataset(x[train_idx], targets[train_idx]),
+        test=TensorDataset(x[test_idx], targets[test_idx]),
         num_classes=10,
         input_shape=(channels, size, size),
         name=name,
         description=description,
         info=info,
-        split=split,
     )
+    return only_split(both, split)  # every image is in memory already (scikit-learn's): dropping one costs nothing
 
 
 def digits(
