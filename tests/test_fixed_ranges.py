@@ -1,6 +1,7 @@
 """Training with fixed hyperparameters (appendix G's retraining): ``partition-fx train --fix NAME=VALUE`` and
 ``--fix-from RUN``, and ``AffineAugmentation.fixed`` in ``fit``. Nothing is learned, the values are exactly the
-ones asked for (as float32, the ranges' dtype), and bad names are refused with the known ones listed."""
+ones asked for (as float32, the ranges' dtype), and bad names are refused with the known ones listed. Also
+``--init NAME=VALUE``: learned ranges that start there."""
 
 from __future__ import annotations
 
@@ -89,6 +90,10 @@ def test_fix_from_fixes_every_value_a_run_learned(tmp_path) -> None:
         (["--fix", "rotation=1", "--fix-from", "runs/x"], "not allowed with argument --fix"),
         (["--fix", "rotation=1", "--augment", "none"], "--fix fixes the ranges of --augment affine; drop --augment"),
         (["--partitions", "1"], "fix the ranges with --fix NAME=VALUE (or --fix-from RUN), or pass --augment none"),
+        (["--init", "rotaton=1"], "unknown range 'rotaton' (did you mean rotation?); the ranges are translation_x"),
+        (["--init", "rotation=1", "--fix", "rotation=1"], "not allowed with argument --init"),
+        (["--init", "rotation=1", "--augment", "none"], "--init starts the ranges of --augment affine; drop"),
+        (["--init", "rotation=3.2"], "--init rotation=3.2 is outside the range it is learned in, [0, 3.14159]"),
     ],
 )
 def test_bad_fixes_are_refused_before_anything_runs(tmp_path, capsys, argv, message) -> None:
@@ -119,3 +124,18 @@ def test_a_fixed_range_may_exceed_its_learning_bound() -> None:
     assert aug.hyperparameters()["rotation"] == _float32(3.1416)
     with pytest.raises(Exception, match="outside the bound"):  # a learned one may not
         AffineAugmentation(init={"rotation": 3.1416})
+
+
+def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) -> None:
+    from partition_fx.cli.job import train_job
+
+    job = train_job([*TINY, "--init", "rotation=1.5,shear=0.25"])
+    expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5, "shear": 0.25}
+    assert job.hyper.hyperparameters() == expected and job.hyper.ranges.requires_grad  # learned from there
+    assert train_job(TINY).hyper.hyperparameters() == dict.fromkeys(AFFINE_GENERATORS, 0.0)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "2", "--init", "rotation=1.5", "--out", str(run)]) == 0
+    report = _report(run)
+    assert report["config"]["init"] == {"rotation": 1.5}
+    assert report["hyperparameters"]["rotation"] != _float32(1.5)  # learned: it moved from its start
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0

@@ -74,6 +74,8 @@ def check_train_options(args: argparse.Namespace) -> TrainConfig:
     if fixed is not None and args.augment != "affine":
         option = "--fix" if args.fix is not None else "--fix-from"
         raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {args.augment}")
+    if args.init is not None:
+        _check_init(args)
     if args.augment == "affine" and fixed is None and args.partitions < 2:
         raise PartitionArgumentError(
             f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
@@ -96,6 +98,20 @@ def check_train_options(args: argparse.Namespace) -> TrainConfig:
             "or FOLDER/{train,test}/<class>/<image>"
         )
     return config
+
+
+def _check_init(args: argparse.Namespace) -> None:
+    """``--init``: for the ranges ``--augment affine`` learns, each within the bound it is learned in."""
+    from ..transforms.affine import DEFAULT_MAX_RANGE  # imports torch: not when only parsing
+
+    if args.augment != "affine":
+        raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {args.augment}")
+    for name, value in args.init.items():
+        if value > DEFAULT_MAX_RANGE[name]:
+            raise PartitionArgumentError(
+                f"--init {name}={value} is outside the range it is learned in, [0, {DEFAULT_MAX_RANGE[name]:.6g}]; "
+                f"pass {name}={DEFAULT_MAX_RANGE[name]:.6g} or less"
+            )
 
 
 def fixed_ranges(args: argparse.Namespace) -> dict[str, float] | None:

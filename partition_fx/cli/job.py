@@ -122,12 +122,13 @@ def job_from_args(args: argparse.Namespace, *, split: Split | None = None) -> Tr
 
 
 def _augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
-    """``--augment``'s input transform: learned ranges from 0, or those ``--fix``/``--fix-from`` fix."""
+    """``--augment``'s input transform: learned ranges from 0 (or ``--init``'s start), or those
+    ``--fix``/``--fix-from`` fix."""
     if args.augment != "affine":
         return None
     fixed = fixed_ranges(args)
     if fixed is None:
-        return AffineAugmentation(num_samples=args.samples)
+        return AffineAugmentation(num_samples=args.samples, init=args.init or 0.0)
     return AffineAugmentation.fixed(fixed, num_samples=args.samples)
 
 

@@ -272,6 +272,14 @@ def _add_train(train: argparse.ArgumentParser) -> None:
         "chosen augmentation, e.g. --partitions 1 --fix rotation=3.1416 (default: none, the ranges are learned)",
     )
     fixed.add_argument(
+        "--init",
+        type=range_values,
+        default=None,
+        metavar="NAME=VALUE[,...]",
+        help="start the learned ranges at these values, every other at 0 (within the learning bounds: rotation "
+        "pi, translations 1, scales and shear log 2) (default: every range starts at 0)",
+    )
+    fixed.add_argument(
         "--fix-from",
         type=path_text,
         default=None,

@@ -77,6 +77,7 @@ def _command_config(
         "samples": hyper.num_samples if hyper is not None else 1,
         "fix": hyper.hyperparameters() if fixed else None,
         "fix_from": None,
+        "init": None,  # where learned ranges started does not change the trained checkpoint it rebuilds
         "partitions": pmodel.num_partitions,
         "proportions": list(pmodel.proportions),
         "scheme": pmodel.scheme,
