@@ -33,6 +33,9 @@ WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
 """How partition k's weight decay is scaled by |D_1:k| (``training.optim.weight_decay_scales``)."""
 LR_SCHEDULES = ("cosine", "constant")
 """The weights' learning rate over the run: cosine-annealed to 1/100 of its initial value, or constant."""
+FINETUNE_SCHEDULES = ("continue", "restart")
+"""The weights' learning rate when fine-tuning: the run's schedule carries on (the paper's single schedule), or
+it restarts at ``lr`` and anneals over the fine-tuning steps alone (a warm restart)."""
 ON_NONFINITE = ("raise", "skip")
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
@@ -107,9 +110,11 @@ class HyperStep(Settings):
 class FineTuning(Settings):
     """The last ``finetune_steps`` of the ``steps`` iterations fine-tune the final model (the paper's Table 2):
     psi is frozen, every weight of subnetwork C (all partitions, as exported) trains on ALL the data with the
-    learned augmentation, the optimiser and LR schedule carry on (a schedule spans both phases) and the weight
-    decay is no longer scaled. No LML is estimated then (no subnetwork is unseen by a chunk any more): those
-    evaluations record ``phase: "finetune"`` and the training loss. ``patience`` ends the partitioned phase
+    learned augmentation, the optimiser carries on, the weight decay is no longer scaled, and the LR schedule
+    carries on (``finetune_schedule="continue"``: one schedule spans both phases) or restarts at ``lr`` over the
+    fine-tuning steps (``"restart"``: the configured ``lr_schedule``, cosine to 1/100 of ``lr`` or constant).
+    No LML is estimated then (no subnetwork is unseen by a chunk any more): those evaluations record
+    ``phase: "finetune"`` and the training loss. ``patience`` ends the partitioned phase
     early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best state first. None: a
     quarter of the steps; 0: partitioned training only."""
 
@@ -122,6 +127,13 @@ class FineTuning(Settings):
         minimum=0,
         metavar="N",
         default_text=f"{FINETUNE_FRACTION:g} of --steps",
+    )
+    schedule: str = setting(
+        "continue",
+        "the learning rate when fine-tuning begins: --lr-schedule carries on over --steps (continue), or restarts "
+        "at --lr and anneals over the fine-tuning steps alone (restart)",
+        keyword="finetune_schedule",
+        choices=FINETUNE_SCHEDULES,
     )
 
 

@@ -128,6 +128,43 @@ def test_the_lr_schedule_spans_both_phases_and_weight_decay_is_no_longer_scaled(
     assert {g["weight_decay"] for g in trainer.optimizer.param_groups} == {0.01}
 
 
+@pytest.mark.parametrize("patience", [None, 1])  # the planned switch, and one patience moves earlier
+def test_a_restarted_schedule_anneals_from_lr_over_the_finetuning_steps_alone(patience):
+    """``finetune_schedule="restart"``: the partitioned phase follows the run's cosine (over all 12 steps), and
+    after fine-tuning's step t of T the rate is eta_min + (lr - eta_min)(1 + cos(pi t / T)) / 2, eta_min = lr / 100."""
+    adam = partial(torch.optim.Adam, lr=0.1)
+    trainer = _trainer(optimizer=adam, lr_schedule="cosine", steps=12, finetune_schedule="restart")
+    lrs = []
+    trainer.hooks.append(_LearningRates(lrs))
+    result = trainer.run(finetune_steps=4, eval_every=1, patience=patience, progress=False)
+    switch, eta_min = result.finetune_start, 0.1 / 100
+    cosine = lambda t, steps: eta_min + (0.1 - eta_min) * (1 + math.cos(math.pi * t / steps)) / 2  # noqa: E731
+    assert lrs[:switch] == pytest.approx([cosine(t, 12) for t in range(1, switch + 1)])  # after iteration t
+    assert lrs[switch:] == pytest.approx([cosine(t, 12 - switch) for t in range(1, 12 - switch + 1)])
+    assert lrs[-1] == pytest.approx(eta_min) and (patience is None) == (switch == 8)
+
+
+def test_a_restarted_constant_schedule_keeps_lr_and_a_users_scheduler_is_refused():
+    trainer = _trainer(optimizer=partial(torch.optim.Adam, lr=0.1), steps=6, finetune_schedule="restart")
+    lrs = []
+    trainer.hooks.append(_LearningRates(lrs))
+    trainer.run(finetune_steps=2, eval_every=1, progress=False)
+    assert lrs == [0.1] * 6
+    cosine = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=12)
+    with pytest.raises(PartitionArgumentError, match="finetune_schedule='restart' restarts the configured lr_sched"):
+        _trainer(scheduler=cosine, finetune_schedule="restart")
+
+
+class _LearningRates(TrainingHook):
+    """Records the weights' learning rate after every iteration (``eval_every=1``)."""
+
+    def __init__(self, lrs):
+        self.lrs = lrs
+
+    def after_evaluation(self, trainer, record, improved):
+        self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
+
+
 def test_patience_ends_partitioned_training_early_and_finetuning_runs_to_the_end():
     trainer = _trainer()
     calls = []
@@ -176,15 +213,20 @@ def _fit(pmodel, **kwargs):
 
 
 @pytest.mark.parametrize("stop_at", [6, 7, 9])  # partitioned; the switch (7 = 12 - 5); fine-tuning
-def test_a_run_resumed_in_either_phase_equals_the_uninterrupted_one(tmp_path, stop_at):
+@pytest.mark.parametrize("schedule", ["continue", "restart"])
+def test_a_run_resumed_in_either_phase_equals_the_uninterrupted_one(tmp_path, stop_at, schedule):
+    options = (
+        {} if schedule == "continue" else {"scheduler": None, "lr_schedule": "cosine", "finetune_schedule": schedule}
+    )
     reference = _pmodel()
-    expected = _fit(reference)
+    expected = _fit(reference, **options)
     assert expected.finetune_start == 7
 
-    _fit(_pmodel(), checkpoint_dir=tmp_path, callbacks=[lambda trainer, record: record["step"] == stop_at])
+    stop = [lambda trainer, record: record["step"] == stop_at]
+    _fit(_pmodel(), checkpoint_dir=tmp_path, callbacks=stop, **options)
     assert json.loads((tmp_path / "resume" / "state.json").read_text())["step"] == stop_at
     resumed_model = _pmodel()
-    resumed = _fit(resumed_model, resume=tmp_path / "resume")
+    resumed = _fit(resumed_model, resume=tmp_path / "resume", **options)
 
     strip = lambda history: [{k: v for k, v in r.items() if k != "seconds"} for r in history]  # noqa: E731
     assert resumed.finetune_start == 7 and strip(resumed.history) == strip(expected.history)

@@ -54,7 +54,7 @@ def run_loop(trainer: Any, plan: RunPlan) -> FitResult:
     try:
         while trainer.step < end:
             if switch is not None and trainer.step >= switch and not trainer.finetuning:
-                trainer.begin_finetuning(evaluation.restore_best)
+                trainer.begin_finetuning(evaluation.restore_best, steps=end - trainer.step)
                 bar.set_description("fine-tuning")
             trainer.iteration()
             bar.update(1)

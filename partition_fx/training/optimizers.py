@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .optim import OptimizerFactory, partition_optimizer
@@ -83,6 +84,39 @@ def configured_factories(
     if optimization.lr_schedule == "constant":
         return model, hyper, None
     return model, hyper, partial(_cosine, steps=optimization.steps)
+
+
+def check_finetune_schedule(config: TrainConfig, scheduler: SchedulerFactory | None) -> None:
+    """Refuse ``finetune_schedule="restart"`` with a scheduler factory of the user's: what restarts is the
+    configured ``lr_schedule``, which that factory replaces."""
+    if scheduler is not None and config.finetuning.schedule == "restart":
+        raise PartitionArgumentError(
+            "finetune_schedule='restart' restarts the configured lr_schedule when fine-tuning begins, and a "
+            "scheduler factory was given instead; pass finetune_schedule='continue' (your scheduler then spans "
+            "both phases) or drop scheduler= and choose lr_schedule"
+        )
+
+
+def restarted_scheduler(
+    config: TrainConfig, optimizer: torch.optim.Optimizer, steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """A warm restart of ``config``'s LR schedule for the next ``steps`` steps (``finetune_schedule="restart"``):
+    every param group of ``optimizer`` back at its initial learning rate, then ``lr_schedule`` over ``steps``
+    (cosine to 1/100 of it; None for a constant rate). Saved whole by ``state_dict``, so loading its state into
+    the run's first cosine scheduler, as a resumed run does, makes that one this.
+
+    >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    >>> run = _cosine(sgd, steps=10)
+    >>> for _ in range(8): sgd.step(); run.step()
+    >>> restarted = restarted_scheduler(TrainConfig.recommended(steps=10), sgd, steps=2)
+    >>> [round(group["lr"], 4) for group in sgd.param_groups], restarted.T_max
+    ([0.5], 2)
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = group.get("initial_lr", group["lr"])
+    if config.optimization.lr_schedule == "constant":
+        return None
+    return _cosine(optimizer, steps)
 
 
 def _cosine(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:

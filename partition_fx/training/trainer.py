@@ -37,7 +37,7 @@ from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
 from .lml import LMLEstimate, lml_fields
 from .loop import RunPlan, run_loop
-from .optimizers import build_optimizers, configured_factories
+from .optimizers import build_optimizers, check_finetune_schedule, configured_factories, restarted_scheduler
 from .options import Callback, Components, resolve, takes_num_samples
 from .result import FitResult
 from .sampler import PartitionedSampler
@@ -124,6 +124,7 @@ class PartitionedTrainer:
         self.scheme = iteration_scheme(scheme_name(self.fused, self.every_partition))
         self.scheme.check(pmodel)
         self.estimator = hyper_estimator(step.chunks)
+        check_finetune_schedule(config, components.scheduler)
         optimizer, hyper_optimizer, scheduler = configured_factories(config)  # unless a factory was given
         self.optimizer, self.hyper_optimizer, self.scheduler, self.hyper_scheduler = build_optimizers(
             pmodel,
@@ -295,13 +296,14 @@ class PartitionedTrainer:
         """Whether partitioned training has ended and the final subnetwork is being fine-tuned."""
         return self.finetune_start is not None
 
-    def begin_finetuning(self, restore_best: bool = False) -> None:
+    def begin_finetuning(self, restore_best: bool = False, *, steps: int | None = None) -> None:
         """End partitioned training (paper, Table 2): from here psi is frozen and every weight of the final
         subnetwork (all partitions together, as ``export_subnetwork`` merges them) trains on ALL the data.
 
-        The optimiser and LR scheduler carry on (the schedule spans both phases); each partition's weight
-        decay returns to the unscaled one, since every weight now sees all N examples. With
-        ``restore_best`` the state with the best LML is restored first. Then each hook's
+        The optimiser carries on; each partition's weight decay returns to the unscaled one, since every weight
+        now sees all N examples. The LR schedule carries on (``finetune_schedule="continue"``) or restarts at
+        ``lr`` over the ``steps`` fine-tuning iterations (``"restart"``; default: to the configuration's
+        ``steps``). With ``restore_best`` the state with the best LML is restored first. Then each hook's
         ``before_finetuning`` runs. Draws no random number, so a resumed run that repeats it stays exact."""
         if self.finetuning:
             return
@@ -311,6 +313,9 @@ class PartitionedTrainer:
         self.state.finetune_start = self.step
         for group in self.optimizer.param_groups:
             group["weight_decay"] = group["base_weight_decay"]
+        if self.config.finetuning.schedule == "restart":
+            remaining = steps if steps is not None else self.config.optimization.steps - self.step
+            self.scheduler = self.stepper.scheduler = restarted_scheduler(self.config, self.optimizer, remaining)
         for hook in self.hooks:
             hook.before_finetuning(self)
 
