@@ -77,7 +77,10 @@ class HyperStep(Settings):
     chunk 2..C, weighted by the same probabilities: the same expected gradient without the variance of the
     draw of k, at C-1 times the cost. ``hyper_batch_size`` examples per chunk (None: ``batch_size``);
     ``hyper_samples`` augmentation samples per example (None: the transform's own ``num_samples``; ignored by
-    a transform whose forward takes no ``num_samples``): more samples lower the hyper-gradient's variance."""
+    a transform whose forward takes no ``num_samples``): more samples lower the hyper-gradient's variance.
+    ``train_range_factor`` F != 1: partitioned training's parameter steps draw the augmentation from its ranges
+    times F (a transform with ``widened``, such as ``AffineAugmentation``), so the subnetworks that score psi
+    have been trained on augmentation wider than psi."""
 
     section_help = "learned hyperparameters"
     lr: float = setting(0.05, "Adam's learning rate on the hyperparameters", keyword="hyper_lr", positive=True,
@@ -104,6 +107,15 @@ class HyperStep(Settings):
                                      minimum=1, metavar="N", default_text="--batch-size", fingerprint=True)  # fmt: skip
     warmup_steps: int = setting(0, "iterations before the first hyperparameter step", minimum=0, metavar="N",
                                 fingerprint=True)  # fmt: skip
+    train_range_factor: float = setting(
+        1.0,
+        "parameter steps of partitioned training draw the augmentation from its ranges times F (1: the ranges "
+        "themselves, the paper's; fine-tuning always uses them)",
+        keyword="train_range_factor",
+        positive=True,
+        metavar="F",
+        fingerprint=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,47 @@ def test_hyper_samples_are_refused_without_a_transform_that_takes_them():
         _trainer(hyper_chunks="both")
 
 
+def _widening_trainer(init, factor, **options):
+    return _trainer(hyper=AffineAugmentation(num_samples=2, init=init), train_range_factor=factor, **options)
+
+
+@pytest.mark.parametrize("every_partition", [False, True])
+def test_train_range_factor_widens_parameter_steps_only(every_partition):
+    """With ``train_range_factor=2`` a parameter step trains exactly as with ranges twice as wide (eps * 2 * r is
+    eps * (2 r) bit for bit), and hyperparameter and fine-tuning steps use the ranges themselves."""
+    options = {"every_partition": every_partition, "warmup_steps": 10}  # parameter steps only in run(2)
+    widened, doubled = _widening_trainer(0.2, 2.0, **options), _widening_trainer(0.4, 1.0, **options)
+    for trainer in (widened, doubled):
+        torch.manual_seed(0)  # the augmentation's draws
+        trainer.run(2, finetune_steps=0, progress=False) if every_partition else trainer.parameter_step()
+    assert all(torch.equal(a, b) for a, b in zip(_weights(widened), _weights(doubled)))
+    plain = _widening_trainer(0.2, 1.0, **options)
+    plain.pmodel.load_state_dict(widened.pmodel.state_dict())
+    widened_rng = torch.get_rng_state()
+    _, hyper_loss = widened.hyper_step(2, torch.arange(4))
+    torch.set_rng_state(widened_rng)
+    assert torch.equal(hyper_loss, plain.hyper_step(2, torch.arange(4))[1])
+    widened.begin_finetuning(), plain.begin_finetuning()
+    widened_rng = torch.get_rng_state()
+    finetune_loss = widened.finetune_step(torch.arange(8))
+    torch.set_rng_state(widened_rng)
+    assert torch.equal(finetune_loss, plain.finetune_step(torch.arange(8)))
+
+
+def test_train_range_factor_needs_a_transform_that_widens():
+    with pytest.raises(PartitionArgumentError, match=r"train_range_factor=2.0 widens .* InputMask has no widened"):
+        PartitionedTrainer(_pmodel(), (torch.randn(60, 4), torch.zeros(60)), PAPER, hyper=InputMask(4),
+                           train_range_factor=2.0)  # fmt: skip
+    with pytest.raises(PartitionArgumentError, match="train_range_factor must be"):
+        _trainer(train_range_factor=0.0)
+    aug = AffineAugmentation(num_samples=1, init=0.5)
+    with aug.widened(3.0):
+        with aug.widened(0.5):
+            pass
+        assert aug._spread == 3.0
+    assert aug._spread == 1.0 and aug.hyperparameters()["rotation"] == 0.5
+
+
 def test_the_hyper_scheduler_follows_hyperparameter_steps():
     scheduler = partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
     trainer = _trainer(hyper_scheduler=scheduler, hyper_every=2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -16,15 +16,17 @@ from .likelihoods import Likelihood
 
 
 def apply_transform(
-    hyper: nn.Module | None, x: torch.Tensor, grad: bool = True, samples: int | None = None
+    hyper: nn.Module | None, x: torch.Tensor, grad: bool = True, samples: int | None = None, widen: float = 1.0
 ) -> tuple[torch.Tensor, int]:
     """``(hyper(x), S)``: the input transform's S samples per example, sample major (``(x, 1)`` without one).
     ``grad=False`` runs it without autograd (a parameter loss needs no gradient of psi); ``samples`` asks
-    the transform for that many samples (``hyper(x, num_samples=samples)``) instead of its own number."""
+    the transform for that many samples (``hyper(x, num_samples=samples)``) instead of its own number;
+    ``widen`` != 1 draws them from its ranges times ``widen`` (``hyper.widened(widen)``)."""
     if hyper is None:
         return x, 1
     batch = x.shape[0]
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+    widened = hyper.widened(widen) if widen != 1.0 else nullcontext()
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()), widened:
         out = hyper(x) if samples is None else hyper(x, num_samples=samples)
     if out.shape[0] % batch:
         raise PartitionArgumentError(
@@ -43,12 +45,13 @@ def forward_log_likelihood(
     hyper: nn.Module | None = None,
     transform_grad: bool = True,
     samples: int | None = None,
+    widen: float = 1.0,
 ) -> torch.Tensor:
     """Per-example log p(y | x) through ``subnetwork``, after the input transform ``hyper`` (whose S
     samples per example are averaged by the likelihood). ``transform_grad=False`` runs the transform
     without autograd (a parameter step needs no gradient of psi); ``samples`` overrides the transform's
-    number of samples (see :func:`apply_transform`)."""
-    x, samples = apply_transform(hyper, x, transform_grad, samples)
+    number of samples and ``widen`` widens its ranges (see :func:`apply_transform`)."""
+    x, samples = apply_transform(hyper, x, transform_grad, samples, widen)
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
@@ -104,14 +107,16 @@ def routed_losses(
     batch: tuple[torch.Tensor, torch.Tensor],
     hyper_batches: Sequence[HyperBatch] = (),
     samples: int | None = None,
+    widen: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and hyperparameter
     examples (each ``(weight, k, x, y)`` of ``hyper_batches``: chunk k through subnetwork k-1, training no
     partition) in ONE forward; returns (parameter loss, hyperparameter loss or None): the parameter
     examples' mean negative log-likelihood, and the weighted sum of each hyper batch's mean. The hyper
-    examples draw ``samples`` augmentation samples each (default: the transform's own number)."""
+    examples draw ``samples`` augmentation samples each (default: the transform's own number); the parameter
+    examples' are drawn from its ranges times ``widen``."""
     xp, yp = batch
-    xp, samples_p = apply_transform(hyper, xp, grad=False)
+    xp, samples_p = apply_transform(hyper, xp, grad=False, widen=widen)
     # The routing stays where the sampler drew it (the host): checking it and grouping examples by it then
     # read no value from the accelerator.
     ks = ks.repeat(samples_p)  # sample-major, like the inputs

@@ -47,6 +47,18 @@ def check_takes_num_samples(hyper: nn.Module | None) -> None:
         )
 
 
+def check_widens(hyper: nn.Module | None, factor: float) -> float:
+    """``train_range_factor`` ``factor``, refused unless 1 or the input transform can widen its ranges
+    (``AffineAugmentation.widened``)."""
+    if factor != 1.0 and not callable(getattr(hyper, "widened", None)):
+        what = "there is no input transform" if hyper is None else f"{type(hyper).__name__} has no widened()"
+        raise PartitionArgumentError(
+            f"train_range_factor={factor} widens the input transform's ranges in parameter steps, but {what}; "
+            "pass train_range_factor=1.0 or an AffineAugmentation"
+        )
+    return factor
+
+
 def takes_num_samples(hyper: nn.Module | None) -> bool:
     """Whether ``hyper``'s forward can be asked for a number of samples (``num_samples=``)."""
     if hyper is None:

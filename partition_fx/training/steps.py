@@ -46,6 +46,7 @@ class TrainingSteps:
         device: torch.device | None = None,
         data_parallel: DataParallel | None = None,
         hyper_samples: int | None = None,
+        train_range_factor: float = 1.0,
     ) -> None:
         self.pmodel = pmodel
         self.likelihood = likelihood
@@ -56,6 +57,8 @@ class TrainingSteps:
         self.data_parallel = data_parallel
         self.hyper_samples = hyper_samples
         """Augmentation samples per example in hyperparameter steps (None: the input transform's own number)."""
+        self.train_range_factor = train_range_factor
+        """Parameter steps draw the augmentation from its ranges times this (fine-tuning steps do not)."""
         self.step = 0
         """Iterations done (``advance`` counts them); each step is recorded at it."""
         self._statistics_modules = running_statistics_modules(pmodel) if data_parallel is not None else []
@@ -85,7 +88,7 @@ class TrainingSteps:
         x, y = self.examples.batch(*self.local(indices), self.device)
         with self.stepper.precision.autocast():
             loss = -forward_log_likelihood(
-                self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False
+                self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False, widen=self.train_range_factor
             ).mean()
         what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
         return self.stepper.step(loss, None, self.pmodel.partition_parameters(k), what, self.step)
@@ -142,4 +145,7 @@ class TrainingSteps:
         batch = self.examples.batch(indices, self.device)
         hyper_batches = [(w, k, *self.examples.batch(*self.local(i), self.device)) for w, k, i in hyper]
         with self.stepper.precision.autocast():
-            return routed_losses(self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.hyper_samples)
+            return routed_losses(
+                self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.hyper_samples,
+                self.train_range_factor,
+            )  # fmt: skip

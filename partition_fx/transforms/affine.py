@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,7 @@ class AffineAugmentation(HyperparameterModule):
         self.register_buffer("generator_matrices", matrices, persistent=False)
         limits = torch.tensor([bounds[name] for name in self.generators], dtype=torch.float32)
         self.register_buffer("max_ranges", limits, persistent=False)
+        self._spread = 1.0  # forward draws eps from U[-spread, spread]; see widened()
 
     @classmethod
     def fixed(cls, ranges: Mapping[str, float], num_samples: int = 8) -> AffineAugmentation:
@@ -156,7 +158,31 @@ class AffineAugmentation(HyperparameterModule):
         s = self.num_samples if num_samples is None else _check_num_samples(num_samples)
         # Drawn on x's device and dtype from the global generator, so torch.manual_seed fixes the samples.
         eps = torch.rand(s, x.shape[0], len(self.generators), device=x.device, dtype=x.dtype) * 2 - 1
+        if self._spread != 1.0:
+            eps = eps * self._spread
         return self.transform(x, eps)
+
+    @contextlib.contextmanager
+    def widened(self, factor: float) -> Iterator[None]:
+        """Inside the block, ``forward`` draws its transforms from the ranges times ``factor`` (eps ~
+        U[-factor, factor]); the ranges themselves, and their gradient, are unchanged. Partitioned training's
+        parameter steps use it to train on augmentation wider than the learned one (``train_range_factor``).
+
+        >>> aug = AffineAugmentation(num_samples=2, generators=["rotation"], init=0.5)
+        >>> with aug.widened(2.0):  # rotations drawn from [-1, 1] rad
+        ...     aug(torch.randn(3, 1, 8, 8)).shape
+        torch.Size([6, 1, 8, 8])
+        >>> aug.hyperparameters()
+        {'rotation': 0.5}
+        """
+        factor = check_real("factor", factor)
+        if factor < 0:
+            raise PartitionArgumentError(f"factor must be >= 0, got {factor}")
+        previous, self._spread = self._spread, factor
+        try:
+            yield
+        finally:
+            self._spread = previous
 
     def transform(self, x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         """Apply the transforms of coefficients ``eps`` (shape [S, B, G], in [-1, 1]) to ``x`` [B, C, H, W].
