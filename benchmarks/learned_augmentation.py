@@ -52,6 +52,26 @@ def _same_config(config: dict, data: str, augment: str, seed: int, extra: list[s
     return recorded == (data, augment, seed, steps)
 
 
+def training_images(train: dict, partitions: int, samples: int, finetune_start: int | None) -> int:
+    """The images a run's training steps pass forward and backward through the network, from its configuration
+    (``report["config"]["train"]``, the paper's iteration scheme): ``batch_size`` x ``samples`` per parameter
+    or fine-tuning iteration, and per hyperparameter step ``hyper_batch_size`` x ``hyper_samples`` for each
+    chunk it scores (``all``: 2..C; ``one``: one). Evaluations and BatchNorm recalibration pass images forward
+    only and are not counted (``tests/test_baselines.py`` checks this against a ``PassCounter``)."""
+    optimization, hyper = train["optimization"], train["hyper"]
+    if train["runtime"]["fused"] or train["runtime"]["every_partition"]:
+        raise ValueError("training_images counts the paper's iteration scheme, not fused or every-partition ones")
+    steps = optimization["steps"]
+    partitioned = steps if finetune_start is None else finetune_start
+    images = steps * optimization["batch_size"] * samples
+    if partitions > 1:
+        hyper_steps = sum(1 for s in range(1, partitioned + 1) if s > hyper["warmup_steps"] and s % hyper["every"] == 0)
+        chunks = partitions - 1 if hyper["chunks"] == "all" else 1
+        per_chunk = (hyper["batch_size"] or optimization["batch_size"]) * (hyper["samples"] or samples)
+        images += hyper_steps * chunks * per_chunk
+    return images
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
@@ -85,6 +105,12 @@ def main(argv: list[str] | None = None) -> dict:
                 if augment != "none"
                 else None,
                 "seconds": [r["seconds"] for r in reports],
+                "training_images": [
+                    training_images(
+                        r["config"]["train"], r["config"]["partitions"], r["config"]["samples"], r["finetune_start"]
+                    )
+                    for r in reports
+                ],
             }
         )
 

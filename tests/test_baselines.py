@@ -6,8 +6,12 @@ import math
 
 import pytest
 import torch
+from models_for_tests import small_images, small_partitioned_cnn
 
 from benchmarks import methods
+from benchmarks.learned_augmentation import training_images
+from partition_fx.train_config import TrainConfig
+from partition_fx.training import fit
 from partition_fx.training.chunks import split_into_chunks
 from partition_fx.transforms import AffineAugmentation
 
@@ -67,3 +71,22 @@ def test_validation_baseline_steps_ranges_and_fixed_augmentation_stays():
     assert learned["passes"]["backward"] == 6  # a parameter and a hyperparameter backward per iteration
     fixed = methods.train_plain(task, "test_resnet", 0, budget, augmentation={"rotation": 1.0})
     assert fixed["hyperparameters"]["rotation"] == pytest.approx(1.0) and fixed["passes"]["backward"] == 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"hyper_chunks": "one", "hyper_samples": None, "hyper_batch_size": None, "hyper_every": 1},
+        {"warmup_steps": 3, "hyper_every": 2, "finetune_steps": 0},
+    ],
+)
+def test_training_images_counts_the_images_a_run_passes_backward(options):
+    pmodel = small_partitioned_cnn()
+    counter = methods.PassCounter(pmodel)
+    config = {"steps": 9, "batch_size": 6, "hyper_samples": 3, "hyper_batch_size": 4, "eval_every": 3, **options}
+    result = fit(pmodel, small_images(60), hyper=AffineAugmentation(num_samples=2), progress=False, **config)
+    counted = counter.as_dict()
+    train = TrainConfig.recommended(**config).to_dict()
+    assert training_images(train, pmodel.num_partitions, 2, result.finetune_start) == counted["backward_images"]
+    assert counted["forward_images"] > counted["backward_images"]  # evaluations pass images forward only
