@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +95,12 @@ def export_onnx(
     dynamic_batch: bool = True,
     atol: float = 1e-4,
     rtol: float = 1e-4,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
 ) -> Path:
     """Export subnetwork ``subnetwork`` (default C) to ONNX, check it, and verify it in onnxruntime.
 
-    The plain module from :func:`export_subnetwork` is exported in eval mode; ``onnx.checker`` validates
+    The plain module from :func:`export_subnetwork` (or ``wrap`` of it, e.g. a
+    :class:`~partition_fx.transforms.TestTimeAveraged` predictor) is exported in eval mode; ``onnx.checker`` validates
     the file, and onnxruntime's outputs on ``example_inputs`` must match PyTorch's within
     ``atol + rtol * |expected|`` or a :class:`PartitionError` gives the max abs difference. The file is
     written atomically: on any failure nothing is left at ``path``.
@@ -113,7 +115,8 @@ def export_onnx(
         'm.onnx'
     """
     inputs = _as_tuple(example_inputs)
-    model = export_subnetwork(pmodel, subnetwork).eval()
+    model = export_subnetwork(pmodel, subnetwork)
+    model = (wrap(model) if wrap is not None else model).eval()
     path = Path(path)
     replace_file(path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol))
     return path

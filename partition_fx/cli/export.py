@@ -33,8 +33,9 @@ from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_onnx, export_subnetwork
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from ..training import Examples, evaluate_classifier, load_checkpoint, recalibrate_norm_statistics
+from ..training import Examples, evaluate_averaged, evaluate_classifier, load_checkpoint, recalibrate_norm_statistics
 from ..training.checkpoint import needs_recalibration, norm_statistics
+from ..transforms import TestTimeAveraged
 from .checks import check_export
 from .job import job_from_args, load_job_data
 from .runs import prepare_out
@@ -62,6 +63,11 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             pmodel.check_subnetwork(args.subnetwork)
         except PartitionArgumentError as e:
             raise PartitionArgumentError(f"--subnetwork {args.subnetwork}: {e}") from None
+    if args.test_time_samples and job.hyper is None:
+        raise PartitionArgumentError(
+            f"--test-time-samples {args.test_time_samples} averages over the run's learned augmentation, and {run} "
+            "trained with --augment none; drop --test-time-samples"
+        )
     meta, recalibrated = load_for_export(
         pmodel,
         job.hyper,
@@ -74,8 +80,11 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
     x_test, y_test = job.data.test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    samples = args.test_time_samples
+    averaged, averaged_loglik = evaluate_averaged(exported, job.hyper, samples, x_test, y_test)
+    wrap = None if averaged is None else (lambda model: TestTimeAveraged(model, job.hyper, samples))
     replace_file(out / "model.safetensors", lambda tmp: save_model(exported, str(tmp)))
-    export_onnx(pmodel, out / "model.onnx", (x_test[:4],), subnetwork=args.subnetwork)
+    export_onnx(pmodel, out / "model.onnx", (x_test[:4],), subnetwork=args.subnetwork, wrap=wrap)
     summary = {
         "command": "export",
         "run": str(run),
@@ -86,6 +95,9 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         "recalibrated_norms": recalibrated,
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,
+        "test_time_samples": samples if averaged is not None else 0,
+        "averaged_test_accuracy": averaged,
+        "averaged_test_log_likelihood": averaged_loglik,
         "files": {"model": "model.safetensors", "onnx": "model.onnx"},
     }
     write_json(out / "export.json", summary)

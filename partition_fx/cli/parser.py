@@ -228,6 +228,15 @@ def _add_export(export: argparse.ArgumentParser) -> None:
         metavar="K",
         help="the subnetwork to export, 0..C (default: C, the final model)",
     )
+    export.add_argument(
+        "--test-time-samples",
+        type=int_at_least(0),
+        default=0,
+        metavar="K",
+        help="write model.onnx as the model averaged over K fixed transforms of the run's learned augmentation "
+        "(test-time averaging) and report its test scores too; model.safetensors stays the plain model; 0: the "
+        "plain model (default: %(default)s)",
+    )
     _add_output_options(export, "directory to write (default: RUN/export)", None)
 
 
@@ -261,6 +270,15 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     )
     hyper.add_argument(
         "--samples", type=int, default=4, metavar="S", help="augmentation samples per example (default: %(default)s)"
+    )
+    hyper.add_argument(
+        "--test-time-samples",
+        type=int_at_least(0),
+        default=8,
+        metavar="K",
+        help="also report the exported model's test scores averaged over K fixed transforms of the learned "
+        "augmentation (test-time averaging, the predictor the LML scores; report.json: averaged_test_accuracy); "
+        "0: not (default: %(default)s)",
     )
     fixed = hyper.add_mutually_exclusive_group()
     fixed.add_argument(

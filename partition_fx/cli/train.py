@@ -33,7 +33,15 @@ from safetensors.torch import save_model
 from .._io import remove_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_onnx, export_subnetwork
-from ..training import FitResult, TrainingHook, evaluate_classifier, fit, recalibrate_norm_statistics, resume_directory
+from ..training import (
+    FitResult,
+    TrainingHook,
+    evaluate_averaged,
+    evaluate_classifier,
+    fit,
+    recalibrate_norm_statistics,
+    resume_directory,
+)
 from .checks import with_fixed_ranges
 from .export import load_for_export
 from .job import TrainJob, job_from_args, resolve_device
@@ -194,10 +202,13 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
     exported = export_subnetwork(job.pmodel.cpu()).eval()
     x_test, y_test = job.data.test.tensors
     accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    averaged, averaged_loglik = evaluate_averaged(exported, job.hyper, job.args.test_time_samples, x_test, y_test)
     scored = next(r for r in reversed(result.history) if r["lml"] is not None)  # the last LML estimate
     return {
         "test_accuracy": accuracy,
         "test_log_likelihood": loglik,
+        "averaged_test_accuracy": averaged,
+        "averaged_test_log_likelihood": averaged_loglik,
         "partitioned_test_accuracy": partitioned_test_accuracy(result.history, accuracy),
         "finetune_start": result.finetune_start,
         "conditional_lml": scored["conditional_lml"],

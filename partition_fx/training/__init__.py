@@ -13,7 +13,7 @@ from .fit import fit
 from .hooks import CallbackHook, TrainingHook
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
-from .metrics import evaluate_classifier
+from .metrics import evaluate_averaged, evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
 from .options import Components
 from .result import FitResult
@@ -40,6 +40,7 @@ __all__ = [
     "TrainingHook",
     "chunks_from_assignment",
     "estimate_lml",
+    "evaluate_averaged",
     "evaluate_classifier",
     "fit",
     "load_checkpoint",

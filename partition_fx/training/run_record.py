@@ -78,6 +78,7 @@ def _command_config(
         "fix": hyper.hyperparameters() if fixed else None,
         "fix_from": None,
         "init": None,  # where learned ranges started does not change the trained checkpoint it rebuilds
+        "test_time_samples": 0,  # fit reports no test-time averaged scores
         "partitions": pmodel.num_partitions,
         "proportions": list(pmodel.proportions),
         "scheme": pmodel.scheme,

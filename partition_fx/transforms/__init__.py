@@ -7,12 +7,23 @@ reports its values as plain floats and ``constrain_()`` clamps it into documente
 - :class:`ConcreteDropout`: dropout with a learnable rate (concrete relaxation).
 - :class:`InputMask`: a learnable soft mask over input features.
 
+:class:`TestTimeAveraged` wraps a classifier to predict the augmentation-averaged way the LML scores it, over K
+fixed transforms (exportable to ONNX).
+
 All three are the identity (or a fixed mask) in eval mode, so exported models need none of this package.
 """
 
 from .affine import AffineAugmentation
+from .averaging import TestTimeAveraged, averaging_coefficients
 from .base import HyperparameterModule
 from .dropout import ConcreteDropout
 from .mask import InputMask
 
-__all__ = ["AffineAugmentation", "ConcreteDropout", "HyperparameterModule", "InputMask"]
+__all__ = [
+    "AffineAugmentation",
+    "ConcreteDropout",
+    "HyperparameterModule",
+    "InputMask",
+    "TestTimeAveraged",
+    "averaging_coefficients",
+]
