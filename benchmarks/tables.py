@@ -39,24 +39,30 @@ METHOD_LABELS = {
 }
 
 
-ARM_LABELS = {"affine": "learned affine", "none": "none", "oracle": "oracle: rotation fixed at pi, C=1"}
+ARM_LABELS = {
+    "affine": "learned affine",
+    "none": "none",
+    "oracle": "oracle: rotation fixed at pi, C=1",
+    "oracle_restart": "oracle, fine-tuning restarted",
+}
 
 
 def learned_augmentation(result: Results) -> str:
-    header = ["data", "augmentation", "test accuracy", "LML (nats)", "rotation range (rad)", "largest other range"]
+    header = ["data", "augmentation", "test accuracy", "averaged over 8", "rotation range (rad)", "largest other range"]
     body = [
         [
             r["data"],
-            ARM_LABELS[r["augment"]],
+            ARM_LABELS.get(r["augment"], r["augment"]),
             mean_sd(r["test_accuracy"], ".3f"),
-            mean_sd(r["lml"], ".0f"),
+            mean_sd(r["averaged_test_accuracy"], ".3f") if None not in r.get("averaged_test_accuracy", [None]) else "-",
             mean_sd(r["rotation"], ".2f") if r["rotation"] else "-",
             mean_sd(r["other_ranges_max"], ".3f") if r["other_ranges_max"] else "-",
+            f"{r['training_images'][0]:,d}" if r.get("training_images") else "-",
             mean_sd(r["seconds"], ".0f"),
         ]
         for r in result["rows"]
     ]
-    return markdown_table([*header, "time (s)"], body)
+    return markdown_table([*header, "training images", "time (s)"], body)
 
 
 def conversion(result: Results) -> str:
