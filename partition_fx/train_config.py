@@ -78,9 +78,9 @@ class HyperStep(Settings):
     draw of k, at C-1 times the cost. ``hyper_batch_size`` examples per chunk (None: ``batch_size``);
     ``hyper_samples`` augmentation samples per example (None: the transform's own ``num_samples``; ignored by
     a transform whose forward takes no ``num_samples``): more samples lower the hyper-gradient's variance.
-    ``train_range_factor`` F != 1: partitioned training's parameter steps draw the augmentation from its ranges
-    times F (a transform with ``widened``, such as ``AffineAugmentation``), so the subnetworks that score psi
-    have been trained on augmentation wider than psi."""
+    ``train_range_factor`` F: partitioned training's parameter steps draw the augmentation from its ranges
+    times F (for a transform with ``widened``, such as ``AffineAugmentation``; ignored by others), so the
+    subnetworks that score psi were trained on augmentation narrower (F < 1) or wider than psi."""
 
     section_help = "learned hyperparameters"
     lr: float = setting(0.05, "Adam's learning rate on the hyperparameters", keyword="hyper_lr", positive=True,
@@ -110,7 +110,7 @@ class HyperStep(Settings):
     train_range_factor: float = setting(
         1.0,
         "parameter steps of partitioned training draw the augmentation from its ranges times F (1: the ranges "
-        "themselves, the paper's; fine-tuning always uses them)",
+        "themselves, the paper's; fine-tuning always uses them; ignored by a transform that cannot scale them)",
         keyword="train_range_factor",
         positive=True,
         metavar="F",

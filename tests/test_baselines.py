@@ -53,7 +53,7 @@ def test_augerino_loss_matches_its_definition():
 
 
 def test_unsafe_augerino_divergence_is_detected():
-    aug = AffineAugmentation(num_samples=1, max_range={"rotation": 1e6})
+    aug = AffineAugmentation(num_samples=1, init=0.0, max_range={"rotation": 1e6})  # Augerino starts at 0
     assert not methods._diverged(torch.tensor(1.0), aug)
     with torch.no_grad():
         aug.ranges[aug.generators.index("rotation")] = 11 * math.pi

@@ -88,7 +88,7 @@ def test_train_range_factor_widens_parameter_steps_only(every_partition):
 
 
 def test_train_range_factor_needs_a_transform_that_widens():
-    with pytest.raises(PartitionArgumentError, match=r"train_range_factor=2.0 widens .* InputMask has no widened"):
+    with pytest.raises(PartitionArgumentError, match=r"train_range_factor=2.0 scales .* InputMask has no widened"):
         PartitionedTrainer(_pmodel(), (torch.randn(60, 4), torch.zeros(60)), PAPER, hyper=InputMask(4),
                            train_range_factor=2.0)  # fmt: skip
     with pytest.raises(PartitionArgumentError, match="train_range_factor must be"):

@@ -18,7 +18,7 @@ from partition_fx.datasets import load_dataset
 from partition_fx.models import build_model
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation
-from partition_fx.transforms.affine import GENERATORS
+from partition_fx.transforms.affine import DEFAULT_MAX_RANGE, GENERATORS
 
 TINY = ["--model", "fixup_resnet8", "--image-size", "12", "--steps", "6", "--batch-size", "16", "--eval-every", "2"]
 TINY += ["--samples", "2", "--quiet"]
@@ -132,7 +132,9 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
     job = train_job([*TINY, "--init", "rotation=1.5,shear=0.25"])
     expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5, "shear": 0.25}
     assert job.hyper.hyperparameters() == expected and job.hyper.ranges.requires_grad  # learned from there
-    assert train_job(TINY).hyper.hyperparameters() == dict.fromkeys(AFFINE_GENERATORS, 0.0)
+    assert train_job(TINY).hyper.hyperparameters() == dict.fromkeys(AFFINE_GENERATORS, 0.0)  # the paper's start
+    bounds = {name: _float32(value) for name, value in DEFAULT_MAX_RANGE.items()}
+    assert train_job([*TINY, "--init", "bounds"]).hyper.hyperparameters() == bounds
     run = tmp_path / "run"
     assert main(["train", *TINY, "--steps", "2", "--init", "rotation=1.5", "--out", str(run)]) == 0
     report = _report(run)

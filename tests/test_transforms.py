@@ -356,3 +356,24 @@ def test_eval_mode_exports_without_a_trace_of_the_hyperparameters() -> None:
     assert not any(name in op for op in ops for name in ("sigmoid", "rand", "grid_sampler", "matrix_exp")), ops
     x = torch.randn(2, 1, 4, 4)
     torch.testing.assert_close(program.module()(x), model(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wide_ranges_under_autocast_give_the_fp32_transforms(dtype):
+    """The transform matrices are computed in fp32 even under autocast: in bf16/fp16 the matrix exponential of
+    ranges at their bounds was NaN (found when the ranges began to start there)."""
+    aug = AffineAugmentation(num_samples=3)  # every range at its bound
+    x, eps = torch.rand(4, 1, 8, 8), torch.rand(3, 4, len(aug.generators)) * 2 - 1
+    with torch.autocast("cpu", dtype=dtype):
+        mixed = aug.transform(x, eps)
+    assert torch.isfinite(mixed).all() and torch.allclose(
+        mixed.float(), aug.transform(x, eps), atol=0.05
+    )  # grid in bf16
+
+
+def test_init_bounds_starts_every_range_at_its_bound_and_a_bad_name_is_refused():
+    aug = AffineAugmentation(init="bounds", max_range={"rotation": 1.0})
+    expected = {name: float(torch.tensor(DEFAULT_MAX_RANGE[name])) for name in aug.generators} | {"rotation": 1.0}
+    assert aug.hyperparameters() == expected and AffineAugmentation().hyperparameters()["rotation"] == 0.0
+    with pytest.raises(PartitionArgumentError, match=r"init must be one of \('bounds',\), got 'bound'"):
+        AffineAugmentation(init="bound")

@@ -149,6 +149,15 @@ def proportions(text: str) -> tuple[float, ...]:
     return values
 
 
+def range_start(text: str) -> dict[str, float] | str:
+    """A ``type=`` for ``--init``: ``bounds`` (every range at its bound), or :func:`range_values`' pairs.
+
+    >>> range_start("bounds"), range_start("rotation=1.5")
+    ('bounds', {'rotation': 1.5})
+    """
+    return "bounds" if text.strip() == "bounds" else range_values(text)
+
+
 def range_values(text: str) -> dict[str, float]:
     """A ``type=`` for ``--fix``: comma-separated ``NAME=VALUE`` pairs, each an affine augmentation range
     (``choices.AFFINE_GENERATORS``) and a finite half-width >= 0, each name once.

@@ -106,6 +106,8 @@ def _check_init(args: argparse.Namespace) -> None:
 
     if args.augment != "affine":
         raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {args.augment}")
+    if args.init == "bounds":
+        return
     for name, value in args.init.items():
         if value > DEFAULT_MAX_RANGE[name]:
             raise PartitionArgumentError(

@@ -128,7 +128,7 @@ def _augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
         return None
     fixed = fixed_ranges(args)
     if fixed is None:
-        return AffineAugmentation(num_samples=args.samples, init=args.init or 0.0)
+        return AffineAugmentation(num_samples=args.samples, init=args.init if args.init is not None else 0.0)
     return AffineAugmentation.fixed(fixed, num_samples=args.samples)
 
 

@@ -27,6 +27,7 @@ from .argparsing import (
     path,
     path_text,
     proportions,
+    range_start,
     range_values,
     seed,
 )
@@ -291,11 +292,12 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     )
     fixed.add_argument(
         "--init",
-        type=range_values,
+        type=range_start,
         default=None,
         metavar="NAME=VALUE[,...]",
         help="start the learned ranges at these values, every other at 0 (within the learning bounds: rotation "
-        "pi, translations 1, scales and shear log 2) (default: every range starts at 0)",
+        "pi, translations 1, scales and shear log 2), or every range at its bound (--init bounds) (default: every "
+        "range at 0, the paper's start)",
     )
     fixed.add_argument(
         "--fix-from",

@@ -47,16 +47,19 @@ def check_takes_num_samples(hyper: nn.Module | None) -> None:
         )
 
 
-def check_widens(hyper: nn.Module | None, factor: float) -> float:
-    """``train_range_factor`` ``factor``, refused unless 1 or the input transform can widen its ranges
-    (``AffineAugmentation.widened``)."""
-    if factor != 1.0 and not callable(getattr(hyper, "widened", None)):
+def check_widens(hyper: nn.Module | None, factor: float) -> None:
+    """Refuse ``train_range_factor`` other than 1 given for an input transform that cannot widen its ranges."""
+    if factor != 1.0 and not widens(hyper):
         what = "there is no input transform" if hyper is None else f"{type(hyper).__name__} has no widened()"
         raise PartitionArgumentError(
-            f"train_range_factor={factor} widens the input transform's ranges in parameter steps, but {what}; "
-            "pass train_range_factor=1.0 or an AffineAugmentation"
+            f"train_range_factor={factor} scales the input transform's ranges in parameter steps, but {what}; "
+            "pass an AffineAugmentation or leave train_range_factor out"
         )
-    return factor
+
+
+def widens(hyper: nn.Module | None) -> bool:
+    """Whether ``train_range_factor`` applies to ``hyper``: it can draw from scaled ranges (``widened``)."""
+    return callable(getattr(hyper, "widened", None))
 
 
 def takes_num_samples(hyper: nn.Module | None) -> bool:
@@ -142,6 +145,8 @@ def resolve(where: str, config: TrainConfig | None, keywords: dict[str, Any]) ->
     components = Components(**{k: v for k, v in keywords.items() if k in objects})
     if changes.get("hyper_samples") is not None:  # asked for by name: a transform must be able to take it
         check_takes_num_samples(components.hyper)
+    if "train_range_factor" in changes:  # likewise: a transform must be able to scale its ranges
+        check_widens(components.hyper, config.hyper.train_range_factor)
     return config, components
 
 

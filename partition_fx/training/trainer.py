@@ -38,7 +38,7 @@ from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hy
 from .lml import LMLEstimate, lml_fields
 from .loop import RunPlan, run_loop
 from .optimizers import build_optimizers, check_finetune_schedule, configured_factories, restarted_scheduler
-from .options import Callback, Components, check_widens, resolve, takes_num_samples
+from .options import Callback, Components, resolve, takes_num_samples, widens
 from .result import FitResult
 from .sampler import PartitionedSampler
 from .schemes import iteration_scheme, scheme_name
@@ -161,7 +161,7 @@ class PartitionedTrainer:
             device=self.device,
             data_parallel=self.data_parallel,
             hyper_samples=self.hyper_samples,
-            train_range_factor=check_widens(self.hyper, step.train_range_factor),
+            train_range_factor=step.train_range_factor if widens(self.hyper) else 1.0,
         )
         self.evaluator = LMLEvaluator(
             pmodel,

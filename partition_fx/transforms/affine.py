@@ -67,6 +67,12 @@ class AffineAugmentation(HyperparameterModule):
     model's outputs to [S, B, ...] and averages the per-sample likelihoods over S. In eval mode
     ``forward`` returns ``x`` itself (no augmentation, batch not expanded), so S = 1 there.
 
+    **Where learning starts.** ``init=0.0`` (the default, the paper's) starts every range at 0, a number starts
+    every range there, a mapping the ranges it names (the others at 0), and ``init="bounds"`` every range at
+    its bound (``max_range``, default ``DEFAULT_MAX_RANGE``): the widest augmentation, for the LML to shrink
+    where the data does not hold it (with ``train_range_factor`` < 1 the subnetworks that score psi are trained
+    narrower than psi, which pulls such ranges down; ``docs/benchmarks.md`` measures both starts).
+
     Example::
 
         >>> import torch
@@ -85,7 +91,7 @@ class AffineAugmentation(HyperparameterModule):
         self,
         num_samples: int = 8,
         generators: Sequence[str] = AFFINE_GENERATORS,
-        init: float | Mapping[str, float] = 0.0,
+        init: float | Mapping[str, float] | str = 0.0,
         max_range: Mapping[str, float] | None = None,
         padding_mode: str = "zeros",
         align_corners: bool = False,
@@ -98,7 +104,10 @@ class AffineAugmentation(HyperparameterModule):
         bounds = {name: DEFAULT_MAX_RANGE[name] for name in self.generators}
         bounds.update(_check_per_generator(max_range or {}, self.generators, "max_range", positive=True))
         self.max_range: dict[str, float] = bounds
-        if isinstance(init, Mapping):
+        if isinstance(init, str):
+            check_choice("init", init, ("bounds",))
+            start = dict(bounds)
+        elif isinstance(init, Mapping):
             start = {name: 0.0 for name in self.generators}
             start.update(_check_per_generator(init, self.generators, "init", positive=False))
         else:
@@ -219,11 +228,13 @@ class AffineAugmentation(HyperparameterModule):
                 f"eps must end in one coefficient per generator ({len(self.generators)}: {self.generators}), "
                 f"got shape {tuple(eps.shape)}"
             )
-        # matrix_exp needs at least single precision (no half kernels on CPU) and keeps float64 if given.
+        # matrix_exp needs at least single precision (no half kernels on CPU) and keeps float64 if given. Autocast
+        # is off here: it would run the einsum in bf16/fp16, whose matrix exponential of wide ranges is NaN.
         dtype = torch.promote_types(eps.dtype, torch.float32)
-        coefficients = eps.to(dtype) * self.ranges.to(dtype)
-        algebra = torch.einsum("...g,gij->...ij", coefficients, self.generator_matrices.to(dtype))
-        return torch.linalg.matrix_exp(algebra)[..., :2, :]
+        with torch.autocast(eps.device.type, enabled=False):
+            coefficients = eps.to(dtype) * self.ranges.to(dtype)
+            algebra = torch.einsum("...g,gij->...ij", coefficients, self.generator_matrices.to(dtype))
+            return torch.linalg.matrix_exp(algebra)[..., :2, :]
 
     def hyperparameters(self) -> dict[str, float | list[float]]:
         """{generator name: |range|} as plain floats; rotation in radians, the others in coefficient units."""
