@@ -22,6 +22,8 @@ from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx.cli import main as cli
 
 CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("rotdigits", "oracle"), ("digits", "affine")]
+NEAR_BOUNDS = "translation_x=1,translation_y=1,rotation=3.1415,scale_x=0.6931,scale_y=0.6931,shear=0.6931"
+"""Every range 1e-4 or less below its bound (``--init bounds`` is the same start, to float32 rounding)."""
 ARMS = {
     "affine": ["--augment", "affine"],
     "none": ["--augment", "none"],
@@ -34,6 +36,11 @@ ARMS = {
     "blocks_4": ["--hyper-every", "4", "--hyper-batch-size", "32"],  # the same hyper images in 4x fewer steps
     "split_50": ["--proportions", "0.5,0.25,0.25"],
     "restart": ["--finetune-schedule", "restart"],
+    # the ranges started at (just below) their bounds, parameter steps trained on 0.75 of them
+    "init_pi_narrow": ["--init", "rotation=3.1415", "--train-range-factor", "0.75"],
+    "bounds_narrow": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75"],
+    "bounds_narrow_restart": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--finetune-schedule", "restart"],
+    "bounds_narrow_s6": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--hyper-samples", "6"],
     "oracle_restart": ["--partitions", "1", "--fix", "rotation=3.1416", "--finetune-schedule", "restart"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
@@ -41,7 +48,7 @@ QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", 
 
 
 def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dict:
-    out = runs / f"{data}_{augment}_s{seed}"
+    out = runs / f"{Path(data).name}_{augment}_s{seed}"  # an image folder's runs by its name
     report_path = out / "report.json"
     argv = ["train", "--data", data, *ARMS[augment], "--seed", str(seed), *extra, "--quiet"]
     if report_path.is_file():
@@ -59,6 +66,16 @@ def _same_config(config: dict, argv: list[str]) -> bool:
     from partition_fx.cli.run_config import run_config
 
     return config == run_config(parse_train(argv), tuple(config["proportions"]))
+
+
+def _config(entry: str, seeds: list[int]) -> tuple[str, str, list[int]]:
+    """``DATA:ARM`` (run with ``seeds``) or ``DATA:ARM:S1+S2`` (with those seeds) as (data, arm, seeds).
+
+    >>> _config("rotdigits:oracle", [0, 1]), _config("digits:affine:3+4", [0])
+    (('rotdigits', 'oracle', [0, 1]), ('digits', 'affine', [3, 4]))
+    """
+    data, arm, *own = entry.rsplit(":", 2) if entry.count(":") >= 2 else entry.split(":")
+    return data, arm, [int(s) for s in own[0].split("+")] if own else seeds
 
 
 def training_images(train: dict, partitions: int, samples: int, finetune_start: int | None) -> int:
@@ -87,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--configs",
         default=",".join(f"{data}:{arm}" for data, arm in CONFIGS),
-        help="DATA:ARM pairs to run, ARM one of " + ", ".join(ARMS),
+        help="DATA:ARM pairs to run (DATA:ARM:S1+S2 with their own seeds), ARM one of " + ", ".join(ARMS),
     )
     parser.add_argument("--runs", type=Path, default=Path("runs/learned_augmentation"))
     parser.add_argument("--out", type=Path, default=RESULTS / "learned_augmentation.json")
@@ -95,16 +112,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     extra = QUICK if args.quick else []
-    configs = [tuple(pair.split(":")) for pair in args.configs.split(",")]
+    configs = [_config(entry, seeds) for entry in args.configs.split(",")]
     rows = []
-    for data, augment in configs:
-        reports = [run(data, augment, seed, args.runs, extra) for seed in seeds]
+    for data, augment, config_seeds in configs:
+        reports = [run(data, augment, seed, args.runs, extra) for seed in config_seeds]
         rotation = [r["hyperparameters"].get("rotation") for r in reports]
         rows.append(
             {
                 "data": data,
                 "augment": augment,
-                "seeds": seeds,
+                "seeds": config_seeds,
+                "ranges": [r["hyperparameters"] for r in reports],
                 "test_accuracy": [r["test_accuracy"] for r in reports],
                 "averaged_test_accuracy": [r["averaged_test_accuracy"] for r in reports],  # over 8 fixed transforms
                 "partitioned_test_accuracy": [r["partitioned_test_accuracy"] for r in reports],
