@@ -24,6 +24,8 @@ from partition_fx.cli import main as cli
 CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("rotdigits", "oracle"), ("digits", "affine")]
 NEAR_BOUNDS = "translation_x=1,translation_y=1,rotation=3.1415,scale_x=0.6931,scale_y=0.6931,shear=0.6931"
 """Every range 1e-4 or less below its bound (``--init bounds`` is the same start, to float32 rounding)."""
+HALF_BOUNDS = "translation_x=0.5,translation_y=0.5,rotation=1.5708,scale_x=0.3466,scale_y=0.3466,shear=0.3466"
+"""Every range at (to 1e-4) half its bound."""
 ARMS = {
     "affine": ["--augment", "affine"],
     "none": ["--augment", "none"],
@@ -37,6 +39,7 @@ ARMS = {
     "split_50": ["--proportions", "0.5,0.25,0.25"],
     "restart": ["--finetune-schedule", "restart"],
     # the ranges started at (just below) their bounds, parameter steps trained on 0.75 of them
+    "half_bounds": ["--init", HALF_BOUNDS],
     "init_pi_narrow": ["--init", "rotation=3.1415", "--train-range-factor", "0.75"],
     "bounds_narrow": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75"],
     "bounds_narrow_restart": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--finetune-schedule", "restart"],
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         rotation = [r["hyperparameters"].get("rotation") for r in reports]
         rows.append(
             {
-                "data": data,
+                "data": Path(data).name,  # an image folder by its name
                 "augment": augment,
                 "seeds": config_seeds,
                 "ranges": [r["hyperparameters"] for r in reports],
