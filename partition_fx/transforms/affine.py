@@ -206,16 +206,7 @@ class AffineAugmentation(HyperparameterModule):
                 f"eps must have shape [S, {b}, {len(self.generators)}] (samples, batch, generators), "
                 f"got {tuple(eps.shape)}"
             )
-        s = eps.shape[0]
-        theta = self.transform_matrices(eps).reshape(s * b, 2, 3).to(x.dtype)
-        size = (s * b, *x.shape[1:])
-        grid = F.affine_grid(theta, list(size), align_corners=self.align_corners)
-        # expand + reshape lays the copies out sample-major (index s * B + b) without a Python loop.
-        xs = x.unsqueeze(0).expand(s, *x.shape).reshape(size)
-        # Bilinear, not nearest: nearest has zero gradient with respect to the grid, so ranges would not learn.
-        return F.grid_sample(
-            xs, grid, mode="bilinear", padding_mode=self.padding_mode, align_corners=self.align_corners
-        )
+        return apply_affine(x, self.transform_matrices(eps), self.padding_mode, self.align_corners)
 
     def transform_matrices(self, eps: torch.Tensor) -> torch.Tensor:
         """The affine matrices [..., 2, 3] (``F.affine_grid``'s theta) for coefficients ``eps`` [..., G].
@@ -252,6 +243,25 @@ class AffineAugmentation(HyperparameterModule):
             f"num_samples={self.num_samples}, generators={self.generators}, "
             f"padding_mode={self.padding_mode!r}, align_corners={self.align_corners}"
         )
+
+
+def apply_affine(x: torch.Tensor, theta: torch.Tensor, padding_mode: str, align_corners: bool) -> torch.Tensor:
+    """Images ``x`` [B, C, H, W] under the affine matrices ``theta`` [S, B, 2, 3] (``F.affine_grid``'s), bilinear:
+    [S * B, C, H, W], sample-major (index s * B + b). :meth:`AffineAugmentation.transform` and
+    ``TestTimeAveraged`` both sample this way.
+
+    >>> x = torch.rand(2, 1, 4, 4)
+    >>> identity = torch.eye(2, 3).expand(3, 2, 2, 3)
+    >>> torch.allclose(apply_affine(x, identity, "zeros", False), x.repeat(3, 1, 1, 1), atol=1e-6)
+    True
+    """
+    s, b = theta.shape[:2]
+    size = (s * b, *x.shape[1:])
+    grid = F.affine_grid(theta.reshape(s * b, 2, 3).to(x.dtype), list(size), align_corners=align_corners)
+    # expand + reshape lays the copies out sample-major (index s * B + b) without a Python loop.
+    xs = x.unsqueeze(0).expand(s, *x.shape).reshape(size)
+    # Bilinear, not nearest: nearest has zero gradient with respect to the grid, so ranges would not learn.
+    return F.grid_sample(xs, grid, mode="bilinear", padding_mode=padding_mode, align_corners=align_corners)
 
 
 def _check_images(x: torch.Tensor) -> None:

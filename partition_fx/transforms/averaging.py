@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_int
 from ..errors import PartitionTypeError
-from .affine import AffineAugmentation
+from .affine import AffineAugmentation, apply_affine
 
 
 def averaging_coefficients(samples: int, generators: int, seed: int = 0) -> torch.Tensor:
@@ -75,12 +74,8 @@ class TestTimeAveraged(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, b = self.samples, x.shape[0]
-        theta = self.theta.to(x.dtype).unsqueeze(1).expand(k, b, 2, 3).reshape(k * b, 2, 3)
-        xs = x.unsqueeze(0).expand(k, *x.shape).reshape(k * b, *x.shape[1:])  # sample-major, as the augmentation
-        grid = F.affine_grid(theta, [k * b, *x.shape[1:]], align_corners=self.align_corners)
-        transformed = F.grid_sample(
-            xs, grid, mode="bilinear", padding_mode=self.padding_mode, align_corners=self.align_corners
-        )
+        theta = self.theta.unsqueeze(1).expand(k, b, 2, 3)  # every example under each of the K transforms
+        transformed = apply_affine(x, theta, self.padding_mode, self.align_corners)
         log_probs = torch.log_softmax(self.model(transformed), dim=-1).reshape(k, b, -1)
         return torch.logsumexp(log_probs, dim=0) - math.log(k)
 
