@@ -20,6 +20,10 @@ the same iterations, batch, augmentation samples and learning rates (``methods.B
 7. ``retrain_partitioned`` / ``retrain_optuna``: plain runs from scratch on all training data with the ranges
    the partitioned run (same seed) or the best Optuna trial found (appendix G's retraining check).
 
+Every run's final model is also scored averaged over ``--test-time-samples`` fixed transforms of its final
+ranges (``averaged_test_accuracy``, as ``partition-fx train`` reports it), so methods compare like with like
+with and without test-time averaging; with every range 0 (plain) the average is the model's own prediction.
+
 Tasks: ``rotdigits`` and ``digits`` (16 px) and ``scattered``: digits at random sizes and positions on a
 20 px canvas, written as an image folder (``partition_fx.datasets.write_scattered_digits``) and loaded back
 with ``image_folder``. The test split is touched only to report; nothing is chosen on it. Every run is
@@ -86,6 +90,7 @@ ALL_METHODS = [*LEARNING, "optuna", *RETRAINED]
 TRAJECTORY_METHODS = ["partitioned", "partitioned_finetuned", "validation", "validation_finetuned", "augerino"]
 SWEEP = [math.pi / 8, math.pi / 4, math.pi / 2, 3 * math.pi / 4]  # plus 0 (plain) and pi (hand-chosen)
 QUICK = {"steps": 4, "batch_size": 8, "samples": 2}
+AVERAGED = ("averaged_test_accuracy", "averaged_test_log_likelihood")
 
 
 @cache
@@ -175,10 +180,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         # the learned ranges along training ("trajectory" of partitioned runs holds their test accuracy)
         record["ranges_trajectory"] = result["trajectory"]
     accuracy, loglik = methods.evaluate(result["model"], task.data)
+    averaged_accuracy, averaged_loglik = methods.evaluate_averaged(
+        result["model"], task.data, result["hyperparameters"], job["test_time_samples"]
+    )
     record.update(
         job={k: v for k, v in job.items() if k != "path"},
         test_accuracy=accuracy,
         test_log_likelihood=loglik,
+        averaged_test_accuracy=averaged_accuracy,
+        averaged_test_log_likelihood=averaged_loglik,
         hyperparameters=result["hyperparameters"],
         passes=result["passes"],
         seconds=round(result["seconds"], 2),
@@ -239,7 +249,7 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
             extra["estimator"] = {k: recipe.value(k) for k in keys}
         jobs.append(
             {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
-            | {"budget": budget, "path": str(path), **extra}
+            | {"budget": budget, "test_time_samples": args.test_time_samples, "path": str(path), **extra}
         )
 
     for task, model in args.pairs:
@@ -292,7 +302,7 @@ def _rows(args: argparse.Namespace, results: dict[str, dict]) -> list[dict[str, 
             seeds = args.seeds[:1] if method == "optuna" else args.seeds
             runs = [results[_key(method, task, model, seed)] for seed in seeds]
             row: dict[str, Any] = {"task": task, "model": model, "method": method, "seeds": seeds}
-            for field in ("test_accuracy", "test_log_likelihood", "seconds"):
+            for field in ("test_accuracy", "test_log_likelihood", *AVERAGED, "seconds"):
                 row[field] = [r[field] for r in runs]
             row["hyperparameters"] = [r["hyperparameters"] for r in runs]
             row["passes"] = [r["passes"] for r in runs]
@@ -467,6 +477,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=methods.Budget.batch_size)
     parser.add_argument("--samples", type=int, default=methods.Budget.samples)
     parser.add_argument("--image-size", type=int, default=16)
+    parser.add_argument(
+        "--test-time-samples",
+        type=int,
+        default=8,
+        help="fixed transforms of each run's final ranges the averaged test accuracy uses (as partition-fx train's)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes of 1 thread)")
     parser.add_argument("--runs", type=Path, default=Path("runs/hyperparameter_methods"))
     parser.add_argument("--out", type=Path, default=RESULTS / "hyperparameter_methods.json")
@@ -511,6 +527,7 @@ def main(argv: list[str] | None = None) -> dict:
         else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples},
         "image_size": args.image_size,
         "trials": args.trials,
+        "test_time_samples": args.test_time_samples,
         "methods": args.methods,
         "true_invariances": truths,
     }

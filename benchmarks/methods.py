@@ -31,6 +31,7 @@ from partition_fx import export_subnetwork, partitionify
 from partition_fx.models import build_model
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
+from partition_fx.training import evaluate_averaged as evaluate_classifier_averaged
 from partition_fx.training.lml import apply_transform
 from partition_fx.training.optimizers import configured_factories
 from partition_fx.transforms import AffineAugmentation
@@ -124,6 +125,27 @@ def evaluate(model: nn.Module, data: Any, x: torch.Tensor | None = None, y: torc
     return evaluate_classifier(model, x, y)
 
 
+@torch.no_grad()
+def evaluate_averaged(
+    model: nn.Module, data: Any, hyperparameters: dict[str, float], samples: int
+) -> tuple[float | None, float | None]:
+    """(accuracy, mean log-likelihood) on the test split of ``model``'s prediction averaged over ``samples``
+    fixed transforms of the ranges ``hyperparameters`` (``partition-fx train``'s averaged_test_accuracy), with
+    the BatchNorm statistics :func:`evaluate` left; (None, None) for ``samples`` 0. With every range 0 (plain
+    training) the transforms are all the identity, so the average is the model's own prediction.
+
+    >>> from types import SimpleNamespace
+    >>> x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])
+    >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 2)).eval()
+    >>> data = SimpleNamespace(test=torch.utils.data.TensorDataset(x, y))
+    >>> (accuracy, loglik), own = evaluate_averaged(model, data, {}, 8), evaluate_classifier(model, x, y)
+    >>> accuracy == own[0], math.isclose(loglik, own[1], rel_tol=1e-5)
+    (True, True)
+    """
+    x, y = data.test.tensors
+    return evaluate_classifier_averaged(model, AffineAugmentation.fixed(hyperparameters), samples, x, y)
+
+
 def _model(task: Task, model_name: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     shape = task.data.input_shape
@@ -195,9 +217,11 @@ def train_plain(
         indices, validation = validation_split(len(x_all), seed)
     aug = None
     if augmentation is not None or learn is not None:
-        unbounded = {name: 1e6 for name in GENERATORS} if learn == "augerino_unsafe" else None
-        aug = AffineAugmentation(num_samples=budget.samples, init=augmentation or 0.0, max_range=unbounded)
-        aug.ranges.requires_grad_(learn is not None)
+        if learn is None:
+            aug = AffineAugmentation.fixed(augmentation, num_samples=budget.samples)
+        else:  # the baselines start where partitioned training starts: AffineAugmentation's default
+            unbounded = {name: 1e6 for name in GENERATORS} if learn == "augerino_unsafe" else None
+            aug = AffineAugmentation(num_samples=budget.samples, max_range=unbounded)
     model_optimizer, hyper_factory, schedule = configured_factories(budget.recipe())  # as fit builds them
     optimizer = model_optimizer(model.parameters())
     scheduler = schedule(optimizer)

@@ -125,6 +125,9 @@ def test_hyperparameter_methods_benchmark_quick(tmp_path, capsys):
     assert rows["rotdigits", "retrain_partitioned"]["hyperparameters"][0] == pytest.approx(found)
     assert len(rows["scattered", "optuna"]["trials"]) == 2
     assert rows["rotdigits", "plain"]["passes"][0]["backward"] == 4  # one backward per iteration
+    # test-time averaging: every range 0 (plain) averages identity transforms, the model's own prediction
+    assert rows["rotdigits", "plain"]["averaged_test_accuracy"] == rows["rotdigits", "plain"]["test_accuracy"]
+    assert all(0.0 <= row["averaged_test_accuracy"][0] <= 1.0 for row in result["rows"])
     assert result["config"]["true_invariances"]["scattered"]["translation_x"] == pytest.approx(0.4)
     assert (tmp_path / "hyperparameter_methods_rotation.png").is_file()
     assert "| rotdigits / test_resnet | 3 partitioned (paper scheme) |" in capsys.readouterr().out
