@@ -362,7 +362,7 @@ def test_eval_mode_exports_without_a_trace_of_the_hyperparameters() -> None:
 def test_wide_ranges_under_autocast_give_the_fp32_transforms(dtype):
     """The transform matrices are computed in fp32 even under autocast: in bf16/fp16 the matrix exponential of
     ranges at their bounds was NaN (found when the ranges began to start there)."""
-    aug = AffineAugmentation(num_samples=3)  # every range at its bound
+    aug = AffineAugmentation(num_samples=3, init="bounds")
     x, eps = torch.rand(4, 1, 8, 8), torch.rand(3, 4, len(aug.generators)) * 2 - 1
     with torch.autocast("cpu", dtype=dtype):
         mixed = aug.transform(x, eps)
