@@ -34,6 +34,8 @@ ARMS = {
     "hyper_lr_0.1": ["--hyper-lr", "0.1"],
     "init_pi": ["--init", "rotation=3.1415"],
     "init_half_pi": ["--init", "rotation=1.5708"],
+    "init_half_pi_s6": ["--init", "rotation=1.5708", "--hyper-samples", "6"],  # at most 1.3x the oracle's images
+    "init_quarter_pi": ["--init", "rotation=0.7854"],
     "widen_1.5": ["--train-range-factor", "1.5"],
     "blocks_4": ["--hyper-every", "4", "--hyper-batch-size", "32"],  # the same hyper images in 4x fewer steps
     "split_50": ["--proportions", "0.5,0.25,0.25"],
