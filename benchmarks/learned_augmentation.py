@@ -58,19 +58,28 @@ def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dic
     argv = ["train", "--data", data, *ARMS[augment], "--seed", str(seed), *extra, "--quiet"]
     if report_path.is_file():
         report = json.loads(report_path.read_text())
-        if report.get("status") == "completed" and _same_config(report["config"], argv[1:]):
+        if report.get("status") == "completed" and _same_run(report, argv[1:]):
             return report
     if cli([*argv, "--out", str(out), "--overwrite"]) != 0:
         raise SystemExit(f"run failed: partition-fx {' '.join(argv)}")
     return json.loads(report_path.read_text())
 
 
-def _same_config(config: dict, argv: list[str]) -> bool:
-    """Whether a report's ``config`` is the one ``partition-fx train ARGV`` records."""
+def _same_run(report: dict, argv: list[str]) -> bool:
+    """Whether a report's ``config`` is the one ``partition-fx train ARGV`` records, and its ranges started
+    where this version starts them: the config records ``--init`` as given, so without the second check a run
+    of an earlier default start would pass. Reports written before they recorded ``initial_hyperparameters``
+    are judged by their config alone (every version until then started an unnamed ``--init`` at 0)."""
+    from partition_fx.cli.job import build_augmentation
     from partition_fx.cli.parser import parse_train
     from partition_fx.cli.run_config import run_config
 
-    return config == run_config(parse_train(argv), tuple(config["proportions"]))
+    args = parse_train(argv)
+    if report["config"] != run_config(args, tuple(report["config"]["proportions"])):
+        return False
+    augmentation = build_augmentation(args)
+    start = augmentation.hyperparameters() if augmentation is not None else {}
+    return report.get("initial_hyperparameters", start) == start
 
 
 def _config(entry: str, seeds: list[int]) -> tuple[str, str, list[int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,15 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
     assert oracle["rotation"] == [float(np.float32(3.1416))] and oracle["other_ranges_max"] == [0.0]
     # a second call reuses the completed runs
     assert module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])["rows"] == result["rows"]
+    # but not one whose ranges started elsewhere (as an earlier default start would have): it is trained again
+    path = tmp_path / "rotdigits_affine_s0" / "report.json"
+    report = json.loads(path.read_text())
+    assert report["initial_hyperparameters"]["rotation"] == 0.0
+    path.write_text(
+        json.dumps(report | {"initial_hyperparameters": {**report["initial_hyperparameters"], "rotation": 1.5}})
+    )
+    module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])
+    assert json.loads(path.read_text())["initial_hyperparameters"]["rotation"] == 0.0
 
 
 def test_step_time_benchmark_quick(capsys):

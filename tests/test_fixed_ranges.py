@@ -139,5 +139,6 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
     assert main(["train", *TINY, "--steps", "2", "--init", "rotation=1.5", "--out", str(run)]) == 0
     report = _report(run)
     assert report["config"]["init"] == {"rotation": 1.5}
+    assert report["initial_hyperparameters"] == {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5}
     assert report["hyperparameters"]["rotation"] != _float32(1.5)  # learned: it moved from its start
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0

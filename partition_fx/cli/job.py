@@ -117,13 +117,20 @@ def job_from_args(args: argparse.Namespace, *, split: Split | None = None) -> Tr
     pmodel = partitionify_from_args(model, args)
     if split is None:
         _check_chunks(args, len(data.train), pmodel)
-    hyper = _augmentation(args)
+    hyper = build_augmentation(args)
     return TrainJob(args=args, config=config, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
 
 
-def _augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
+def build_augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
     """``--augment``'s input transform: learned ranges from 0 (or ``--init``'s start), or those
-    ``--fix``/``--fix-from`` fix."""
+    ``--fix``/``--fix-from`` fix; None for ``--augment none``.
+
+    >>> from partition_fx.cli.parser import parse_train
+    >>> build_augmentation(parse_train(["--init", "rotation=1.5"])).hyperparameters()["rotation"]
+    1.5
+    >>> build_augmentation(parse_train(["--augment", "none"])) is None
+    True
+    """
     if args.augment != "affine":
         return None
     fixed = fixed_ranges(args)

@@ -113,6 +113,10 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
     barrier(rank)
     report = starting_report(args, job.pmodel.proportions, job.data, job.device)
     report["processes"] = processes(rank)
+    # where the hyperparameters started (also the plots' iteration 0): the config records --init as given, and
+    # an unnamed start is whatever this version's default is
+    initial = job.hyper.hyperparameters() if job.hyper is not None else {}
+    report["initial_hyperparameters"] = initial
     report_path = out / "report.json"
     save = (lambda: write_json(report_path, report)) if writes else (lambda: None)
     save()
@@ -124,7 +128,6 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
         report["last_checkpoint_step"] = record["step"]
         save()
 
-    initial = job.hyper.hyperparameters() if job.hyper is not None else {}  # for the plots' iteration 0
     started = time.perf_counter()
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
         result = _fit(job, out, resume_from, [on_evaluation])
