@@ -47,6 +47,13 @@ ARM_LABELS = {
 }
 
 
+def _averaged_accuracy(row: dict[str, Any]) -> str | None:
+    """Mean ± sd of a row's test-time-averaged accuracy over seeds; None where any seed lacks it (results
+    written before averaging was measured, or runs that had nothing to average)."""
+    averaged = row.get("averaged_test_accuracy")
+    return mean_sd(averaged, ".3f") if averaged and None not in averaged else None
+
+
 def learned_augmentation(result: Results) -> str:
     header = ["data", "augmentation", "test accuracy", "averaged over 8", "rotation range (rad)", "largest other range"]
     body = [
@@ -54,7 +61,7 @@ def learned_augmentation(result: Results) -> str:
             r["data"],
             ARM_LABELS.get(r["augment"], r["augment"]),
             mean_sd(r["test_accuracy"], ".3f"),
-            mean_sd(r["averaged_test_accuracy"], ".3f") if None not in r.get("averaged_test_accuracy", [None]) else "-",
+            _averaged_accuracy(r) or "-",
             mean_sd(r["rotation"], ".2f") if r["rotation"] else "-",
             mean_sd(r["other_ranges_max"], ".3f") if r["other_ranges_max"] else "-",
             f"{r['training_images'][0]:,d}" if r.get("training_images") else "-",
@@ -223,10 +230,9 @@ def _cost(rows: list[dict[str, Any]], method: str) -> str:
 
 def _accuracy(row: dict[str, Any]) -> str:
     """Mean ± sd test accuracy over seeds, then the test-time-averaged one in parentheses where the row has
-    it (results written before averaging was measured have not)."""
-    text = mean_sd(row["test_accuracy"], ".3f")
-    averaged = row.get("averaged_test_accuracy")
-    return text + (f" ({mean_sd(averaged, '.3f')})" if averaged and None not in averaged else "")
+    it (:func:`_averaged_accuracy`)."""
+    averaged = _averaged_accuracy(row)
+    return mean_sd(row["test_accuracy"], ".3f") + (f" ({averaged})" if averaged else "")
 
 
 def hyperparameter_methods(result: Results) -> str:
@@ -294,7 +300,7 @@ def hyperparameter_methods_runs(result: Results) -> str:
                 seconds,
             ]
         )
-    averaged = any(row.get("averaged_test_accuracy") for row in result["rows"])
+    averaged = any(_averaged_accuracy(row) for row in result["rows"])
     accuracy = "test accuracy (averaged)" if averaged else "test accuracy"
     header = ["task / model", "method", accuracy, "test log-lik.", "rotation", "translation", "zoom"]
     lines = [markdown_table([*header, "images fwd+bwd (k)", "seconds"], body)]
