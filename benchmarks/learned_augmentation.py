@@ -70,15 +70,14 @@ def _same_run(report: dict, argv: list[str]) -> bool:
     where this version starts them: the config records ``--init`` as given, so without the second check a run
     of an earlier default start would pass. Reports written before they recorded ``initial_hyperparameters``
     are judged by their config alone (every version until then started an unnamed ``--init`` at 0)."""
-    from partition_fx.cli.job import build_augmentation
+    from partition_fx.cli.job import build_augmentation, initial_hyperparameters
     from partition_fx.cli.parser import parse_train
     from partition_fx.cli.run_config import run_config
 
     args = parse_train(argv)
     if report["config"] != run_config(args, tuple(report["config"]["proportions"])):
         return False
-    augmentation = build_augmentation(args)
-    start = augmentation.hyperparameters() if augmentation is not None else {}
+    start = initial_hyperparameters(build_augmentation(args))
     return report.get("initial_hyperparameters", start) == start
 
 

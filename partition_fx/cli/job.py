@@ -139,6 +139,19 @@ def build_augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
     return AffineAugmentation.fixed(fixed, num_samples=args.samples)
 
 
+def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:
+    """Where ``hyper``'s values start, by name (``{}`` without one): what ``report.json`` records as
+    ``initial_hyperparameters``, since the config records ``--init`` as given and an unnamed start is whatever
+    this version's default is.
+
+    >>> initial_hyperparameters(build_augmentation(parse_train(["--init", "rotation=1.5"])))["rotation"]
+    1.5
+    >>> initial_hyperparameters(None)
+    {}
+    """
+    return hyper.hyperparameters() if hyper is not None else {}
+
+
 def load_job_data(args: argparse.Namespace, config: TrainConfig, split: Split | None = None) -> DatasetSplits:
     """``--data`` at ``--image-size``/``--channels`` (``split``: that split alone, as ``load_dataset``), refused
     if it or one batch of it cannot fit in memory.

@@ -44,7 +44,7 @@ from ..training import (
 )
 from .checks import with_fixed_ranges
 from .export import load_for_export
-from .job import TrainJob, job_from_args, resolve_device
+from .job import TrainJob, initial_hyperparameters, job_from_args, resolve_device
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
 from .runs import check_out, prepare_out, resumed_args, starting_report
@@ -113,10 +113,7 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
     barrier(rank)
     report = starting_report(args, job.pmodel.proportions, job.data, job.device)
     report["processes"] = processes(rank)
-    # where the hyperparameters started (also the plots' iteration 0): the config records --init as given, and
-    # an unnamed start is whatever this version's default is
-    initial = job.hyper.hyperparameters() if job.hyper is not None else {}
-    report["initial_hyperparameters"] = initial
+    initial = report["initial_hyperparameters"] = initial_hyperparameters(job.hyper)  # also the plots' iteration 0
     report_path = out / "report.json"
     save = (lambda: write_json(report_path, report)) if writes else (lambda: None)
     save()
