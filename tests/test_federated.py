@@ -111,65 +111,174 @@ def test_the_server_takes_a_fedadam_step_per_partition_sent() -> None:
     assert all(p not in server.optimizer.state for j in (1, 3) for p in pmodel.partition_parameters(j))
 
 
-def _factory():
-    return _setup()
+FLOWER = "the federated extra: pip install -e '.[federated]'"
+TINY = {"data": "digits", "image_size": 8, "clients": 6, "samples": 2, "test_samples": 2}
 
 
-def test_flower_runs_the_algorithm_of_the_plain_loop_and_uploads_only_the_chunks_partitions() -> None:
-    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
-    from partition_fx.federated.flower import run_flower
+def _tiny(**overrides):
+    from partition_fx.federated import FederatedConfig
+
+    return FederatedConfig(**{**TINY, **overrides})
+
+
+def test_a_client_finds_its_share_by_its_partition_id_from_the_shared_seed() -> None:
+    """Definition: every client computes the same plan from the run's config; client i's training share is
+    the Dirichlet split's entry i of the training split (its test share that of the test split), its chunk
+    ``client_chunks``' entry i; together the shares are the whole data, once."""
+    from partition_fx.datasets import digits
+    from partition_fx.federated.job import client_data, plan_clients
+
+    data = digits(size=8)
+    plan = plan_clients(data, 10, 0.1, (0.7, 0.2, 0.1), seed=4)
+    again = plan_clients(data, 10, 0.1, (0.7, 0.2, 0.1), seed=4)  # another client, another process
+    groups = data.train.tensors[1]
+    want = dirichlet_split(groups, 10, 0.1, 4)
+    assert all(torch.equal(a, b) for a, b in zip(plan.clients, want))
+    assert all(torch.equal(a, b) for a, b in zip(plan.test_clients, again.test_clients))
+    assert plan.chunks == client_chunks(10, (0.7, 0.2, 0.1), 4) == again.chunks
+    assert sorted(torch.cat(plan.test_clients).tolist()) == list(range(len(data.test)))
+    share = client_data(data, plan, 3)
+    x, y = data.train.tensors
+    assert torch.equal(share.train[0], x[want[3]]) and torch.equal(share.train[1], y[want[3]])
+    assert share.chunk == plan.chunks[3] and len(share.test[1]) == len(plan.test_clients[3])
+
+
+def test_the_config_is_flowers_run_config_and_scales_psis_learning_rate() -> None:
+    from partition_fx.federated import FederatedConfig, scaled_hyper_lr
+
+    config = FederatedConfig(rounds=100, proportions=(0.9, 0.1), hyper_lr=None, seed=3)
+    assert FederatedConfig.from_run_config(config.run_config()) == config  # clients aside: the federation's
+    assert "clients" not in config.run_config() and config.run_config()["proportions"] == "0.9,0.1"
+    assert [scaled_hyper_lr(r) for r in (2, 100, 200, 2000, 4000)] == pytest.approx([0.06, 0.06, 0.03, 3e-3, 3e-3])
+    with pytest.raises(PartitionArgumentError, match="federation's; set num-supernodes"):
+        FederatedConfig.from_run_config({"clients": 5})
+    with pytest.raises(PartitionArgumentError, match="unknown run config key 'round'; known: alpha"):
+        FederatedConfig.from_run_config({"round": 5})
+    with pytest.raises(PartitionArgumentError, match=r"fraction-evaluate must be in \[0, 1\], got 1.5"):
+        FederatedConfig(fraction_evaluate=1.5)
+    baseline = config.baseline()
+    assert baseline.proportions == (1.0,) and not baseline.partitioned and baseline.seed == 3
+    assert not baseline.learn_hyperparameters and config.learn_hyperparameters
+
+
+@pytest.fixture
+def message_identity():
+    """Flower builds a message for the task of the process it runs in; a test is none, so it names one."""
+    pytest.importorskip("flwr", reason=FLOWER)
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _replies(updates):
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.common import MessageType
+
+    from partition_fx.federated.messages import train_reply
+
+    instruction = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=7,
+                          message_type=MessageType.TRAIN)  # fmt: skip
+    return instruction, [Message(train_reply(u), reply_to=instruction) for u in updates]
+
+
+def test_the_strategy_aggregates_replies_as_the_server_steps_updates(message_identity) -> None:
+    """Definition: ``PartitionedFedAdam.aggregate_train`` on the replies of a round is ``FederatedServer.apply``
+    on their updates (partitions of different chunks, psi's gradients); a failed reply is left out and kept as
+    a failure (accept_failures), or raises (accept_failures=False); a round without replies keeps the model."""
+    pytest.importorskip("flwr", reason=FLOWER)
+    from flwr.app import Error, Message
+
+    from partition_fx.errors import PartitionError
+    from partition_fx.federated import PartitionedFedAdam
 
     data = [_data(n, seed) for seed, n in enumerate((10, 14, 9))]
-    chunks = [1, 2, 3]
-    rounds = []
-    run = run_flower(_factory, data, chunks, rounds=2, lr=0.1, batch_size=8, seed=3, cpus=2,
-                     evaluate=lambda pmodel, hyper: {"clients": 3.0}, evaluate_every=2,
-                     on_round=lambda r, point: rounds.append((r, point)))  # fmt: skip
     pmodel, likelihood, hyper = _setup()
-    server = FederatedServer(pmodel, likelihood, hyper)
-    for round_ in (1, 2):
-        updates = [
-            client_update(
-                pmodel,
-                likelihood,
-                hyper,
-                data[c],
-                chunks[c],
-                client=c,
-                lr=0.1,
-                batch_size=8,
-                seed=3 * 1_000_003 + round_ * 1009 + c,
-            )
-            for c in range(3)
-        ]
-        server.apply(updates)
-    for (name, got), want in zip(run.pmodel.state_dict().items(), pmodel.state_dict().values()):
+    updates = [client_update(pmodel, likelihood, hyper, d, k, client=c, seed=c) for c, (d, k) in
+               enumerate(zip(data, (1, 2, 3)))]  # fmt: skip
+    reference = _setup()
+    FederatedServer(*reference).apply(updates)
+    strategy = PartitionedFedAdam(FederatedServer(pmodel, likelihood, hyper))
+    instruction, replies = _replies(updates)
+    failed = Message(Error(code=0, reason="client 3 ran out of memory"), reply_to=instruction)
+    arrays, metrics = strategy.aggregate_train(1, [*replies, failed])
+    for (name, got), want in zip(pmodel.state_dict().items(), reference[0].state_dict().values()):
         torch.testing.assert_close(got, want, msg=name)
-    torch.testing.assert_close(run.hyper.logits, hyper.logits)
-    assert [c["round"] for c in run.curve] == [2] and rounds == [(0, None), (1, None), (2, run.curve[0])]
-    assert 0 < run.bytes_up < run.bytes_down  # chunk 2 and 3 clients upload 2 and 1 of the 3 partitions
+    torch.testing.assert_close(hyper.logits, reference[2].logits)
+    assert sorted(arrays) == sorted(strategy.initial_arrays()) and metrics["clients"] == 3 and metrics["failures"] == 1
+    assert [c["chunk"] for c in strategy.client_train_metrics[1]] == [1.0, 2.0, 3.0]
+    assert strategy.failures == {1: ["train: client 3 ran out of memory"]} and strategy.bytes_up > 0
+    assert strategy.aggregate_train(2, [failed]) == (None, metrics.__class__({"clients": 0, "failures": 1}))
+    strict = PartitionedFedAdam(FederatedServer(*_setup()), accept_failures=False)
+    with pytest.raises(
+        PartitionError, match=r"1 client\(s\) failed in round 1 \(accept_failures=False\): train: client 3"
+    ):
+        strict.aggregate_train(1, [*_replies(updates)[1], failed])
 
 
-def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys) -> None:
-    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
+def test_flower_runs_the_algorithm_of_the_plain_loop() -> None:
+    """The Flower apps on Flower's simulation engine (Ray workers, messages) and ``simulate`` (one process)
+    give the same model, psi, curve, traffic and client metrics; the clients upload only their chunks'
+    partitions, so less than they download."""
+    pytest.importorskip("flwr", reason=FLOWER)
+    from partition_fx.federated import run_flower, simulate
+
+    config = _tiny(rounds=2, evaluate_every=1, seed=3)
+    rounds = []
+    flower = run_flower(config, on_round=lambda r, point: rounds.append((r, point)))
+    loop = simulate(config)
+    for (name, got), want in zip(flower.model.pmodel.state_dict().items(), loop.model.pmodel.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=name)
+    torch.testing.assert_close(flower.model.hyper.ranges, loop.model.hyper.ranges)
+    assert flower.curve == loop.curve and [p["round"] for p in loop.curve] == [1, 2]
+    assert (flower.bytes_up, flower.bytes_down) == (loop.bytes_up, loop.bytes_down)
+    assert flower.client_train_metrics == loop.client_train_metrics
+    assert rounds == [(0, None), (1, flower.curve[0]), (2, flower.curve[1])]
+    assert 0 < loop.bytes_up < loop.bytes_down
+
+
+def test_a_groupnorm_model_trains_federated_and_batchnorm_is_refused(tmp_path, capsys) -> None:
+    """GroupNorm keeps no running statistics, so any registry model with it trains (the paper's CIFAR model
+    is a GroupNorm ResNet); BatchNorm's statistics would each describe one client's skewed data: refused
+    before anything is written."""
+    from partition_fx.cli import main
+    from partition_fx.federated import simulate
+
+    run = simulate(_tiny(model="cifar_wrn16_4_gn", rounds=1, clients=6, samples=1))
+    from partition_fx.export import export_subnetwork
+
+    exported = export_subnetwork(run.model.pmodel)
+    assert run.curve[0]["round"] == 1 and any(isinstance(m, torch.nn.GroupNorm) for m in exported.modules())
+    out = tmp_path / "never"
+    assert main(["federated", "--model", "resnet10t", "--clients", "6", "--image-size", "8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "keeps running statistics (BatchNorm2d at conv1.1)" in err[0] and "GroupNorm" in err[0]
+    assert not out.exists()
+
+
+def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capfd) -> None:
+    pytest.importorskip("flwr", reason=FLOWER)
     import json
 
     from partition_fx.cli import main
 
     out = tmp_path / "fed"
-    argv = ["federated", "--clients", "6", "--rounds", "2", "--image-size", "8", "--evaluate-every", "1"]
+    argv = ["federated", "--clients", "6", "--rounds", "2", "--image-size", "8", "--evaluate-every", "1",
+            "--samples", "2", "--test-samples", "2"]  # fmt: skip
     assert main([*argv, "--quiet", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "model.safetensors", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "history.json", "model.safetensors", "report.json"]
     assert report["rounds"] == 2 and 0 <= report["test_accuracy"] <= 1 and 0 <= report["baseline"]["test_accuracy"] <= 1
+    assert report["mean_last_accuracy"] == pytest.approx(
+        sum(p["test-accuracy"] for p in report["curves"]["partitioned"]) / 2
+    )
     chunks = report["clients"]["chunks"]  # 4, 1 and 1 of the 6 clients
     shares = {1: 1.0, 2: 0.3, 3: 0.1}  # partitions k..C of 0.7/0.2/0.1 (the psi gradients add a few bytes)
     expected = sum(shares[k] for k in chunks) / len(chunks)
     assert abs(report["upload_share"] - expected) < 0.02, (report["upload_share"], expected)
     # The server sends every partition: the model's entries once, plus psi, scale copies and metadata, a
-    # little more than the baseline's model; the saving is in the upload. (This was "bytes_down equal or
-    # traffic_share < 1": the downloads never are equal, so only traffic_share < 1 was checked, and a
-    # traffic_share counting the uploads alone passed it.)
+    # little more than the baseline's model; the saving is in the upload.
     base = report["baseline"]
     assert base["bytes_down"] < report["bytes_down"] < 1.01 * base["bytes_down"]
     total = (report["bytes_up"] + report["bytes_down"]) / (base["bytes_up"] + base["bytes_down"])
@@ -178,31 +287,26 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys)
     dropout = ["dropout1.p", "dropout2.p", "dropout3.p", "dropout4.p"]  # the CNN's named layers, not 3.p, 7.p, ..
     assert [k for k in report["hyperparameters"] if k.endswith(".p")] == dropout
     assert report["hyperparameters"].keys() == report["baseline"]["hyperparameters"].keys()
-    printed = capsys.readouterr()
+    assert report["baseline"]["hyperparameters"]["rotation"] == 0 < report["hyperparameters"]["rotation"]
+    history = json.loads((out / "history.json").read_text())
+    assert [len(history[arm]["client_train_metrics"]["2"]) for arm in ("partitioned", "baseline")] == [6, 6]
+    printed = capfd.readouterr()
     assert "test accuracy" in printed.out and all(f"{name}=" in printed.out for name in dropout), printed.out
-    assert printed.err == ""  # --quiet: no progress
+    assert "[ROUND" not in printed.err  # --quiet: Flower's round log muted
 
 
-ROUND_LINE = re.compile(
-    r"^partition-fx: (partitioned|baseline) round (\d)/3 \| test accuracy [01]\.\d{4} \| traffic (\d+\.\d) MB \| "
-    r"\d+:\d\d elapsed, ~\d+:\d\d left$"
-)
-
-
-def test_federated_command_without_a_terminal_prints_a_line_per_evaluated_round_of_each_run(tmp_path, capsys):
-    """stderr is not a terminal here (captured): one line per evaluation (rounds 2 and 3 with
-    --evaluate-every 2), the partitioned run's, then the baseline's, with the bytes so far growing."""
-    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
+def test_federated_command_shows_flowers_round_log(tmp_path, capfd):
+    """Without --quiet, Flower's own log of every round (sampling, replies and failures, the server's test
+    evaluation) is the progress, for each run. (Flower's handler writes to the stderr it found at import, so
+    the file descriptor is what shows it.)"""
+    pytest.importorskip("flwr", reason=FLOWER)
     from partition_fx.cli import main
 
-    argv = ["federated", "--clients", "6", "--rounds", "3", "--image-size", "8", "--evaluate-every", "2"]
+    argv = ["federated", "--clients", "6", "--rounds", "2", "--image-size", "8", "--samples", "1"]
     assert main([*argv, "--out", str(tmp_path / "fed")]) == 0
-    lines = capsys.readouterr().err.splitlines()
-    matches = [ROUND_LINE.match(line) for line in lines]
-    assert len(lines) == 4 and all(matches), lines
-    assert [m.group(1, 2) for m in matches] == [("partitioned", "2"), ("partitioned", "3"), ("baseline", "2"),
-                                                ("baseline", "3")]  # fmt: skip
-    assert float(matches[0].group(3)) < float(matches[1].group(3))
+    err = capfd.readouterr().err
+    assert err.count("[ROUND 2/2]") == 2 and "Received 6 results and 0 failures" in err
+    assert "'test-accuracy':" in err
 
 
 @pytest.mark.parametrize(
@@ -294,3 +398,100 @@ def test_federated_options_parse_and_default_as_trains(capsys) -> None:
     assert proportions.help.endswith(
         "(default: 0.7,0.2,0.1 with 3 partitions, equal shares with any other --partitions)"
     )
+
+
+FAILING_CLIENT = '''"""The shipped client, except that clients 0 and 1 fail in every round they are sampled."""
+from flwr.clientapp import ClientApp
+
+from partition_fx.federated.app import client_evaluate, client_train
+
+app = ClientApp()
+
+
+@app.train()
+def train(message, context):
+    if int(context.node_config["partition-id"]) in (0, 1):
+        raise RuntimeError("this client fails on purpose")
+    return client_train(message, context)
+
+
+@app.evaluate()
+def evaluate(message, context):
+    return client_evaluate(message, context)
+'''
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop_processes_mentioning(text: str) -> None:
+    """Stop the local SuperLink ``flwr run`` left running (and anything else started under ``text``)."""
+    import os
+    import signal
+    from pathlib import Path
+
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(proc.name), signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+
+
+def test_flwr_run_starts_the_shipped_app_with_client_sampling_and_a_failing_client(tmp_path) -> None:
+    """``flwr run`` (Flower's own command, through a local SuperLink) on the shipped app, 3 rounds over 5
+    simulated SuperNodes sampling 80% of them per round (4), with clients 0 and 1 failing whenever sampled
+    (so every round has a failure, and at least 2 replies): every round completes, the failures are logged
+    and kept, and the server writes the run's history and model."""
+    pytest.importorskip("flwr", reason=FLOWER)
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    app = tmp_path / "app"
+    shutil.copytree(root / "examples" / "flower_app", app)
+    toml = (app / "pyproject.toml").read_text()
+    (app / "pyproject.toml").write_text(toml.replace("partition_fx.federated.app:client_app", "failing_client:app"))
+    (app / "failing_client.py").write_text(FAILING_CLIENT)
+    out, home = tmp_path / "out", tmp_path / "flwr-home"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # partition-fx is installed here, not on an index
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),  # beside any other SuperLink on this machine
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "OMP_NUM_THREADS": "1",
+    }
+    run_config = (f"num-rounds=3 fraction-train=0.8 fraction-evaluate=0.4 image-size=8 samples=2 test-samples=2 "
+                  f"evaluate-every=1 data='digits' proportions='0.6,0.2,0.2' out='{out}'")  # fmt: skip
+    command = [str(Path(bin_dir) / "flwr"), "run", str(app), "--stream", "--run-config", run_config,
+               "--federation-config", "num-supernodes=5"]  # fmt: skip
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    finally:
+        _stop_processes_mentioning(str(home))
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert log.count("configure_train: Sampled 4 nodes (out of 5)") == 3, log[-3000:]
+    assert "this client fails on purpose" in log and "Strategy execution finished" in log
+    history = json.loads((out / "history.json").read_text())
+    assert [p["round"] for p in history["curve"]] == [1, 2, 3] and (out / "model.safetensors").is_file()
+    for r in ("1", "2", "3"):
+        failed = len([f for f in history["failures"][r] if f.startswith("train: ")])
+        trained = len(history["client_train_metrics"][r])
+        assert all(f.endswith("this client fails on purpose'>") for f in history["failures"][r])
+        assert failed >= 1 and trained >= 2 and failed + trained == 4, (r, failed, trained)
+        assert {c["client"] for c in history["client_train_metrics"][r]}.isdisjoint({0.0, 1.0})
+    assert set(history["federated_evaluation"]) == {"1", "2", "3"}

@@ -22,7 +22,8 @@ from .runs import check_out, learned_ranges, resumed_args, training_run
 _POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
 """``train``'s own options that must be >= 1; the training configuration's options check themselves."""
 _POSITIVE_FEDERATED_OPTIONS = (
-    "image_size", "clients", "partitions", "rounds", "batch_size", "samples", "evaluate_every",
+    "image_size", "clients", "partitions", "rounds", "batch_size", "samples", "test_samples", "evaluate_every",
+    "local_epochs",
 )  # fmt: skip
 
 
@@ -183,7 +184,7 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
             f"--image-size must be a multiple of 4 and >= 8 (two 2x2 poolings), got {args.image_size}"
         )
     for name in ("lr", "server_lr", "hyper_lr"):
-        if not getattr(args, name) > 0:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise PartitionArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     check_concentration(args.alpha, option="--alpha")
     shares = args.proportions
@@ -193,6 +194,10 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
             f"--proportions {proportions_text(args)}: give {args.partitions} positive shares summing to 1 "
             f"(--partitions {args.partitions})"
         )
+    for name, low in (("fraction_train", "(0"), ("fraction_evaluate", "[0")):
+        value = getattr(args, name)
+        if not (value > 0 if low == "(0" else value >= 0) or not value <= 1:
+            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be in {low}, 1], got {value}")
     num_partitions, shares = checked_proportions(args, DEFAULT_FEDERATED_PROPORTIONS)
     return check_proportions(shares, num_partitions)
 

@@ -191,12 +191,17 @@ def _print_convert(report: dict[str, Any], out: Path) -> None:
 
 
 def _print_federated(report: dict[str, Any], out: Path) -> None:
-    base = report["baseline"]
+    base, last = report["baseline"], report["last_evaluations"]
     print(
-        f"federated, {report['rounds']} rounds: test accuracy {report['test_accuracy']:.4f} (FedAdam baseline "
-        f"{base['test_accuracy']:.4f}); upload {report['bytes_up'] / 1e6:.1f} MB = {100 * report['upload_share']:.0f}% "
-        f"of the baseline's, traffic {100 * report['traffic_share']:.0f}%"
+        f"federated, {report['rounds']} rounds: test accuracy {report['test_accuracy_averaged']:.4f} averaged over "
+        f"{report['config']['test-samples']} augmentations, {report['test_accuracy']:.4f} without (FedAdam baseline "
+        f"{base['test_accuracy']:.4f}); mean of the last {last} evaluations "
+        f"{report['mean_last_accuracy_averaged']:.4f} (baseline {base['mean_last_accuracy_averaged']:.4f})"
+    )
+    print(
+        f"upload {report['bytes_up'] / 1e6:.1f} MB = {100 * report['upload_share']:.0f}% of the baseline's, traffic "
+        f"{100 * report['traffic_share']:.0f}%; {report['seconds_per_round']:.2f} s per round"
     )
     learned = ", ".join(f"{k}={v:.3f}" for k, v in report["hyperparameters"].items() if isinstance(v, float)) or "none"
     print(f"learned hyperparameters (augmentation ranges, rotation in radians; dropout rates): {learned}")
-    print(f"wrote {out}/: report.json, curves.png, model.safetensors")
+    print(f"wrote {out}/: report.json, history.json, curves.png, model.safetensors")

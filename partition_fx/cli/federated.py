@@ -1,23 +1,41 @@
-"""``partition-fx federated``: federated partitioned training (appendix J) and its FedAdam baseline.
+"""``partition-fx federated``: federated partitioned training (appendix J) and its FedAdam baseline, both run by
+the Flower apps of ``partition_fx.federated.app`` on Flower's simulation engine.
 
-Writes to ``--out``: ``report.json`` (``test_accuracy`` and ``hyperparameters`` of the partitioned run,
-``rounds``, ``bytes_up``, ``bytes_down`` as counted from the messages that crossed Flower, ``upload_share`` and
-``traffic_share`` of the baseline's, ``baseline`` with the same for the unpartitioned model with its
-hyperparameters fixed, ``curves`` and ``config``), ``curves.png`` (test accuracy against communicated bytes,
-appendix J.3) and ``model.safetensors`` (the exported final model, a plain ``nn.Sequential``). Every option is
-checked, the clients planned and Flower imported before ``--out`` is touched.
+Writes to ``--out``: ``report.json`` (the partitioned run's final ``test_accuracy``, ``test_accuracy_averaged``
+over ``--test-samples`` augmentations, the mean of its last 10 evaluations, ``hyperparameters``, ``bytes_up`` /
+``bytes_down`` as counted from the messages that crossed Flower, ``upload_share`` and ``traffic_share`` of the
+baseline's, ``seconds_per_round``; ``baseline`` with the same for the unpartitioned model with psi fixed;
+``curves``, ``clients`` and ``config``), ``history.json`` (each run's ``FederatedRun.history``: every client's
+train metrics per round, federated evaluation, failures), ``curves.png`` (test accuracy against rounds and
+against communicated bytes, appendix J.3) and ``model.safetensors`` (the exported final model, a plain
+``nn.Sequential`` for the default CNN). Every option is checked, the clients planned and Flower imported before
+``--out`` is touched. Flower's log of every round goes to stderr unless ``--quiet``.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
 from .._io import replace_file, write_json
 from .checks import check_federated_options
 from .runs import check_out, prepare_out
+
+LAST_EVALUATIONS = 10
+"""The report's mean accuracy is over this many last evaluations (the paper's moving average, appendix J.3)."""
+
+
+def federated_config(args: argparse.Namespace, proportions: tuple[float, ...]) -> Any:
+    """The run's ``FederatedConfig`` from the checked options."""
+    from ..federated.config import FederatedConfig
+
+    names = ("data", "image_size", "model", "clients", "alpha", "rounds", "fraction_train", "fraction_evaluate",
+             "local_epochs", "lr", "batch_size", "server_lr", "hyper_lr", "rotation_init", "samples", "test_samples",
+             "evaluate_every", "seed")  # fmt: skip
+    return FederatedConfig(proportions=proportions, **{name: getattr(args, name) for name in names})
 
 
 def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
@@ -31,83 +49,77 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     """
     proportions = check_federated_options(args)
     check_out(args.out, args.overwrite, {})
-    from ..datasets import load_dataset
-    from ..federated.flower import import_flower
-    from ..federated.job import FederatedPlan, ModelFactory, plan_clients
+    from ..federated.flower import import_flower, run_flower
+    from ..federated.job import federated_model, load_federated_data, plan_clients
 
     import_flower()  # refused now, with the way to install it, if the extra is missing
-    data = load_dataset(args.data, size=args.image_size)
-    plan = plan_clients(data, args.clients, args.alpha, proportions, args.seed)
+    config = federated_config(args, proportions)
+    data = load_federated_data(config)
+    plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
+    federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
     prepare_out(args.out, args.overwrite, {})
-    shape, classes = tuple(data.input_shape), data.num_classes
-    partitioned = ModelFactory(shape, classes, proportions, args.seed, args.samples)
-    baseline = ModelFactory(shape, classes, (1.0,), args.seed, args.samples, learn_hyperparameters=False)
-    started = time.perf_counter()
-    unpartitioned = FederatedPlan(plan.clients, [1] * len(plan.clients), plan.skew)  # one chunk: plain FedAdam
-    results = {
-        "partitioned": _train(args, data, plan, partitioned, "partitioned"),
-        "baseline": _train(args, data, unpartitioned, baseline, "baseline"),
-    }
-    report = _report(args, proportions, plan, results, time.perf_counter() - started)
-    _write(args.out, report, results["partitioned"].model)
+    logging.getLogger("flwr").setLevel(logging.WARNING if args.quiet else logging.INFO)
+    runs = {"partitioned": run_flower(config), "baseline": run_flower(config.baseline())}
+    report = _report(config, plan, runs)
+    _write(args.out, report, runs)
     return report
 
 
-def _train(args: argparse.Namespace, data: Any, plan: Any, factory: Any, label: str) -> Any:
-    """One arm; its progress on stderr as ``train``'s (a bar on a terminal, else a line per evaluated round)
-    unless ``--quiet``."""
-    from ..federated.job import run_federated
+def _summary(run: Any) -> dict[str, Any]:
+    from ..federated.job import hyperparameters
 
-    return run_federated(
-        data, plan, factory, rounds=args.rounds, lr=args.lr, batch_size=args.batch_size, server_lr=args.server_lr,
-        hyper_lr=args.hyper_lr, evaluate_every=args.evaluate_every, seed=args.seed,
-        progress=False if args.quiet else None, label=label,
-    )  # fmt: skip
-
-
-def _report(
-    args: argparse.Namespace, proportions: tuple[float, ...], plan: Any, results: dict[str, Any], seconds: float
-) -> dict[str, Any]:
-    ours, base = results["partitioned"], results["baseline"]
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "command"}
+    last = run.curve[-LAST_EVALUATIONS:]
     return {
-        "command": "federated",
-        "status": "completed",
-        "test_accuracy": ours.test_accuracy,
-        "hyperparameters": ours.hyperparameters,
-        "rounds": args.rounds,
-        "bytes_up": ours.bytes_up,
-        "bytes_down": ours.bytes_down,
-        "upload_share": ours.bytes_up / base.bytes_up,
-        "traffic_share": (ours.bytes_up + ours.bytes_down) / (base.bytes_up + base.bytes_down),
-        "baseline": {
-            "test_accuracy": base.test_accuracy,
-            "hyperparameters": base.hyperparameters,
-            "bytes_up": base.bytes_up,
-            "bytes_down": base.bytes_down,
-        },
-        "curves": {"partitioned": ours.curve, "baseline": base.curve},
-        "clients": {"skew": plan.skew, "sizes": [len(c) for c in plan.clients], "chunks": plan.chunks},
-        "proportions": list(proportions),
-        "seconds": round(seconds, 1),
-        "config": config,
+        "test_accuracy": run.curve[-1]["test-accuracy"],
+        "test_accuracy_averaged": run.curve[-1]["test-accuracy-averaged"],
+        "mean_last_accuracy": statistics.fmean(p["test-accuracy"] for p in last),
+        "mean_last_accuracy_averaged": statistics.fmean(p["test-accuracy-averaged"] for p in last),
+        "hyperparameters": hyperparameters(run.model),
+        "bytes_up": run.bytes_up,
+        "bytes_down": run.bytes_down,
+        "seconds_per_round": round(run.seconds / run.config.rounds, 3),
     }
 
 
-def _write(out: Path, report: dict[str, Any], model: Any) -> None:
+def _report(config: Any, plan: Any, runs: dict[str, Any]) -> dict[str, Any]:
+    ours, base = runs["partitioned"], runs["baseline"]
+    return {
+        "command": "federated",
+        "status": "completed",
+        **_summary(ours),
+        "last_evaluations": min(LAST_EVALUATIONS, len(ours.curve)),
+        "rounds": config.rounds,
+        "upload_share": ours.bytes_up / base.bytes_up,
+        "traffic_share": (ours.bytes_up + ours.bytes_down) / (base.bytes_up + base.bytes_down),
+        "baseline": _summary(base),
+        "curves": {name: run.curve for name, run in runs.items()},
+        "clients": {"skew": plan.skew, "sizes": [len(c) for c in plan.clients], "chunks": plan.chunks},
+        "proportions": list(config.proportions),
+        "config": {"clients": config.clients, **config.run_config(), "hyper-lr": config.hyper_lr_value},
+    }
+
+
+def _write(out: Path, report: dict[str, Any], runs: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from safetensors.torch import save_model
 
-    figure, axis = plt.subplots(figsize=(6, 4))
+    from ..export import export_subnetwork
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for name, curve in report["curves"].items():
-        axis.plot([p["bytes"] / 1e6 for p in curve], [p["test_accuracy"] for p in curve], marker="o", label=name)
-    axis.set(xlabel="communicated MB (up + down)", ylabel="test accuracy", title="federated training")
-    axis.legend()
+        accuracy = [p["test-accuracy-averaged"] for p in curve]
+        axes[0].plot([p["round"] for p in curve], accuracy, marker="o", label=name)
+        axes[1].plot([p["bytes"] / 1e6 for p in curve], accuracy, marker="o", label=name)
+    axes[0].set(xlabel="round", ylabel="test accuracy (augmentation-averaged)", title="federated training")
+    axes[1].set(xlabel="communicated MB (up + down)")
+    axes[0].legend()
     figure.tight_layout()
     replace_file(out / "curves.png", lambda tmp: figure.savefig(tmp, format="png"))
     plt.close(figure)
+    model = export_subnetwork(runs["partitioned"].model.pmodel).eval()
     replace_file(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)))
+    write_json(out / "history.json", {name: run.history() for name, run in runs.items()})
     write_json(out / "report.json", report)

@@ -12,9 +12,12 @@ import argparse
 from pathlib import Path
 
 from ..datasets.registry import dataset_names
+from ..federated.config import FederatedConfig
 from .argparsing import default_shares_text, path, proportions, seed
 
-DEFAULT_FEDERATED_PROPORTIONS = (0.7, 0.2, 0.1)
+DEFAULTS = FederatedConfig()
+"""The options' defaults are ``FederatedConfig``'s (one set for the command, the Flower app and ``simulate``)."""
+DEFAULT_FEDERATED_PROPORTIONS = DEFAULTS.proportions
 """``--proportions`` when it is not given and ``--partitions`` is 3 (the default): the paper's chunk shares of
 appendix J; other counts get equal shares."""
 
@@ -28,10 +31,11 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
     >>> args.proportions, args.alpha, args.data
     ((0.5, 0.5), 0.1, 'rotdigits')
     """
+    d = DEFAULTS
     data = parser.add_argument_group("data and clients (appendix J.2)")
     data.add_argument(
         "--data",
-        default="rotdigits",
+        default=d.data,
         choices=dataset_names(task="images"),
         help="a bundled image dataset (nothing downloaded); rotated digits are skewed over 10 rotation bins, others "
         "by label (default: %(default)s)",
@@ -39,23 +43,45 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--image-size",
         type=int,
-        default=16,
+        default=d.image_size,
         metavar="PIXELS",
         help="images are resized to this square, a multiple of 4 (default: %(default)s)",
     )
-    data.add_argument("--clients", type=int, default=100, metavar="N", help="clients (default: %(default)s)")
+    data.add_argument("--clients", type=int, default=d.clients, metavar="N", help="clients (default: %(default)s)")
     data.add_argument(
         "--alpha",
         type=float,
-        default=0.1,
+        default=d.alpha,
         metavar="A",
         help="Dirichlet concentration of the clients' skew; 0.1: most hold one group (default: %(default)s)",
     )
-    model = parser.add_argument_group("partitions and training (appendix J.1)")
+    data.add_argument(
+        "--fraction-train",
+        type=float,
+        default=d.fraction_train,
+        metavar="F",
+        help="share of the clients sampled to train each round, as Flower's (default: %(default)s)",
+    )
+    data.add_argument(
+        "--fraction-evaluate",
+        type=float,
+        default=d.fraction_evaluate,
+        metavar="F",
+        help="share of the clients sampled each round to evaluate the server's model on their own test share "
+        "(default: %(default)s)",
+    )
+    model = parser.add_argument_group("model, partitions and training (appendix J.1)")
+    model.add_argument(
+        "--model",
+        default=d.model,
+        metavar="NAME",
+        help="'cnn' (the paper's MNIST CNN with learned dropout) or a registry model without BatchNorm, e.g. "
+        "cifar_wrn16_4_gn (default: %(default)s)",
+    )
     model.add_argument(
         "--partitions",
         type=int,
-        default=3,
+        default=len(d.proportions),
         metavar="C",
         help="number of partitions and chunks C, 1..255; without --proportions, any C but 3 gets equal shares "
         "(default: %(default)s)",
@@ -69,40 +95,65 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
         f"summing to 1 (default: {default_shares_text(DEFAULT_FEDERATED_PROPORTIONS)})",
     )
     model.add_argument(
-        "--rounds", type=int, default=30, metavar="R", help="communication rounds (default: %(default)s)"
+        "--rounds", type=int, default=d.rounds, metavar="R", help="communication rounds (default: %(default)s)"
     )
-    model.add_argument("--lr", type=float, default=0.05, metavar="LR", help="clients' SGD step (default: %(default)s)")
+    model.add_argument(
+        "--local-epochs",
+        type=int,
+        default=d.local_epochs,
+        metavar="E",
+        help="clients' epochs per round (default: %(default)s)",
+    )
+    model.add_argument("--lr", type=float, default=d.lr, metavar="LR", help="clients' SGD step (default: %(default)s)")
+    model.add_argument(
+        "--batch-size", type=int, default=d.batch_size, metavar="N", help="clients' minibatch (default: %(default)s)"
+    )
     model.add_argument(
         "--server-lr",
         type=float,
-        default=1e-3,
+        default=d.server_lr,
         metavar="LR",
-        help="server FedAdam learning rate (default: %(default)s)",
+        help="server FedAdam learning rate, both runs (the paper's; default: %(default)s)",
     )
     model.add_argument(
         "--hyper-lr",
         type=float,
-        default=3e-3,
+        default=d.hyper_lr,
         metavar="LR",
-        help="server Adam learning rate of psi (default: %(default)s)",
+        help="server Adam learning rate of psi (default: the paper's 3e-3 x 2000 / --rounds, at least 3e-3)",
     )
     model.add_argument(
-        "--batch-size", type=int, default=64, metavar="N", help="clients' minibatch (default: %(default)s)"
+        "--rotation-init",
+        type=float,
+        default=d.rotation_init,
+        metavar="RAD",
+        help="where the learned rotation range starts; at 0 it cannot move (default: pi/2, %(default).4f)",
     )
     model.add_argument(
-        "--samples", type=int, default=4, metavar="S", help="augmentation samples per example (default: %(default)s)"
+        "--samples",
+        type=int,
+        default=d.samples,
+        metavar="S",
+        help="augmentation samples per example in training (the paper's; default: %(default)s)",
+    )
+    model.add_argument(
+        "--test-samples",
+        type=int,
+        default=d.test_samples,
+        metavar="S",
+        help="fixed augmentations the test evaluation averages over, 1 for none (the paper's; default: %(default)s)",
     )
     model.add_argument(
         "--evaluate-every",
         type=int,
-        default=5,
+        default=d.evaluate_every,
         metavar="R",
         help="rounds between test evaluations of the learning curve (default: %(default)s)",
     )
     model.add_argument(
         "--seed",
         type=seed,
-        default=0,
+        default=d.seed,
         metavar="N",
         help="seeds the clients' data and chunks, the partition layout and the model (default: %(default)s)",
     )
@@ -112,12 +163,11 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
         type=path,
         default=Path("runs/federated"),
         metavar="DIR",
-        help="report.json, curves.png, model.safetensors (default: %(default)s)",
+        help="report.json, history.json, curves.png, model.safetensors (default: %(default)s)",
     )
     output.add_argument("--overwrite", action="store_true", help="replace --out if it is not empty (default: off)")
     output.add_argument(
         "--quiet",
         action="store_true",
-        help="no progress (default: off: a bar of each run's rounds when stderr is a terminal, else a line per "
-        "evaluated round)",
+        help="no progress (default: off: Flower's log of every round on stderr)",
     )

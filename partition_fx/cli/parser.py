@@ -72,7 +72,9 @@ COMMANDS = {
     "federated": (
         "federated partitioned training of appendix J on Flower's simulation engine",
         "Train the paper's MNIST CNN federated on Flower over non-i.i.d. clients (chunk k uploads partitions "
-        "k..C) and its FedAdam baseline; write report.json, curves.png and model.safetensors to --out.",
+        "k..C) and its FedAdam baseline with the Flower apps of partition_fx.federated.app (flwr run "
+        "examples/flower_app runs them through Flower's own command); write report.json, history.json, curves.png "
+        "and model.safetensors to --out.",
     ),
     "export": (
         "export a trained run's checkpoint to safetensors and ONNX",

@@ -35,6 +35,8 @@ class ClientUpdate:
     num_examples: int
     partitions: dict[int, list[torch.Tensor]]
     psi_gradient: list[torch.Tensor] | None
+    train_loss: float = float("nan")
+    """The mean negative log-likelihood of its local steps (every partition's, every epoch's)."""
 
 
 def client_update(
@@ -48,9 +50,11 @@ def client_update(
     lr: float = 0.05,
     batch_size: int = 64,
     seed: int = 0,
+    epochs: int = 1,
 ) -> ClientUpdate:
-    """One client's round from the server values in ``pmodel`` / ``hyper`` (left as they were). Its random
-    numbers (the epoch's order, dropout and augmentation noise) come from ``seed`` alone.
+    """One client's round from the server values in ``pmodel`` / ``hyper`` (left as they were): ``epochs``
+    epochs of local SGD per partition. Its random numbers (the epochs' order, dropout and augmentation noise)
+    come from ``seed`` alone.
 
     >>> from partition_fx import partitionify
     >>> from partition_fx.training import Categorical
@@ -61,7 +65,7 @@ def client_update(
     """
     with torch.random.fork_rng(devices=[]):  # the client's noise is a function of ``seed``, on any engine
         torch.manual_seed(seed)
-        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed)
+        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed, epochs)
 
 
 def _client_update(
@@ -74,6 +78,7 @@ def _client_update(
     lr: float,
     batch_size: int,
     seed: int,
+    epochs: int,
 ) -> ClientUpdate:
     x, y = data
     pmodel.train()
@@ -81,20 +86,24 @@ def _client_update(
         hyper.train()
     generator = torch.Generator().manual_seed(seed)
     trained = {}
+    losses = []
     for j in range(k, pmodel.num_partitions + 1):
         params = pmodel.partition_parameters(j)
         server_values = [p.detach().clone() for p in params]
         optimizer = torch.optim.SGD(params, lr=lr)
-        for batch in torch.randperm(len(x), generator=generator).split(batch_size):  # one epoch
-            optimizer.zero_grad(set_to_none=True)
-            loss = -forward_log_likelihood(pmodel, likelihood, x[batch], y[batch], j, hyper, transform_grad=False)
-            loss.mean().backward(inputs=params)
-            optimizer.step()
+        for _ in range(epochs):
+            for batch in torch.randperm(len(x), generator=generator).split(batch_size):
+                optimizer.zero_grad(set_to_none=True)
+                loss = -forward_log_likelihood(pmodel, likelihood, x[batch], y[batch], j, hyper, transform_grad=False)
+                loss.mean().backward(inputs=params)
+                optimizer.step()
+                losses.append(loss.detach().mean())
         trained[j] = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p, value in zip(params, server_values):
                 p.copy_(value)
-    return ClientUpdate(client, k, len(x), trained, _psi_gradient(pmodel, likelihood, hyper, x, y, k))
+    gradient = _psi_gradient(pmodel, likelihood, hyper, x, y, k)
+    return ClientUpdate(client, k, len(x), trained, gradient, float(torch.stack(losses).mean()))
 
 
 def _psi_gradient(

@@ -1,184 +1,260 @@
-"""A federated run on a dataset: the model of appendix J (the MNIST CNN of table 9 with learned concrete
-dropout between layers, affine augmentation as psi), the clients' non-i.i.d. data and chunks, the partitioned
-run and its FedAdam baseline (C=1, psi fixed at its initial values), scored on the test split."""
+"""A federated run on a dataset, the pieces both engines share: the data and every client's share of it
+(computed by each client from the run's seed), the client's round, the server's evaluation, and the run's
+record. ``simulate`` runs the rounds in this process without Flower; ``partition_fx.federated.app`` runs the
+same pieces as Flower apps."""
 
 from __future__ import annotations
 
 import math
-import time
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 
-from .. import partitionify
-from ..datasets import DatasetSplits
+from ..datasets import DatasetSplits, load_dataset
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
-from ..partitioned_model import PartitionedModel
-from ..training import Categorical, evaluate_classifier
+from ..training import evaluate_classifier
 from ..training.hyperparameters import hyperparameter_modules, hyperparameter_values
-from ..training.progress import ProgressLines, progress_outputs, round_line
-from ..transforms import AffineAugmentation, ConcreteDropout
+from ..transforms import TestTimeAveraged
+from .algorithm import ClientUpdate, client_update
 from .clients import client_chunks, dirichlet_split
-from .flower import FederatedRun, run_flower
+from .config import FederatedConfig
+from .models import FederatedModel, build_federated_model
 
 ROTATION_BINS = 10
 
 
-def federated_cnn(in_chans: int = 1, image_size: int = 28, num_classes: int = 10, dropout: float = 0.1) -> nn.Module:
-    """The MNIST CNN of the paper's table 9 (Schwoebel et al. 2021) with ``ConcreteDropout(dropout)`` after each
-    hidden layer, as in its federated experiments (appendix J.2). Its layers are named, so the learned rates
-    are reported as ``dropout1.p`` .. ``dropout4.p`` (and the exported weights as ``conv1.weight``, ...).
-
-    >>> federated_cnn(image_size=16)(torch.zeros(2, 1, 16, 16)).shape
-    torch.Size([2, 10])
-    >>> [name for name, m in federated_cnn().named_modules() if isinstance(m, ConcreteDropout)]
-    ['dropout1', 'dropout2', 'dropout3', 'dropout4']
-    """
-    side = image_size // 4
-    return nn.Sequential(OrderedDict([
-        ("conv1", nn.Conv2d(in_chans, 20, 5, padding=2)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
-        ("dropout1", ConcreteDropout(dropout)),
-        ("conv2", nn.Conv2d(20, 50, 5, padding=2)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
-        ("dropout2", ConcreteDropout(dropout)), ("flatten", nn.Flatten()),
-        ("fc1", nn.Linear(50 * side * side, 500)), ("relu3", nn.ReLU()), ("dropout3", ConcreteDropout(dropout)),
-        ("fc2", nn.Linear(500, 50)), ("relu4", nn.ReLU()), ("dropout4", ConcreteDropout(dropout)),
-        ("fc3", nn.Linear(50, num_classes)),
-    ]))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ModelFactory:
-    """Builds the same partitioned model, likelihood and augmentation on every call (the server and every
-    client call it; pickled to the clients, so it holds only numbers)."""
-
-    input_shape: tuple[int, ...]
-    num_classes: int
-    proportions: tuple[float, ...]
-    seed: int
-    samples: int
-    learn_hyperparameters: bool = True
-
-    def __call__(self) -> tuple[PartitionedModel, Categorical, nn.Module | None]:
-        torch.manual_seed(self.seed)
-        model = federated_cnn(self.input_shape[0], self.input_shape[-1], self.num_classes)
-        pmodel = partitionify(model, len(self.proportions), self.proportions, seed=self.seed)
-        hyper = AffineAugmentation(num_samples=self.samples)
-        if not self.learn_hyperparameters:
-            for module in (hyper, *(m for _, m in pmodel.hyperparameter_modules())):
-                module.requires_grad_(False)
-        return pmodel, Categorical(), hyper
-
-
 @dataclass
 class FederatedPlan:
-    """Who holds what: each client's examples (indices into the training split) and chunk."""
+    """Who holds what: each client's training examples and test examples (indices into the splits), its
+    chunk, and what the split is skewed over (``labels`` or ``rotation``)."""
 
     clients: list[torch.Tensor]
     chunks: list[int]
     skew: str
+    test_clients: list[torch.Tensor] = field(default_factory=list)
+
+
+def _groups(data: DatasetSplits, split: str) -> tuple[torch.Tensor, str]:
+    """What a split is skewed over: 10 rotation bins for rotated data (appendix J.2), else the labels."""
+    angles = data.info.get(f"{split}_angles")
+    if angles is not None:
+        bins = ((angles + math.pi) / (2 * math.pi) * ROTATION_BINS).long().clamp_(0, ROTATION_BINS - 1)
+        return bins, "rotation"
+    return getattr(data, split).tensors[1], "labels"
 
 
 def plan_clients(
     data: DatasetSplits, clients: int, alpha: float, proportions: Sequence[float], seed: int = 0
 ) -> FederatedPlan:
     """Split the training data over ``clients`` (Dirichlet ``alpha`` over labels, or over 10 rotation bins for
-    rotated data) and give each client a chunk; every refusal names the option to change (``alpha``'s, by
-    ``dirichlet_split``, the argument: the command line has refused a bad ``--alpha`` before loading anything).
+    rotated data), the test split the same way (each client's own test share, for federated evaluation), and
+    give each client a chunk. Every client computes the same plan from the same arguments, so a client finds
+    its share by its partition id alone. Every refusal names the option to change.
 
     >>> from partition_fx.datasets import digits
     >>> plan = plan_clients(digits(size=8), clients=10, alpha=0.1, proportions=(0.7, 0.2, 0.1))
-    >>> len(plan.clients), plan.skew, plan.chunks.count(1)
-    (10, 'labels', 7)
+    >>> len(plan.clients), plan.skew, plan.chunks.count(1), len(plan.test_clients)
+    (10, 'labels', 7, 10)
     """
     n = len(data.train)
-    if clients > n:
+    if clients > min(n, len(data.test)):
         raise PartitionArgumentError(
-            f"--clients {clients}: more clients than the {n} training examples; use at most {n}"
+            f"--clients {clients}: more clients than the {n} training (or {len(data.test)} test) examples; use at "
+            f"most {min(n, len(data.test))}"
         )
-    angles = data.info.get("train_angles")
-    if angles is not None:  # appendix J.2: skew over the rotation, binned
-        groups, skew = (
-            ((angles + math.pi) / (2 * math.pi) * ROTATION_BINS).long().clamp_(0, ROTATION_BINS - 1),
-            "rotation",
-        )
-    else:
-        groups, skew = data.train.tensors[1], "labels"
-    return FederatedPlan(dirichlet_split(groups, clients, alpha, seed), client_chunks(clients, proportions, seed), skew)
+    groups, skew = _groups(data, "train")
+    test_groups, _ = _groups(data, "test")
+    return FederatedPlan(
+        dirichlet_split(groups, clients, alpha, seed),
+        client_chunks(clients, proportions, seed),
+        skew,
+        dirichlet_split(test_groups, clients, alpha, seed + 1),
+    )
+
+
+class ClientData(NamedTuple):
+    """One client's training share, its test share and its chunk."""
+
+    train: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    chunk: int
+
+
+def client_data(data: DatasetSplits, plan: FederatedPlan, client: int) -> ClientData:
+    """Client ``client``'s share of ``data`` under ``plan``."""
+    x, y = data.train.tensors
+    x_test, y_test = data.test.tensors
+    train, test = plan.clients[client], plan.test_clients[client]
+    return ClientData((x[train], y[train]), (x_test[test], y_test[test]), plan.chunks[client])
+
+
+def load_federated_data(config: FederatedConfig) -> DatasetSplits:
+    """The run's dataset (a bundled one: nothing is downloaded)."""
+    return load_dataset(config.data, size=config.image_size)
+
+
+def federated_model(config: FederatedConfig, data: DatasetSplits) -> FederatedModel:
+    """The run's model for ``data``'s images (the server's and every client's)."""
+    return build_federated_model(config, tuple(data.input_shape), data.num_classes)
+
+
+def client_seed(seed: int, server_round: int, client: int) -> int:
+    """The seed of one client's noise in one round: a function of the run's seed, the round and the client
+    only, so any engine and any order of clients gives the same run."""
+    return seed * 1_000_003 + server_round * 1009 + client
+
+
+def train_client(
+    model: FederatedModel, config: FederatedConfig, share: ClientData, client: int, server_round: int
+) -> ClientUpdate:
+    """One client's round (``client_update``) with the run's settings."""
+    return client_update(
+        model.pmodel, model.likelihood, model.hyper, share.train, share.chunk, client=client, lr=config.lr,
+        batch_size=config.batch_size, seed=client_seed(config.seed, server_round, client), epochs=config.local_epochs,
+    )  # fmt: skip
+
+
+def evaluate_model(
+    model: FederatedModel, data: tuple[torch.Tensor, torch.Tensor], test_samples: int
+) -> dict[str, float]:
+    """Accuracy and mean negative log-likelihood of the exported final model on ``data``, and its accuracy
+    averaged over ``test_samples`` fixed transforms of the learned augmentation (the paper averages 10 at
+    inference; equal to the plain accuracy when every range is 0)."""
+    exported = export_subnetwork(model.pmodel).eval()
+    x, y = data
+    accuracy, log_likelihood = evaluate_classifier(exported, x, y)
+    scores = {"accuracy": accuracy, "nll": -log_likelihood, "accuracy-averaged": accuracy}
+    if test_samples > 1 and bool((model.hyper.ranges.detach() != 0).any()):
+        averaged = TestTimeAveraged(exported, model.hyper, samples=test_samples).eval()
+        scores["accuracy-averaged"] = evaluate_classifier(averaged, x, y)[0]
+    return scores
+
+
+def hyperparameters(model: FederatedModel) -> dict[str, Any]:
+    """psi's values by name (``rotation``, ``dropout1.p``, ...)."""
+    return hyperparameter_values(hyperparameter_modules(model.pmodel, model.hyper, None))
 
 
 @dataclass
-class FederatedResult:
-    """A finished run: the test accuracy of its exported final model, its hyperparameters, its traffic."""
+class FederatedRun:
+    """A finished run: the server's model, its traffic, the server's test evaluations (``curve``: per
+    evaluated round ``round``, ``bytes`` up+down so far, ``bytes_up``, ``test-accuracy``,
+    ``test-accuracy-averaged``, ``test-nll``, ``hyperparameters``), every client's train metrics per round,
+    the clients' federated evaluation per round, failures, and the seconds the rounds took."""
 
-    test_accuracy: float
-    hyperparameters: dict[str, Any]
-    bytes_up: int
-    bytes_down: int
+    model: FederatedModel
+    config: FederatedConfig
+    bytes_up: int = 0
+    bytes_down: int = 0
     curve: list[dict[str, Any]] = field(default_factory=list)
-    model: nn.Module | None = None
+    client_train_metrics: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+    federated_evaluation: dict[int, dict[str, float]] = field(default_factory=dict)
+    failures: dict[int, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def history(self) -> dict[str, Any]:
+        """Everything but the model, as JSON-ready data."""
+        return {
+            "config": self.config.run_config(),
+            "rounds": self.config.rounds,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "seconds": round(self.seconds, 2),
+            "seconds_per_round": round(self.seconds / self.config.rounds, 3),
+            "hyperparameters": hyperparameters(self.model),
+            "curve": self.curve,
+            "client_train_metrics": {str(r): m for r, m in self.client_train_metrics.items()},
+            "federated_evaluation": {str(r): m for r, m in self.federated_evaluation.items()},
+            "failures": {str(r): f for r, f in self.failures.items()},
+        }
 
 
-def run_federated(
-    data: DatasetSplits,
-    plan: FederatedPlan,
-    factory: ModelFactory,
-    *,
-    rounds: int,
-    lr: float,
-    batch_size: int,
-    server_lr: float,
-    hyper_lr: float,
-    evaluate_every: int,
-    seed: int = 0,
-    progress: bool | None = None,
-    label: str = "partitioned",
-) -> FederatedResult:
-    """Train ``factory``'s model on ``plan``'s clients for ``rounds`` rounds on Flower; every client takes part
-    in every round. The baseline is the same call with ``ModelFactory(proportions=(1.0,),
-    learn_hyperparameters=False)`` and every client in chunk 1.
+def is_evaluated(config: FederatedConfig, server_round: int) -> bool:
+    """Whether the server evaluates after ``server_round``: every ``evaluate_every`` rounds and after the last."""
+    return server_round > 0 and (server_round % config.evaluate_every == 0 or server_round == config.rounds)
 
-    Progress, as ``fit``'s: None shows a bar of the rounds (named ``label``) when stderr is a terminal and
-    otherwise one line per evaluated round on stderr (``round_line``: ``label``, round, test accuracy, bytes
-    so far); True forces the bar, False shows nothing."""
-    from tqdm.auto import tqdm
 
-    x, y = data.train.tensors
-    x_test, y_test = data.test.tensors
+def curve_point(run: FederatedRun, data: DatasetSplits, server_round: int) -> dict[str, Any]:
+    """The server's test evaluation after ``server_round``, appended to ``run.curve``."""
+    scores = evaluate_model(run.model, data.test.tensors, run.config.test_samples)
+    point = {
+        "round": server_round, "bytes": run.bytes_up + run.bytes_down, "bytes_up": run.bytes_up,
+        "test-accuracy": scores["accuracy"], "test-accuracy-averaged": scores["accuracy-averaged"],
+        "test-nll": scores["nll"], "hyperparameters": hyperparameters(run.model),
+    }  # fmt: skip
+    run.curve.append(point)
+    return point
 
-    def evaluate(pmodel: PartitionedModel, hyper: nn.Module | None) -> dict[str, float]:
-        accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), x_test, y_test)
-        return {"test_accuracy": accuracy}
 
-    show, write_lines = progress_outputs(progress)
-    lines = ProgressLines(0, rounds, position="round", line=round_line) if write_lines else None
-    bar = tqdm(total=rounds, disable=not show, desc=label, unit="round", dynamic_ncols=True)
+def sample_clients(config: FederatedConfig, server_round: int) -> list[int]:
+    """The clients ``simulate`` trains in a round: all, or ``max(1, int(fraction_train * clients))`` drawn
+    without replacement by a generator seeded with the run's seed and the round."""
+    count = max(1, int(config.clients * config.fraction_train))
+    if count >= config.clients:
+        return list(range(config.clients))
+    generator = torch.Generator().manual_seed(client_seed(config.seed, server_round, 0))
+    return sorted(torch.randperm(config.clients, generator=generator)[:count].tolist())
 
-    def on_round(server_round: int, point: dict[str, Any] | None) -> None:
-        if server_round == 0:  # the simulation is up: time the rounds from here, not from Ray's start
-            bar.reset()
-            if lines is not None:
-                lines.started = time.perf_counter()
-            return
-        bar.update(1)
-        if point is not None:
-            bar.set_postfix(accuracy=f"{point['test_accuracy']:.3f}", traffic=f"{point['bytes'] / 1e6:.1f}MB")
-            if lines is not None:
-                lines({"arm": label, **point})
 
-    try:
-        run: FederatedRun = run_flower(
-            factory, [(x[c], y[c]) for c in plan.clients], plan.chunks, rounds=rounds, lr=lr, batch_size=batch_size,
-            server_lr=server_lr, hyper_lr=hyper_lr, learn_hyperparameters=factory.learn_hyperparameters,
-            evaluate=evaluate, evaluate_every=evaluate_every, on_round=on_round, seed=seed,
-        )  # fmt: skip
-    finally:
-        bar.close()
-    exported = export_subnetwork(run.pmodel).eval()
-    accuracy, _ = evaluate_classifier(exported, x_test, y_test)
-    hyper = hyperparameter_values(hyperparameter_modules(run.pmodel, run.hyper, None))
-    return FederatedResult(accuracy, hyper, run.bytes_up, run.bytes_down, run.curve, exported)
+def simulate(
+    config: FederatedConfig,
+    data: DatasetSplits | None = None,
+    on_round: Callable[[int, dict[str, Any] | None], None] | None = None,
+) -> FederatedRun:
+    """``config``'s run in this process, without Flower: each round the sampled clients' ``train_client`` from
+    the server's values, then the server's step, exactly as the Flower apps do; the server's test evaluation
+    as ``curve_point``. The bytes are counted as Flower counts the same messages (``flwr`` must be
+    installed). ``on_round(round, point)`` as in ``run_flower``.
+
+    >>> run = simulate(FederatedConfig(data="digits", image_size=8, clients=6, rounds=1, samples=1))
+    >>> [p["round"] for p in run.curve], 0 < run.bytes_up < run.bytes_down
+    ([1], True)
+    """
+    import time
+
+    from .algorithm import FederatedServer
+    from .messages import client_metrics, train_instruction_bytes, train_reply_bytes
+
+    data = load_federated_data(config) if data is None else data
+    plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
+    model = federated_model(config, data)
+    server = FederatedServer(*model, lr=config.server_lr, hyper_lr=config.hyper_lr_value,
+                             learn_hyperparameters=config.learn_hyperparameters)  # fmt: skip
+    run = FederatedRun(model, config)
+    if on_round is not None:
+        on_round(0, None)
+    started = time.perf_counter()
+    for server_round in range(1, config.rounds + 1):
+        clients = sample_clients(config, server_round)
+        run.bytes_down += len(clients) * train_instruction_bytes(server, server_round)
+        shares = {c: client_data(data, plan, c) for c in clients}
+        updates = [train_client(model, config, shares[c], c, server_round) for c in clients]
+        run.bytes_up += sum(train_reply_bytes(u) for u in updates)
+        run.client_train_metrics[server_round] = [client_metrics(u) for u in updates]
+        server.apply(updates)
+        point = curve_point(run, data, server_round) if is_evaluated(config, server_round) else None
+        if on_round is not None:
+            on_round(server_round, point)
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+__all__ = [
+    "ClientData",
+    "FederatedPlan",
+    "FederatedRun",
+    "client_data",
+    "client_seed",
+    "curve_point",
+    "evaluate_model",
+    "federated_model",
+    "is_evaluated",
+    "load_federated_data",
+    "plan_clients",
+    "sample_clients",
+    "simulate",
+    "train_client",
+]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from typing import Any, TextIO
 
 MAX_SHOWN = 6
@@ -110,40 +109,19 @@ def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining:
     return _line(f"step {record['step']}/{total}", parts, elapsed, remaining)
 
 
-def round_line(record: dict[str, Any], total: int, elapsed: float, remaining: float | None) -> str:
-    """One evaluated round of a federated run as one line: which run (``arm``), round/total, test accuracy,
-    bytes communicated so far (up and down), elapsed and estimated remaining time.
-
-    >>> record = {"arm": "partitioned", "round": 5, "test_accuracy": 0.81234, "bytes": 12_345_678}
-    >>> print(round_line(record, 20, 62.0, 186.0))
-    partition-fx: partitioned round 5/20 | test accuracy 0.8123 | traffic 12.3 MB | 1:02 elapsed, ~3:06 left
-    """
-    fields = [f"test accuracy {record['test_accuracy']:.4f}", f"traffic {record['bytes'] / 1e6:.1f} MB"]
-    return _line(f"{record['arm']} round {record['round']}/{total}", fields, elapsed, remaining)
-
-
 class ProgressLines:
-    """Writes ``line`` (default :func:`progress_line`) of each evaluation of a run that started at ``first``
-    and ends at ``total`` (counted in ``record[position]``: steps, or rounds with :func:`round_line`); the
-    remaining time assumes the rest goes at this run's average pace so far."""
+    """Writes :func:`progress_line` of each evaluation of a run that started at step ``first`` and ends at
+    ``total``; the remaining time assumes the rest goes at this run's average pace so far."""
 
-    def __init__(
-        self,
-        first: int,
-        total: int,
-        started: float | None = None,
-        *,
-        position: str = "step",
-        line: Callable[[dict[str, Any], int, float, float | None], str] = progress_line,
-    ) -> None:
-        self.first, self.total, self.position, self.line = first, total, position, line
+    def __init__(self, first: int, total: int, started: float | None = None) -> None:
+        self.first, self.total = first, total
         self.started = time.perf_counter() if started is None else started  # a time.perf_counter() value
 
     def __call__(self, record: dict[str, Any]) -> None:
         elapsed = time.perf_counter() - self.started
-        done = record[self.position] - self.first
-        remaining = elapsed / done * (self.total - record[self.position]) if done > 0 else None
+        done = record["step"] - self.first
+        remaining = elapsed / done * (self.total - record["step"]) if done > 0 else None
         stream = sys.stderr
         if stream is not None:
-            stream.write(self.line(record, self.total, elapsed, remaining) + "\n")
+            stream.write(progress_line(record, self.total, elapsed, remaining) + "\n")
             stream.flush()

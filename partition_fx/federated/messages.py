@@ -1,0 +1,125 @@
+"""What crosses Flower in a round, as ``ArrayRecord`` s: the server's values down, a client's update up.
+
+Keys: ``p{j}.{i}`` is tensor i of ``pmodel.partition_parameters(j)``; ``psi.{i}`` is psi's value i (server to
+client) or its gradient (client to server). A client uploads only the partitions it trained (k..C), so the
+replies of one round have different keys; ``PartitionedFedAdam`` aggregates them per partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from ..errors import PartitionError
+from ..training.hyperparameters import collect_hyperparameters
+from .algorithm import ClientUpdate, FederatedServer
+from .models import FederatedModel
+
+
+def state_record(server: FederatedServer) -> ArrayRecord:
+    """The server's partitions and psi."""
+    arrays = {f"p{j}.{i}": p for j, params in server.partitions.items() for i, p in enumerate(params)}
+    psi = collect_hyperparameters(server.pmodel, server.hyper, server.likelihood)
+    arrays.update((f"psi.{i}", p) for i, p in enumerate(psi))
+    return ArrayRecord({key: Array(t.detach().cpu().numpy()) for key, t in arrays.items()})
+
+
+def load_state(model: FederatedModel, record: ArrayRecord) -> None:
+    """A round's server values (``state_record``) into a client's copy of the model."""
+    pmodel, likelihood, hyper = model
+    psi = collect_hyperparameters(pmodel, hyper, likelihood)
+    expected = {
+        f"p{j}.{i}" for j in range(1, pmodel.num_partitions + 1) for i in range(len(pmodel.partition_parameters(j)))
+    }
+    expected.update(f"psi.{i}" for i in range(len(psi)))
+    if expected != set(record):
+        raise PartitionError(
+            f"the server sent {sorted(record)} but this client's model holds {sorted(expected)}: the server and "
+            "the client were built from different configs (partitions, or whether psi is learned)"
+        )
+    with torch.no_grad():
+        for j in range(1, pmodel.num_partitions + 1):
+            for i, p in enumerate(pmodel.partition_parameters(j)):
+                p.copy_(torch.from_numpy(record[f"p{j}.{i}"].numpy()))
+        for i, p in enumerate(psi):
+            p.copy_(torch.from_numpy(record[f"psi.{i}"].numpy()))
+
+
+def update_record(update: ClientUpdate) -> ArrayRecord:
+    """A client's reply: partitions k..C as trained and, for k >= 2, psi's gradient."""
+    arrays = {f"p{j}.{i}": t for j, tensors in update.partitions.items() for i, t in enumerate(tensors)}
+    if update.psi_gradient is not None:
+        arrays.update((f"psi.{i}", g) for i, g in enumerate(update.psi_gradient))
+    return ArrayRecord({key: Array(t.detach().cpu().numpy()) for key, t in arrays.items()})
+
+
+def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> list[ClientUpdate]:
+    """The ``ClientUpdate`` s of a round's (error-free) replies; their ``metrics`` name the client, its chunk
+    and its number of examples."""
+    updates = []
+    for reply in replies:
+        metrics = reply.content["metrics"]
+        partitions: dict[int, dict[int, torch.Tensor]] = {}
+        psi: dict[int, torch.Tensor] = {}
+        for key, array in reply.content[arrays_key].items():
+            name, index = key.split(".")
+            tensor = torch.from_numpy(array.numpy().copy())
+            if name == "psi":
+                psi[int(index)] = tensor
+            else:
+                partitions.setdefault(int(name[1:]), {})[int(index)] = tensor
+        ordered = {j: [tensors[i] for i in range(len(tensors))] for j, tensors in partitions.items()}
+        gradient = [psi[i] for i in range(len(psi))] if psi else None
+        updates.append(
+            ClientUpdate(int(metrics["client"]), int(metrics["chunk"]), int(metrics["num-examples"]), ordered, gradient)
+        )
+    return updates
+
+
+def train_instruction(state: ArrayRecord, server_round: int) -> RecordDict:
+    """What the server sends a sampled client to train: its values and the round (Flower's ``FedAvg`` builds
+    this same content in ``configure_train``)."""
+    return RecordDict({"arrays": state, "config": ConfigRecord({"server-round": server_round})})
+
+
+def train_reply(update: ClientUpdate) -> RecordDict:
+    """What a client sends back: its update and its metrics (``strategy.CLIENT_METRICS``)."""
+    return RecordDict({"arrays": update_record(update), "metrics": MetricRecord(client_metrics(update))})
+
+
+def client_metrics(update: ClientUpdate) -> dict[str, float]:
+    """What a client reports with its update (``strategy.CLIENT_METRICS``)."""
+    return {"client": update.client, "chunk": update.k, "num-examples": update.num_examples,
+            "train-loss": update.train_loss}  # fmt: skip
+
+
+def train_instruction_bytes(server: FederatedServer, server_round: int) -> int:
+    """The bytes of one client's ``train_instruction`` (for ``simulate``, counting as Flower counts)."""
+    return record_bytes(train_instruction(state_record(server), server_round))
+
+
+def train_reply_bytes(update: ClientUpdate) -> int:
+    """The bytes of one client's ``train_reply``."""
+    return record_bytes(train_reply(update))
+
+
+def record_bytes(content: Any) -> int:
+    """The serialised bytes of a message's records (``count_bytes``: each array's bytes and its key)."""
+    return sum(record.count_bytes() for record in content.values())
+
+
+__all__ = [
+    "client_metrics",
+    "client_updates",
+    "load_state",
+    "record_bytes",
+    "state_record",
+    "train_instruction",
+    "train_instruction_bytes",
+    "train_reply",
+    "train_reply_bytes",
+    "update_record",
+]
