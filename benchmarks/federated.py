@@ -152,9 +152,11 @@ def _plot(per_seed: list[dict[str, Any]], path: Path) -> None:
             row[1].plot([p[1] / 1e6 for p in ours], [p[3] for p in ours], color="C0", alpha=0.6)
             row[1].plot([p[1] / 1e6 for p in base], [p[2] for p in base], color="C1", alpha=0.6)
             row[2].plot([p[0] for p in ours], s["rotation_curve"], color="C0", alpha=0.6)
-        row[0].set(title=f"{data}: test accuracy (blue partitioned, averaged; orange baseline)", xlabel="round")
-        row[1].set(title="against communicated bytes", xlabel="MB up + down")
-        row[2].set(title="learned rotation range (rad)", xlabel="round")
+        row[0].set(title=f"{data}: test accuracy", xlabel="round")
+        row[0].legend(handles=[plt.Line2D([], [], color="C0", label="partitioned (averaged over 10)"),
+                               plt.Line2D([], [], color="C1", label="FedAdam baseline")])  # fmt: skip
+        row[1].set(title=f"{data}: test accuracy against traffic", xlabel="MB up + down")
+        row[2].set(title=f"{data}: learned rotation range (rad)", xlabel="round")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
