@@ -113,35 +113,36 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.server_lr,
         metavar="LR",
-        help="server FedAdam learning rate, both runs (the paper's; default: %(default)s)",
+        help="server FedAdam learning rate, both runs, the paper's (default: %(default)s)",
     )
     model.add_argument(
         "--hyper-lr",
         type=float,
         default=d.hyper_lr,
         metavar="LR",
-        help="server Adam learning rate of psi (default: the paper's 3e-3 x 2000 / --rounds, at least 3e-3)",
+        help="server Adam learning rate of psi (default: the paper's 3e-3 x 2000 / --rounds, between 3e-3 and 0.06)",
     )
     model.add_argument(
         "--rotation-init",
         type=float,
         default=d.rotation_init,
         metavar="RAD",
-        help="where the learned rotation range starts; at 0 it cannot move (default: pi/2, %(default).4f)",
+        help="where the learned rotation range starts, in radians; at 0 it cannot move, so the default is pi/2 "
+        "(default: %(default)s)",
     )
     model.add_argument(
         "--samples",
         type=int,
         default=d.samples,
         metavar="S",
-        help="augmentation samples per example in training (the paper's; default: %(default)s)",
+        help="augmentation samples per example in training, the paper's (default: %(default)s)",
     )
     model.add_argument(
         "--test-samples",
         type=int,
         default=d.test_samples,
         metavar="S",
-        help="fixed augmentations the test evaluation averages over, 1 for none (the paper's; default: %(default)s)",
+        help="fixed augmentations the test evaluation averages over, 1 for none, the paper's (default: %(default)s)",
     )
     model.add_argument(
         "--evaluate-every",
