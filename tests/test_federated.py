@@ -172,6 +172,33 @@ def message_identity():
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    clients=st.integers(1, 60),
+    fraction=st.floats(0.01, 1.0),
+    rounds=st.integers(1, 5000),
+    seed=st.integers(0, 2**32),
+    shares=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+)
+def test_config_sampling_and_psi_rate_follow_their_definitions(clients, fraction, rounds, seed, shares) -> None:
+    """``sample_clients``: max(1, int(fraction * clients)) distinct clients, sorted, the same for the same
+    seed and round; ``scaled_hyper_lr``: the paper's 3e-3 x 2000 / rounds clamped to [3e-3, 0.06]; every
+    config survives Flower's run config."""
+    from partition_fx.federated import FederatedConfig, scaled_hyper_lr
+    from partition_fx.federated.job import sample_clients
+
+    proportions = tuple(x / sum(shares) for x in shares)
+    config = FederatedConfig(clients=clients, fraction_train=fraction, rounds=rounds, seed=seed,
+                             proportions=proportions)  # fmt: skip
+    chosen = sample_clients(config, 3)
+    assert len(chosen) == max(1, int(clients * fraction)) and chosen == sorted(set(chosen))
+    assert all(0 <= c < clients for c in chosen) and chosen == sample_clients(config, 3)
+    assert scaled_hyper_lr(rounds) == pytest.approx(min(0.06, max(3e-3, 3e-3 * 2000 / rounds)))
+    assert config.hyper_lr_value == scaled_hyper_lr(rounds)
+    again = FederatedConfig.from_run_config(config.run_config())
+    assert again == FederatedConfig(**{**config.__dict__, "clients": FederatedConfig().clients})
+
+
 def _replies(updates):
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.common import MessageType
