@@ -26,10 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import RESULTS, header, results, write_results
-
-LAST = 10
-"""The mean accuracy is over the last 10 evaluations (the paper's moving average, appendix J.3)."""
-
+from partition_fx.federated.job import LAST_EVALUATIONS, mean_of_last
 
 ARMS = ("partitioned", "baseline", "partitioned-fixed")
 """The partitioned run, the FedAdam baseline, and (an ablation) the partitioned model with psi fixed at the
@@ -68,14 +65,10 @@ def _run(config: Any, arm: str, scratch: Path) -> dict[str, Any]:
     return history
 
 
-def _mean_last(curve: list[dict[str, Any]], key: str) -> float:
-    return statistics.fmean(p[key] for p in curve[-LAST:])
-
-
 def _at_bytes(curve: list[dict[str, Any]], budget: int, key: str) -> float:
     """The mean of the last 10 evaluations of ``curve`` made within ``budget`` bytes of traffic."""
     within = [p for p in curve if p["bytes"] <= budget]
-    return _mean_last(within, key) if within else float("nan")
+    return mean_of_last(within, key) if within else float("nan")
 
 
 def _seed_row(data: str, seed: int, ours: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -87,9 +80,9 @@ def _seed_row(data: str, seed: int, ours: dict[str, Any], base: dict[str, Any]) 
         "rotation": hyper.get("rotation"),
         "dropout": [v for k, v in hyper.items() if k.endswith(".p")],
         "rotation_curve": [p["hyperparameters"].get("rotation") for p in ours["curve"]],
-        "partitioned_last": _mean_last(ours["curve"], "test-accuracy"),
-        "partitioned_last_averaged": _mean_last(ours["curve"], "test-accuracy-averaged"),
-        "baseline_last": _mean_last(base["curve"], "test-accuracy"),
+        "partitioned_last": mean_of_last(ours["curve"], "test-accuracy"),
+        "partitioned_last_averaged": mean_of_last(ours["curve"], "test-accuracy-averaged"),
+        "baseline_last": mean_of_last(base["curve"], "test-accuracy"),
         "baseline_last_at_bytes": _at_bytes(base["curve"], budget, "test-accuracy"),
         "partitioned_final": ours["curve"][-1]["test-accuracy"],
         "partitioned_final_averaged": ours["curve"][-1]["test-accuracy-averaged"],
@@ -188,15 +181,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             row = _seed_row(data, seed, ours, base)
             if seed in ablation:
                 fixed = _run(_config(data, seed, args, "partitioned-fixed"), "partitioned-fixed", args.scratch)
-                row["partitioned_fixed_last"] = _mean_last(fixed["curve"], "test-accuracy")
+                row["partitioned_fixed_last"] = mean_of_last(fixed["curve"], "test-accuracy")
             per_seed.append(row)
     if args.no_write:
         return per_seed
     rows = [_summary(d, [s for s in per_seed if s["data"] == d]) for d in args.data.split(",")]
     for row in rows:
-        print(f"{row['data']}: mean of the last {LAST} evaluations, partitioned {row['partitioned_last']:.3f} "
-              f"(averaged {row['partitioned_last_averaged']:.3f}), baseline {row['baseline_last']:.3f} (at the "
-              f"partitioned run's bytes {row['baseline_last_at_bytes']:.3f}); rotation {row['rotation']}")  # fmt: skip
+        print(
+            f"{row['data']}: mean of the last {LAST_EVALUATIONS} evaluations, partitioned "
+            f"{row['partitioned_last']:.3f} (averaged {row['partitioned_last_averaged']:.3f}), baseline "
+            f"{row['baseline_last']:.3f} (at the partitioned run's bytes {row['baseline_last_at_bytes']:.3f}); "
+            f"rotation {row['rotation']}"
+        )
     timings = _flower_seconds(args) if args.flower_rounds > 2 else {}
     _plot(per_seed, args.out.with_suffix(".png"))
     config = {k: v for k, v in vars(args).items() if k not in ("out", "scratch", "quick", "no_write")}

@@ -8,8 +8,10 @@ The commands run the same checks again where Python callers reach them without t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 from pathlib import Path
+from typing import Any
 
 from .._validation import check_concentration, check_num_partitions, check_proportions
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
@@ -194,12 +196,32 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
             f"--proportions {proportions_text(args)}: give {args.partitions} positive shares summing to 1 "
             f"(--partitions {args.partitions})"
         )
-    for name, low in (("fraction_train", "(0"), ("fraction_evaluate", "[0")):
-        value = getattr(args, name)
-        if not (value > 0 if low == "(0" else value >= 0) or not value <= 1:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be in {low}, 1], got {value}")
     num_partitions, shares = checked_proportions(args, DEFAULT_FEDERATED_PROPORTIONS)
-    return check_proportions(shares, num_partitions)
+    proportions = check_proportions(shares, num_partitions)
+    federated_config(args, proportions)  # the rest (the fractions, ...) as FederatedConfig checks them
+    return proportions
+
+
+def federated_config(args: argparse.Namespace, proportions: tuple[float, ...]) -> Any:
+    """The run's ``FederatedConfig`` from ``federated``'s options (each field from the option of its name; the
+    command's ``--out`` is its report's, not the server app's ``out``), its refusals naming the option.
+
+    >>> from partition_fx.cli.parser import build_parser
+    >>> federated_config(build_parser().parse_args(["federated", "--rounds", "100"]), (0.7, 0.2, 0.1)).hyper_lr_value
+    0.06
+    >>> federated_config(build_parser().parse_args(["federated", "--fraction-train", "0"]), (0.7, 0.2, 0.1))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --fraction-train must be in (0, 1], got 0.0
+    """
+    from ..federated.config import FederatedConfig
+
+    fields = [f.name for f in dataclasses.fields(FederatedConfig) if f.name not in ("out", "proportions")]
+    options = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    try:
+        return FederatedConfig(proportions=proportions, **options)
+    except PartitionArgumentError as e:  # "fraction-train must be ...": the option is --fraction-train
+        raise PartitionArgumentError(f"--{e}") from None
 
 
 def checked_proportions(

@@ -16,26 +16,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 from pathlib import Path
 from typing import Any
 
 from .._io import replace_file, write_json
-from .checks import check_federated_options
+from .checks import check_federated_options, federated_config
 from .runs import check_out, prepare_out
-
-LAST_EVALUATIONS = 10
-"""The report's mean accuracy is over this many last evaluations (the paper's moving average, appendix J.3)."""
-
-
-def federated_config(args: argparse.Namespace, proportions: tuple[float, ...]) -> Any:
-    """The run's ``FederatedConfig`` from the checked options."""
-    from ..federated.config import FederatedConfig
-
-    names = ("data", "image_size", "model", "clients", "alpha", "rounds", "fraction_train", "fraction_evaluate",
-             "local_epochs", "lr", "batch_size", "server_lr", "hyper_lr", "rotation_init", "samples", "test_samples",
-             "evaluate_every", "seed")  # fmt: skip
-    return FederatedConfig(proportions=proportions, **{name: getattr(args, name) for name in names})
 
 
 def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
@@ -47,13 +33,12 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     ...
     partition_fx.errors.PartitionArgumentError: --alpha 0.0: the Dirichlet concentration must be > 0 ...
     """
-    proportions = check_federated_options(args)
+    config = federated_config(args, check_federated_options(args))
     check_out(args.out, args.overwrite, {})
     from ..federated.flower import import_flower, run_flower
     from ..federated.job import federated_model, load_federated_data, plan_clients
 
     import_flower()  # refused now, with the way to install it, if the extra is missing
-    config = federated_config(args, proportions)
     data = load_federated_data(config)
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
     federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
@@ -66,14 +51,13 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _summary(run: Any) -> dict[str, Any]:
-    from ..federated.job import hyperparameters
+    from ..federated.job import hyperparameters, mean_of_last
 
-    last = run.curve[-LAST_EVALUATIONS:]
     return {
         "test_accuracy": run.curve[-1]["test-accuracy"],
         "test_accuracy_averaged": run.curve[-1]["test-accuracy-averaged"],
-        "mean_last_accuracy": statistics.fmean(p["test-accuracy"] for p in last),
-        "mean_last_accuracy_averaged": statistics.fmean(p["test-accuracy-averaged"] for p in last),
+        "mean_last_accuracy": mean_of_last(run.curve, "test-accuracy"),
+        "mean_last_accuracy_averaged": mean_of_last(run.curve, "test-accuracy-averaged"),
         "hyperparameters": hyperparameters(run.model),
         "bytes_up": run.bytes_up,
         "bytes_down": run.bytes_down,
@@ -82,6 +66,8 @@ def _summary(run: Any) -> dict[str, Any]:
 
 
 def _report(config: Any, plan: Any, runs: dict[str, Any]) -> dict[str, Any]:
+    from ..federated.job import LAST_EVALUATIONS
+
     ours, base = runs["partitioned"], runs["baseline"]
     return {
         "command": "federated",

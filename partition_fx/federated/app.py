@@ -29,15 +29,16 @@ from flwr.serverapp import Grid, ServerApp
 from .._io import replace_file, write_json
 from ..datasets import DatasetSplits
 from ..export import export_subnetwork
-from .algorithm import FederatedServer
 from .config import FederatedConfig
 from .job import (
+    ClientData,
     FederatedPlan,
     FederatedRun,
     client_data,
     curve_point,
     evaluate_model,
     federated_model,
+    federated_server,
     is_evaluated,
     load_federated_data,
     plan_clients,
@@ -52,9 +53,13 @@ OnRound = Callable[[int, "dict[str, Any] | None"], None]
 _CLIENT_STATE: dict[tuple[FederatedConfig, int], tuple[DatasetSplits, FederatedPlan, FederatedModel]] = {}
 """Per worker process: the data, the plan and the client model of a run (built once, then reloaded with every
 round's values)."""
+_CLIENT_SHARES: dict[tuple[FederatedConfig, int, int], ClientData] = {}
+"""Per worker process: each client's share, cut from the data once (a worker serves many clients)."""
 
 
-def _client(config: FederatedConfig | None, context: Context) -> tuple[FederatedConfig, int, Any, FederatedModel]:
+def _client(
+    config: FederatedConfig | None, context: Context
+) -> tuple[FederatedConfig, int, ClientData, FederatedModel]:
     config = config or FederatedConfig.from_run_config(context.run_config)
     client, clients = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     key = (config, clients)
@@ -64,7 +69,9 @@ def _client(config: FederatedConfig | None, context: Context) -> tuple[Federated
         plan = plan_clients(data, clients, config.alpha, config.proportions, config.seed)
         _CLIENT_STATE[key] = (data, plan, federated_model(config, data))
     data, plan, model = _CLIENT_STATE[key]
-    return config, client, client_data(data, plan, client), model
+    if (*key, client) not in _CLIENT_SHARES:
+        _CLIENT_SHARES[(*key, client)] = client_data(data, plan, client)
+    return config, client, _CLIENT_SHARES[(*key, client)], model
 
 
 def client_train(message: Message, context: Context, config: FederatedConfig | None = None) -> Message:
@@ -139,8 +146,7 @@ def make_server_app(
 def _serve(grid: Grid, config: FederatedConfig, on_round: OnRound | None, min_available_nodes: int) -> FederatedRun:
     data = load_federated_data(config)
     model = federated_model(config, data)
-    server = FederatedServer(*model, lr=config.server_lr, hyper_lr=config.hyper_lr_value,
-                             learn_hyperparameters=config.learn_hyperparameters)  # fmt: skip
+    server = federated_server(config, model)
     strategy = PartitionedFedAdam(
         server, fraction_train=config.fraction_train, fraction_evaluate=config.fraction_evaluate,
         min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=min_available_nodes,

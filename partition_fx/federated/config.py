@@ -184,9 +184,8 @@ class FederatedConfig:
                 raise PartitionArgumentError(f"unknown run config key {key!r}; known: {', '.join(sorted(names))}")
             if key == "proportions":
                 value = tuple(float(p) for p in str(value).split(","))
-            elif key in ("hyper-lr", "fraction-train", "fraction-evaluate", "alpha", "lr", "server-lr",
-                         "rotation-init") and isinstance(value, int) and not isinstance(value, bool):  # fmt: skip
-                value = float(value)  # TOML's 1 for 1.0
+            elif names[key].type.startswith("float") and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)  # TOML's 1 for 1.0 (field types are the annotations' text here)
             values[names[key].name] = value
         return cls(**values)
 

@@ -6,6 +6,7 @@ same pieces as Flower apps."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -18,12 +19,14 @@ from ..export import export_subnetwork
 from ..training import evaluate_classifier
 from ..training.hyperparameters import hyperparameter_modules, hyperparameter_values
 from ..transforms import TestTimeAveraged
-from .algorithm import ClientUpdate, client_update
+from .algorithm import ClientUpdate, FederatedServer, client_update
 from .clients import client_chunks, dirichlet_split
 from .config import FederatedConfig
 from .models import FederatedModel, build_federated_model
 
 ROTATION_BINS = 10
+LAST_EVALUATIONS = 10
+"""A run's accuracy is the mean of its last 10 evaluations (the paper's moving average, appendix J.3)."""
 
 
 @dataclass
@@ -133,6 +136,21 @@ def evaluate_model(
     return scores
 
 
+def federated_server(config: FederatedConfig, model: FederatedModel) -> FederatedServer:
+    """The server's optimisers over ``model`` with the run's learning rates (psi's only if it is learned)."""
+    return FederatedServer(*model, lr=config.server_lr, hyper_lr=config.hyper_lr_value,
+                           learn_hyperparameters=config.learn_hyperparameters)  # fmt: skip
+
+
+def mean_of_last(curve: list[dict[str, Any]], key: str) -> float:
+    """The mean of ``key`` over the last :data:`LAST_EVALUATIONS` points of ``curve`` (all, if fewer).
+
+    >>> mean_of_last([{"acc": a} for a in range(12)], "acc")
+    6.5
+    """
+    return statistics.fmean(point[key] for point in curve[-LAST_EVALUATIONS:])
+
+
 def hyperparameters(model: FederatedModel) -> dict[str, Any]:
     """psi's values by name (``rotation``, ``dropout1.p``, ...)."""
     return hyperparameter_values(hyperparameter_modules(model.pmodel, model.hyper, None))
@@ -215,14 +233,13 @@ def simulate(
     """
     import time
 
-    from .algorithm import FederatedServer
     from .messages import client_metrics, train_instruction_bytes, train_reply_bytes
 
     data = load_federated_data(config) if data is None else data
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
     model = federated_model(config, data)
-    server = FederatedServer(*model, lr=config.server_lr, hyper_lr=config.hyper_lr_value,
-                             learn_hyperparameters=config.learn_hyperparameters)  # fmt: skip
+    server = federated_server(config, model)
+    shares = [client_data(data, plan, c) for c in range(config.clients)]
     run = FederatedRun(model, config)
     if on_round is not None:
         on_round(0, None)
@@ -230,7 +247,6 @@ def simulate(
     for server_round in range(1, config.rounds + 1):
         clients = sample_clients(config, server_round)
         run.bytes_down += len(clients) * train_instruction_bytes(server, server_round)
-        shares = {c: client_data(data, plan, c) for c in clients}
         updates = [train_client(model, config, shares[c], c, server_round) for c in clients]
         run.bytes_up += sum(train_reply_bytes(u) for u in updates)
         run.client_train_metrics[server_round] = [client_metrics(u) for u in updates]
@@ -243,6 +259,7 @@ def simulate(
 
 
 __all__ = [
+    "LAST_EVALUATIONS",
     "ClientData",
     "FederatedPlan",
     "FederatedRun",
@@ -251,8 +268,10 @@ __all__ = [
     "curve_point",
     "evaluate_model",
     "federated_model",
+    "federated_server",
     "is_evaluated",
     "load_federated_data",
+    "mean_of_last",
     "plan_clients",
     "sample_clients",
     "simulate",

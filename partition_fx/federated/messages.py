@@ -14,38 +14,40 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..errors import PartitionError
+from ..partitioned_model import PartitionedModel
 from ..training.hyperparameters import collect_hyperparameters
 from .algorithm import ClientUpdate, FederatedServer
 from .models import FederatedModel
 
 
+def _state_tensors(pmodel: PartitionedModel, likelihood: Any, hyper: Any) -> dict[str, torch.Tensor]:
+    """The tensors the server sends, by their keys: every partition's, then psi's."""
+    tensors = {
+        f"p{j}.{i}": p
+        for j in range(1, pmodel.num_partitions + 1)
+        for i, p in enumerate(pmodel.partition_parameters(j))
+    }
+    tensors.update((f"psi.{i}", p) for i, p in enumerate(collect_hyperparameters(pmodel, hyper, likelihood)))
+    return tensors
+
+
 def state_record(server: FederatedServer) -> ArrayRecord:
     """The server's partitions and psi."""
-    arrays = {f"p{j}.{i}": p for j, params in server.partitions.items() for i, p in enumerate(params)}
-    psi = collect_hyperparameters(server.pmodel, server.hyper, server.likelihood)
-    arrays.update((f"psi.{i}", p) for i, p in enumerate(psi))
-    return ArrayRecord({key: Array(t.detach().cpu().numpy()) for key, t in arrays.items()})
+    tensors = _state_tensors(server.pmodel, server.likelihood, server.hyper)
+    return ArrayRecord({key: Array(t.detach().cpu().numpy()) for key, t in tensors.items()})
 
 
 def load_state(model: FederatedModel, record: ArrayRecord) -> None:
     """A round's server values (``state_record``) into a client's copy of the model."""
-    pmodel, likelihood, hyper = model
-    psi = collect_hyperparameters(pmodel, hyper, likelihood)
-    expected = {
-        f"p{j}.{i}" for j in range(1, pmodel.num_partitions + 1) for i in range(len(pmodel.partition_parameters(j)))
-    }
-    expected.update(f"psi.{i}" for i in range(len(psi)))
-    if expected != set(record):
+    tensors = _state_tensors(model.pmodel, model.likelihood, model.hyper)
+    if tensors.keys() != set(record):
         raise PartitionError(
-            f"the server sent {sorted(record)} but this client's model holds {sorted(expected)}: the server and "
+            f"the server sent {sorted(record)} but this client's model holds {sorted(tensors)}: the server and "
             "the client were built from different configs (partitions, or whether psi is learned)"
         )
     with torch.no_grad():
-        for j in range(1, pmodel.num_partitions + 1):
-            for i, p in enumerate(pmodel.partition_parameters(j)):
-                p.copy_(torch.from_numpy(record[f"p{j}.{i}"].numpy()))
-        for i, p in enumerate(psi):
-            p.copy_(torch.from_numpy(record[f"psi.{i}"].numpy()))
+        for key, p in tensors.items():
+            p.copy_(torch.from_numpy(record[key].numpy()))
 
 
 def update_record(update: ClientUpdate) -> ArrayRecord:

@@ -74,7 +74,6 @@ class PartitionedFedAdam(FedAvg):
         self.accept_failures = accept_failures
         self.bytes_up = self.bytes_down = self.bytes_evaluate = 0
         self.client_train_metrics: dict[int, list[dict[str, float]]] = {}
-        self.client_evaluate_metrics: dict[int, list[dict[str, float]]] = {}
         self.failures: dict[int, list[str]] = {}
 
     def initial_arrays(self) -> ArrayRecord:
@@ -123,10 +122,9 @@ class PartitionedFedAdam(FedAvg):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The example-weighted mean of the clients' evaluation metrics; each client's kept."""
+        """The example-weighted mean of the clients' evaluation metrics."""
         valid, failed = self._check_and_log_replies(list(replies), is_train=False, validate=True)
         self._failed(server_round, failed, "evaluate")
-        self.client_evaluate_metrics[server_round] = [dict(m.content["metrics"]) for m in valid]
         return self.evaluate_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key) if valid else None
 
     def _failed(self, server_round: int, failed: list[Message], stage: str) -> None:
