@@ -23,6 +23,7 @@ from partition_fx.datasets import (
     synthetic,
     write_scattered_digits,
 )
+from partition_fx.datasets.images import rotate_images
 from partition_fx.errors import PartitionArgumentError, PartitionError
 
 SIZE = 20  # smaller than the default 28 to keep the file fast; the geometry is the same
@@ -110,9 +111,9 @@ def test_rotdigits_same_split_and_zero_angle_is_digits(plain, rotated) -> None:
     assert torch.equal(plain.info["train_indices"], rotated.info["train_indices"])
     assert torch.equal(plain.test.tensors[1], rotated.test.tensors[1])
     x = plain.train.tensors[0]
-    assert torch.allclose(sklearn_digits._rotate(x, torch.zeros(len(x))), x, atol=1e-6)
+    assert torch.allclose(rotate_images(x, torch.zeros(len(x))), x, atol=1e-6)
     # rotdigits is exactly digits rotated by the reported angles
-    expected = sklearn_digits._rotate(plain.test.tensors[0], rotated.info["test_angles"])
+    expected = rotate_images(plain.test.tensors[0], rotated.info["test_angles"])
     assert torch.allclose(rotated.test.tensors[0], expected, atol=1e-6)
 
 
@@ -126,7 +127,7 @@ def test_rotdigits_differ_from_digits_only_by_rotation(plain, rotated) -> None:
     x, xr = plain.train.tensors[0], rotated.train.tensors[0]
     assert float(xr.min()) >= 0.0 and float(xr.max()) <= 1.0
     angles = rotated.info["train_angles"]
-    back = sklearn_digits._rotate(xr, -angles)
+    back = rotate_images(xr, -angles)
     assert float(_correlation(back, x).min()) > 0.95  # two bilinear resamplings blur a little
     assert float(_correlation(xr, x).mean()) < 0.8  # the rotation is real
     # the canvas leaves room: rotation keeps each digit's ink (nothing cut at the corners)
@@ -137,8 +138,8 @@ def test_rotdigits_differ_from_digits_only_by_rotation(plain, rotated) -> None:
 def test_rotation_direction_is_counter_clockwise() -> None:
     image = torch.zeros(1, 1, 7, 7)
     image[0, 0, 3, 5] = 1.0  # right of the centre
-    assert sklearn_digits._rotate(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist() == [[1, 3]]  # above it
-    assert sklearn_digits._rotate(image, torch.tensor([-math.pi / 2]))[0, 0].nonzero().tolist() == [[5, 3]]  # below it
+    assert rotate_images(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist() == [[1, 3]]  # above it
+    assert rotate_images(image, torch.tensor([-math.pi / 2]))[0, 0].nonzero().tolist() == [[5, 3]]  # below it
 
 
 def test_rotdigits_angles_uniform_and_independent_of_split(rotated) -> None:
@@ -325,7 +326,9 @@ def test_load_dataset_names_and_errors(tmp_path, monkeypatch) -> None:
     assert load_dataset("digits", size=8).name == "digits"
     assert load_dataset("rotdigits", size=8, channels=3).input_shape == (3, 8, 8)
     assert load_dataset("input_selection", num_train=5, num_test=5).num_classes is None
-    with pytest.raises(PartitionError, match=r"unknown dataset 'mnist'.*digits, rotdigits, input_selection.*folder"):
+    with pytest.raises(PartitionError, match=r"unknown dataset 'imagenet'.*digits, rotdigits, input_selection.*folder"):
+        load_dataset("imagenet")
+    with pytest.raises(PartitionArgumentError, match=r"mnist is read from a copy on your disk.*mnist:DIR"):
         load_dataset("mnist")
     with pytest.raises(PartitionArgumentError, match="input_selection does not take size"):
         load_dataset("input_selection", size=28)

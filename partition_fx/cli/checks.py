@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .._validation import check_concentration, check_num_partitions, check_proportions
+from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from ..train_config import TrainConfig
 from .federated_options import DEFAULT_FEDERATED_PROPORTIONS
-from .parser import DATASETS, DEFAULT_PROPORTIONS
+from .parser import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS
 from .run_config import train_config
 from .runs import check_out, learned_ranges, resumed_args, training_run
 
@@ -92,12 +93,19 @@ def check_train_options(args: argparse.Namespace) -> TrainConfig:
         )
     if not args.data:
         raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
-    if args.data not in DATASETS and not _is_folder(args.data):
-        close = difflib.get_close_matches(args.data, DATASETS, n=1)
+    if args.data in DISK_DATASETS:
+        raise PartitionArgumentError(
+            f"--data {args.data} reads your copy of the dataset: pass its folder as --data {args.data}:DIR "
+            "(nothing is downloaded)"
+        )
+    if args.data not in DATASETS and split_data_spec(args.data)[1] is None and not _is_folder(args.data):
+        names = (*DATASETS, *DISK_DATASETS)
+        close = difflib.get_close_matches(args.data.partition(":")[0], names, n=1)
         raise PartitionError(
-            f"unknown dataset {args.data!r} for --data: not {' or '.join(DATASETS)}, and not a folder"
+            f"unknown dataset {args.data!r} for --data: not {' or '.join(DATASETS)}, not NAME:DIR with NAME one of "
+            f"{', '.join(DISK_DATASETS)}, and not a folder"
             + (f" (did you mean {close[0]}?)" if close else "")
-            + "; pass one of those names or an image folder laid out as FOLDER/<class>/<image> "
+            + "; pass one of those or an image folder laid out as FOLDER/<class>/<image> "
             "or FOLDER/{train,test}/<class>/<image>"
         )
     return config

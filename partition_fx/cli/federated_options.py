@@ -36,7 +36,7 @@ def add_federated(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--data",
         default=d.data,
-        choices=dataset_names(task="images"),
+        choices=dataset_names(task="images", on_disk=False),
         help="a bundled image dataset (nothing downloaded); rotated digits are skewed over 10 rotation bins, others "
         "by label (default: %(default)s)",
     )

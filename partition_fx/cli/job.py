@@ -160,16 +160,25 @@ def load_job_data(args: argparse.Namespace, config: TrainConfig, split: Split | 
     >>> len(data.train), len(data.test)
     (1438, 0)
     """
-    sizes = f"--image-size {args.image_size}" + (f" --channels {args.channels}" if args.channels is not None else "")
-    count = getattr(named_dataset(args.data), "images", None) or 1  # its registered size; a folder's is unknown
-    check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
-    kwargs: dict[str, Any] = {"size": args.image_size}
+    sizes = " ".join(
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in ("image_size", "channels")
+        if getattr(args, name) is not None
+    )
+    named = named_dataset(args.data)
+    if args.image_size is not None and named is not None and not named.on_disk:
+        # bundled data is decoded whole; data on disk stays there unless it fits (datasets.images.DEFAULT_MEMORY_BUDGET)
+        count = named.images or 1
+        check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
+    kwargs: dict[str, Any] = {}
+    if args.image_size is not None:
+        kwargs["size"] = args.image_size
     if args.channels is not None:
         kwargs["channels"] = args.channels
     try:
         data = load_dataset(args.data, split=split, **kwargs)
     except PartitionArgumentError as e:  # the loader names its own arguments (size, channels): name the options
-        raise PartitionArgumentError(f"--data {args.data!r} {sizes}: {e}") from None
+        raise PartitionArgumentError(f"--data {args.data!r}{' ' + sizes if sizes else ''}: {e}") from None
     except PartitionError as e:  # an unknown name, or a folder that is not a dataset
         raise PartitionError(f"--data {args.data!r}: {e}") from None
     batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4

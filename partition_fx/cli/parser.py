@@ -47,9 +47,11 @@ DEFAULT_PROPORTIONS = (0.8, 0.1, 0.1)
 """``--proportions`` when it is not given and ``--partitions`` is 3 (the default); other counts get equal shares."""
 DEVICES = ("auto", "cpu", "cuda")
 """``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
-DATASETS = dataset_names(task="images")
-"""The named datasets ``train`` accepts (besides an image folder's path): the image datasets registered
-(``partition_fx.datasets.registry``) when the command line was imported."""
+DATASETS = dataset_names(task="images", on_disk=False)
+"""The bundled datasets ``train`` accepts by name (besides an image folder's path and ``NAME:DIR``): the image
+datasets registered (``partition_fx.datasets.registry``) when the command line was imported."""
+DISK_DATASETS = dataset_names(task="images", on_disk=True)
+"""The datasets ``train`` reads from a copy on the user's disk, as ``--data NAME:DIR``."""
 
 COMMANDS = {
     "train": (
@@ -249,16 +251,18 @@ def _add_train(train: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--data",
         default="rotdigits",
-        metavar="NAME|FOLDER",
-        help=f"{' or '.join(DATASETS)} (bundled, nothing downloaded), or an image folder laid out as "
-        "FOLDER/<class>/<image> or FOLDER/{train,test}/<class>/<image> (default: %(default)s)",
+        metavar="NAME|NAME:DIR|FOLDER",
+        help=f"{' or '.join(DATASETS)} (bundled); NAME:DIR for your copy of {', '.join(DISK_DATASETS)} in DIR "
+        "(read by torchvision; rot*: each image turned by a fixed random angle); or an image folder laid out as "
+        "FOLDER/<class>/<image> or FOLDER/{train,test}/<class>/<image>. Nothing is downloaded (default: %(default)s)",
     )
     data.add_argument(
         "--image-size",
         type=int,
-        default=28,
+        default=None,
         metavar="PIXELS",
-        help="images are resized to this square (default: %(default)s)",
+        help="images are resized to this square (default: the data's own size: 28 for digits and rotdigits, 28 "
+        "for MNIST, 32 for CIFAR and SVHN; an image folder's images must then share one size)",
     )
     data.add_argument(
         "--channels", type=int, default=None, metavar="N", help="image channels (default: the data's own)"

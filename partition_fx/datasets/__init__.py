@@ -1,4 +1,4 @@
-"""Datasets for the training command and the examples, loaded whole into memory.
+"""Datasets for the training command and the examples: in memory, or read from disk as training asks.
 
 Every loader returns a :class:`DatasetSplits`: a fixed, seeded train/test split of float32 inputs, with int64
 class targets (classification) or float32 targets of shape ``(N, 1)`` (regression). Nothing is downloaded.
@@ -6,15 +6,18 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
 * :func:`digits` -- scikit-learn's bundled 8x8 digits (1797 images) drawn into the centre of a larger canvas.
 * :func:`rotdigits` -- the same images and split, each rotated by a fixed random angle (a RotMNIST analogue).
 * :func:`normalized_digits` -- the first digits stretched to a size and normalised (what ``convert`` checks on).
-* :func:`image_folder` -- a torchvision ``ImageFolder``-style folder, with or without ``train/``/``test/``.
+* :func:`standard_dataset` -- CIFAR-10/100, MNIST, Fashion-MNIST or SVHN from the user's copy, read by torchvision
+  (never downloaded), optionally each image rotated by a fixed angle (``rotcifar10``, ...).
+* :func:`image_folder` -- a torchvision ``ImageFolder``-style folder of any size, with or without
+  ``train/``/``test/``, decoded into memory or read from disk as training asks.
 * :func:`write_scattered_digits` -- writes an image folder of digits at random positions and sizes.
 * :func:`input_selection` -- the synthetic regression task of the paper's input-selection experiment.
 * :func:`load_dataset` -- a registered name (``digits``, ``rotdigits``, ``input_selection``), or a folder path.
 
-One module per source: ``sklearn_digits``, ``folder`` and ``synthetic``; ``splits`` holds what they share
-(the seeded random streams, one per purpose, and the stratified split); ``registry`` the named datasets
-(:func:`register_dataset`). The loaders are imported on first use (PEP 562), so that the command line reads
-the names without importing torch.
+One module per source: ``sklearn_digits``, ``standard``, ``folder`` and ``synthetic``; ``splits`` holds what
+they share (the seeded random streams, one per purpose, and the stratified split), ``images`` how an image is
+decoded, ``registry`` the named datasets (:func:`register_dataset`). The loaders are imported on first use
+(PEP 562), so that the command line reads the names without importing torch.
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ if TYPE_CHECKING:
     from .sklearn_digits import normalized_digits as normalized_digits
     from .sklearn_digits import rotdigits as rotdigits
     from .splits import DatasetSplits as DatasetSplits
+    from .standard import STANDARD_DATASETS as STANDARD_DATASETS
+    from .standard import standard_dataset as standard_dataset
     from .synthetic import input_selection as input_selection
 
 __all__ = [
     "NUM_DIGITS",
+    "STANDARD_DATASETS",
     "DatasetSplits",
     "NamedDataset",
     "dataset_names",
@@ -47,6 +53,7 @@ __all__ = [
     "normalized_digits",
     "register_dataset",
     "rotdigits",
+    "standard_dataset",
     "write_scattered_digits",
 ]
 
@@ -59,6 +66,8 @@ _HOME = {
     "rotdigits": "sklearn_digits",
     "DatasetSplits": "splits",
     "input_selection": "synthetic",
+    "STANDARD_DATASETS": "standard",
+    "standard_dataset": "standard",
 }
 """Each loader's module, imported on first use."""
 

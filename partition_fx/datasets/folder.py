@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from .._validation import check_int, check_open_unit
 from ..errors import PartitionArgumentError, PartitionError
+from .images import DEFAULT_MEMORY_BUDGET, DecodedImages, decoded_bytes, fixed_angles, pil_mode, rotate_images
 from .sklearn_digits import raw_digits
 from .splits import (
     BOTH_SPLITS_HINT,
@@ -57,29 +58,34 @@ def _scan_classes(root: Path) -> dict[str, list[Path]]:
     return found
 
 
-def _pil_mode(channels: int | None, first_mode: str) -> str:
-    """The PIL mode every image is converted to: from ``channels``, else the first image's (made 8-bit)."""
-    from PIL import Image
-
-    if channels == 1:
-        return "L"
-    if channels == 3:
-        return "RGB"
-    if first_mode in ("L", "LA", "RGB", "RGBA"):
-        return first_mode
-    # "1", "I", "I;16", "F" are grey; palette ("P"), CMYK, YCbCr... are colour
-    return "L" if Image.getmodebase(first_mode) == "L" else "RGB"
-
-
-def _first_mode(path: Path) -> str:
-    """The PIL mode of the image at ``path`` (read from its header; nothing is decoded)."""
+def _header(path: Path) -> tuple[str, tuple[int, int]]:
+    """The PIL mode and (width, height) of the image at ``path`` (read from its header; nothing is decoded)."""
     from PIL import Image
 
     try:
         with Image.open(path) as img:
-            return img.mode
+            return img.mode, img.size
     except OSError as error:  # includes PIL.UnidentifiedImageError
         raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
+
+
+class ImageFiles:
+    """The :class:`~partition_fx.datasets.images.ImageReader` of image files: ``files[i]`` opened, with class
+    ``labels[i]``."""
+
+    def __init__(self, files: list[Path], labels: np.ndarray) -> None:
+        self.files = files
+        self.labels = labels
+
+    def __call__(self, index: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        with Image.open(self.files[index]) as img:
+            img.load()
+            return img, int(self.labels[index])
+
+    def name(self, index: int) -> str:
+        return str(self.files[index])
 
 
 def _load_images(files: list[Path], size: int | None, mode: str) -> torch.Tensor:
@@ -117,8 +123,11 @@ def image_folder(
     test_fraction: float = 0.2,
     seed: int = 0,
     split: Split | None = None,
+    rotate: bool = False,
+    in_memory: bool | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> DatasetSplits:
-    """Images in torchvision's ``ImageFolder`` layout (``root/<class>/<image>``), loaded into memory.
+    """Images in torchvision's ``ImageFolder`` layout (``root/<class>/<image>``), of any size.
 
     If ``root/train`` and ``root/test`` both exist they are the split (same class folders required,
     ``test_fraction`` unused); otherwise root's images are split stratified by class, ``test_fraction * n_c``
@@ -127,7 +136,11 @@ def image_folder(
     (bilinear) if ``size`` is given, else they must all have one size; they are converted to ``channels``
     (1: "L", 3: "RGB") or else to the first image's mode, and scaled to [0, 1]. Both splits come in a seeded
     shuffled order (not grouped by class).
-    ``info`` holds ``classes`` and ``train_files``/``test_files`` (aligned with the splits).
+    ``rotate``: each image turned by its own fixed angle uniform on [-pi, pi] (as ``rotdigits``; angles drawn
+    in the folder's file order from ``seed``). ``in_memory``: decode every image once into memory (True), or
+    read each as training asks (False: a folder larger than memory trains; the input pipeline's workers decode
+    it), or decide by whether the split(s) fit ``memory_budget`` bytes decoded (None).
+    ``info`` holds ``classes``, ``train_files``/``test_files`` (aligned with the splits) and ``streamed``.
     ``split="train"`` or ``"test"`` decodes that split's images alone (every file is still listed, to split
     them and to number the classes) and returns the same tensors; the other split is left empty.
 
@@ -188,30 +201,51 @@ def image_folder(
         labels = np.array([i for i, paths in enumerate(found.values()) for _ in paths])
         train_idx, test_idx = stratified_split(labels, test_fraction, seed, classes)
         layout = f"stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
-    # decoded in the folder's order, as if every file were (so the first file fixes every image's mode and
-    # size errors name the same files), but only the files of the split(s) asked for
     asked = [idx for which, idx in (("train", train_idx), ("test", test_idx)) if wanted(split, which)]
     rows = np.sort(np.concatenate(asked))
-    x = _load_images([files[i] for i in rows], size, _pil_mode(channels, _first_mode(files[0])))
-    row_of = np.zeros(len(files), dtype=np.int64)
-    row_of[rows] = np.arange(len(rows))
+    first_mode, _ = _header(files[0])  # the folder's first file fixes every image's mode, whichever split is asked
+    _, first_size = _header(files[rows[0]])  # and the split's first its size (unless resized)
+    mode = pil_mode(channels, first_mode)
+    width, height = (size, size) if size is not None else first_size
+    input_shape = (len(mode), height, width)
+    angles = fixed_angles(len(files), seed) if rotate else None
+    if in_memory is None:
+        in_memory = decoded_bytes(len(rows), input_shape) <= memory_budget
+    if in_memory:
+        # decoded in the folder's order, as if every file were (so the first file fixes every image's mode and
+        # size errors name the same files), but only the files of the split(s) asked for
+        x = _load_images([files[i] for i in rows], size, mode)
+        if angles is not None:
+            x = rotate_images(x, angles[torch.from_numpy(rows)])
+        row_of = np.zeros(len(files), dtype=np.int64)
+        row_of[rows] = np.arange(len(rows))
     y = torch.from_numpy(labels).long()
 
-    def take(which: Split, idx: np.ndarray) -> TensorDataset:
+    def take(which: Split, idx: np.ndarray) -> Dataset:
         idx = idx if wanted(split, which) else idx[:0]  # a split not asked for: empty, with the same shapes
-        return TensorDataset(x[torch.from_numpy(row_of[idx])], y[torch.from_numpy(idx)])
+        if in_memory:
+            return TensorDataset(x[torch.from_numpy(row_of[idx])], y[torch.from_numpy(idx)])
+        if not len(idx):
+            return TensorDataset(torch.zeros(0, *input_shape), y[:0])
+        read = ImageFiles([files[i] for i in idx], labels[idx])
+        expect = None if size is not None else first_size
+        return DecodedImages(read, len(idx), mode, size, None if angles is None else angles[idx], expect)
 
-    input_shape = tuple(x.shape[1:])
     train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
     shape_text = f"{input_shape[0]}x{input_shape[1]}x{input_shape[2]}"
+    how = "decoded into memory" if in_memory else "read from disk as training asks"
     return DatasetSplits(
-        train=take("train", train_idx),
-        test=take("test", test_idx),
+        train=take("train", train_idx),  # type: ignore[arg-type]
+        test=take("test", test_idx),  # type: ignore[arg-type]
         num_classes=len(classes),
         input_shape=input_shape,
-        name=root.resolve().name,
-        description=f"image folder {root}: {len(classes)} classes, {shape_text} images in [0, 1]; {layout}",
-        info={"classes": classes, "train_files": train_files, "test_files": test_files},
+        name=("rot" if rotate else "") + root.resolve().name,
+        description=(
+            f"image folder {root}: {len(classes)} classes, {shape_text} images in [0, 1]"
+            + (", each rotated by a fixed angle uniform on [-pi, pi]" if rotate else "")
+            + f"; {layout}; {how}"
+        ),
+        info={"classes": classes, "train_files": train_files, "test_files": test_files, "streamed": not in_memory},
         split=split,
     )
 

@@ -5,8 +5,8 @@ for ``--data`` (its choices, help and did-you-mean) and sizes its memory check b
 torch, so ``partition-fx --help`` lists them: a loader is named by import path and imported on first use, as
 a plugin's entry point is. A new dataset is one :func:`register_dataset` call.
 
->>> dataset_names(), dataset_names(task="images")
-(('digits', 'rotdigits', 'input_selection'), ('digits', 'rotdigits'))
+>>> dataset_names()[:4], dataset_names(task="images")[:4]
+(('digits', 'rotdigits', 'input_selection', 'cifar10'), ('digits', 'rotdigits', 'cifar10', 'rotcifar10'))
 >>> named_dataset("rotdigits").images
 1797
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,6 +42,9 @@ class NamedDataset:
             ``"regression"``.
         images: how many examples it holds, train and test together, whatever the size asked: the command line
             bounds its memory before loading by it (None: it depends on the loader's arguments).
+        keywords: passed to the loader before the caller's (``rotate=True`` for ``rotcifar10``).
+        on_disk: it reads a copy the user has on disk, under ``root=`` (``--data NAME:DIR``); nothing is
+            downloaded.
     """
 
     name: str
@@ -49,6 +52,8 @@ class NamedDataset:
     description: str
     task: Task = "images"
     images: int | None = None
+    keywords: Mapping[str, Any] = field(default_factory=dict)
+    on_disk: bool = False
 
     def load_function(self) -> Callable[..., DatasetSplits]:
         """The loader (imported now if named by path).
@@ -85,20 +90,45 @@ def named_dataset(name: str) -> NamedDataset | None:
     return NAMED_DATASETS.get(name)
 
 
-def dataset_names(*, task: Task | None = None) -> tuple[str, ...]:
-    """The registered names (of ``task`` only, if given), in registration order."""
-    return tuple(d.name for d in NAMED_DATASETS.values() if task is None or d.task == task)
+def dataset_names(*, task: Task | None = None, on_disk: bool | None = None) -> tuple[str, ...]:
+    """The registered names (of ``task`` only, and only those read from the user's disk or only the bundled
+    ones, if given), in registration order.
+
+    >>> dataset_names(task="images", on_disk=False)
+    ('digits', 'rotdigits')
+    """
+    return tuple(
+        d.name
+        for d in NAMED_DATASETS.values()
+        if (task is None or d.task == task) and (on_disk is None or d.on_disk == on_disk)
+    )
+
+
+def split_data_spec(spec: str) -> tuple[str, str | None]:
+    """``(name, root)`` of a ``NAME:DIR`` data spec naming a dataset read from disk (``cifar10:~/data``), else
+    ``(spec, None)``: a bundled name or a folder's path.
+
+    >>> split_data_spec("cifar10:~/data"), split_data_spec("rotdigits"), split_data_spec("./my:folder")
+    (('cifar10', '~/data'), ('rotdigits', None), ('./my:folder', None))
+    """
+    name, sep, root = spec.partition(":")
+    named = NAMED_DATASETS.get(name)
+    if sep and named is not None and named.on_disk:
+        return name, root
+    return spec, None
 
 
 def load_dataset(name_or_path: str, *, split: Split | None = None, **kwargs: Any) -> DatasetSplits:
-    """The dataset called ``name_or_path`` (registered: "digits", "rotdigits", "input_selection", ...) or an
-    image folder path.
+    """The dataset called ``name_or_path`` (registered: "digits", "rotdigits", "input_selection", "cifar10", ...)
+    or an image folder path.
 
-    Names win over folders of the same name; write ``./digits`` for a folder called ``digits``. ``kwargs``
-    go to the loader (:func:`~partition_fx.datasets.digits`, ``rotdigits``, ``input_selection`` or
-    ``image_folder``). ``split="train"`` or ``"test"`` loads that split alone (``DatasetSplits.split``; the
-    other is empty): the same tensors as loading both, without reading the other's images. A registered loader
-    that does not take ``split`` loads both, and the other is dropped.
+    A dataset read from the user's disk (CIFAR-10/100, MNIST, Fashion-MNIST, SVHN and their rotated variants)
+    needs its folder: ``load_dataset("cifar10", root="~/data")`` or ``load_dataset("cifar10:~/data")``; nothing
+    is downloaded. Names win over folders of the same name; write ``./digits`` for a folder called ``digits``.
+    ``kwargs`` go to the loader (:func:`~partition_fx.datasets.digits`, ``rotdigits``, ``input_selection``,
+    ``standard_dataset`` or ``image_folder``). ``split="train"`` or ``"test"`` loads that split alone
+    (``DatasetSplits.split``; the other is empty): the same examples as loading both, without reading the
+    other's images. A registered loader that does not take ``split`` loads both, and the other is dropped.
 
     >>> load_dataset("input_selection", num_train=8, num_test=4, num_inputs=4).input_shape
     (4,)
@@ -109,18 +139,36 @@ def load_dataset(name_or_path: str, *, split: Split | None = None, **kwargs: Any
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: unknown dataset 'rotdigit': not one of ... (did you mean rotdigits?), ...
+    >>> load_dataset("cifar10")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: cifar10 is read from a copy on your disk: pass its folder, ...
     """
-    named = NAMED_DATASETS.get(str(name_or_path))
+    name, root = split_data_spec(str(name_or_path))
+    if root is not None:
+        if "root" in kwargs:
+            raise PartitionArgumentError(f"pass the folder once: in {name_or_path!r} or as root=, not both")
+        kwargs = {"root": root, **kwargs}
+    named = NAMED_DATASETS.get(name)
     if named is not None:
         loader = named.load_function()
+        if named.on_disk and "root" not in kwargs:
+            raise PartitionArgumentError(
+                f"{name} is read from a copy on your disk: pass its folder, load_dataset({name!r}, root=DIR) or "
+                f"--data {name}:DIR (nothing is downloaded)"
+            )
+        fixed = sorted(set(named.keywords) & set(kwargs))
+        if fixed:
+            raise PartitionArgumentError(f"{name} fixes {', '.join(fixed)}; pass the dataset it varies instead")
+        kwargs = {**named.keywords, **kwargs}
     else:
         if not Path(name_or_path).is_dir():
             close = difflib.get_close_matches(str(name_or_path), NAMED_DATASETS, n=1)
             raise PartitionError(
                 f"unknown dataset {name_or_path!r}: not one of {', '.join(NAMED_DATASETS)}"
                 + (f" (did you mean {close[0]}?)" if close else "")
-                + ", and no folder of that name exists; pass one of those names or the path of an image folder "
-                "laid out as <folder>/<class>/<image>"
+                + ", and no folder of that name exists; pass one of those names (NAME:DIR for a dataset on your "
+                "disk) or the path of an image folder laid out as <folder>/<class>/<image>"
             )
         if "root" in kwargs:
             raise PartitionArgumentError(
@@ -144,12 +192,14 @@ def load_dataset(name_or_path: str, *, split: Split | None = None, **kwargs: Any
         splits = loader(**kwargs, split=split)
     else:
         splits = only_split(loader(**kwargs), split)
-    if len(splits.input_shape) == 3 and set(kwargs) - {"root"} <= {"size", "channels"}:
+    user = set(kwargs) - set(named.keywords if named is not None else ()) - {"root"}
+    if len(splits.input_shape) == 3 and user <= {"size", "channels"}:
         # What `partition-fx train --data --image-size --channels` loads it with: a run of these splits records
         # it, so `partition-fx export` can load them again (training.run_record).
-        source = {"data": str(name_or_path), "image_size": splits.input_shape[-1], "channels": kwargs.get("channels")}
-        for split in (splits.train, splits.test):
-            split.partition_fx_source = source
+        data = f"{name}:{kwargs['root']}" if named is not None and named.on_disk else str(name_or_path)
+        source = {"data": data, "image_size": splits.input_shape[-1], "channels": kwargs.get("channels")}
+        for part in (splits.train, splits.test):
+            part.partition_fx_source = source
     return splits
 
 
@@ -179,3 +229,24 @@ register_dataset(
         task="regression",
     )
 )
+
+_STANDARD = (  # name, images (train + test), what it is
+    ("cifar10", 60000, "CIFAR-10 (32x32 colour, 10 classes)"),
+    ("cifar100", 60000, "CIFAR-100 (32x32 colour, 100 classes)"),
+    ("mnist", 70000, "MNIST (28x28 grey handwritten digits)"),
+    ("fashion_mnist", 70000, "Fashion-MNIST (28x28 grey clothing, 10 classes)"),
+    ("svhn", 99289, "SVHN cropped digits (32x32 colour house numbers)"),
+)
+for _name, _images, _what in _STANDARD:
+    for _rotate in (False, True):
+        register_dataset(
+            NamedDataset(
+                ("rot" if _rotate else "") + _name,
+                "partition_fx.datasets.standard:standard_dataset",
+                f"{_what}{', each image rotated by a fixed random angle' if _rotate else ''}, from your copy "
+                "(NAME:DIR; read by torchvision, never downloaded)",
+                images=_images,
+                keywords={"name": _name, "rotate": _rotate},
+                on_disk=True,
+            )
+        )

@@ -14,14 +14,13 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from .._validation import check_int, check_open_unit
+from .images import fixed_angles, rotate_images
 from .splits import (
-    ANGLE_STREAM,
     BOTH_SPLITS_HINT,
     DatasetSplits,
     Split,
     check_split,
     only_split,
-    seeded_rng,
     stratified_split,
 )
 
@@ -69,30 +68,6 @@ def _digit_canvas(size: int) -> torch.Tensor:
     return canvas.clamp_(0.0, 1.0)
 
 
-def _rotate(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate each image (N, C, H, W) about its centre by its angle in radians, counter-clockwise as displayed.
-
-    Bilinear sampling; what comes from outside the image is 0, which is the digits' background.
-
-    >>> image = torch.zeros(1, 1, 5, 5)
-    >>> image[0, 0, 2, 4] = 1.0  # right of the centre
-    >>> _rotate(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist()  # now above it
-    [[0, 2]]
-    """
-    cos, sin, zero = angles.cos(), angles.sin(), torch.zeros_like(angles)
-    # affine_grid maps output coordinates to input ones; with y pointing down the screen this matrix
-    # makes the content turn counter-clockwise by +angle as displayed
-    theta = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], 1)
-    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
-    rotated = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    return rotated.clamp_(0.0, 1.0)  # bilinear weights sum to 1 only up to rounding
-
-
-def _digits_angles(seed: int) -> torch.Tensor:
-    """The rotdigits angle of each of the 1797 digits (in scikit-learn's order), uniform on [-pi, pi]."""
-    return torch.from_numpy(seeded_rng(seed, ANGLE_STREAM).uniform(-math.pi, math.pi, NUM_DIGITS)).float()
-
-
 def _digits_splits(
     name: str, size: int, channels: int, test_fraction: float, seed: int, split: Split | None, rotate: bool
 ) -> DatasetSplits:
@@ -105,8 +80,8 @@ def _digits_splits(
     x = _digit_canvas(size)
     info: dict[str, Any] = {}
     if rotate:
-        angles = _digits_angles(seed)
-        x = _rotate(x, angles)
+        angles = fixed_angles(NUM_DIGITS, seed)
+        x = rotate_images(x, angles)
     train_idx, test_idx = stratified_split(targets.numpy(), test_fraction, seed)
     train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
     info["train_indices"], info["test_indices"] = train_idx, test_idx

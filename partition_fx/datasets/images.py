@@ -1,0 +1,219 @@
+"""What every image loader shares: decoding one image to a float tensor (:class:`DecodedImages`, the map-style
+dataset that data read from disk is, one example at a time), the fixed rotations of the rotated variants
+(:func:`rotate_images`, :func:`fixed_angles`), and the choice between holding a dataset decoded in memory and
+reading it as training asks (:func:`in_memory_or_streamed`).
+
+Decoding is deterministic (convert, resize, scale to [0, 1], rotate by the image's fixed angle): a batch is the
+same whichever process decodes it, so the input pipeline's worker processes never change a run. The learned
+augmentation is applied later, on the device, by the input transform.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from torch.utils.data import Dataset, TensorDataset
+
+from ..errors import PartitionError
+from .splits import ANGLE_STREAM
+
+DEFAULT_MEMORY_BUDGET = 2**30
+"""Bytes of decoded float32 images a loader holds in memory before it streams them from disk instead (1 GiB):
+CIFAR-10 at 32x32 (737 MB) is decoded once; an image folder of ImageNet's size is read as training asks."""
+
+
+def rotate_images(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate each image (N, C, H, W) about its centre by its angle in radians, counter-clockwise as displayed.
+    Bilinear sampling; what comes from outside the image is 0.
+
+    >>> image = torch.zeros(1, 1, 5, 5)
+    >>> image[0, 0, 2, 4] = 1.0  # right of the centre
+    >>> rotate_images(image, torch.tensor([math.pi / 2]))[0, 0].nonzero().tolist()  # now above it
+    [[0, 2]]
+    """
+    cos, sin, zero = angles.cos(), angles.sin(), torch.zeros_like(angles)
+    # affine_grid maps output coordinates to input ones; with y pointing down the screen this matrix
+    # makes the content turn counter-clockwise by +angle as displayed
+    theta = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], 1)
+    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
+    rotated = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return rotated.clamp_(0.0, 1.0)  # bilinear weights sum to 1 only up to rounding
+
+
+def fixed_angles(count: int, seed: int, part: int = 0) -> torch.Tensor:
+    """``count`` angles uniform on [-pi, pi], one per image, from ``seed``'s angle stream; ``part`` > 0 draws
+    from a stream of its own (a dataset's train images and test images each get one; 0 is rotdigits' stream).
+
+    >>> torch.equal(fixed_angles(5, seed=0), fixed_angles(8, seed=0)[:5])
+    True
+    >>> bool(fixed_angles(3, seed=0, part=1).abs().max() <= math.pi)
+    True
+    """
+    key = [seed, ANGLE_STREAM] if part == 0 else [seed, ANGLE_STREAM, part]
+    return torch.from_numpy(np.random.default_rng(key).uniform(-math.pi, math.pi, count)).float()
+
+
+def pil_mode(channels: int | None, mode: str) -> str:
+    """The PIL mode images are converted to: from ``channels`` (1: "L", 3: "RGB"), else ``mode`` made 8-bit.
+
+    >>> pil_mode(None, "P"), pil_mode(1, "RGB"), pil_mode(None, "I;16")
+    ('RGB', 'L', 'L')
+    """
+    from PIL import Image
+
+    if channels == 1:
+        return "L"
+    if channels == 3:
+        return "RGB"
+    if mode in ("L", "LA", "RGB", "RGBA"):
+        return mode
+    # "1", "I", "I;16", "F" are grey; palette ("P"), CMYK, YCbCr... are colour
+    return "L" if Image.getmodebase(mode) == "L" else "RGB"
+
+
+def to_tensor(image: Any, mode: str, size: int | None) -> torch.Tensor:
+    """A PIL image as a float32 tensor (C, H, W) in [0, 1]: converted to PIL ``mode``, resized to ``size`` x
+    ``size`` (bilinear) if given.
+
+    >>> from PIL import Image
+    >>> tuple(to_tensor(Image.new("RGB", (6, 4), "white"), "L", 3).shape)
+    (1, 3, 3)
+    """
+    from PIL import Image
+
+    image = image.convert(mode)
+    if size is not None and image.size != (size, size):
+        image = image.resize((size, size), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.uint8)
+    if array.ndim == 2:  # single-band modes have no channel axis
+        array = array[..., None]
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
+class ImageReader(Protocol):
+    """Reads example ``i`` of a source as ``(PIL image, class)``; ``name(i)`` says what it is in an error (a
+    file's path). Picklable, so that worker processes started by spawn or forkserver can hold it."""
+
+    def __call__(self, index: int) -> tuple[Any, int]: ...
+
+    def name(self, index: int) -> str: ...
+
+
+class ArrayImages:
+    """An :class:`ImageReader` of images held as a uint8 array (N, H, W) or (N, H, W, C) and their classes.
+
+    >>> read = ArrayImages(np.full((2, 3, 3), 7, dtype=np.uint8), [4, 5])
+    >>> image, target = read(1)
+    >>> image.size, image.mode, target, read.name(1)
+    ((3, 3), 'L', 5, 'image 1')
+    """
+
+    def __init__(self, array: np.ndarray, targets: Sequence[int]) -> None:
+        self.array = array
+        self.targets = targets
+
+    def __call__(self, index: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        return Image.fromarray(self.array[index]), int(self.targets[index])
+
+    def name(self, index: int) -> str:
+        return f"image {index}"
+
+
+class DecodedImages(Dataset):
+    """A map-style dataset of ``(image, target)``: example ``i`` is ``read(i)`` decoded by :func:`to_tensor` to
+    PIL ``mode`` at ``size`` (None: as stored, which must then be ``expect`` (width, height) if given) and, with
+    ``angles``, rotated by ``angles[i]``. Nothing is held but what ``read`` holds, so it can be larger than
+    memory; worker processes decode it in parallel (the input pipeline), and the result does not depend on which
+    process does.
+
+    >>> pixels = np.arange(3, dtype=np.uint8)[:, None, None].repeat(4, 1).repeat(4, 2) * 50
+    >>> images = DecodedImages(ArrayImages(pixels, [0, 1, 0]), 3, "L", size=2)
+    >>> x, y = images[2]
+    >>> len(images), tuple(x.shape), round(float(x[0, 0, 0]), 3), y
+    (3, (1, 2, 2), 0.392, 0)
+    """
+
+    def __init__(
+        self,
+        read: ImageReader,
+        length: int,
+        mode: str,
+        size: int | None = None,
+        angles: torch.Tensor | None = None,
+        expect: tuple[int, int] | None = None,
+    ) -> None:
+        self.read = read
+        self.length = length
+        self.mode = mode
+        self.size = size
+        self.angles = angles
+        self.expect = expect
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} images")
+        try:
+            image, target = self.read(index)
+            if self.size is None and self.expect is not None and image.size != self.expect:
+                raise PartitionError(
+                    f"images differ in size: {self.read.name(0)} is {self.expect[0]}x{self.expect[1]} but "
+                    f"{self.read.name(index)} is {image.size[0]}x{image.size[1]} (width x height); pass size=... "
+                    "(--image-size) to resize all images"
+                )
+            x = to_tensor(image, self.mode, self.size)
+        except OSError as error:  # includes PIL.UnidentifiedImageError
+            raise PartitionError(
+                f"cannot read image {self.read.name(index)}: {error}; remove or replace the file"
+            ) from error
+        if self.angles is not None:
+            x = rotate_images(x[None], self.angles[index : index + 1])[0]
+        return x, int(target)
+
+
+def decode_all(images: Dataset, batch_size: int = 256) -> TensorDataset:
+    """Every example of ``images`` decoded into one ``TensorDataset`` (float32 inputs, int64 targets).
+
+    >>> decoded = decode_all(DecodedImages(ArrayImages(np.zeros((5, 4, 4), np.uint8), [0, 1, 0, 1, 0]), 5, "L"))
+    >>> tuple(decoded.tensors[0].shape), decoded.tensors[1].tolist()
+    ((5, 1, 4, 4), [0, 1, 0, 1, 0])
+    """
+    from torch.utils.data import DataLoader
+
+    parts = list(DataLoader(images, batch_size=batch_size))  # default_collate stacks each batch
+    if not parts:
+        return TensorDataset(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    return TensorDataset(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]).long())
+
+
+def decoded_bytes(count: int, shape: Sequence[int]) -> int:
+    """Bytes ``count`` float32 images of ``shape`` take decoded.
+
+    >>> decoded_bytes(50000, (3, 32, 32))
+    614400000
+    """
+    return count * math.prod(shape) * 4
+
+
+def in_memory_or_streamed(images: Dataset, shape: Sequence[int], in_memory: bool | None, budget: int) -> Dataset:
+    """``images`` decoded into memory (``in_memory=True``, or None and their decoded size within ``budget``
+    bytes), else as they are, decoded one example at a time when training reads it.
+
+    >>> images = DecodedImages(ArrayImages(np.zeros((4, 4, 4), np.uint8), [0] * 4), 4, "L")
+    >>> type(in_memory_or_streamed(images, (1, 4, 4), None, budget=256)).__name__
+    'TensorDataset'
+    >>> type(in_memory_or_streamed(images, (1, 4, 4), None, budget=255)).__name__
+    'DecodedImages'
+    """
+    if in_memory is None:
+        in_memory = decoded_bytes(len(images), shape) <= budget
+    return decode_all(images) if in_memory else images
