@@ -199,7 +199,9 @@ class Runtime(Settings):
     own partition, so every partition is updated every iteration. ``on_nonfinite``: ``raise`` (name the step
     and partition) or ``skip`` the step; ``check_every``: steps between reads of the device for that check
     (1 on the CPU, 50 on an accelerator, which runs ahead of Python between reads: a fault is then found at the
-    next read, at the latest before any state is saved; ``skip`` reads every step)."""
+    next read, at the latest before any state is saved; ``skip`` reads every step). ``workers`` processes
+    decode a map-style dataset's batches ``prefetch`` ahead of the steps (``training.pipeline``); they never
+    change what is computed."""
 
     section_help = "running"
     seed: int = setting(0, "seeds the partition layout, data chunks, sampler and augmentation noise", seed=True,
@@ -232,6 +234,15 @@ class Runtime(Settings):
     )
     on_nonfinite: str = setting("raise", "a non-finite loss or gradient stops the run (raise) or skips the step",
                                 choices=ON_NONFINITE)  # fmt: skip
+    workers: int | None = setting(
+        None,
+        "worker processes that decode the examples ahead of the steps (data read from disk; the run is the same "
+        "for any number)",
+        minimum=0,
+        metavar="N",
+        default_text="min(4, CPUs - 1) for images read from disk, 0 for other datasets and tensors",
+    )
+    prefetch: int = setting(2, "batches each worker decodes ahead", minimum=1, metavar="N")
 
 
 @dataclass(frozen=True)

@@ -78,13 +78,13 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     )
     prepare_out(out, args.overwrite, {"--run": run})
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
-    x_test, y_test = job.data.test.tensors
-    accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
+    x_test, y_test = job.test_split()
+    accuracy, loglik = evaluate_classifier(exported, x_test, y_test, workers=job.workers)
     samples = args.test_time_samples
-    averaged, averaged_loglik = evaluate_averaged(exported, job.hyper, samples, x_test, y_test)
+    averaged, averaged_loglik = evaluate_averaged(exported, job.hyper, samples, x_test, y_test, job.workers)
     wrap = None if averaged is None else (lambda model: TestTimeAveraged(model, job.hyper, samples))
     replace_file(out / "model.safetensors", lambda tmp: save_model(exported, str(tmp)))
-    export_onnx(pmodel, out / "model.onnx", (x_test[:4],), subnetwork=args.subnetwork, wrap=wrap)
+    export_onnx(pmodel, out / "model.onnx", (job.sample_inputs(),), subnetwork=args.subnetwork, wrap=wrap)
     summary = {
         "command": "export",
         "run": str(run),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import TensorDataset
 
 from .._validation import check_fits_in_memory
 from ..datasets import DatasetSplits, load_dataset, named_dataset
@@ -23,7 +24,8 @@ from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
 from ..train_config import TrainConfig
-from ..training import split_into_chunks, weight_decay_scales
+from ..training import Examples, split_into_chunks, weight_decay_scales
+from ..training.chunks import default_workers
 from ..transforms import AffineAugmentation
 from .checks import check_train_options, checked_proportions, fixed_ranges, proportions_text
 from .parser import parse_train
@@ -47,6 +49,22 @@ class TrainJob:
     pmodel: PartitionedModel
     hyper: AffineAugmentation | None
     device: str
+
+    def test_split(self) -> tuple[Any, torch.Tensor | None]:
+        """What ``evaluate_classifier`` scores: the test split's ``(inputs, targets)`` tensors when it is in
+        memory, else ``(dataset, None)``, read in batches by :attr:`workers` processes."""
+        test = self.data.test
+        return tuple(test.tensors) if isinstance(test, TensorDataset) else (test, None)  # type: ignore[return-value]
+
+    @property
+    def workers(self) -> int:
+        """The input pipeline's worker processes for this job's data (``--workers``, or its default)."""
+        return default_workers(self.config.runtime.workers, self.data.test)
+
+    def sample_inputs(self, count: int = 4) -> torch.Tensor:
+        """The first ``count`` test inputs: the example ONNX is traced with."""
+        examples = Examples(self.data.test)
+        return examples.batch(torch.arange(min(count, len(examples))))[0]
 
 
 def train_job(argv: Sequence[str]) -> TrainJob:

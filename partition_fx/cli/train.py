@@ -178,8 +178,10 @@ class PartitionedAccuracy(TrainingHook):
     def before_finetuning(self, trainer: Any) -> None:
         pmodel = copy.deepcopy(trainer.pmodel)
         recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device)
-        x_test, y_test = self.job.data.test.tensors
-        accuracy, _ = evaluate_classifier(export_subnetwork(pmodel.cpu()).eval(), x_test, y_test)
+        x_test, y_test = self.job.test_split()
+        accuracy, _ = evaluate_classifier(
+            export_subnetwork(pmodel.cpu()).eval(), x_test, y_test, workers=self.job.workers
+        )
         trainer.history[-1]["partitioned_test_accuracy"] = accuracy
 
 
@@ -200,9 +202,11 @@ def partitioned_test_accuracy(history: list[dict[str, Any]], test_accuracy: floa
 def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
     """The report's results: the exported final model's test scores and the run's history."""
     exported = export_subnetwork(job.pmodel.cpu()).eval()
-    x_test, y_test = job.data.test.tensors
-    accuracy, loglik = evaluate_classifier(exported, x_test, y_test)
-    averaged, averaged_loglik = evaluate_averaged(exported, job.hyper, job.args.test_time_samples, x_test, y_test)
+    x_test, y_test = job.test_split()
+    accuracy, loglik = evaluate_classifier(exported, x_test, y_test, workers=job.workers)
+    averaged, averaged_loglik = evaluate_averaged(
+        exported, job.hyper, job.args.test_time_samples, x_test, y_test, job.workers
+    )
     scored = next(r for r in reversed(result.history) if r["lml"] is not None)  # the last LML estimate
     return {
         "test_accuracy": accuracy,
@@ -234,7 +238,7 @@ def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
     at the end of the run) loaded into a copy of the model and exported."""
     pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
     load_for_export(pmodel, hyper, lambda: job.data.train, checkpoint, job.config)
-    accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), *job.data.test.tensors)
+    accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), *job.test_split(), workers=job.workers)
     return accuracy
 
 
@@ -244,7 +248,7 @@ def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str,
     pmodel = job.pmodel.cpu()
     exported = export_subnetwork(pmodel).eval()
     replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
-    export_onnx(pmodel, out / FILES["onnx"], (job.data.test.tensors[0][:4],))
+    export_onnx(pmodel, out / FILES["onnx"], (job.sample_inputs(),))
     plot_curves(result.history, out / "lml.png")
     bounds = job.hyper.max_range if job.hyper is not None else {}
     plot_hyperparameters(result.history, out / "hyperparameters.png", initial, bounds)

@@ -6,12 +6,13 @@ partitioned marginal likelihood scores chunk k with subnetwork k-1, which never 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch.utils.data import Dataset, TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from .._validation import check_proportions
 from ..assign import partition_sizes
@@ -136,18 +137,49 @@ def resolve_chunks(
     return resolved
 
 
+class BatchReader(Protocol):
+    """What the steps read minibatches from: :class:`Examples`, or the input pipeline's ``StepInputs``."""
+
+    def batch(self, indices: torch.Tensor, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)`` of the examples ``indices`` on ``device``."""
+        ...
+
+
+def default_workers(workers: int | None, dataset: Any) -> int:
+    """The input pipeline's worker processes: ``workers`` if given; else min(4, CPUs - 1) for images this package
+    reads from disk (``datasets.images.DecodedImages``: deterministic, safe to decode in any process), and 0 for
+    any other dataset, whose ``__getitem__`` may draw random numbers or hold what a worker cannot.
+
+    >>> default_workers(2, None), default_workers(None, (torch.zeros(2), torch.zeros(2)))
+    (2, 0)
+    """
+    if workers is not None:
+        return workers
+    from ..datasets.images import DecodedImages
+
+    if not isinstance(dataset, DecodedImages):
+        return 0
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
+
+
 class Examples:
     """Batches of ``(inputs, targets)`` from a dataset by index: a fast path for tensors (one gather),
-    ``dataset[i]`` + ``default_collate`` for any other map-style dataset of pairs.
+    ``dataset[i]`` + ``default_collate`` for any other map-style dataset of pairs, which ``workers`` processes
+    decode ahead when read through :meth:`batches` or the input pipeline (``training.pipeline``), ``prefetch``
+    batches each, into pinned memory when the device is CUDA.
 
     >>> ex = Examples((torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 0])))
     >>> ex.batch(torch.tensor([2, 0]))
     (tensor([[4., 5.],
             [0., 1.]]), tensor([0, 0]))
+    >>> [y.tolist() for _, y in ex.batches([torch.tensor([0]), torch.tensor([1, 2])])]
+    [[0], [1, 0]]
     """
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, *, workers: int = 0, prefetch: int = 2) -> None:
         self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.workers = workers
+        self.prefetch = prefetch
         if isinstance(dataset, TensorDataset):
             dataset = dataset.tensors
         if isinstance(dataset, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in dataset):
@@ -174,10 +206,41 @@ class Examples:
         return int(self.tensors[0].shape[0]) if self.tensors is not None else len(self.dataset)
 
     def batch(self, indices: torch.Tensor, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples ``indices``, read now, on ``device``."""
         if self.tensors is not None:
             x, y = (t[indices.to(t.device)] for t in self.tensors)
         else:
             x, y = default_collate([self.dataset[i] for i in indices.tolist()])
+        return self.to_device(x, y, device)
+
+    def batches(
+        self, index_batches: Sequence[torch.Tensor], device: torch.device | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batch of each of ``index_batches`` in turn, read ahead by the workers when there are any."""
+        if self.tensors is not None or self.workers == 0:
+            for indices in index_batches:
+                yield self.batch(indices, device)
+            return
+        for x, y in self.loader([indices.tolist() for indices in index_batches], device):
+            yield self.to_device(x, y, device)
+
+    def loader(
+        self, batch_sampler: Iterable[list[int]], device: torch.device | None, persistent: bool = False
+    ) -> DataLoader:
+        """A ``DataLoader`` of the dataset's batches ``batch_sampler`` yields, with the workers: ``persistent``
+        keeps them between passes (the input pipeline restarts its plan on the same processes)."""
+        return DataLoader(
+            self.dataset,
+            batch_sampler=batch_sampler,
+            num_workers=self.workers,
+            prefetch_factor=self.prefetch,
+            pin_memory=device is not None and device.type == "cuda",
+            persistent_workers=persistent,
+        )
+
+    @staticmethod
+    def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` and ``y`` on ``device`` (copied without blocking the host; from pinned memory that overlaps)."""
         if device is not None:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         return x, y

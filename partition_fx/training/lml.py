@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
-from .chunks import DataChunks, Examples
+from .chunks import BatchReader, DataChunks, Examples
 from .likelihoods import Likelihood
 
 
@@ -59,7 +59,7 @@ def hyper_loss(
     pmodel: PartitionedModel,
     likelihood: Likelihood,
     hyper: nn.Module | None,
-    examples: Examples,
+    examples: BatchReader,
     batches: Sequence[tuple[float, int, torch.Tensor]],
     device: torch.device | None = None,
     samples: int | None = None,
@@ -221,8 +221,7 @@ def estimate_lml(
                     scale = indices.numel() / max_examples_per_chunk
                     indices = indices[pick]
                 total = 0.0
-                for batch in indices.split(batch_size):
-                    x, y = examples.batch(batch, device)
+                for x, y in examples.batches(indices.split(batch_size), device):
                     total += float(forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper).double().sum())
                 per_chunk.append(total * scale)
     finally:
@@ -279,8 +278,7 @@ def recalibrate_norm_statistics(
         # (a graph break in BatchNorm's forward), and a one-off pass is not worth a graph.
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
         with torch.random.fork_rng(devices=devices), torch.no_grad(), torch.compiler.set_stance("force_eager"):
-            for batch in torch.arange(len(examples)).split(batch_size):
-                x, _ = examples.batch(batch, device)
+            for x, _ in examples.batches(torch.arange(len(examples)).split(batch_size), device):
                 pmodel(x, subnetwork=subnetwork)
     finally:
         for m, momentum in zip(norms, momenta):

@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
+from ..errors import PartitionArgumentError
 from ..transforms import AffineAugmentation, TestTimeAveraged
+from .chunks import Examples
+
+
+def _batches(
+    x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int, workers: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(inputs, targets)`` in batches of ``batch_size``: of tensors ``x`` and ``y``, or of a dataset ``x``
+    (``y`` None) read by ``workers`` processes."""
+    if isinstance(x, torch.Tensor):
+        if y is None:
+            raise PartitionArgumentError("targets y are needed with input tensors x (or pass a dataset as x)")
+        return zip(x.split(batch_size), y.split(batch_size))
+    examples = Examples(x, workers=workers)
+    return examples.batches(torch.arange(len(examples)).split(batch_size))
 
 
 @torch.no_grad()
 def evaluate_classifier(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512
+    model: torch.nn.Module,
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None = None,
+    batch_size: int = 512,
+    workers: int = 0,
 ) -> tuple[float, float]:
-    """(accuracy, mean log-likelihood in nats) of a plain classifier in eval mode.
+    """(accuracy, mean log-likelihood in nats) of a plain classifier in eval mode, on inputs ``x`` with targets
+    ``y``, or on a map-style dataset ``x`` of (input, target) pairs read in batches (by ``workers`` processes),
+    never whole, so a test split larger than memory is scored.
 
     Example::
 
@@ -21,18 +45,28 @@ def evaluate_classifier(
         >>> accuracy, loglik = evaluate_classifier(model, torch.randn(10, 2), torch.zeros(10, dtype=torch.long))
         >>> 0.0 <= accuracy <= 1.0 and loglik < 0
         True
+        >>> from torch.utils.data import TensorDataset
+        >>> x, y = torch.randn(10, 2), torch.zeros(10, dtype=torch.long)
+        >>> evaluate_classifier(model, TensorDataset(x, y)) == evaluate_classifier(model, x, y)
+        True
     """
     model.eval()
-    correct, loglik = 0, 0.0
-    for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
+    correct, loglik, count = 0, 0.0, 0
+    for xb, yb in _batches(x, y, batch_size, workers):
         logits = model(xb)
         correct += int((logits.argmax(1) == yb).sum())
         loglik += float(torch.log_softmax(logits.double(), 1).gather(1, yb[:, None]).sum())
-    return correct / len(y), loglik / len(y)
+        count += len(yb)
+    return correct / count, loglik / count
 
 
 def evaluate_averaged(
-    model: nn.Module, augmentation: nn.Module | None, samples: int, x: torch.Tensor, y: torch.Tensor
+    model: nn.Module,
+    augmentation: nn.Module | None,
+    samples: int,
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None = None,
+    workers: int = 0,
 ) -> tuple[float | None, float | None]:
     """(accuracy, mean log-likelihood) of ``model`` averaged over ``samples`` fixed transforms of
     ``augmentation`` (:class:`~partition_fx.transforms.TestTimeAveraged`), or (None, None) when there is nothing
@@ -48,4 +82,4 @@ def evaluate_averaged(
     if not isinstance(augmentation, AffineAugmentation) or samples == 0:
         return None, None
     averaged = TestTimeAveraged(model, augmentation, samples)
-    return evaluate_classifier(averaged, x, y, batch_size=max(1, 512 // samples))
+    return evaluate_classifier(averaged, x, y, batch_size=max(1, 512 // samples), workers=workers)

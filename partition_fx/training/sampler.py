@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -94,6 +95,20 @@ class PartitionedSampler:
             (float(self.hyper_chunk_probabilities[k - 2]), k, self._draw(self.chunks.chunk(k), self.hyper_batch_size))
             for k in range(2, self.chunks.num_chunks + 1)
         ]
+
+    def copy(self) -> PartitionedSampler:
+        """A sampler that draws what this one would draw next, without changing this one (the same chunks, a
+        generator of its own in this one's state): what the input pipeline plans ahead with.
+
+        >>> from partition_fx.training.chunks import split_into_chunks
+        >>> sampler = PartitionedSampler(split_into_chunks(10, (0.5, 0.5)), batch_size=3)
+        >>> torch.equal(sampler.copy().finetune_batch(), sampler.finetune_batch())
+        True
+        """
+        twin = copy.copy(self)
+        twin.generator = torch.Generator().manual_seed(0)
+        twin.generator.set_state(self.generator.get_state())
+        return twin
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}

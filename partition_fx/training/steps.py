@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..partitioned_model import PartitionedModel
-from .chunks import Examples
+from .chunks import BatchReader
 from .data_parallel import DataParallel, running_statistics_modules
 from .estimators import HyperBatches
 from .likelihoods import Likelihood
@@ -27,6 +27,7 @@ class TrainingSteps:
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import Categorical
         >>> pmodel = partitionify(nn.Linear(3, 2), 2)
+        >>> from partition_fx.training.chunks import Examples
         >>> examples = Examples((torch.randn(10, 3), torch.zeros(10).long()))
         >>> stepper = Stepper(torch.optim.SGD(pmodel.parameters(), lr=0.1), modules=(pmodel, None, None))
         >>> steps = TrainingSteps(pmodel, Categorical(), examples, stepper)
@@ -39,7 +40,7 @@ class TrainingSteps:
         self,
         pmodel: PartitionedModel,
         likelihood: Likelihood,
-        examples: Examples,
+        examples: BatchReader,
         stepper: Stepper,
         *,
         hyper: nn.Module | None = None,

@@ -17,7 +17,7 @@ estimator (``training.estimators``) the configuration chooses, the steps and the
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from ..transforms.base import HyperparameterModule
 from .checkpoint_writer import CheckpointWriter
-from .chunks import Examples, resolve_chunks
+from .chunks import Examples, default_workers, resolve_chunks
 from .data_parallel import DataParallel
 from .estimators import AllChunks, OneChunk, hyper_estimator
 from .evaluation import LMLEvaluator
@@ -39,6 +39,7 @@ from .lml import LMLEstimate, lml_fields
 from .loop import RunPlan, run_loop
 from .optimizers import build_optimizers, check_finetune_schedule, configured_factories, restarted_scheduler
 from .options import Callback, Components, resolve, takes_num_samples, widens
+from .pipeline import StepInputs, planned_batches
 from .result import FitResult
 from .sampler import PartitionedSampler
 from .schemes import iteration_scheme, scheme_name
@@ -99,12 +100,14 @@ class PartitionedTrainer:
         """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
         self.eval_batch_size = evaluation.batch_size
         self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]
-        self.examples = Examples(dataset)
+        self.examples = Examples(dataset, workers=default_workers(runtime.workers, dataset), prefetch=runtime.prefetch)
         self.chunks = resolve_chunks(components.chunks, len(self.examples), pmodel.proportions, self.seed)
         self.sampler = PartitionedSampler(self.chunks, optimization.batch_size, step.batch_size, self.seed)
         defaults = config.checkpointing.defaults
         trained = TrainedModules(pmodel, self.hyper, self.likelihood, checkpoint_defaults=defaults)
         self.device = trained.place(components.device)  # type: ignore[arg-type]
+        self.inputs = StepInputs(self.examples, self.device)
+        """The steps' minibatches, read ahead by the workers in the order the sampler will draw them."""
         self.data_parallel = DataParallel.from_environment(components.data_parallel)
         """The process group gradients are averaged over (``training.data_parallel``), or None."""
         if self.data_parallel is not None:
@@ -155,7 +158,7 @@ class PartitionedTrainer:
         self.steps = TrainingSteps(
             pmodel,
             self.likelihood,
-            self.examples,
+            self.inputs,
             self.stepper,
             hyper=self.hyper,
             device=self.device,
@@ -277,12 +280,24 @@ class PartitionedTrainer:
         """One iteration of the configured scheme (``self.scheme``: the paper's parameter step then
         hyperparameter step when due, or both in one forward and one backward with ``fused=True``), the
         hyperparameter step by the configured estimator; in the fine-tuning phase, a ``finetune_step``."""
-        if self.finetuning:
-            self.finetune_step()
-            self.steps.advance()
-            return
-        due = self._hyper_due(self.step + 1)  # the step this iteration completes
-        self.scheme.iteration(self.sampler, self.steps, self.estimator if due else None)
+        self.inputs.start(
+            lambda: planned_batches(self._iterate_as(self.finetuning), self.sampler, self.step, self.steps.local)
+        )
+        self._iterate_as(self.finetuning)(self.sampler, self.steps)
+
+    def _iterate_as(self, finetuning: bool) -> Callable[[PartitionedSampler, Any], None]:
+        """One iteration of the phase ``finetuning`` says, drawing from a sampler and taking a ``steps``' steps:
+        the trainer's own, or a copy and a stand-in that records the batches read (``training.pipeline``)."""
+
+        def iterate(sampler: PartitionedSampler, steps: Any) -> None:
+            if finetuning:
+                steps.finetune_step(sampler.finetune_batch())
+                steps.advance()
+                return
+            due = self._hyper_due(steps.step + 1)  # the step this iteration completes
+            self.scheme.iteration(sampler, steps, self.estimator if due else None)
+
+        return iterate
 
     def fused_iteration(self) -> None:
         """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
@@ -312,6 +327,7 @@ class PartitionedTrainer:
         if restore_best and self.best is not None and self.best[1] != self.step:
             self.restore_modules(self.best[2])
         self.state.finetune_start = self.step
+        self.inputs.stop()  # what was read ahead is of partitioned iterations
         for group in self.optimizer.param_groups:
             group["weight_decay"] = group["base_weight_decay"]
         if self.config.finetuning.schedule == "restart":
@@ -387,7 +403,10 @@ class PartitionedTrainer:
         config = self.config.replace(**overrides) if overrides else self.config
         end = config.optimization.steps
         switch = end - config.finetune_steps if config.finetune_steps else None
-        result = run_loop(self, RunPlan(end, switch, config, callbacks, progress))
+        try:
+            result = run_loop(self, RunPlan(end, switch, config, callbacks, progress))
+        finally:
+            self.inputs.close()  # the workers end with the run; another run starts new ones
         for hook in self.hooks:
             hook.after_run(self, result)
         return result
@@ -412,6 +431,7 @@ class PartitionedTrainer:
         """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
         ``source`` and every field that differs, before anything changes."""
         self.state.load_state_dict(state, source=source)
+        self.inputs.stop()  # the sampler and step are the loaded ones: read ahead from there
 
     def save_checkpoint(
         self,
