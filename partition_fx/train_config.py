@@ -31,6 +31,8 @@ HYPER_CHUNKS = ("one", "all")
 (the estimators registered in ``training.estimators``)."""
 WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
 """How partition k's weight decay is scaled by |D_1:k| (``training.optim.weight_decay_scales``)."""
+OPTIMIZERS = ("adam", "sgd")
+"""The weights' optimiser: ``torch.optim.Adam``, or ``torch.optim.SGD`` with ``momentum`` (the paper's CIFAR runs)."""
 LR_SCHEDULES = ("cosine", "constant")
 """The weights' learning rate over the run: cosine-annealed to 1/100 of its initial value, or constant."""
 FINETUNE_SCHEDULES = ("continue", "restart")
@@ -47,20 +49,24 @@ FINETUNE_FRACTION = 0.25
 @dataclass(frozen=True)
 class Optimization(Settings):
     """How the weights are trained: ``steps`` iterations, each a parameter step of partition k ~ Cat(u) on
-    ``batch_size`` examples of D_1:k (plus a hyperparameter step when due), Adam at ``lr`` with ``weight_decay``
+    ``batch_size`` examples of D_1:k (plus a hyperparameter step when due), ``optimizer`` (Adam, or SGD with
+    ``momentum``) at ``lr`` with ``weight_decay``
     scaled per partition (``weight_decay_scaling``: reciprocal/sqrt/none of N/|D_1:k|, see
     ``training.weight_decay_scales``), the learning rate following ``lr_schedule`` over the whole run."""
 
     section_help = "training"
     steps: int = setting(400, "iterations", minimum=1, metavar="N")
     batch_size: int = setting(64, "examples per parameter step", minimum=1, metavar="N", fingerprint=True)
-    lr: float = setting(1e-3, "Adam's learning rate on the weights", positive=True, metavar="LR")
+    optimizer: str = setting("adam", "the weights' optimiser: Adam, or SGD with --momentum", choices=OPTIMIZERS,
+                             keyword="weight_optimizer", fingerprint=True)  # fmt: skip
+    momentum: float = setting(0.9, "SGD's momentum (with --optimizer sgd)", metavar="M", fingerprint=True)
+    lr: float = setting(1e-3, "the weights' learning rate", positive=True, metavar="LR")
     lr_schedule: str = setting(
         "cosine",
         "the weights' learning rate over --steps: cosine-annealed to 1/100 of --lr, or constant",
         choices=LR_SCHEDULES,
     )
-    weight_decay: float = setting(0.0, "Adam's weight decay, scaled per partition by --weight-decay-scaling",
+    weight_decay: float = setting(0.0, "the weights' decay, scaled per partition by --weight-decay-scaling",
                                   metavar="WD")  # fmt: skip
     weight_decay_scaling: str = setting(
         "reciprocal",

@@ -53,7 +53,9 @@ def write_idx(root: Path, folder: str = "MNIST", train: int = 20, test: int = 8)
     for i, (prefix, count) in enumerate((("train", train), ("t10k", test))):
         x, y = _images(count, (28, 28), seed=i)
         (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, count, 28, 28) + x.tobytes())
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + y.astype(np.uint8).tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">II", 2049, count) + y.astype(np.uint8).tobytes()
+        )
 
 
 def write_svhn(root: Path, train: int = 20, test: int = 8) -> None:

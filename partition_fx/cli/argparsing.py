@@ -8,6 +8,7 @@ import argparse
 import difflib
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -36,6 +37,8 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands: dict[str, Parser] = {}
+        self.expand: Callable[[list[str]], list[str]] | None = None
+        """Rewrites the words before they are parsed (``train``: a ``--recipe``'s options put first)."""
 
     def add_command(self, subparsers: Any, name: str, **kwargs: Any) -> Parser:
         """``subparsers.add_parser(name, **kwargs)``, remembered for the refusals of unknown options."""
@@ -51,6 +54,8 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self.expand is not None:
+            args = self.expand(list(sys.argv[1:] if args is None else args))
         for arg in sys.argv[1:] if args is None else args:
             option, equals, value = arg.partition("=")
             if arg.startswith("-") and equals and value == "--":  # argparse would drop it and store []

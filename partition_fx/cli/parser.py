@@ -32,6 +32,8 @@ from .argparsing import (
     seed,
 )
 from .federated_options import add_federated
+from .recipes import RECIPES
+from .recipes import expand as expand_recipe
 
 DESCRIPTION = (
     "Learn hyperparameters (augmentation ranges, dropout rates, input masks) in one training run, without a "
@@ -245,7 +247,17 @@ def _add_export(export: argparse.ArgumentParser) -> None:
     _add_output_options(export, "directory to write (default: RUN/export)", None)
 
 
-def _add_train(train: argparse.ArgumentParser) -> None:
+def _add_train(train: Parser) -> None:
+    train.expand = expand_recipe
+    train.add_argument_group("recipe").add_argument(
+        "--recipe",
+        default=None,
+        choices=list(RECIPES),
+        metavar="NAME",
+        help="start from the options of one of the paper's experiments; options given override them. "
+        + "; ".join(f"{r.name}: {r.description} = {r.text}" for r in RECIPES.values())
+        + " (default: none)",
+    )
     _add_model_options(train, classes=False)
     data = train.add_argument_group("data")
     data.add_argument(

@@ -69,6 +69,18 @@ def _header(path: Path) -> tuple[str, tuple[int, int]]:
         raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
 
 
+def _check_headers(files: list[Path], size: tuple[int, int] | None) -> None:
+    """Refuse now, naming the file, what would stop a streamed run later: a file that is not an image, or (when
+    the images are not resized) one whose size is not ``size``. Headers only: nothing is decoded."""
+    for path in files:
+        _, found = _header(path)
+        if size is not None and found != size:
+            raise PartitionError(
+                f"images differ in size: {files[0]} is {size[0]}x{size[1]} but {path} is {found[0]}x{found[1]} "
+                "(width x height); pass size=... (--image-size) to resize all images"
+            )
+
+
 class ImageFiles:
     """The :class:`~partition_fx.datasets.images.ImageReader` of image files: ``files[i]`` opened, with class
     ``labels[i]``."""
@@ -211,6 +223,8 @@ def image_folder(
     angles = fixed_angles(len(files), seed) if rotate else None
     if in_memory is None:
         in_memory = decoded_bytes(len(rows), input_shape) <= memory_budget
+    if not in_memory:
+        _check_headers([files[i] for i in rows], None if size is not None else first_size)
     if in_memory:
         # decoded in the folder's order, as if every file were (so the first file fixes every image's mode and
         # size errors name the same files), but only the files of the split(s) asked for

@@ -8,6 +8,7 @@ the root, the class that reads it, and where the files come from.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,7 @@ def _open(spec: StandardDataset, root: Path, split: Split) -> Any:
         )
     try:
         return spec.open(root, split)
-    except (RuntimeError, OSError, ValueError, KeyError, EOFError) as error:
+    except (RuntimeError, OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as error:
         raise PartitionError(
             f"{spec.name}: no readable {split} split under {root}: torchvision.datasets.{spec.torchvision_class} "
             f"expects {spec.layout} ({spec.source}) and said: {error}. Nothing is downloaded: put the files there, "

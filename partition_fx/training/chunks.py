@@ -236,6 +236,9 @@ class Examples:
             prefetch_factor=self.prefetch,
             pin_memory=device is not None and device.type == "cuda",
             persistent_workers=persistent,
+            # its own generator for the workers' base seed: torch's global one, which draws the run's augmentation
+            # and dropout noise, is left alone, so the workers change nothing
+            generator=torch.Generator().manual_seed(0),
         )
 
     @staticmethod

@@ -68,8 +68,8 @@ def build_optimizers(
 def configured_factories(
     config: TrainConfig,
 ) -> tuple[OptimizerFactory, OptimizerFactory, SchedulerFactory | None]:
-    """The optimisers and LR scheduler ``config`` asks for, as factories: Adam on the weights (``lr``,
-    ``weight_decay``), Adam on the hyperparameters (``hyper_lr``) and, with ``lr_schedule="cosine"``,
+    """The optimisers and LR scheduler ``config`` asks for, as factories: Adam (or SGD with ``momentum``) on the
+    weights (``lr``, ``weight_decay``), Adam on the hyperparameters (``hyper_lr``) and, with ``lr_schedule="cosine"``,
     ``CosineAnnealingLR`` over the run's steps down to 1/100 of the optimiser's learning rate (None: constant).
     A factory given to ``fit`` replaces the one built here.
 
@@ -79,7 +79,12 @@ def configured_factories(
     ({'lr': 0.001, 'weight_decay': 0.0}, {'lr': 0.05}, 0.005)
     """
     optimization = config.optimization
-    model = partial(torch.optim.Adam, lr=optimization.lr, weight_decay=optimization.weight_decay)
+    if optimization.optimizer == "sgd":
+        model = partial(
+            torch.optim.SGD, lr=optimization.lr, momentum=optimization.momentum, weight_decay=optimization.weight_decay
+        )
+    else:
+        model = partial(torch.optim.Adam, lr=optimization.lr, weight_decay=optimization.weight_decay)
     hyper = partial(torch.optim.Adam, lr=config.hyper.lr)
     if optimization.lr_schedule == "constant":
         return model, hyper, None
