@@ -208,3 +208,12 @@ def test_hyper_gradient_variance_benchmark_quick(capsys):
     assert [r["estimator"] for r in result["rows"]] == list(module.ESTIMATORS)
     assert all(len(r["draws"]) == 3 and r["sd"] >= 0 for r in result["rows"])
     assert "| fixed_batch |" in capsys.readouterr().out
+
+
+def test_input_pipeline_benchmark_quick(capsys):
+    module = _benchmark("input_pipeline")
+    rows = module.main(["--quick"])["rows"]
+    pipeline = [r for r in rows if r["arm"] == "pipeline"]
+    assert [r["workers"] for r in pipeline] == [0, 1, 2] and all(r["images_per_second"] > 0 for r in pipeline)
+    assert all(r["read_ahead_batches"] > 0 for r in pipeline if r["workers"] > 0)  # the plan matched the steps
+    assert "images/s delivered" in capsys.readouterr().out

@@ -40,7 +40,7 @@ def test_each_standard_dataset_is_read_from_its_on_disk_format_by_torchvision(co
     assert torch.equal(x, decoded.train.tensors[0][3]) and y == int(decoded.train.tensors[1][3])
     assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
     raw = streamed.train.read.dataset  # torchvision's dataset: the pixels are its own
-    assert torch.equal((x * 255).round().to(torch.uint8), torch.from_numpy(np.asarray(raw[3][0])).reshape(
+    assert torch.equal((x * 255).round().to(torch.uint8), torch.from_numpy(np.array(raw[3][0])).reshape(
         spec.size, spec.size, -1).permute(2, 0, 1))  # fmt: skip
     small = load_dataset(f"{name}:{copies / name}", size=16, channels=1, split="test")
     assert small.input_shape == (1, 16, 16) and len(small.train) == 0 and len(small.test) == 8
@@ -106,3 +106,17 @@ def test_each_paper_recipe_runs_a_few_steps_on_files_in_the_real_format(copies, 
     assert train["optimization"]["steps"] == 3 and train["hyper"]["chunks"] == "one"
     assert report["steps"] == 3 and 0.0 <= report["test_accuracy"] <= 1.0
     assert (out / "model.onnx").is_file()
+
+
+def test_the_data_page_lists_every_dataset_and_every_recipe_with_its_options() -> None:
+    from pathlib import Path
+
+    from partition_fx.cli.recipes import CIFAR_OPTIONS
+
+    page = (Path(__file__).parents[1] / "docs" / "data.md").read_text()
+    for name, spec in STANDARD_DATASETS.items():
+        assert f"`{name}:DIR`, `rot{name}:DIR`" in page and f"torchvision.datasets.{spec.torchvision_class}" in page
+    assert " ".join(CIFAR_OPTIONS) in page
+    for recipe in RECIPES.values():
+        own = recipe.options[: recipe.options.index("--image-size")]
+        assert f"| `{recipe.name}` | {recipe.description} | `{' '.join(own)}` |" in page

@@ -31,7 +31,7 @@ class Recipe:
         return " ".join(self.options)
 
 
-_CIFAR = (
+CIFAR_OPTIONS = (
     "--image-size", "32", "--channels", "3", "--partitions", "3", "--proportions", "0.8,0.1,0.1",
     "--scheme", "random", "--default", "init", "--augment", "affine", "--samples", "20", "--hyper-samples", "20",
     "--weight-optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--lr-schedule", "cosine",
@@ -48,22 +48,22 @@ RECIPES = {
         Recipe(
             "paper-cifar10-fixup14",
             "CIFAR-10 (--data cifar10:DIR), FixUp ResNet-14, 40,000 iterations",
-            ("--model", "fixup_resnet14", "--steps", "40000", "--finetune-steps", "0", *_CIFAR),
+            ("--model", "fixup_resnet14", "--steps", "40000", "--finetune-steps", "0", *CIFAR_OPTIONS),
         ),
         Recipe(
             "paper-cifar10-fixup8",
             "CIFAR-10 (--data cifar10:DIR), FixUp ResNet-8, 40,000 iterations",
-            ("--model", "fixup_resnet8", "--steps", "40000", "--finetune-steps", "0", *_CIFAR),
+            ("--model", "fixup_resnet8", "--steps", "40000", "--finetune-steps", "0", *CIFAR_OPTIONS),
         ),
         Recipe(
             "paper-rotcifar10-fixup14",
             "RotCIFAR-10 (--data rotcifar10:DIR), FixUp ResNet-14, twice the iterations: 80,000",
-            ("--model", "fixup_resnet14", "--steps", "80000", "--finetune-steps", "0", *_CIFAR),
+            ("--model", "fixup_resnet14", "--steps", "80000", "--finetune-steps", "0", *CIFAR_OPTIONS),
         ),
         Recipe(
             "paper-rotcifar10-fixup8",
             "RotCIFAR-10 (--data rotcifar10:DIR), FixUp ResNet-8, twice the iterations: 80,000",
-            ("--model", "fixup_resnet8", "--steps", "80000", "--finetune-steps", "0", *_CIFAR),
+            ("--model", "fixup_resnet8", "--steps", "80000", "--finetune-steps", "0", *CIFAR_OPTIONS),
         ),
         Recipe(
             "paper-cifar10-fixup14-finetune",
@@ -78,7 +78,7 @@ RECIPES = {
                 "20000",
                 "--finetune-schedule",
                 "continue",
-                *_CIFAR,
+                *CIFAR_OPTIONS,
             ),
         ),
     )
