@@ -54,9 +54,10 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        args = list(sys.argv[1:] if args is None else args)
         if self.expand is not None:
-            args = self.expand(list(sys.argv[1:] if args is None else args))
-        for arg in sys.argv[1:] if args is None else args:
+            args = self.expand(args)
+        for arg in args:
             option, equals, value = arg.partition("=")
             if arg.startswith("-") and equals and value == "--":  # argparse would drop it and store []
                 self.error(f"argument {option}: expected one argument, not '--'")

@@ -33,7 +33,7 @@ from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_onnx, export_subnetwork
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from ..training import Examples, evaluate_averaged, evaluate_classifier, load_checkpoint, recalibrate_norm_statistics
+from ..training import Examples, load_checkpoint, recalibrate_norm_statistics
 from ..training.checkpoint import needs_recalibration, norm_statistics
 from ..transforms import TestTimeAveraged
 from .checks import check_export
@@ -78,10 +78,9 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     )
     prepare_out(out, args.overwrite, {"--run": run})
     exported = export_subnetwork(pmodel, args.subnetwork).eval()
-    x_test, y_test = job.test_split()
-    accuracy, loglik = evaluate_classifier(exported, x_test, y_test, workers=job.workers)
+    accuracy, loglik = job.test_scores(exported)
     samples = args.test_time_samples
-    averaged, averaged_loglik = evaluate_averaged(exported, job.hyper, samples, x_test, y_test, job.workers)
+    averaged, averaged_loglik = job.averaged_test_scores(exported, samples)
     wrap = None if averaged is None else (lambda model: TestTimeAveraged(model, job.hyper, samples))
     replace_file(out / "model.safetensors", lambda tmp: save_model(exported, str(tmp)))
     export_onnx(pmodel, out / "model.onnx", (job.sample_inputs(),), subnetwork=args.subnetwork, wrap=wrap)

@@ -24,7 +24,7 @@ from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
 from ..train_config import TrainConfig
-from ..training import Examples, split_into_chunks, weight_decay_scales
+from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
 from ..training.chunks import default_workers
 from ..transforms import AffineAugmentation
 from .checks import check_train_options, checked_proportions, fixed_ranges, proportions_text
@@ -50,9 +50,8 @@ class TrainJob:
     hyper: AffineAugmentation | None
     device: str
 
-    def test_split(self) -> tuple[Any, torch.Tensor | None]:
-        """What ``evaluate_classifier`` scores: the test split's ``(inputs, targets)`` tensors when it is in
-        memory, else ``(dataset, None)``, read in batches by :attr:`workers` processes."""
+    def _test_split(self) -> tuple[Any, torch.Tensor | None]:
+        """The test split's ``(inputs, targets)`` tensors when it is in memory, else ``(dataset, None)``."""
         test = self.data.test
         return tuple(test.tensors) if isinstance(test, TensorDataset) else (test, None)  # type: ignore[return-value]
 
@@ -60,6 +59,15 @@ class TrainJob:
     def workers(self) -> int:
         """The input pipeline's worker processes for this job's data (``--workers``, or its default)."""
         return default_workers(self.config.runtime.workers, self.data.test)
+
+    def test_scores(self, model: torch.nn.Module) -> tuple[float, float]:
+        """``evaluate_classifier`` of ``model`` on the test split (read in batches by :attr:`workers` processes
+        when it is read from disk)."""
+        return evaluate_classifier(model, *self._test_split(), workers=self.workers)
+
+    def averaged_test_scores(self, model: torch.nn.Module, samples: int) -> tuple[float | None, float | None]:
+        """``evaluate_averaged`` of ``model`` over ``samples`` fixed transforms of the job's augmentation."""
+        return evaluate_averaged(model, self.hyper, samples, *self._test_split(), self.workers)
 
     def sample_inputs(self, count: int = 4) -> torch.Tensor:
         """The first ``count`` test inputs: the example ONNX is traced with."""

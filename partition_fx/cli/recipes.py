@@ -42,28 +42,21 @@ CIFAR_OPTIONS = (
 the square root, batches of 250, Adam 1e-3 on the augmentation every iteration on one chunk, 20 samples,
 chunks 80/10/10 %."""
 
+_PAPER_RUNS = {  # data: (its name, its --data, the iterations in words, --steps)
+    "cifar10": ("CIFAR-10", "cifar10:DIR", "40,000 iterations", "40000"),
+    "rotcifar10": ("RotCIFAR-10", "rotcifar10:DIR", "twice the iterations: 80,000", "80000"),
+}
 RECIPES = {
     r.name: r
     for r in (
-        Recipe(
-            "paper-cifar10-fixup14",
-            "CIFAR-10 (--data cifar10:DIR), FixUp ResNet-14, 40,000 iterations",
-            ("--model", "fixup_resnet14", "--steps", "40000", "--finetune-steps", "0", *CIFAR_OPTIONS),
-        ),
-        Recipe(
-            "paper-cifar10-fixup8",
-            "CIFAR-10 (--data cifar10:DIR), FixUp ResNet-8, 40,000 iterations",
-            ("--model", "fixup_resnet8", "--steps", "40000", "--finetune-steps", "0", *CIFAR_OPTIONS),
-        ),
-        Recipe(
-            "paper-rotcifar10-fixup14",
-            "RotCIFAR-10 (--data rotcifar10:DIR), FixUp ResNet-14, twice the iterations: 80,000",
-            ("--model", "fixup_resnet14", "--steps", "80000", "--finetune-steps", "0", *CIFAR_OPTIONS),
-        ),
-        Recipe(
-            "paper-rotcifar10-fixup8",
-            "RotCIFAR-10 (--data rotcifar10:DIR), FixUp ResNet-8, twice the iterations: 80,000",
-            ("--model", "fixup_resnet8", "--steps", "80000", "--finetune-steps", "0", *CIFAR_OPTIONS),
+        *(
+            Recipe(
+                f"paper-{data}-fixup{depth}",
+                f"{title} (--data {spec}), FixUp ResNet-{depth}, {iterations}",
+                ("--model", f"fixup_resnet{depth}", "--steps", steps, "--finetune-steps", "0", *CIFAR_OPTIONS),
+            )
+            for data, (title, spec, iterations, steps) in _PAPER_RUNS.items()
+            for depth in (14, 8)
         ),
         Recipe(
             "paper-cifar10-fixup14-finetune",

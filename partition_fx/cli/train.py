@@ -36,8 +36,6 @@ from ..export import export_onnx, export_subnetwork
 from ..training import (
     FitResult,
     TrainingHook,
-    evaluate_averaged,
-    evaluate_classifier,
     fit,
     recalibrate_norm_statistics,
     resume_directory,
@@ -178,10 +176,7 @@ class PartitionedAccuracy(TrainingHook):
     def before_finetuning(self, trainer: Any) -> None:
         pmodel = copy.deepcopy(trainer.pmodel)
         recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device)
-        x_test, y_test = self.job.test_split()
-        accuracy, _ = evaluate_classifier(
-            export_subnetwork(pmodel.cpu()).eval(), x_test, y_test, workers=self.job.workers
-        )
+        accuracy, _ = self.job.test_scores(export_subnetwork(pmodel.cpu()).eval())
         trainer.history[-1]["partitioned_test_accuracy"] = accuracy
 
 
@@ -202,11 +197,8 @@ def partitioned_test_accuracy(history: list[dict[str, Any]], test_accuracy: floa
 def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
     """The report's results: the exported final model's test scores and the run's history."""
     exported = export_subnetwork(job.pmodel.cpu()).eval()
-    x_test, y_test = job.test_split()
-    accuracy, loglik = evaluate_classifier(exported, x_test, y_test, workers=job.workers)
-    averaged, averaged_loglik = evaluate_averaged(
-        exported, job.hyper, job.args.test_time_samples, x_test, y_test, job.workers
-    )
+    accuracy, loglik = job.test_scores(exported)
+    averaged, averaged_loglik = job.averaged_test_scores(exported, job.args.test_time_samples)
     scored = next(r for r in reversed(result.history) if r["lml"] is not None)  # the last LML estimate
     return {
         "test_accuracy": accuracy,
@@ -238,7 +230,7 @@ def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
     at the end of the run) loaded into a copy of the model and exported."""
     pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
     load_for_export(pmodel, hyper, lambda: job.data.train, checkpoint, job.config)
-    accuracy, _ = evaluate_classifier(export_subnetwork(pmodel).eval(), *job.test_split(), workers=job.workers)
+    accuracy, _ = job.test_scores(export_subnetwork(pmodel).eval())
     return accuracy
 
 

@@ -16,7 +16,16 @@ from torch.utils.data import Dataset, TensorDataset
 
 from .._validation import check_int, check_open_unit
 from ..errors import PartitionArgumentError, PartitionError
-from .images import DEFAULT_MEMORY_BUDGET, DecodedImages, decoded_bytes, fixed_angles, pil_mode, rotate_images
+from .images import (
+    DEFAULT_MEMORY_BUDGET,
+    DecodedImages,
+    decoded_bytes,
+    empty_split,
+    fixed_angles,
+    pil_mode,
+    rotate_images,
+    size_mismatch,
+)
 from .sklearn_digits import raw_digits
 from .splits import (
     BOTH_SPLITS_HINT,
@@ -75,10 +84,7 @@ def _check_headers(files: list[Path], size: tuple[int, int] | None) -> None:
     for path in files:
         _, found = _header(path)
         if size is not None and found != size:
-            raise PartitionError(
-                f"images differ in size: {files[0]} is {size[0]}x{size[1]} but {path} is {found[0]}x{found[1]} "
-                "(width x height); pass size=... (--image-size) to resize all images"
-            )
+            raise size_mismatch(files[0], size, path, found)
 
 
 class ImageFiles:
@@ -115,10 +121,7 @@ def _load_images(files: list[Path], size: int | None, mode: str) -> torch.Tensor
                 elif first is None:
                     first = (path, img.size)
                 elif img.size != first[1]:
-                    raise PartitionError(
-                        f"images differ in size: {first[0]} is {first[1][0]}x{first[1][1]} but {path} is "
-                        f"{img.size[0]}x{img.size[1]} (width x height); pass size=... to resize all images"
-                    )
+                    raise size_mismatch(first[0], first[1], path, img.size)
                 arrays.append(np.asarray(img, dtype=np.uint8))
         except OSError as error:  # includes PIL.UnidentifiedImageError
             raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
@@ -240,10 +243,9 @@ def image_folder(
         if in_memory:
             return TensorDataset(x[torch.from_numpy(row_of[idx])], y[torch.from_numpy(idx)])
         if not len(idx):
-            return TensorDataset(torch.zeros(0, *input_shape), y[:0])
+            return empty_split(input_shape)
         read = ImageFiles([files[i] for i in idx], labels[idx])
-        expect = None if size is not None else first_size
-        return DecodedImages(read, len(idx), mode, size, None if angles is None else angles[idx], expect)
+        return DecodedImages(read, len(idx), mode, size, None if angles is None else angles[idx])
 
     train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
     shape_text = f"{input_shape[0]}x{input_shape[1]}x{input_shape[2]}"

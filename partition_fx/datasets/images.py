@@ -128,7 +128,7 @@ class ArrayImages:
 
 class DecodedImages(Dataset):
     """A map-style dataset of ``(image, target)``: example ``i`` is ``read(i)`` decoded by :func:`to_tensor` to
-    PIL ``mode`` at ``size`` (None: as stored, which must then be ``expect`` (width, height) if given) and, with
+    PIL ``mode`` at ``size`` (None: as stored) and, with
     ``angles``, rotated by ``angles[i]``. Nothing is held but what ``read`` holds, so it can be larger than
     memory; worker processes decode it in parallel (the input pipeline), and the result does not depend on which
     process does.
@@ -147,14 +147,12 @@ class DecodedImages(Dataset):
         mode: str,
         size: int | None = None,
         angles: torch.Tensor | None = None,
-        expect: tuple[int, int] | None = None,
     ) -> None:
         self.read = read
         self.length = length
         self.mode = mode
         self.size = size
         self.angles = angles
-        self.expect = expect
 
     def __len__(self) -> int:
         return self.length
@@ -164,12 +162,6 @@ class DecodedImages(Dataset):
             raise IndexError(f"index {index} out of range for {self.length} images")
         try:
             image, target = self.read(index)
-            if self.size is None and self.expect is not None and image.size != self.expect:
-                raise PartitionError(
-                    f"images differ in size: {self.read.name(0)} is {self.expect[0]}x{self.expect[1]} but "
-                    f"{self.read.name(index)} is {image.size[0]}x{image.size[1]} (width x height); pass size=... "
-                    "(--image-size) to resize all images"
-                )
             x = to_tensor(image, self.mode, self.size)
         except OSError as error:  # includes PIL.UnidentifiedImageError
             raise PartitionError(
@@ -178,6 +170,27 @@ class DecodedImages(Dataset):
         if self.angles is not None:
             x = rotate_images(x[None], self.angles[index : index + 1])[0]
         return x, int(target)
+
+
+def size_mismatch(first: Any, first_size: tuple[int, int], path: Any, size: tuple[int, int]) -> PartitionError:
+    """The refusal of images of different sizes that are not resized: ``path`` is not ``first``'s size.
+
+    >>> str(size_mismatch("a.png", (6, 4), "b.png", (5, 5)))[:54]
+    'images differ in size: a.png is 6x4 but b.png is 5x5 ('
+    """
+    return PartitionError(
+        f"images differ in size: {first} is {first_size[0]}x{first_size[1]} but {path} is {size[0]}x{size[1]} "
+        "(width x height); pass size=... (--image-size) to resize all images"
+    )
+
+
+def empty_split(shape: Sequence[int]) -> TensorDataset:
+    """A split with no examples of ``shape`` (what a loader returns for the split not asked for).
+
+    >>> tuple(empty_split((3, 8, 8)).tensors[0].shape)
+    (0, 3, 8, 8)
+    """
+    return TensorDataset(torch.zeros(0, *shape), torch.zeros(0, dtype=torch.long))
 
 
 def decode_all(images: Dataset, batch_size: int = 256) -> TensorDataset:

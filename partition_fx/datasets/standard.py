@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 from .._validation import check_int
 from ..errors import PartitionArgumentError, PartitionError
 from .images import (
     DEFAULT_MEMORY_BUDGET,
     DecodedImages,
+    empty_split,
     fixed_angles,
     in_memory_or_streamed,
     pil_mode,
@@ -191,7 +191,7 @@ def standard_dataset(
         angles = fixed_angles(len(source), seed, part) if rotate else None
         images = DecodedImages(_TorchvisionImages(source, spec.name), len(source), mode, size, angles)
         parts[which] = in_memory_or_streamed(images, shape, in_memory, memory_budget)
-    empty = TensorDataset(torch.zeros(0, *shape), torch.zeros(0, dtype=torch.long))  # a split not asked for
+    empty = empty_split(shape)  # the split not asked for
     streamed = any(isinstance(p, DecodedImages) for p in parts.values())
     counts = " / ".join(f"{len(p)} {which}" for which, p in parts.items())
     return DatasetSplits(
