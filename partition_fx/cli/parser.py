@@ -248,16 +248,6 @@ def _add_export(export: argparse.ArgumentParser) -> None:
 
 
 def _add_train(train: Parser) -> None:
-    train.expand = expand_recipe
-    train.add_argument_group("recipe").add_argument(
-        "--recipe",
-        default=None,
-        choices=list(RECIPES),
-        metavar="NAME",
-        help="start from the options of one of the paper's experiments; options given override them. "
-        + "; ".join(f"{r.name}: {r.description} = {r.text}" for r in RECIPES.values())
-        + " (default: none)",
-    )
     _add_model_options(train, classes=False)
     data = train.add_argument_group("data")
     data.add_argument(
@@ -280,6 +270,16 @@ def _add_train(train: Parser) -> None:
         "--channels", type=int, default=None, metavar="N", help="image channels (default: the data's own)"
     )
     _add_partition_options(train, with_seed=False)
+    train.expand = expand_recipe
+    train.add_argument_group("recipe").add_argument(
+        "--recipe",
+        default=None,
+        choices=list(RECIPES),
+        metavar="NAME",
+        help="start from the options of one of the paper's experiments; options given override them. "
+        + "; ".join(f"{r.name}: {r.description} = {r.text}" for r in RECIPES.values())
+        + " (default: none)",
+    )
     hyper = train.add_argument_group("learned hyperparameters")
     hyper.add_argument(
         "--augment",

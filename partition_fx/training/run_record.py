@@ -68,6 +68,7 @@ def _command_config(
             "with one --seed"
         )
     return {
+        "recipe": None,  # a Python run's options are its own
         "model": model["name"],
         "checkpoint": None,  # the run's checkpoint replaces every weight (its defaults too, unless left out)
         "data": data["data"],
