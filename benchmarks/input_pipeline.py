@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 import partition_fx  # noqa: F401  (registers the shipped models)
-from benchmarks._common import RESULTS, header, markdown_table, results, write_results
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx import partitionify
 from partition_fx.datasets import image_folder
 from partition_fx.models.factory import build_model
@@ -233,41 +234,6 @@ def measure(args: argparse.Namespace, root: Path, config: TrainConfig) -> dict[s
             arm.close()
 
 
-def table(result: dict[str, Any]) -> str:
-    body = []
-    for r in result["rows"]:
-        if r["arm"] == "pipeline":
-            streamed = r.get("streamed_training_images_per_second")
-            body.append(
-                [
-                    r["workers"],
-                    f"{r['images_per_second']:,.0f}",
-                    f"x{r['ratio_to_step']:,.1f}",
-                    "yes" if r["input_bound"] else "no",
-                    "—" if streamed is None else f"{streamed:,.1f} (x{r['streamed_training_vs_in_memory']:.2f})",
-                ]
-            )
-        else:
-            body.append(
-                [
-                    "step (in memory)",
-                    f"{r['images_per_second']:,.1f} read ({r['parameter_batch_images_per_second']:,.1f} in "
-                    f"parameter batches; {r['reads_per_iteration']:g} reads/iteration)",
-                    "x1.0",
-                    "—",
-                    "—",
-                ]
-            )
-    columns = [
-        "workers",
-        "images/s delivered",
-        "ratio to the step's consumption",
-        "input-bound?",
-        "streamed training, images/s read (vs in memory)",
-    ]
-    return markdown_table(columns, body)
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000, help="JPEG files written (a fifth go to test)")
@@ -321,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
         "folder_write_seconds": written,
     }
     result = results(header("input_pipeline", quick=args.quick), settings, measured["rows"])
-    print(table(result))
+    print(tables.input_pipeline(result))
     if not args.quick:
         write_results(args.out, result)
     return result

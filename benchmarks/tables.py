@@ -476,6 +476,42 @@ def hyper_gradient_variance(result: Results) -> str:
     return markdown_table(["estimator", "mean gradient", "sd of one draw", "|mean| / sd", "images per draw"], body)
 
 
+def input_pipeline(result: Results) -> str:
+    """Images per second the streaming pipeline delivers with 0/1/2 workers, against what a step reads."""
+    body = []
+    for r in result["rows"]:
+        if r["arm"] == "pipeline":
+            streamed = r.get("streamed_training_images_per_second")
+            body.append(
+                [
+                    r["workers"],
+                    f"{r['images_per_second']:,.0f}",
+                    f"x{r['ratio_to_step']:,.1f}",
+                    "yes" if r["input_bound"] else "no",
+                    "—" if streamed is None else f"{streamed:,.1f} (x{r['streamed_training_vs_in_memory']:.2f})",
+                ]
+            )
+        else:
+            body.append(
+                [
+                    "step (in memory)",
+                    f"{r['images_per_second']:,.1f} read ({r['parameter_batch_images_per_second']:,.1f} in "
+                    f"parameter batches; {r['reads_per_iteration']:g} reads/iteration)",
+                    "x1.0",
+                    "—",
+                    "—",
+                ]
+            )
+    columns = [
+        "workers",
+        "images/s delivered",
+        "ratio to the step's consumption",
+        "input-bound?",
+        "streamed training, images/s read (vs in memory)",
+    ]
+    return markdown_table(columns, body)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_estimators": hyper_estimators,
     "hyper_gradient_variance": hyper_gradient_variance,
@@ -489,6 +525,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "federated_ablation": federated_ablation,
     "convergence": convergence,
     "memory": memory,
+    "input_pipeline": input_pipeline,
     "hyperparameter_methods": hyperparameter_methods,
     "hyperparameter_methods_runs": hyperparameter_methods_runs,
     "hyperparameter_methods_long": hyperparameter_methods_long,
