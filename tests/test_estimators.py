@@ -83,6 +83,9 @@ def test_all_chunks_weights_every_chunk_by_the_probability_one_chunk_draws_it():
 def test_the_registry_holds_the_names_the_options_accept():
     assert tuple(ESTIMATORS) == HYPER_CHUNKS
     assert all(isinstance(hyper_estimator(name), HyperEstimator) for name in HYPER_CHUNKS)
-    assert type(_trainer(hyper_chunks="all").estimator) is AllChunks and type(_trainer().estimator) is OneChunk
+    assert (
+        type(_trainer(hyper_chunks="all").iterations.estimator) is AllChunks
+        and type(_trainer().iterations.estimator) is OneChunk
+    )
     with pytest.raises(PartitionArgumentError, match="no hyperparameter estimator 'both'"):
         hyper_estimator("both")

@@ -448,7 +448,10 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
     assert trainer.config.optimization.steps == options["steps"] and trainer.step == 0
     assert trainer.config.eval_every == (options["eval-every"] or max(1, options["steps"] // 10))
     assert trainer.sampler.batch_size == options["batch-size"] and trainer.seed == options["seed"]
-    assert (trainer.hyper_every, trainer.warmup_steps) == (options["hyper-every"], options["warmup-steps"])
+    assert (trainer.iterations.hyper_every, trainer.iterations.warmup_steps) == (
+        options["hyper-every"],
+        options["warmup-steps"],
+    )
     assert trainer.config.hyper.chunks == options["hyper-chunks"]
     assert trainer.sampler.hyper_batch_size == options["hyper-batch-size"]
     assert trainer.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)

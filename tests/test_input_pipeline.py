@@ -100,7 +100,7 @@ def test_a_resumed_streaming_run_continues_the_same_stream(folder, tmp_path, eve
 
 def test_the_plan_is_what_the_sampler_then_draws_and_a_batch_asked_otherwise_is_read_directly(folder) -> None:
     trainer = _trainer(image_folder(folder, in_memory=False).train, 1)
-    plan = planned_batches(trainer._iterate_as(False), trainer.sampler, trainer.step)
+    plan = planned_batches(trainer.iterations.phase(finetuning=False), trainer.sampler, trainer.step)
     _, indices = trainer.sampler.copy().parameter_batch()
     assert torch.equal(next(plan), indices)  # the sampler itself has drawn nothing
     inputs = StepInputs(trainer.examples)

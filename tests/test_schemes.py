@@ -191,7 +191,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
     with every_partition) at the current weights; THEN psi's gradient at the updated weights, from the hyper
     batch of D_k through subnetwork k-1 (every chunk's, weighted by its probability, with hyper_chunks="all")."""
     trainer = _trainer(every_partition=every_partition, hyper_chunks=hyper_chunks)
-    assert type(trainer.scheme) is (EveryPartition if every_partition else Alternating)
+    assert type(trainer.iterations.scheme) is (EveryPartition if every_partition else Alternating)
     reference = _trainer()
     before = _snapshot(trainer)
     trainer.iteration()
@@ -216,7 +216,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
 
 def test_each_combination_of_the_options_names_a_registered_scheme():
     chosen = {
-        (fused, every): type(_trainer(fused=fused, every_partition=every).scheme)
+        (fused, every): type(_trainer(fused=fused, every_partition=every).iterations.scheme)
         for fused in (False, True)
         for every in (False, True)
     }
@@ -246,7 +246,7 @@ def test_a_new_scheme_is_one_class_behind_the_interface():
                 steps.hyper_step(batches, hyper.describe(batches))
 
     trainer = _trainer(hyper_chunks="all")
-    trainer.scheme = HyperOnly()
+    trainer.iterations.scheme = HyperOnly()
     parts = [p.detach().clone() for p in _parts(trainer.pmodel)]
     result = trainer.run(4, eval_every=2, progress=False)
     assert result.steps == 4 and [r["train_loss"] for r in result.history] == [None, None]

@@ -124,6 +124,32 @@ def restarted_scheduler(
     return _cosine(optimizer, steps)
 
 
+def finetuning_scheduler(
+    config: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    steps: int,
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """Turn ``optimizer`` to the fine-tuning phase and return the LR scheduler its steps go on with.
+
+    Every param group's weight decay returns to the unscaled one, since every weight now sees all N examples;
+    the schedule carries on (``scheduler``; ``finetune_schedule="continue"``) or restarts over the ``steps``
+    fine-tuning steps (:func:`restarted_scheduler`; ``"restart"``).
+
+    >>> sgd = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "weight_decay": 0.5}], lr=0.1)
+    >>> sgd.param_groups[0]["base_weight_decay"] = 0.1
+    >>> finetuning_scheduler(TrainConfig.recommended(steps=10), sgd, None, steps=2) is None
+    True
+    >>> sgd.param_groups[0]["weight_decay"]
+    0.1
+    """
+    for group in optimizer.param_groups:
+        group["weight_decay"] = group["base_weight_decay"]
+    if config.finetuning.schedule == "restart":
+        return restarted_scheduler(config, optimizer, steps)
+    return scheduler
+
+
 def _cosine(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
     """Cosine annealing over ``steps`` to 1/100 of the optimiser's learning rate."""
     eta_min = optimizer.defaults["lr"] / 100

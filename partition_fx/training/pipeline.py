@@ -72,7 +72,8 @@ class PlannedSteps:
 
 
 Iterate = Callable[[PartitionedSampler, Any], None]
-"""One iteration of a run, given the sampler to draw from and the steps to take (``PartitionedTrainer``'s)."""
+"""One iteration of a run, given the sampler to draw from and the steps to take: a ``TrainingSteps``, or the
+:class:`PlannedSteps` the iterations to come are replayed with (``schemes.Iterations.phase`` makes one)."""
 
 
 def planned_batches(

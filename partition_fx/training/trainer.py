@@ -17,7 +17,7 @@ estimator (``training.estimators``) the configuration chooses, the steps and the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,12 @@ from .hooks import TrainingHook
 from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
 from .lml import LMLEstimate, lml_fields
 from .loop import RunPlan, run_loop
-from .optimizers import build_optimizers, check_finetune_schedule, configured_factories, restarted_scheduler
+from .optimizers import build_optimizers, check_finetune_schedule, configured_factories, finetuning_scheduler
 from .options import Callback, Components, resolve, takes_num_samples, widens
 from .pipeline import StepInputs, planned_batches
 from .result import FitResult
 from .sampler import PartitionedSampler
-from .schemes import iteration_scheme, scheme_name
+from .schemes import Iterations, iteration_scheme, scheme_name
 from .state import ModuleStates, TrainedModules, TrainingState
 from .stepping import LAZY_CHECK_EVERY, Precision, Stepper
 from .steps import TrainingSteps
@@ -94,8 +94,6 @@ class PartitionedTrainer:
         self.fused = runtime.fused
         self.every_partition = runtime.every_partition
         self.seed = runtime.seed
-        self.hyper_every = step.every
-        self.warmup_steps = step.warmup_steps
         self.hyper_samples = step.samples if takes_num_samples(self.hyper) else None
         """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
         self.eval_batch_size = evaluation.batch_size
@@ -124,9 +122,8 @@ class PartitionedTrainer:
                 "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
                 "partitionify the model with 2 or more partitions"
             )
-        self.scheme = iteration_scheme(scheme_name(self.fused, self.every_partition))
-        self.scheme.check(pmodel)
-        self.estimator = hyper_estimator(step.chunks)
+        scheme = iteration_scheme(scheme_name(self.fused, self.every_partition))
+        scheme.check(pmodel)
         check_finetune_schedule(config, components.scheduler)
         optimizer, hyper_optimizer, scheduler = configured_factories(config)  # unless a factory was given
         self.optimizer, self.hyper_optimizer, self.scheduler, self.hyper_scheduler = build_optimizers(
@@ -139,6 +136,9 @@ class PartitionedTrainer:
             hyper_scheduler=components.hyper_scheduler,
             weight_decay_scaling=optimization.weight_decay_scaling,
         )
+        estimator = hyper_estimator(step.chunks) if self.hyper_optimizer is not None else None
+        self.iterations = Iterations(scheme, estimator, hyper_every=step.every, warmup_steps=step.warmup_steps)
+        """What each iteration does: the scheme's, with a hyperparameter step when due, or a fine-tuning step."""
         on_cpu = self.device is None or self.device.type == "cpu"
         self.stepper = Stepper(
             self.optimizer,
@@ -273,37 +273,19 @@ class PartitionedTrainer:
         if self.hyper_optimizer is None:
             raise PartitionArgumentError("there are no hyperparameters to step (pass hyper=... or use ConcreteDropout)")
 
-    def _hyper_due(self, step: int) -> bool:
-        return self.hyper_optimizer is not None and step > self.warmup_steps and step % self.hyper_every == 0
-
     def iteration(self) -> None:
-        """One iteration of the configured scheme (``self.scheme``: the paper's parameter step then
-        hyperparameter step when due, or both in one forward and one backward with ``fused=True``), the
-        hyperparameter step by the configured estimator; in the fine-tuning phase, a ``finetune_step``."""
-        self.inputs.start(
-            lambda: planned_batches(self._iterate_as(self.finetuning), self.sampler, self.step, self.steps.local)
-        )
-        self._iterate_as(self.finetuning)(self.sampler, self.steps)
-
-    def _iterate_as(self, finetuning: bool) -> Callable[[PartitionedSampler, Any], None]:
-        """One iteration of the phase ``finetuning`` says, drawing from a sampler and taking a ``steps``' steps:
-        the trainer's own, or a copy and a stand-in that records the batches read (``training.pipeline``)."""
-
-        def iterate(sampler: PartitionedSampler, steps: Any) -> None:
-            if finetuning:
-                steps.finetune_step(sampler.finetune_batch())
-                steps.advance()
-                return
-            due = self._hyper_due(steps.step + 1)  # the step this iteration completes
-            self.scheme.iteration(sampler, steps, self.estimator if due else None)
-
-        return iterate
+        """One iteration of the configured scheme (the paper's parameter step then hyperparameter step when due,
+        or both in one forward and one backward with ``fused=True``), the hyperparameter step by the configured
+        estimator; in the fine-tuning phase, a ``finetune_step`` (``self.iterations``)."""
+        iterate = self.iterations.phase(self.finetuning)
+        self.inputs.start(lambda: planned_batches(iterate, self.sampler, self.step, self.steps.local))
+        iterate(self.sampler, self.steps)
 
     def fused_iteration(self) -> None:
         """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
         one: the parameter step and (when due) the hyperparameter step in ONE forward and ONE backward."""
         fused = iteration_scheme(scheme_name(fused=True, every_partition=self.every_partition))
-        fused.iteration(self.sampler, self.steps, self.estimator if self._hyper_due(self.step + 1) else None)
+        fused.iteration(self.sampler, self.steps, self.iterations.estimator_for(self.step + 1))
 
     # --- the fine-tuning phase ---------------------------------------------------------------------
 
@@ -316,11 +298,10 @@ class PartitionedTrainer:
         """End partitioned training (paper, Table 2): from here psi is frozen and every weight of the final
         subnetwork (all partitions together, as ``export_subnetwork`` merges them) trains on ALL the data.
 
-        The optimiser carries on; each partition's weight decay returns to the unscaled one, since every weight
-        now sees all N examples. The LR schedule carries on (``finetune_schedule="continue"``) or restarts at
-        ``lr`` over the ``steps`` fine-tuning iterations (``"restart"``; default: to the configuration's
-        ``steps``). With ``restore_best`` the state with the best LML is restored first. Then each hook's
-        ``before_finetuning`` runs. Draws no random number, so a resumed run that repeats it stays exact."""
+        The optimiser carries on with unscaled weight decay; the LR schedule carries on or restarts over ``steps``
+        iterations (default: to the configuration's ``steps``; ``optimizers.finetuning_scheduler``). With
+        ``restore_best`` the state with the best LML is restored first. Then each hook's ``before_finetuning``
+        runs. Draws no random number, so a resumed run that repeats it stays exact."""
         if self.finetuning:
             return
         self.check_nonfinite()
@@ -328,11 +309,9 @@ class PartitionedTrainer:
             self.restore_modules(self.best[2])
         self.state.finetune_start = self.step
         self.inputs.stop()  # what was read ahead is of partitioned iterations
-        for group in self.optimizer.param_groups:
-            group["weight_decay"] = group["base_weight_decay"]
-        if self.config.finetuning.schedule == "restart":
-            remaining = steps if steps is not None else self.config.optimization.steps - self.step
-            self.scheduler = self.stepper.scheduler = restarted_scheduler(self.config, self.optimizer, remaining)
+        remaining = steps if steps is not None else self.config.optimization.steps - self.step
+        scheduler = finetuning_scheduler(self.config, self.optimizer, self.scheduler, remaining)
+        self.scheduler = self.stepper.scheduler = scheduler
         for hook in self.hooks:
             hook.before_finetuning(self)
 

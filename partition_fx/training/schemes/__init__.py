@@ -11,6 +11,7 @@ from ...errors import PartitionArgumentError
 from .alternating import Alternating, EveryPartition
 from .base import IterationScheme
 from .fused import Fused, FusedEveryPartition
+from .phases import Iterations
 
 SCHEMES: dict[str, type[IterationScheme]] = {
     cls.name: cls for cls in (Alternating, EveryPartition, Fused, FusedEveryPartition)
@@ -55,6 +56,7 @@ __all__ = [
     "Fused",
     "FusedEveryPartition",
     "IterationScheme",
+    "Iterations",
     "iteration_scheme",
     "scheme_name",
 ]
