@@ -52,6 +52,28 @@ def check_int(name: str, value: object, minimum: int = 1, *, hint: str = "", nou
     return int(value)
 
 
+def check_image_options(size: object, channels: object, *, own_channels: str) -> tuple[int | None, int | None]:
+    """An image loader's ``size`` (an int >= 1, or None: the data's own) and ``channels`` (1, 3, or None:
+    ``own_channels`` says whose), as given.
+
+    Example::
+
+        >>> check_image_options(32, None, own_channels="the data's own")
+        (32, None)
+        >>> check_image_options(None, 2, own_channels="the data's own")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: channels must be 1 (greyscale), 3 (RGB) or None (...), got 2
+    """
+    if size is not None:
+        size = check_int("size", size, 1, noun="an integer")
+    if channels is not None and channels not in (1, 3):
+        raise PartitionArgumentError(
+            f"channels must be 1 (greyscale), 3 (RGB) or None ({own_channels}), got {channels!r}"
+        )
+    return size, channels  # type: ignore[return-value]
+
+
 def check_flag(name: str, value: object) -> bool:
     """``value`` if it is a bool: a truthy ``"False"`` or ``"no"`` would silently switch an option on."""
     if not isinstance(value, bool):

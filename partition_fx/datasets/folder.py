@@ -14,7 +14,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from .._validation import check_int, check_open_unit
+from .._validation import check_image_options, check_int, check_open_unit
 from ..errors import PartitionArgumentError, PartitionError
 from .images import (
     DEFAULT_MEMORY_BUDGET,
@@ -172,12 +172,7 @@ def image_folder(
     """
     root = Path(root)
     split = check_split(split)
-    if size is not None:
-        size = check_int("size", size, 1, noun="an integer")
-    if channels is not None and channels not in (1, 3):
-        raise PartitionArgumentError(
-            f"channels must be 1 (greyscale), 3 (RGB) or None (the first image's mode), got {channels!r}"
-        )
+    size, channels = check_image_options(size, channels, own_channels="the first image's mode")
     test_fraction = check_open_unit("test_fraction", test_fraction, hint=BOTH_SPLITS_HINT)
     seed = check_int("seed", seed, 0, noun="an integer")
     if not root.is_dir():

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from .._validation import check_int
+from .._validation import check_image_options, check_int
 from ..errors import PartitionArgumentError, PartitionError
 from .images import (
     DEFAULT_MEMORY_BUDGET,
@@ -172,12 +172,7 @@ def standard_dataset(
     if spec is None:
         raise PartitionArgumentError(f"unknown standard dataset {name!r}: not one of {', '.join(STANDARD_DATASETS)}")
     split = check_split(split)
-    if size is not None:
-        size = check_int("size", size, 1, noun="an integer")
-    if channels is not None and channels not in (1, 3):
-        raise PartitionArgumentError(
-            f"channels must be 1 (greyscale), 3 (RGB) or None (the data's own), got {channels!r}"
-        )
+    size, channels = check_image_options(size, channels, own_channels="the data's own")
     seed = check_int("seed", seed, 0, noun="an integer")
     root = Path(root).expanduser()
     mode = pil_mode(channels or spec.channels, "L")
