@@ -299,6 +299,21 @@ def check_partition(value: object, num_partitions: int) -> int:
     return value
 
 
+def check_given_partition(step: str, k: int | None) -> int:
+    """The partition a ``step`` given its examples trains or scores: it must be given with them.
+
+    Example::
+
+        >>> check_given_partition("parameter_step", None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: parameter_step(indices=...) needs the partition k ...
+    """
+    if k is None:
+        raise PartitionArgumentError(f"{step}(indices=...) needs the partition k the examples are for: pass k as well")
+    return k
+
+
 def check_per_example(name: str, values: torch.Tensor, batch: int, num_partitions: int) -> torch.Tensor:
     """One subnetwork (or partition) index per example: an integer tensor of shape (batch,) with values in
     0..C, as int64.

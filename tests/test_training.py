@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 
 import pytest
@@ -256,6 +257,33 @@ def test_hyper_step_depends_only_on_chunk_k_through_subnetwork_k_minus_1():
     assert torch.equal(base, one_step("partition k"))
     assert not torch.equal(base, one_step("partition k-1"))
     assert not torch.equal(base, one_step("chunk k"))
+
+
+def test_a_step_given_its_partition_alone_draws_that_partitions_data():
+    """parameter_step(k) trains on D_1:k and hyper_step(k) scores D_k, whatever partition the sampler would have
+    drawn: the version that drew (k', indices) and kept only the indices fed partition 1 examples of D_3."""
+    x, y = _data(96)
+    trainer = PartitionedTrainer(_pmodel(), (x, y), PAPER, hyper=InputMask(6), batch_size=8, seed=3)
+    read: list[torch.Tensor] = []
+    parameter_step, hyper_step = trainer.steps.parameter_step, trainer.steps.hyper_step
+    trainer.steps.parameter_step = lambda k, indices: read.append(indices) or parameter_step(k, indices)
+    trainer.steps.hyper_step = lambda batches, what: read.extend(i for *_, i in batches) or hyper_step(batches, what)
+    for k in (1, 2, 3):
+        read.clear()
+        for _ in range(20):
+            assert trainer.parameter_step(k)[0] == k
+        assert set(torch.cat(read).tolist()) <= set(trainer.chunks.prefix(k).tolist()), k
+    for k in (2, 3):
+        read.clear()
+        for _ in range(20):
+            assert trainer.hyper_step(k)[0] == k
+        assert set(torch.cat(read).tolist()) <= set(trainer.chunks.chunk(k).tolist()), k
+    with pytest.raises(PartitionArgumentError, match=r"parameter_step\(indices=...\) needs the partition k"):
+        trainer.parameter_step(indices=torch.arange(4))
+    with pytest.raises(PartitionArgumentError, match=re.escape("chunk k in 2..C through subnetwork k-1, got 1")):
+        trainer.hyper_step(1)
+    with pytest.raises(PartitionArgumentError, match=re.escape("partition must be an int in 1..3, got 4")):
+        trainer.parameter_step(4)
 
 
 # --- LML ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .._validation import check_partition
 from ..errors import PartitionArgumentError
 from .chunks import DataChunks
 
@@ -33,6 +34,9 @@ class PartitionedSampler:
     True
     >>> sampler.hyper_batch()[0] in (2, 3)
     True
+    >>> k, indices = sampler.parameter_batch(k=1)  # a given partition: its examples, D_1, alone
+    >>> set(indices.tolist()) <= set(sampler.chunks.chunk(1).tolist())
+    True
     >>> [(round(w, 2), k, len(i)) for w, k, i in sampler.hyper_batches()]
     [(0.5, 2, 4), (0.5, 3, 4)]
     """
@@ -53,9 +57,12 @@ class PartitionedSampler:
     def _draw(self, pool: torch.Tensor, count: int) -> torch.Tensor:
         return pool[torch.randint(pool.numel(), (count,), generator=self.generator)]
 
-    def parameter_batch(self) -> tuple[int, torch.Tensor]:
-        """``(k, indices)``: partition k to step and a minibatch from D_1:k."""
-        k = int(torch.multinomial(self.partition_probabilities, 1, generator=self.generator)) + 1
+    def parameter_batch(self, k: int | None = None) -> tuple[int, torch.Tensor]:
+        """``(k, indices)``: partition k to step (default: drawn from Cat(u)) and a minibatch from D_1:k."""
+        if k is None:
+            k = int(torch.multinomial(self.partition_probabilities, 1, generator=self.generator)) + 1
+        else:
+            k = check_partition(k, self.chunks.num_chunks)
         return k, self._draw(self.chunks.prefix(k), self.batch_size)
 
     def parameter_examples(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,11 +85,16 @@ class PartitionedSampler:
         """``batch_size`` examples uniformly from all the data, D_1:C (the fine-tuning phase)."""
         return self._draw(self.chunks.prefix(self.chunks.num_chunks), self.batch_size)
 
-    def hyper_batch(self) -> tuple[int, torch.Tensor]:
-        """``(k, indices)``: chunk k in 2..C and a minibatch from D_k (scored by subnetwork k-1)."""
+    def hyper_batch(self, k: int | None = None) -> tuple[int, torch.Tensor]:
+        """``(k, indices)``: chunk k in 2..C (default: drawn) and a minibatch from D_k (scored by subnetwork k-1)."""
         if self.chunks.num_chunks < 2:
             raise PartitionArgumentError("hyperparameter steps need at least 2 chunks (num_partitions >= 2)")
-        k = int(torch.multinomial(self.hyper_chunk_probabilities, 1, generator=self.generator)) + 2
+        if k is None:
+            k = int(torch.multinomial(self.hyper_chunk_probabilities, 1, generator=self.generator)) + 2
+        elif check_partition(k, self.chunks.num_chunks) < 2:
+            raise PartitionArgumentError(
+                f"a hyperparameter step scores chunk k in 2..C through subnetwork k-1, got {k}"
+            )
         return k, self._draw(self.chunks.chunk(k), self.hyper_batch_size)
 
     def hyper_batches(self) -> list[tuple[float, int, torch.Tensor]]:

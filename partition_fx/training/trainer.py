@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .._validation import check_given_partition
 from ..errors import PartitionArgumentError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
@@ -246,19 +247,19 @@ class PartitionedTrainer:
     # --- steps -------------------------------------------------------------------------------------
 
     def parameter_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
-        """Train partition k (default: drawn by the sampler) on a minibatch of D_1:k; returns (k, loss)."""
-        if k is None or indices is None:
-            drawn_k, drawn = self.sampler.parameter_batch()
-            k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
+        """Train partition k on ``indices`` (default: drawn by the sampler, a minibatch of D_1:k); returns (k, loss)."""
+        if indices is None:
+            k, indices = self.sampler.parameter_batch(k)
+        k = check_given_partition("parameter_step", k)
         return k, self.steps.parameter_step(k, indices)
 
     def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
-        """Step psi on a minibatch of D_k through subnetwork k-1 (k in 2..C; default: drawn by the sampler, as
-        the :class:`OneChunk` estimator draws it); returns (k, loss)."""
+        """Step psi on ``indices`` of chunk D_k through subnetwork k-1, k in 2..C (default: drawn by the sampler, as
+        the :class:`OneChunk` estimator draws them); returns (k, loss)."""
         self._check_hyperparameters()
-        if k is None or indices is None:
-            drawn_k, drawn = self.sampler.hyper_batch()
-            k, indices = (drawn_k, drawn) if k is None else (k, indices if indices is not None else drawn)
+        if indices is None:
+            k, indices = self.sampler.hyper_batch(k)
+        k = check_given_partition("hyper_step", k)
         batches = [(1.0, k, indices)]
         return k, self.steps.hyper_step(batches, OneChunk().describe(batches))
 
@@ -357,9 +358,9 @@ class PartitionedTrainer:
         return record
 
     def check_nonfinite(self) -> None:
-        """Raise ``PartitionTrainingError`` naming the first step since the last check whose loss or a gradient
-        was not finite (``Stepper.check_nonfinite``): run every ``check_every`` steps, at every evaluation and
-        before saving state, so no checkpoint is written from weights a non-finite step has updated."""
+        """Raise ``PartitionTrainingError`` naming the first step since the last check with a non-finite loss or
+        gradient (``Stepper.check_nonfinite``): run every ``check_every`` steps, at every evaluation and before
+        saving state, so no checkpoint holds weights a non-finite step updated."""
         self.stepper.check_nonfinite(self.step)
 
     # --- the loop ----------------------------------------------------------------------------------
