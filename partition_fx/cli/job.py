@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import TensorDataset
 
 from .._validation import check_fits_in_memory
 from ..datasets import DatasetSplits, load_dataset, named_dataset
@@ -50,11 +49,6 @@ class TrainJob:
     hyper: AffineAugmentation | None
     device: str
 
-    def _test_split(self) -> tuple[Any, torch.Tensor | None]:
-        """The test split's ``(inputs, targets)`` tensors when it is in memory, else ``(dataset, None)``."""
-        test = self.data.test
-        return tuple(test.tensors) if isinstance(test, TensorDataset) else (test, None)  # type: ignore[return-value]
-
     @property
     def workers(self) -> int:
         """The input pipeline's worker processes for this job's data (``--workers``, or its default)."""
@@ -63,11 +57,11 @@ class TrainJob:
     def test_scores(self, model: torch.nn.Module) -> tuple[float, float]:
         """``evaluate_classifier`` of ``model`` on the test split (read in batches by :attr:`workers` processes
         when it is read from disk)."""
-        return evaluate_classifier(model, *self._test_split(), workers=self.workers)
+        return evaluate_classifier(model, self.data.test, workers=self.workers)
 
     def averaged_test_scores(self, model: torch.nn.Module, samples: int) -> tuple[float | None, float | None]:
         """``evaluate_averaged`` of ``model`` over ``samples`` fixed transforms of the job's augmentation."""
-        return evaluate_averaged(model, self.hyper, samples, *self._test_split(), self.workers)
+        return evaluate_averaged(model, self.hyper, samples, self.data.test, workers=self.workers)
 
     def sample_inputs(self, count: int = 4) -> torch.Tensor:
         """The first ``count`` test inputs: the example ONNX is traced with."""

@@ -263,8 +263,8 @@ def _add_train(train: Parser) -> None:
         type=int,
         default=None,
         metavar="PIXELS",
-        help="images are resized to this square (default: the data's own size: 28 for digits and rotdigits, 28 "
-        "for MNIST, 32 for CIFAR and SVHN; an image folder's images must then share one size)",
+        help="images are resized to this square (default: the data's own size: 28 for digits, rotdigits, MNIST "
+        "and Fashion-MNIST, 32 for CIFAR and SVHN; an image folder's images must then share one size)",
     )
     data.add_argument(
         "--channels", type=int, default=None, metavar="N", help="image channels (default: the data's own)"

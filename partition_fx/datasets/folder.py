@@ -25,6 +25,7 @@ from .images import (
     pil_mode,
     rotate_images,
     size_mismatch,
+    unreadable_image,
 )
 from .sklearn_digits import raw_digits
 from .splits import (
@@ -75,7 +76,7 @@ def _header(path: Path) -> tuple[str, tuple[int, int]]:
         with Image.open(path) as img:
             return img.mode, img.size
     except OSError as error:  # includes PIL.UnidentifiedImageError
-        raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
+        raise unreadable_image(path, error) from error
 
 
 def _check_headers(files: list[Path], size: tuple[int, int] | None) -> None:
@@ -124,7 +125,7 @@ def _load_images(files: list[Path], size: int | None, mode: str) -> torch.Tensor
                     raise size_mismatch(first[0], first[1], path, img.size)
                 arrays.append(np.asarray(img, dtype=np.uint8))
         except OSError as error:  # includes PIL.UnidentifiedImageError
-            raise PartitionError(f"cannot read image {path}: {error}; remove or replace the file") from error
+            raise unreadable_image(path, error) from error
     stacked = np.stack(arrays)
     if stacked.ndim == 3:  # single-band modes have no channel axis
         stacked = stacked[..., None]

@@ -104,26 +104,27 @@ class ImageReader(Protocol):
     def name(self, index: int) -> str: ...
 
 
-class ArrayImages:
-    """An :class:`ImageReader` of images held as a uint8 array (N, H, W) or (N, H, W, C) and their classes.
+class PairImages:
+    """The :class:`ImageReader` of a sequence or map-style dataset of ``(PIL image, class)`` pairs, such as
+    torchvision's datasets without a transform; ``name`` says what they are in an error.
 
-    >>> read = ArrayImages(np.full((2, 3, 3), 7, dtype=np.uint8), [4, 5])
+    >>> from PIL import Image
+    >>> read = PairImages([(Image.new("L", (3, 3), 7), 4), (Image.new("L", (3, 3), 7), 5)], "blank")
     >>> image, target = read(1)
     >>> image.size, image.mode, target, read.name(1)
-    ((3, 3), 'L', 5, 'image 1')
+    ((3, 3), 'L', 5, 'blank image 1')
     """
 
-    def __init__(self, array: np.ndarray, targets: Sequence[int]) -> None:
-        self.array = array
-        self.targets = targets
+    def __init__(self, dataset: Any, name: str) -> None:
+        self.dataset = dataset
+        self.source = name
 
     def __call__(self, index: int) -> tuple[Any, int]:
-        from PIL import Image
-
-        return Image.fromarray(self.array[index]), int(self.targets[index])
+        image, target = self.dataset[index]
+        return image, int(target)
 
     def name(self, index: int) -> str:
-        return f"image {index}"
+        return f"{self.source} image {index}"
 
 
 class DecodedImages(Dataset):
@@ -133,8 +134,9 @@ class DecodedImages(Dataset):
     memory; worker processes decode it in parallel (the input pipeline), and the result does not depend on which
     process does.
 
-    >>> pixels = np.arange(3, dtype=np.uint8)[:, None, None].repeat(4, 1).repeat(4, 2) * 50
-    >>> images = DecodedImages(ArrayImages(pixels, [0, 1, 0]), 3, "L", size=2)
+    >>> from PIL import Image
+    >>> pairs = [(Image.new("L", (4, 4), 50 * i), i % 2) for i in range(3)]
+    >>> images = DecodedImages(PairImages(pairs, "grey"), 3, "L", size=2)
     >>> x, y = images[2]
     >>> len(images), tuple(x.shape), round(float(x[0, 0, 0]), 3), y
     (3, (1, 2, 2), 0.392, 0)
@@ -164,9 +166,7 @@ class DecodedImages(Dataset):
             image, target = self.read(index)
             x = to_tensor(image, self.mode, self.size)
         except OSError as error:  # includes PIL.UnidentifiedImageError
-            raise PartitionError(
-                f"cannot read image {self.read.name(index)}: {error}; remove or replace the file"
-            ) from error
+            raise unreadable_image(self.read.name(index), error) from error
         if self.angles is not None:
             x = rotate_images(x[None], self.angles[index : index + 1])[0]
         return x, int(target)
@@ -184,6 +184,15 @@ def size_mismatch(first: Any, first_size: tuple[int, int], path: Any, size: tupl
     )
 
 
+def unreadable_image(path: Any, error: OSError) -> PartitionError:
+    """The refusal of a file PIL cannot read as an image (``error``: PIL's, e.g. ``UnidentifiedImageError``).
+
+    >>> str(unreadable_image("a.txt", OSError("not an image")))
+    'cannot read image a.txt: not an image; remove or replace the file'
+    """
+    return PartitionError(f"cannot read image {path}: {error}; remove or replace the file")
+
+
 def empty_split(shape: Sequence[int]) -> TensorDataset:
     """A split with no examples of ``shape`` (what a loader returns for the split not asked for).
 
@@ -196,7 +205,9 @@ def empty_split(shape: Sequence[int]) -> TensorDataset:
 def decode_all(images: Dataset, batch_size: int = 256) -> TensorDataset:
     """Every example of ``images`` decoded into one ``TensorDataset`` (float32 inputs, int64 targets).
 
-    >>> decoded = decode_all(DecodedImages(ArrayImages(np.zeros((5, 4, 4), np.uint8), [0, 1, 0, 1, 0]), 5, "L"))
+    >>> from PIL import Image
+    >>> pairs = [(Image.new("L", (4, 4)), i % 2) for i in range(5)]
+    >>> decoded = decode_all(DecodedImages(PairImages(pairs, "black"), 5, "L"))
     >>> tuple(decoded.tensors[0].shape), decoded.tensors[1].tolist()
     ((5, 1, 4, 4), [0, 1, 0, 1, 0])
     """
@@ -221,7 +232,8 @@ def in_memory_or_streamed(images: Dataset, shape: Sequence[int], in_memory: bool
     """``images`` decoded into memory (``in_memory=True``, or None and their decoded size within ``budget``
     bytes), else as they are, decoded one example at a time when training reads it.
 
-    >>> images = DecodedImages(ArrayImages(np.zeros((4, 4, 4), np.uint8), [0] * 4), 4, "L")
+    >>> from PIL import Image
+    >>> images = DecodedImages(PairImages([(Image.new("L", (4, 4)), 0)] * 4, "black"), 4, "L")
     >>> type(in_memory_or_streamed(images, (1, 4, 4), None, budget=256)).__name__
     'TensorDataset'
     >>> type(in_memory_or_streamed(images, (1, 4, 4), None, budget=255)).__name__

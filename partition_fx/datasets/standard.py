@@ -20,6 +20,7 @@ from ..errors import PartitionArgumentError, PartitionError
 from .images import (
     DEFAULT_MEMORY_BUDGET,
     DecodedImages,
+    PairImages,
     empty_split,
     fixed_angles,
     in_memory_or_streamed,
@@ -104,22 +105,6 @@ STANDARD_DATASETS = {
 """Every standard dataset by name: what ``load_dataset(name, root=...)`` and ``--data NAME:DIR`` read."""
 
 
-class _TorchvisionImages:
-    """The :class:`~partition_fx.datasets.images.ImageReader` of a torchvision dataset (its PIL image and
-    class per index)."""
-
-    def __init__(self, dataset: Any, name: str) -> None:
-        self.dataset = dataset
-        self.dataset_name = name
-
-    def __call__(self, index: int) -> tuple[Any, int]:
-        image, target = self.dataset[index]
-        return image, int(target)
-
-    def name(self, index: int) -> str:
-        return f"{self.dataset_name} image {index}"
-
-
 def _open(spec: StandardDataset, root: Path, split: Split) -> Any:
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
@@ -184,7 +169,7 @@ def standard_dataset(
             continue
         source = _open(spec, root, which)  # type: ignore[arg-type]
         angles = fixed_angles(len(source), seed, part) if rotate else None
-        images = DecodedImages(_TorchvisionImages(source, spec.name), len(source), mode, size, angles)
+        images = DecodedImages(PairImages(source, spec.name), len(source), mode, size, angles)
         parts[which] = in_memory_or_streamed(images, shape, in_memory, memory_budget)
     empty = empty_split(shape)  # the split not asked for
     streamed = any(isinstance(p, DecodedImages) for p in parts.values())
