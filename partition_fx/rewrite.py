@@ -27,6 +27,7 @@ import torch.fx as fx
 from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.nn.utils.weight_norm import WeightNorm
+from torch.overrides import TorchFunctionMode
 
 from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
 from .choices import ASSIGNMENTS, DEFAULTS
@@ -68,6 +69,36 @@ def _remove_parameter(root: nn.Module, path: str) -> None:
             object.__setattr__(owner, local, torch.empty_like(param, device="meta"))
 
 
+class _DetachDerivedTensors(TorchFunctionMode):
+    """While active, ``copy.deepcopy`` copies a tensor that is not a graph leaf as a detached copy instead of
+    refusing it. Such tensors are state derived by a forward run with autograd on (timm's LeViT and TinyViT
+    keep their attention biases in an ``attention_bias_cache`` dict); a forward under ``torch.no_grad()``
+    leaves the same values as leaves, which copy as they are. Every other call passes through unchanged."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__deepcopy__ and not args[0].is_leaf:
+            tensor, memo = args
+            if id(tensor) not in memo:  # deepcopy keeps the detached view alive in memo: its id is not reused
+                memo[id(tensor)] = copy.deepcopy(tensor.detach(), memo)
+            return memo[id(tensor)]
+        return func(*args, **(kwargs or {}))
+
+
+def _copy_model(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    """``copy.deepcopy(model, memo)`` that also copies state derived by an earlier forward with autograd on
+    (tensors with a ``grad_fn``, anywhere deepcopy reaches): detached, as a forward under ``no_grad`` would
+    have left them. ``model`` is not changed.
+
+    >>> layer = torch.nn.Linear(2, 2)
+    >>> layer.last_output = layer(torch.ones(1, 2))  # derived state with a grad_fn
+    >>> copied = _copy_model(layer)
+    >>> copied.last_output.grad_fn is None, torch.equal(copied.last_output, layer.last_output)
+    (True, True)
+    """
+    with _DetachDerivedTensors():
+        return copy.deepcopy(model, memo)
+
+
 def _meta_skeleton(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose parameters and buffers live on the meta device (no memory)."""
     memo: dict[int, Any] = {}
@@ -75,7 +106,7 @@ def _meta_skeleton(model: nn.Module) -> nn.Module:
         memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
     for b in model.buffers():
         memo[id(b)] = torch.empty_like(b, device="meta")
-    return copy.deepcopy(model, memo)
+    return _copy_model(model, memo)
 
 
 def _container_name(root: nn.Module) -> str:
@@ -206,7 +237,8 @@ def _check_convertible(model: nn.Module) -> None:
 def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
     skeleton = _meta_skeleton(model)
     clear_parameter_caches(skeleton)  # exports must not reuse values cached from the original weights
-    working = copy.deepcopy(model)
+    working = _copy_model(model)
+    clear_parameter_caches(working)  # a cache filled by an earlier forward would be traced as a constant
     leaves = settings.config.leaf_modules
     graph, promoted = trace_consistently(
         working, [m for m in leaves if isinstance(m, type)], [m for m in leaves if isinstance(m, str)]

@@ -26,7 +26,7 @@ from safetensors.torch import load, save
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from partition_fx import PartitionConfig, PartitionError, export_subnetwork, partitionify
+from partition_fx import PartitionConfig, PartitionedModel, PartitionError, export_subnetwork, partitionify
 from partition_fx.errors import PartitionCheckpointError
 from partition_fx.regenerated import scatter_by_membership
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
@@ -325,3 +325,92 @@ def test_the_way_out_for_an_in_place_update_keeps_it() -> None:
     assert float(weight.detach().abs().max()) == pytest.approx(0.1)  # the clipping persisted
     perturb_partitions(pmodel)
     assert_subnetworks_match_exports(pmodel, (x,))
+
+
+class _KeepsLastOutput(nn.Module):
+    """Keeps derived state in attributes deepcopy reaches only through containers and plain objects: its last
+    output (a non-leaf tensor with a ``grad_fn`` after a forward with autograd on) in a list and in a namespace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.history: list[torch.Tensor] = []
+        self.last = SimpleNamespace(output=None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        self.history = [y]
+        self.last.output = y * 2
+        return y
+
+
+def _run_once_then_converts(model: nn.Module, x: torch.Tensor) -> PartitionedModel:
+    """``model``, run once with autograd on (so it holds derived tensors with a grad_fn), converts: every
+    subnetwork equals the original at conversion and its export after perturbation, and ``model`` is left as it
+    was and still runs."""
+    model(x)  # an ordinary evaluation, autograd on
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pmodel = partitionify(model, 3, (0.8, 0.1, 0.1), seed=0).eval()
+    with torch.no_grad():
+        want = model(x)
+        for k in range(4):
+            assert torch.allclose(pmodel(x, subnetwork=k), want, rtol=0, atol=1e-6), k
+    perturb_partitions(pmodel)
+    assert_subnetworks_match_exports(pmodel, (x,))
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
+    assert torch.equal(model(x), want)  # the original still works (and its caches still carry their grad_fn)
+    return pmodel
+
+
+def test_a_model_run_once_with_autograd_converts_with_its_derived_state_detached() -> None:
+    """State derived by a forward (tensors with a grad_fn, in lists and plain objects) does not stop a conversion:
+    it is copied detached, as a forward under ``no_grad`` would have left it."""
+    torch.manual_seed(0)
+    model = _KeepsLastOutput().eval()
+    _run_once_then_converts(model, torch.randn(5, 4))
+    assert model.history[0].grad_fn is not None and model.last.output.grad_fn is not None  # the original's, kept
+    copied = partitionify(model, 3).skeleton  # the copy exports are rebuilt from keeps the attributes
+    assert copied.history[0].grad_fn is None and copied.last.output.grad_fn is None
+    assert torch.equal(copied.last.output, model.last.output)
+
+
+class _CachesInBothModes(nn.Module):
+    """Caches a value derived from a parameter at its first forward, in train and eval mode alike."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.randn(3))
+        self.scale_cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "scale" not in self.scale_cache:
+            self.scale_cache["scale"] = self.scale * 2
+        return self.fc(x) * self.scale_cache["scale"]
+
+
+def test_a_cache_filled_by_an_earlier_forward_is_not_traced_as_a_constant() -> None:
+    """Traced with its cache filled, the model would read the original's value in every subnetwork (a silent
+    wrong answer once the partitions move): the copy's caches are emptied before tracing."""
+    torch.manual_seed(0)
+    _run_once_then_converts(_CachesInBothModes().eval(), torch.randn(5, 4))
+
+
+# 32 px (the zoo's size for LeViT; timm accepts img_size for both) keeps each under a few seconds on one core.
+@pytest.mark.parametrize(
+    ("name", "kwargs"), [("levit_128s", {"img_size": 32}), ("tiny_vit_5m_224", {})], ids=["levit", "tiny_vit"]
+)
+def test_a_timm_model_with_an_attention_bias_cache_converts_after_an_evaluation(name, kwargs) -> None:
+    """LeViT and TinyViT cache their attention biases (non-leaf tensors after a forward with autograd on) in a
+    plain dict: a model that has been evaluated converts, and the cache does not leak into the conversion."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10, **kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    fresh = partitionify(copy.deepcopy(model), 3, (0.8, 0.1, 0.1), seed=0)
+    run = _run_once_then_converts(model, x)
+    caches = [m.attention_bias_cache for m in model.modules() if hasattr(m, "attention_bias_cache")]
+    assert caches and all(c and all(v.grad_fn is not None for v in c.values()) for c in caches)
+    assert run.module.code == fresh.module.code  # traced as a model never run (no cached constants)

@@ -3,6 +3,10 @@
 Default run: ``zoo.DEFAULT_SUBSET``. Full sweep (every torchvision classifier, one model per timm
 family, the shipped models): ``pytest -m zoo``; one variant of it: ``-k node-`` (node partitioning) or
 ``-k seed-`` (seed-regenerated defaults and layout indices).
+
+Each model is run once (eval mode, autograd on) before it is converted, as a model that has been evaluated
+would be: state a forward leaves behind (e.g. LeViT's attention-bias cache, tensors with a grad_fn) must
+not stop or change a conversion.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ def _params(models: list[ZooModel]) -> list[object]:
             marks.append(pytest.mark.skip(reason=EXCLUDED[spec.id]))
         out.append(pytest.param(spec, id=spec.id, marks=marks))
     return out
+
+
+def _evaluated(spec: ZooModel) -> torch.nn.Module:
+    """The model in eval mode after one forward with autograd on (an ordinary evaluation)."""
+    model = spec.build().eval()
+    model(spec.example_input())
+    return model
 
 
 def _config(spec: ZooModel) -> PartitionConfig:
@@ -62,7 +73,7 @@ def _variant_params(models: list[ZooModel], variant: str, default_subset: set[st
     + _variant_params(ALL, "seed", SEED_DEFAULT_SUBSET),
 )
 def test_subnetworks_equal_exports(spec: ZooModel, variant: str) -> None:
-    model = spec.build().eval()
+    model = _evaluated(spec)
     x = spec.example_input()
     pmodel = partitionify(
         model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0, config=_config(spec), **VARIANTS[variant]
@@ -86,7 +97,7 @@ def test_subnetworks_equal_exports(spec: ZooModel, variant: str) -> None:
 
 @pytest.mark.parametrize("spec", _params([m for m in ALL if m.id in ONNX_SUBSET]))
 def test_onnx_round_trip(spec: ZooModel, tmp_path) -> None:
-    model = spec.build().eval()
+    model = _evaluated(spec)
     pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), config=_config(spec)).eval()
     perturb_partitions(pmodel, seed=1)
     x = spec.example_input(batch=2)
