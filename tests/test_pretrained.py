@@ -14,10 +14,13 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 from timm.models import adapt_input_conv
+from torch import nn
 
+from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.errors import PartitionCheckpointError, PartitionError, PartitionWarning
 from partition_fx.models import build_model, load_checkpoint_into
+from partition_fx.training import fit
 
 TRAIN = ["--data", "digits", "--steps", "2", "--image-size", "16", "--batch-size", "8", "--quiet"]
 
@@ -147,9 +150,113 @@ def test_a_torchvision_checkpoint_fine_tunes_to_10_classes_on_1_channel(tmp_path
 
 
 def test_a_torchvision_classifier_too_big_for_the_images_is_refused(tmp_path, capsys):
-    with pytest.raises(PartitionError, match=r"inception_v3 cannot run on 16x16 images.*raise --image-size"):
+    expected = (
+        r"inception_v3 cannot run on 16x16 images.*pass --image-size 96 \(the smallest multiple of 32 it runs on\)"
+    )
+    with pytest.raises(PartitionError, match=expected):
         build_model("torchvision:inception_v3", 10, in_chans=1, img_size=16)
     out = tmp_path / "run"
     assert main(["train", "--model", "torchvision:inception_v3", *TRAIN, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot run on 16x16 images" in err[0] and not out.exists()
+
+
+PLAIN = (
+    "pass a state dict saved with safetensors.torch.save_file(model.state_dict(), PATH) or "
+    "torch.save(model.state_dict(), PATH)"
+)
+
+
+def _not_a_state_dict(kind: str, path) -> None:
+    """Write a file of ``kind`` that is not a plain state dict at ``path``."""
+    small = nn.Sequential(nn.Linear(3, 2))
+    if kind == "text":
+        path.write_text("learning rate 0.1, 10 epochs\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "whole_module":
+        torch.save(small, path)
+    elif kind == "object_beside_tensors":
+        torch.save({"state_dict": small.state_dict(), "net": small}, path)
+    elif kind == "torchscript":
+        torch.jit.save(torch.jit.script(small), str(path))
+
+
+@pytest.mark.parametrize(
+    ("kind", "fragment"),
+    [
+        ("text", "is neither a safetensors file nor a torch.save file of a state dict of tensors"),
+        ("empty", "is neither a safetensors file nor a torch.save file of a state dict of tensors"),
+        ("whole_module", "holding Python objects besides tensors (torch.nn.modules.container.Sequential, "),
+        ("object_beside_tensors", "holding Python objects besides tensors (torch.nn.modules.container.Sequential"),
+        ("torchscript", "is a TorchScript archive (torch.jit.save), not a state dict"),
+    ],
+    ids=lambda value: value if " " not in value else "",
+)
+def test_a_file_that_is_not_a_state_dict_is_refused_saying_what_to_pass(tmp_path, kind, fragment):
+    """One line naming the file, what it is (or is not) and what to pass; never a hint to unpickle it."""
+    path = tmp_path / f"{kind}.pt"
+    _not_a_state_dict(kind, path)
+    with pytest.raises(PartitionCheckpointError) as refused:
+        load_checkpoint_into(nn.Linear(3, 2), path)
+    message = str(refused.value)
+    assert message.startswith(f"checkpoint {str(path)!r} ") and fragment in message, message
+    assert message.endswith(PLAIN) and "\n" not in message and "weights_only" not in message
+
+
+def test_the_command_line_refuses_a_text_file_as_checkpoint_in_one_line(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("learning rate 0.1, 10 epochs\n")
+    assert main(["describe", "--model", "resnet10t", "--checkpoint", str(notes)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"partition-fx: error: --checkpoint {str(notes)!r} is neither a safetensors file nor a torch.save file of a "
+        f"state dict of tensors; {PLAIN}"
+    ]
+
+
+@pytest.fixture(scope="module")
+def run_directory(tmp_path_factory):
+    """A run's directory as `partition-fx train` lays it out: ``RUN/checkpoint/`` with ``last.safetensors``,
+    ``best.safetensors`` and ``resume/tensors.safetensors`` (one step of a partitioned linear model)."""
+    run = tmp_path_factory.mktemp("runs") / "run"
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    fit(partitionify(nn.Linear(4, 2), 2, seed=0), (x, y), steps=1, checkpoint_dir=run / "checkpoint", progress=False)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("file", "what"),
+    [
+        ("last.safetensors", "a partitioned training checkpoint of partition-fx"),
+        ("best.safetensors", "a partitioned training checkpoint of partition-fx"),
+        ("resume/tensors.safetensors", "the resume state of a partition-fx training run"),
+    ],
+    ids=["last", "best", "resume"],
+)
+def test_a_runs_partitioned_checkpoint_is_refused_naming_its_plain_model(run_directory, capsys, file, what):
+    path = run_directory / "checkpoint" / file
+    run = str(run_directory)
+    said = (
+        f"checkpoint {str(path)!r} is {what} (the model's partitions, not its tensors): the run's plain model is "
+        f"{run}/model.safetensors, or the one `partition-fx export --run {run}` writes"
+    )
+    with pytest.raises(PartitionCheckpointError) as refused:
+        load_checkpoint_into(nn.Linear(4, 2), path)
+    assert str(refused.value) == said
+    assert main(["describe", "--model", "resnet10t", "--checkpoint", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"partition-fx: error: --{said}"]
+
+
+def test_a_safetensors_file_of_another_name_and_an_old_torch_file_still_load(tmp_path):
+    """The kind of a file is told by its content: a safetensors file named .pt loads, as does a legacy
+    (non-zip) torch.save of a state dict."""
+    torch.manual_seed(0)
+    source = nn.Linear(3, 2)
+    state = source.state_dict()
+    _save(source, tmp_path / "weights.pt")
+    torch.save(state, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    for name in ("weights.pt", "legacy.pth"):
+        model = nn.Linear(3, 2)
+        assert set(load_checkpoint_into(model, tmp_path / name).loaded) == set(state)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())

@@ -3,25 +3,46 @@ another number of classes and the stem adapted to other input channels, as timm'
 timm, torchvision and plain ``torch.nn`` models alike.
 
 Everything else must fit exactly: a checkpoint of another architecture is refused naming its first tensor that
-does not fit. What was not loaded or was adapted is reported in one line (a :class:`PartitionWarning`).
+does not fit. What was not loaded or was adapted is reported in one line (a :class:`PartitionWarning`). A file
+that is not a plain state dict (another kind of file, a ``torch.save`` of a whole module, a partition-fx run's
+partitioned checkpoint) is refused in one line saying what it is and what to pass instead.
 """
 
 from __future__ import annotations
 
+import pickle
 import sys
 import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from timm.models import adapt_input_conv, load_state_dict
+from timm.models import adapt_input_conv, clean_state_dict, load_state_dict
 
 from ..errors import PartitionCheckpointError, PartitionWarning, is_out_of_memory
 
 AUXILIARY_CLASSIFIERS = ("aux1.", "aux2.", "AuxLogits.")
 """Checkpoint tensors under these prefixes (torchvision's GoogLeNet and Inception v3 auxiliary classifiers,
 which training does not use) are skipped when the model has none."""
+
+
+PLAIN_STATE_DICT = (
+    "a state dict saved with safetensors.torch.save_file(model.state_dict(), PATH) or "
+    "torch.save(model.state_dict(), PATH)"
+)
+"""What a checkpoint must be, as every refusal of :func:`read_checkpoint` says."""
+
+
+RUN_CHECKPOINT_METADATA = "partition_fx"
+"""The safetensors metadata key of a partition-fx run's checkpoint files (``training.checkpoint.write_checkpoint``:
+a run's ``checkpoint/last.safetensors`` and ``best.safetensors``)."""
+
+RESUME_TENSOR = "rng/torch"
+"""A tensor every resume directory's ``tensors.safetensors`` holds, with the model's tensors under ``model/``
+(``training.resume``)."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +80,8 @@ def load_checkpoint_into(
     classifier: str | tuple[str, ...] | None = None,
     first_conv: str | tuple[str, ...] | None = None,
 ) -> LoadedCheckpoint:
-    """Load ``checkpoint`` (a safetensors or torch file, read by ``timm.models.load_state_dict``, or a state
-    dict) into ``model``: the classifier re-initialised where its shape differs (another number of classes),
+    """Load ``checkpoint`` (a safetensors or torch file, read by :func:`read_checkpoint`, or a state dict) into
+    ``model``: the classifier re-initialised where its shape differs (another number of classes),
     the first conv's weight adapted by ``timm.models.adapt_input_conv`` where the input channels differ.
 
     ``classifier`` and ``first_conv`` name modules; by default timm's ``pretrained_cfg`` names them, and for
@@ -131,29 +152,159 @@ def load_checkpoint_into(
 def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """The state dict in a local safetensors or torch file (``timm.models.load_state_dict``: a nested
     ``state_dict``/``model`` entry and a ``module.`` prefix are unwrapped; torch files load with
-    ``weights_only=True``), or a :class:`~partition_fx.errors.PartitionCheckpointError` saying why not.
+    ``weights_only=True``, nothing else is unpickled), or a :class:`~partition_fx.errors.PartitionCheckpointError`
+    in one line saying what the file is instead and what to pass: a file of another kind, a ``torch.save`` of
+    Python objects besides tensors (a whole module, say), a TorchScript archive, or a partition-fx run's
+    partitioned training checkpoint or resume state (the run's plain model is its ``model.safetensors``). The
+    file's kind is told by its first bytes, not by its name.
 
     >>> read_checkpoint("no/such/file.safetensors")
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionCheckpointError: checkpoint 'no/such/file.safetensors' is not a file
+    >>> import tempfile
+    >>> notes = Path(tempfile.mkdtemp()) / "notes.txt"
+    >>> _ = notes.write_text("not weights")
+    >>> read_checkpoint(notes)
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionCheckpointError: checkpoint '.../notes.txt' is neither a safetensors file nor a ...
     """
-    if not Path(path).is_file():
-        raise PartitionCheckpointError(f"checkpoint {str(path)!r} is not a file")
+    path = Path(path)
+    source = f"checkpoint {str(path)!r}"
+    if not path.is_file():
+        raise PartitionCheckpointError(f"{source} is not a file")
+    kind = _file_kind(path)
+    if kind is None:
+        raise PartitionCheckpointError(
+            f"{source} is neither a safetensors file nor a torch.save file of a state dict of tensors; pass "
+            f"{PLAIN_STATE_DICT}"
+        )
+    if kind == "torchscript":
+        raise PartitionCheckpointError(
+            f"{source} is a TorchScript archive (torch.jit.save), not a state dict; pass {PLAIN_STATE_DICT}"
+        )
+    state = _read_safetensors(path, source) if kind == "safetensors" else _read_torch(path, source)
+    if not isinstance(state, Mapping) or not state:
+        raise PartitionCheckpointError(f"{source} holds no state dict of tensors; pass {PLAIN_STATE_DICT}")
+    other = next(((k, v) for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+    if other is not None:
+        raise PartitionCheckpointError(
+            f"{source} is not a state dict of tensors (its entry {other[0]!r} is a {type(other[1]).__name__}); "
+            f"pass {PLAIN_STATE_DICT}"
+        )
+    return dict(state)
+
+
+def _file_kind(path: Path) -> str | None:
+    """What the first bytes of ``path`` say it is: ``"safetensors"`` (a little-endian header length, then the
+    header's JSON), ``"torchscript"`` or ``"torch"`` (a zip archive: ``torch.jit.save``'s holds
+    ``constants.pkl``), ``"torch"`` (the legacy ``torch.save`` format: a pickle), or None."""
+    with path.open("rb") as f:
+        head = f.read(9)
+    size = path.stat().st_size
+    if len(head) == 9 and head[8:] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8:
+        return "safetensors"
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return None
+        return "torchscript" if any(n.endswith("/constants.pkl") for n in names) else "torch"
+    if len(head) >= 2 and head[0] == pickle.PROTO[0] and 2 <= head[1] <= pickle.HIGHEST_PROTOCOL:
+        return "torch"
+    return None
+
+
+def _read_safetensors(path: Path, source: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (whatever its name), ``module.`` prefixes removed as timm does; a
+    partition-fx run's own files are refused (:func:`_refuse_run_file`)."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        state = load_state_dict(str(path), weights_only=True)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            _refuse_run_file(path, source, f.metadata() or {}, list(f.keys()))
+            state = {key: f.get_tensor(key) for key in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise PartitionCheckpointError(
+            f"{source} is a damaged or truncated safetensors file ({_short(e)}); pass {PLAIN_STATE_DICT}"
+        ) from e
+    return clean_state_dict(state)
+
+
+def _read_torch(path: Path, source: str) -> Any:
+    """What ``timm.models.load_state_dict`` reads from a ``torch.save`` file with ``weights_only=True``; a file
+    holding Python objects besides tensors is refused naming them, never loaded."""
+    if path.name.endswith(".safetensors"):  # timm would read it as safetensors, by its name
+        raise PartitionCheckpointError(
+            f"{source} is a torch.save file named like a safetensors file: rename it (e.g. to .pt)"
+        )
+    try:
+        return load_state_dict(str(path), weights_only=True)
     except Exception as e:
         if is_out_of_memory(e):
             raise
-        detail = " ".join(str(e).split())
-        detail = detail if len(detail) <= 200 else detail[:197] + "..."
+        if not isinstance(e, pickle.UnpicklingError) and not isinstance(e.__cause__, pickle.UnpicklingError):
+            raise PartitionCheckpointError(
+                f"{source} cannot be read as a torch.save file ({_short(e)}); pass {PLAIN_STATE_DICT}"
+            ) from e
+        try:  # weights_only refused a Python object: name its class (zip archives only)
+            objects = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+        except Exception:
+            objects = []
+        named = f" ({_first_names(objects)})" if objects else ""
         raise PartitionCheckpointError(
-            f"checkpoint {str(path)!r} cannot be read ({type(e).__name__}: {detail}); it must be a safetensors "
-            "or torch file of a state dict"
-        ) from e
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise PartitionCheckpointError(f"checkpoint {str(path)!r} is not a state dict of tensors")
-    return dict(state)
+            f"{source} is a torch.save file holding Python objects besides tensors{named}, which partition-fx "
+            f"does not unpickle; pass {PLAIN_STATE_DICT}"
+        ) from None
+
+
+def _refuse_run_file(path: Path, source: str, metadata: dict[str, str], keys: list[str]) -> None:
+    """Refuse a partition-fx run's partitioned checkpoint (by its metadata) or resume state (by its documented key
+    layout), saying where that run's plain model is."""
+    if RUN_CHECKPOINT_METADATA in metadata:
+        what, run = "a partitioned training checkpoint of partition-fx", _run_of(path, "checkpoint")
+    elif RESUME_TENSOR in keys and any(k.startswith("model/") for k in keys):
+        what, run = "the resume state of a partition-fx training run", _run_of(path, "checkpoint", "resume")
+    else:
+        return
+    raise PartitionCheckpointError(
+        f"{source} is {what} (the model's partitions, not its tensors): the run's plain model is "
+        f"{run}/model.safetensors, or the one `partition-fx export --run {run}` writes"
+    )
+
+
+def _run_of(path: Path, *inner: str) -> str:
+    """The run directory of ``path`` when it lies in ``RUN/<inner...>/``, else ``"RUN"``.
+
+    >>> _run_of(Path("out/run1/checkpoint/last.safetensors"), "checkpoint"), _run_of(Path("last.safetensors"), "x")
+    ('out/run1', 'RUN')
+    """
+    parents = path.parents
+    if len(inner) < len(parents) and all(parents[i].name == name for i, name in enumerate(reversed(inner))):
+        return str(parents[len(inner)])
+    return "RUN"
+
+
+def _first_names(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names``, then how many more.
+
+    >>> _first_names(["a", "b"]), _first_names(list("abcde"))
+    ('a, b', 'a, b, c and 2 more')
+    """
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _short(error: BaseException) -> str:
+    """``"Type: message"`` on one line, shortened; just the type where the message would suggest unsafe loading
+    (``weights_only``)."""
+    message = " ".join(str(error).split())
+    if "weights_only" in message:
+        return type(error).__name__
+    detail = f"{type(error).__name__}: {message}"
+    return detail if len(detail) <= 200 else detail[:197] + "..."
 
 
 def _timm_filtered(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:

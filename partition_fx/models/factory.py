@@ -12,7 +12,7 @@ from typing import Any
 import timm
 import torch
 
-from ..errors import PartitionCheckpointError, PartitionError
+from ..errors import PartitionCheckpointError, PartitionError, first_line, is_out_of_memory
 from .checkpoints import load_checkpoint_into
 from .torchvision_models import TORCHVISION_PREFIX, build_torchvision_model, torchvision_model_names
 
@@ -30,8 +30,8 @@ def build_model(
     ``num_classes``, and its stem is adapted to ``in_chans``; one line (a ``PartitionWarning``) says so. A
     checkpoint of another architecture is refused naming its first tensor that does not fit.
 
-    ``img_size`` is passed to models that take it (transformers need it) and ignored by the others; a
-    torchvision model that cannot run on such images is refused.
+    ``img_size`` is passed to models that take it (transformers need it) and ignored by the others; a model
+    that cannot run on such images is refused, naming the smallest size it runs on (:func:`check_image_size`).
 
     >>> model = build_model("fixup_resnet8", num_classes=10, in_chans=1)
     >>> model(torch.zeros(2, 1, 16, 16)).shape
@@ -54,6 +54,8 @@ def build_model(
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
     model = _architecture(name, num_classes, in_chans, img_size)
+    if img_size is not None:
+        check_image_size(model, name, in_chans, img_size)
     if checkpoint is not None:
         try:
             load_checkpoint_into(model, checkpoint)
@@ -63,6 +65,56 @@ def build_model(
     # and `partition-fx export` can rebuild it (training.run_record).
     model.partition_fx_build = {"name": name, "num_classes": num_classes, "in_chans": in_chans}
     return model
+
+
+SIZE_STEP = 32
+"""Image sizes :func:`check_image_size` suggests: multiples of this, the total stride of most classifiers."""
+
+
+def check_image_size(model: torch.nn.Module, name: str, in_chans: int, img_size: int) -> None:
+    """Refuse ``model`` (``name``, for the message) if it cannot classify ``img_size`` x ``img_size`` images, checked
+    by a forward pass of two blank images in eval mode without autograd (some classifiers need a minimum size);
+    the refusal names the smallest multiple of :data:`SIZE_STEP` above ``img_size`` (up to 256) it runs on.
+
+    >>> check_image_size(build_model("resnet10t", 10), "resnet10t", 3, 16)
+    >>> check_image_size(build_model("convnext_atto", 10, in_chans=1), "convnext_atto", 1, 28)
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: convnext_atto cannot run on 28x28 images (...); pass --image-size 32 ...
+    """
+    error = _forward_error(model, in_chans, img_size)
+    if error is None:
+        return
+    larger = range((img_size // SIZE_STEP + 1) * SIZE_STEP, 257, SIZE_STEP)
+    runs_on = next((size for size in larger if _forward_error(model, in_chans, size) is None), None)
+    fix = (
+        f"pass --image-size {runs_on} (the smallest multiple of {SIZE_STEP} it runs on) or choose another --model"
+        if runs_on is not None
+        else "choose another --model"
+    )
+    raise PartitionError(
+        f"{name} cannot run on {img_size}x{img_size} images ({type(error).__name__}: {_short(error)}); {fix}"
+    )
+
+
+def _forward_error(model: torch.nn.Module, in_chans: int, img_size: int) -> Exception | None:
+    """What a forward pass of two blank images raises (None: it runs); the model's mode is kept."""
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(2, in_chans, img_size, img_size))
+    except (RuntimeError, ValueError, AssertionError, IndexError) as e:
+        if is_out_of_memory(e):
+            raise
+        return e
+    finally:
+        model.train(training)
+    return None
+
+
+def _short(error: BaseException) -> str:
+    text = " ".join(first_line(error).split())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _architecture(name: str, num_classes: int, in_chans: int, img_size: int | None) -> torch.nn.Module:

@@ -37,15 +37,10 @@ def build_torchvision_model(
     """torchvision's classifier ``name`` (randomly initialised) with ``num_classes`` outputs for ``in_chans``
     input channels: the first conv's weights adapted from 3 channels by ``timm.models.adapt_input_conv`` (sum
     for 1 channel, repeat and scale otherwise). ``img_size``, when given, is passed to the vision transformers
-    and checked by a forward pass: a model that cannot run on such images is a
-    :class:`~partition_fx.errors.PartitionError`.
+    (``models.build_model`` checks that the model runs on such images).
 
     >>> build_torchvision_model("mobilenet_v3_small", 10, in_chans=1)(torch.zeros(2, 1, 32, 32)).shape
     torch.Size([2, 10])
-    >>> build_torchvision_model("inception_v3", 10, img_size=32)
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionError: torchvision:inception_v3 cannot run on 32x32 images ...
     """
     if name not in torchvision_model_names():
         raise PartitionError(f"unknown model {TORCHVISION_PREFIX}{name} (not one of torchvision's classifiers)")
@@ -66,8 +61,6 @@ def build_torchvision_model(
         ) from e
     if in_chans != 3:
         _adapt_stem(model, in_chans)
-    if img_size is not None:
-        _check_runs(model, name, in_chans, img_size)
     return model
 
 
@@ -90,23 +83,6 @@ def _adapt_stem(model: torch.nn.Module, in_chans: int) -> None:
         if stem.bias is not None:
             new.bias.copy_(stem.bias)
     model.set_submodule(stem_name, new)
-
-
-def _check_runs(model: torch.nn.Module, name: str, in_chans: int, img_size: int) -> None:
-    """A forward pass on two blank images: some classifiers need a minimum image size."""
-    training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(2, in_chans, img_size, img_size))
-    except (RuntimeError, ValueError, AssertionError) as e:
-        if is_out_of_memory(e):
-            raise
-        raise PartitionError(
-            f"{TORCHVISION_PREFIX}{name} cannot run on {img_size}x{img_size} images ({type(e).__name__}: "
-            f"{_short(e)}); raise --image-size or choose another --model"
-        ) from None
-    finally:
-        model.train(training)
 
 
 def _short(error: BaseException) -> str:
