@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,9 @@ def export_onnx(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     wrap: Callable[[nn.Module], nn.Module] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Path:
     """Export subnetwork ``subnetwork`` (default C) to ONNX, check it, and verify it in onnxruntime.
 
@@ -104,6 +108,10 @@ def export_onnx(
     the file, and onnxruntime's outputs on ``example_inputs`` must match PyTorch's within
     ``atol + rtol * |expected|`` or a :class:`PartitionError` gives the max abs difference. The file is
     written atomically: on any failure nothing is left at ``path``.
+
+    ``input_names``/``output_names`` name the graph's inputs and outputs (default: the exporter's own, such as
+    ``x`` and ``linear``); ``metadata`` goes into the file's ``metadata_props`` (onnxruntime:
+    ``session.get_modelmeta().custom_metadata_map``), a string value as it is and any other as JSON.
 
     Example::
 
@@ -115,17 +123,53 @@ def export_onnx(
         'm.onnx'
     """
     inputs = _as_tuple(example_inputs)
+    names = {"input_names": _names(input_names, "input_names"), "output_names": _names(output_names, "output_names")}
+    properties = _metadata_props(metadata)
     model = export_subnetwork(pmodel, subnetwork)
     model = (wrap(model) if wrap is not None else model).eval()
     path = Path(path)
-    replace_file(path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol))
+    replace_file(
+        path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol, names, properties)
+    )
     return path
 
 
+def _names(names: Sequence[str] | None, what: str) -> list[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise PartitionTypeError(f"{what} must be a list of non-empty strings, got {names!r}")
+    return list(names)
+
+
+def _metadata_props(metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    """``metadata`` as ONNX ``metadata_props`` (strings as they are, anything else as JSON).
+
+    >>> _metadata_props({"classes": ["a", "b"], "output": "logits"})
+    {'classes': '["a", "b"]', 'output': 'logits'}
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        raise PartitionTypeError(f"metadata must be a mapping with string keys, got {type(metadata).__name__}")
+    try:
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    except (TypeError, ValueError) as e:
+        raise PartitionTypeError(f"metadata values must be strings or JSON-serialisable: {e}") from None
+
+
 def _write_verified_onnx(
-    model: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool, atol: float, rtol: float
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    path: Path,
+    dynamic_batch: bool,
+    atol: float,
+    rtol: float,
+    names: Mapping[str, list[str] | None],
+    metadata: Mapping[str, str],
 ) -> None:
-    """Export ``model`` to ``path``, check the file, and compare onnxruntime's outputs with PyTorch's."""
+    """Export ``model`` to ``path`` (its inputs and outputs ``names``, ``metadata`` in its ``metadata_props``),
+    check the file, and compare onnxruntime's outputs with PyTorch's."""
     import onnx
     import onnxruntime as ort
 
@@ -142,12 +186,18 @@ def _write_verified_onnx(
             dynamic_shapes=dynamic_shapes,
             external_data=False,
             verbose=False,
+            **names,
         )
     except Exception as e:
         raise PartitionError(
             f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {first_line(e)}"
             + ("\n  Try dynamic_batch=False if the model specialises on the batch size." if dynamic_batch else "")
         ) from e
+    if metadata:
+        proto = onnx.load(str(path))
+        kept = {p.key: p.value for p in proto.metadata_props if p.key not in metadata}
+        onnx.helper.set_model_props(proto, {**kept, **metadata})
+        onnx.save(proto, str(path))
     onnx.checker.check_model(str(path), full_check=True)
     with torch.no_grad():
         expected = flat_tensors(model(*inputs))

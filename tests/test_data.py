@@ -250,6 +250,11 @@ def test_image_folder_errors(tmp_path) -> None:
     _write_images(mismatch / "test" / "b", 2)
     with pytest.raises(PartitionError, match=r"only in train: \['a'\], only in test: \['b'\]"):
         image_folder(mismatch)
+    alone = tmp_path / "alone"
+    for which in ("train", "test"):
+        _write_images(alone / which / "a", 2)
+    with pytest.raises(PartitionError, match=r"have one class folder \(a/\): a classifier needs at least two"):
+        image_folder(alone)
     half = tmp_path / "half"
     _write_images(half / "train" / "a", 2)
     with pytest.raises(PartitionError, match="has train/ but no test/"):
@@ -257,6 +262,7 @@ def test_image_folder_errors(tmp_path) -> None:
 
     broken = tmp_path / "broken"
     _write_images(broken / "a", 2)
+    _write_images(broken / "b", 2)  # two classes: one alone is refused first (issue 41)
     (broken / "a" / "bad.png").write_bytes(b"not a png")
     with pytest.raises(PartitionError, match=r"cannot read image .*bad\.png"):
         image_folder(broken)

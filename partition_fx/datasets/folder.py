@@ -19,10 +19,13 @@ from ..errors import PartitionArgumentError, PartitionError
 from .images import (
     DEFAULT_MEMORY_BUDGET,
     DecodedImages,
+    ImagePreprocessing,
+    decode_pixels,
     decoded_bytes,
     empty_split,
     fixed_angles,
     pil_mode,
+    pixels_to_tensor,
     rotate_images,
     size_mismatch,
     unreadable_image,
@@ -108,7 +111,8 @@ class ImageFiles:
 
 
 def _load_images(files: list[Path], size: int | None, mode: str) -> torch.Tensor:
-    """Load ``files`` as one float32 tensor (N, C, H, W) in [0, 1], each converted to PIL ``mode``."""
+    """Load ``files`` as one float32 tensor (N, C, H, W) in [0, 1], decoded as a streamed folder decodes them
+    (``to_tensor``: converted to PIL ``mode``, resized to ``size`` if given), held as 8-bit pixels until all are."""
     from PIL import Image
 
     arrays: list[np.ndarray] = []
@@ -116,20 +120,14 @@ def _load_images(files: list[Path], size: int | None, mode: str) -> torch.Tensor
     for path in files:
         try:
             with Image.open(path) as img:
-                img = img.convert(mode)
-                if size is not None:
-                    img = img.resize((size, size), Image.Resampling.BILINEAR)
-                elif first is None:
-                    first = (path, img.size)
-                elif img.size != first[1]:
-                    raise size_mismatch(first[0], first[1], path, img.size)
-                arrays.append(np.asarray(img, dtype=np.uint8))
+                if size is None:
+                    first = first or (path, img.size)
+                    if img.size != first[1]:
+                        raise size_mismatch(first[0], first[1], path, img.size)
+                arrays.append(decode_pixels(img, mode, size))
         except OSError as error:  # includes PIL.UnidentifiedImageError
             raise unreadable_image(path, error) from error
-    stacked = np.stack(arrays)
-    if stacked.ndim == 3:  # single-band modes have no channel axis
-        stacked = stacked[..., None]
-    return torch.from_numpy(stacked).permute(0, 3, 1, 2).float().div_(255.0).contiguous()
+    return pixels_to_tensor(np.stack(arrays)).contiguous()
 
 
 def image_folder(
@@ -156,7 +154,9 @@ def image_folder(
     in the folder's file order from ``seed``). ``in_memory``: decode every image once into memory (True), or
     read each as training asks (False: a folder larger than memory trains; the input pipeline's workers decode
     it), or decide by whether the split(s) fit ``memory_budget`` bytes decoded (None).
-    ``info`` holds ``classes``, ``train_files``/``test_files`` (aligned with the splits) and ``streamed``.
+    ``classes`` are the class folders' names (also ``info["classes"]``), and ``preprocessing`` decodes a new image
+    as the folder's images are. ``info`` holds ``classes``, ``train_files``/``test_files`` (aligned with the splits)
+    and ``streamed``.
     ``split="train"`` or ``"test"`` decodes that split's images alone (every file is still listed, to split
     them and to number the classes) and returns the same tensors; the other split is left empty.
 
@@ -197,6 +197,11 @@ def image_folder(
                 f"{only_test}); both must hold the same classes"
             )
         classes = list(train_found)
+        if len(classes) == 1:
+            raise PartitionError(
+                f"data folders {train_dir} and {test_dir} have one class folder ({classes[0]}/): a classifier needs "
+                f"at least two; add a folder of images for each other class to both"
+            )
         files = [p for found in (train_found, test_found) for paths in found.values() for p in paths]
         labels = np.array([i for found in (train_found, test_found) for i, ps in enumerate(found.values()) for _ in ps])
         num_train = sum(len(paths) for paths in train_found.values())
@@ -208,6 +213,11 @@ def image_folder(
     else:
         found = _scan_classes(root)
         classes = list(found)
+        if len(classes) == 1:  # before the split, which would refuse it less clearly
+            raise PartitionError(
+                f"data folder {root} has one class folder ({classes[0]}/): a classifier needs at least two; add a "
+                f"folder of images for each other class, as {root}/<class>/<image>"
+            )
         files = [p for paths in found.values() for p in paths]
         labels = np.array([i for i, paths in enumerate(found.values()) for _ in paths])
         train_idx, test_idx = stratified_split(labels, test_fraction, seed, classes)
@@ -259,6 +269,8 @@ def image_folder(
         ),
         info={"classes": classes, "train_files": train_files, "test_files": test_files, "streamed": not in_memory},
         split=split,
+        classes=tuple(classes),
+        preprocessing=ImagePreprocessing(mode, len(mode), height, width),
     )
 
 

@@ -6,12 +6,17 @@ reading it as training asks (:func:`in_memory_or_streamed`).
 Decoding is deterministic (convert, resize, scale to [0, 1], rotate by the image's fixed angle): a batch is the
 same whichever process decodes it, so the input pipeline's worker processes never change a run. The learned
 augmentation is applied later, on the device, by the input transform.
+
+:class:`ImagePreprocessing` is what a dataset's images went through, as data: the same decoding (:func:`to_tensor`)
+applied to a new image makes it an input of a model trained on them (``partition-fx predict``), and its
+:meth:`~ImagePreprocessing.to_dict` is what reports, ``export.json`` and the ONNX file's metadata record.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +30,12 @@ from .splits import ANGLE_STREAM
 DEFAULT_MEMORY_BUDGET = 2**30
 """Bytes of decoded float32 images a loader holds in memory before it streams them from disk instead (1 GiB):
 CIFAR-10 at 32x32 (737 MB) is decoded once; an image folder of ImageNet's size is read as training asks."""
+PIXEL_SCALE = 255.0
+"""What :func:`to_tensor` divides 8-bit pixel values by: every decoded image is in [0, 1], not normalised further."""
+RESAMPLE = "bilinear"
+"""The PIL filter :func:`to_tensor` resizes with (``PIL.Image.Resampling`` of that name)."""
+PIL_MODES = ("L", "LA", "RGB", "RGBA")
+"""The modes :func:`pil_mode` converts images to."""
 
 
 def rotate_images(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -70,29 +81,146 @@ def pil_mode(channels: int | None, mode: str) -> str:
         return "L"
     if channels == 3:
         return "RGB"
-    if mode in ("L", "LA", "RGB", "RGBA"):
+    if mode in PIL_MODES:
         return mode
     # "1", "I", "I;16", "F" are grey; palette ("P"), CMYK, YCbCr... are colour
     return "L" if Image.getmodebase(mode) == "L" else "RGB"
 
 
-def to_tensor(image: Any, mode: str, size: int | None) -> torch.Tensor:
-    """A PIL image as a float32 tensor (C, H, W) in [0, 1]: converted to PIL ``mode``, resized to ``size`` x
-    ``size`` (bilinear) if given.
+def to_tensor(image: Any, mode: str, size: int | tuple[int, int] | None) -> torch.Tensor:
+    """A PIL image as a float32 tensor (C, H, W) in [0, 1]: :func:`decode_pixels` then :func:`pixels_to_tensor`.
 
     >>> from PIL import Image
     >>> tuple(to_tensor(Image.new("RGB", (6, 4), "white"), "L", 3).shape)
     (1, 3, 3)
+    >>> tuple(to_tensor(Image.new("RGB", (6, 4), "white"), "RGB", (5, 2)).shape)
+    (3, 2, 5)
+    """
+    return pixels_to_tensor(decode_pixels(image, mode, size))
+
+
+def decode_pixels(image: Any, mode: str, size: int | tuple[int, int] | None) -> np.ndarray:
+    """A PIL image's 8-bit pixels (H, W, C), converted to PIL ``mode`` and resized (:data:`RESAMPLE`) to ``size``
+    x ``size``, or to ``size = (width, height)``, if given and the image is not that size already.
+
+    >>> from PIL import Image
+    >>> decode_pixels(Image.new("RGB", (6, 4), "white"), "L", None).shape
+    (4, 6, 1)
     """
     from PIL import Image
 
     image = image.convert(mode)
-    if size is not None and image.size != (size, size):
-        image = image.resize((size, size), Image.Resampling.BILINEAR)
-    array = np.asarray(image, dtype=np.uint8)
-    if array.ndim == 2:  # single-band modes have no channel axis
-        array = array[..., None]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+    target = (size, size) if isinstance(size, int) else size
+    if target is not None and image.size != tuple(target):
+        image = image.resize(tuple(target), Image.Resampling[RESAMPLE.upper()])
+    array = np.array(image, dtype=np.uint8)  # a copy: PIL's buffer may be read-only
+    return array[..., None] if array.ndim == 2 else array  # single-band modes have no channel axis
+
+
+def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """8-bit pixels (..., H, W, C), one image or a stack, as float32 (..., C, H, W) divided by :data:`PIXEL_SCALE`.
+
+    >>> pixels_to_tensor(np.full((2, 3, 1), 255, dtype=np.uint8)).tolist()
+    [[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]]
+    """
+    return torch.from_numpy(pixels).movedim(-1, -3).float().div_(PIXEL_SCALE)
+
+
+@dataclass(frozen=True)
+class ImagePreprocessing:
+    """How an image becomes one input of a model trained on a dataset's images: converted to PIL ``mode``,
+    resized (:data:`RESAMPLE`) to ``width`` x ``height`` unless it is that size already, its 8-bit values
+    divided by :data:`PIXEL_SCALE` (inputs in [0, 1], no mean/std normalisation), a grey image repeated to
+    ``channels`` where ``mode`` has fewer; float32, (C, H, W), batched as NCHW. Calling it decodes a PIL image
+    with :func:`to_tensor`, the function every image dataset decodes with, so an image of the dataset's size
+    gives the dataset's own tensor (a rotated dataset's fixed angles are the data's, not preprocessing).
+
+    Every image loader's ``DatasetSplits.preprocessing`` is one; :meth:`to_dict` is the record written with a
+    model (``report.json``, ``export.json``, the ONNX file's metadata) and :meth:`from_dict` reads it back.
+
+    >>> from PIL import Image
+    >>> grey = ImagePreprocessing("L", channels=1, height=4, width=6)
+    >>> x = grey(Image.new("RGB", (12, 8), "white"))
+    >>> tuple(x.shape), float(x.max())
+    ((1, 4, 6), 1.0)
+    >>> ImagePreprocessing.from_dict(grey.to_dict()) == grey
+    True
+    """
+
+    mode: str
+    channels: int
+    height: int
+    width: int
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        x = to_tensor(image, self.mode, (self.width, self.height))
+        if x.shape[0] != self.channels:  # grey repeated, as digits' --channels N does
+            x = x.expand(self.channels, -1, -1).contiguous()
+        return x
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record: every field, and what follows from them (the resize, scaling, dtype, layout, and an
+        identity mean/std for tools that expect one), spelled out for code that is not partition-fx."""
+        repeat = f", the grey channel repeated to {self.channels}" if self.channels != len(self.mode) else ""
+        return {
+            "mode": self.mode,
+            "channels": self.channels,
+            "height": self.height,
+            "width": self.width,
+            "resample": RESAMPLE,
+            "divide_by": PIXEL_SCALE,
+            "mean": [0.0] * self.channels,
+            "std": [1.0] * self.channels,
+            "dtype": "float32",
+            "layout": "NCHW",
+            "steps": (
+                f"convert to PIL mode {self.mode}; resize to {self.width}x{self.height} (width x height, PIL "
+                f"{RESAMPLE}) unless it is that size; divide the 8-bit values by {PIXEL_SCALE:g} (inputs in [0, 1], "
+                f"no mean/std normalisation){repeat}; float32 {self.channels}x{self.height}x{self.width}, batched NCHW"
+            ),
+        }
+
+    @classmethod
+    def from_dict(cls, record: Any, source: str = "the record") -> ImagePreprocessing:
+        """The preprocessing :meth:`to_dict` wrote; anything else (another version's record) is refused naming
+        ``source`` and what differs.
+
+        >>> ImagePreprocessing.from_dict({"mode": "L"}, "model.onnx")
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionError: model.onnx: its preprocessing record is not this version's (...
+        """
+        problem, preprocessing = _preprocessing_problem(cls, record)
+        if problem:
+            raise PartitionError(
+                f"{source}: its preprocessing record is not this version's ({problem}): {_short(record)}; export "
+                "the model again with this version"
+            )
+        return preprocessing
+
+
+def _preprocessing_problem(cls: type[ImagePreprocessing], record: Any) -> tuple[str, Any]:
+    """What is wrong with ``record`` as :meth:`ImagePreprocessing.to_dict`'s (empty if nothing), and the
+    preprocessing it describes."""
+    if not isinstance(record, Mapping):
+        return "not a JSON object", None
+    missing = [name for name in ("mode", "channels", "height", "width") if name not in record]
+    if missing:
+        return f"it lacks {', '.join(missing)}", None
+    mode, sizes = record["mode"], [record[name] for name in ("channels", "height", "width")]
+    if mode not in PIL_MODES or not all(type(v) is int and v >= 1 for v in sizes):
+        return "mode, channels, height or width is not valid", None
+    if sizes[0] != len(mode) and mode != "L":
+        return f"{sizes[0]} channels from mode {mode}", None
+    preprocessing = cls(mode, *sizes)
+    expected = preprocessing.to_dict()
+    differ = sorted(k for k in {*expected, *record} if k != "steps" and record.get(k) != expected.get(k))
+    return (f"{', '.join(differ)} differ from what this version decodes" if differ else ""), preprocessing
+
+
+def _short(record: Any) -> str:
+    text = repr(dict(record) if isinstance(record, Mapping) else record)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class ImageReader(Protocol):

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from .._validation import check_int, check_open_unit
-from .images import fixed_angles, rotate_images
+from .images import ImagePreprocessing, fixed_angles, rotate_images
 from .splits import (
     BOTH_SPLITS_HINT,
     DatasetSplits,
@@ -103,6 +103,9 @@ def _digits_splits(
         name=name,
         description=description,
         info=info,
+        classes=tuple(str(digit) for digit in range(10)),
+        # a picture of a digit as these are drawn (light on a dark background, in the centre) is read as grey
+        preprocessing=ImagePreprocessing("RGB" if channels == 3 else "L", channels, size, size),
     )
     return only_split(both, split)  # every image is in memory already (scikit-learn's): dropping one costs nothing
 
@@ -119,6 +122,8 @@ def digits(
     normalisation: rotation pads with 0, which must equal the background). The grey image is repeated to
     ``channels``. The split is stratified: ``test_fraction * n_c`` (nearest, halves up) images of each class
     c go to test, chosen with ``seed``. ``info`` holds ``train_indices``/``test_indices`` into scikit-learn's order.
+    ``classes`` are "0".."9"; ``preprocessing`` reads a picture of a digit as grey at ``size`` (light on dark, as
+    these digits are drawn).
     ``split="train"`` or ``"test"`` returns that split alone, the same tensors; the other is left empty.
 
     >>> splits = digits(size=12)

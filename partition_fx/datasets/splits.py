@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from torch.utils.data import TensorDataset
 
 from ..errors import PartitionArgumentError, PartitionError
+
+if TYPE_CHECKING:
+    from .images import ImagePreprocessing
 
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, ...] = ("train", "test")
@@ -44,6 +47,9 @@ class DatasetSplits:
     ``info`` holds extras specific to a loader (indices, angles, class names, informative inputs...).
     ``split`` is None when both splits are loaded, else the one that is (a loader's ``split=``): the other is
     then empty (no examples, the same shapes), and everything else is as when both are loaded.
+    ``classes`` names the classes in label order (target i is ``classes[i]``; None for regression), and
+    ``preprocessing`` (image datasets; else None) is how an image becomes one of the inputs, as the loader
+    decodes them: what a model trained on the data records, so that it can classify a new image by name.
 
     >>> import torch
     >>> splits = DatasetSplits(
@@ -62,6 +68,8 @@ class DatasetSplits:
     description: str
     info: dict[str, Any] = field(default_factory=dict)
     split: Split | None = None
+    classes: tuple[str, ...] | None = None
+    preprocessing: ImagePreprocessing | None = None
 
 
 def check_split(split: object) -> Split | None:

@@ -20,6 +20,7 @@ from ..errors import PartitionArgumentError, PartitionError
 from .images import (
     DEFAULT_MEMORY_BUDGET,
     DecodedImages,
+    ImagePreprocessing,
     PairImages,
     empty_split,
     fixed_angles,
@@ -142,6 +143,7 @@ def standard_dataset(
     train and test images' angles from separate streams of ``seed``), as :func:`~partition_fx.datasets.rotdigits`
     does. ``in_memory``: decode every image once into memory (True), read each as training asks (False), or
     decide by whether they fit ``memory_budget`` bytes decoded (None). ``split``: that split alone.
+    ``classes`` are torchvision's class names (SVHN's: "0".."9"); ``preprocessing`` decodes a new image as these are.
 
     Example (with a copy of CIFAR-10 under ``~/data``; nothing here is downloaded)::
 
@@ -164,10 +166,12 @@ def standard_dataset(
     side = size or spec.size
     shape = (len(mode), side, side)
     parts: dict[str, Dataset] = {}
+    classes = tuple(str(digit) for digit in range(10))  # SVHN's (torchvision names none): label i is the digit i
     for part, which in enumerate(("train", "test"), start=1):
         if not wanted(split, which):
             continue
         source = _open(spec, root, which)  # type: ignore[arg-type]
+        classes = tuple(getattr(source, "classes", classes))  # torchvision's names, in label order
         angles = fixed_angles(len(source), seed, part) if rotate else None
         images = DecodedImages(PairImages(source, spec.name), len(source), mode, size, angles)
         parts[which] = in_memory_or_streamed(images, shape, in_memory, memory_budget)
@@ -188,4 +192,6 @@ def standard_dataset(
         ),
         info={"root": str(root), "torchvision_class": spec.torchvision_class, "streamed": streamed},
         split=split,
+        classes=classes,
+        preprocessing=ImagePreprocessing(mode, len(mode), side, side),
     )
