@@ -105,7 +105,7 @@ def remove_directory(directory: str | os.PathLike[str]) -> None:
         (False, False)
     """
     for path in (Path(directory), aside_path(directory)):
-        _remove(path)
+        remove_path(path)
 
 
 def staging_directory(directory: str | os.PathLike[str], *, suffix: str = "") -> Path:
@@ -135,11 +135,11 @@ def swap_in(staging: Path, directory: str | os.PathLike[str], *, fsync: bool = F
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
     aside = aside_path(directory)
-    _remove(aside)  # a previous swap's leftover
+    remove_path(aside)  # a previous swap's leftover
     if directory.exists():
         os.replace(directory, aside)
     os.replace(staging, directory)
-    _remove(aside, ignore_errors=True)  # the new directory is in place: a failed clean-up loses nothing
+    remove_path(aside, ignore_errors=True)  # the new directory is in place: a failed clean-up loses nothing
 
 
 def replace_directory(
@@ -170,8 +170,8 @@ def replace_directory(
     return result
 
 
-def _remove(path: Path, ignore_errors: bool = False) -> None:
-    """Remove a file or a directory tree, if there is one."""
+def remove_path(path: Path, ignore_errors: bool = False) -> None:
+    """Remove a file, a link or a directory tree, if there is one (a link to a directory: the link alone)."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=ignore_errors)
     elif path.exists() or path.is_symlink():

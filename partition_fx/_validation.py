@@ -341,6 +341,44 @@ def check_per_example(name: str, values: torch.Tensor, batch: int, num_partition
     return values.long()
 
 
+def batch_pools(chunk_sizes: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """The smallest data each kind of step draws a batch from, as (chunk k, its examples), given the examples of
+    chunks 1..C: a parameter step of partition 1 draws from chunk 1 alone (partition k from chunks 1..k); a
+    hyperparameter step from one chunk k >= 2 (None with one chunk: there are no hyperparameter steps).
+
+    >>> batch_pools([115, 14, 15])
+    ((1, 115), (2, 14))
+    >>> batch_pools([100])
+    ((1, 100), None)
+    """
+    later = chunk_sizes[1:]
+    k = 2 + min(range(len(later)), key=lambda i: later[i]) if later else None
+    return (1, chunk_sizes[0]), (None if k is None else (k, chunk_sizes[k - 1]))
+
+
+def check_batches_fit(chunk_sizes: Sequence[int], batch_size: int, hyper_batch_size: int, names: Sequence[str]) -> None:
+    """Refuse a batch larger than the data it is drawn from (:func:`batch_pools`): batches are drawn with
+    replacement, so a larger one only repeats examples, at the cost of its size. ``names``: how the refusal names
+    the parameter and the hyperparameter steps' batch sizes (options or keywords).
+
+    >>> check_batches_fit([115, 14, 15], 64, 14, ("--batch-size", "--hyper-batch-size"))
+    >>> check_batches_fit([115, 14, 15], 5000, 14, ("--batch-size", "--hyper-batch-size"))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: --batch-size 5000 is larger than the 115 examples of chunk 1, which ...
+    """
+    parameter, hyper = batch_pools(chunk_sizes)
+    steps = [(names[0], batch_size, parameter, "partition 1's parameter steps draw from")]
+    if hyper is not None:
+        steps.append((names[1], hyper_batch_size, hyper, "hyperparameter steps draw from"))
+    for name, size, (k, examples), what in steps:
+        if size > examples:
+            raise PartitionArgumentError(
+                f"{name} {size} is larger than the {examples} examples of chunk {k}, which {what} (a batch drawn "
+                f"from fewer examples only repeats them); pass {name} {examples} or less, or train on more data"
+            )
+
+
 def check_fits_in_memory(options: str, what: str, nbytes: int) -> None:
     """Refuse sizes whose data alone exceed this machine's memory, before trying to allocate them.
 

@@ -59,7 +59,7 @@ class Optimization(Settings):
     batch_size: int = setting(64, "examples per parameter step", minimum=1, metavar="N", fingerprint=True)
     optimizer: str = setting("adam", "the weights' optimiser: Adam, or SGD with --momentum", choices=OPTIMIZERS,
                              keyword="weight_optimizer", fingerprint=True)  # fmt: skip
-    momentum: float = setting(0.9, "SGD's momentum (with --optimizer sgd)", metavar="M", fingerprint=True)
+    momentum: float = setting(0.9, "SGD's momentum (with --weight-optimizer sgd)", metavar="M", fingerprint=True)
     lr: float = setting(1e-3, "the weights' learning rate", positive=True, metavar="LR")
     lr_schedule: str = setting(
         "cosine",

@@ -15,7 +15,7 @@ import pytest
 from partition_fx.cli import build_parser, main
 from partition_fx.cli.parser import COMMANDS, DESCRIPTION
 
-REQUIRED = {"export": ["--run", "somewhere"]}
+REQUIRED = {"export": ["--run", "somewhere"], "predict": ["--run", "somewhere", "image.png"]}
 TINY = ["--model", "fixup_resnet8", "--image-size", "8", "--steps", "2", "--batch-size", "4", "--quiet"]
 
 
@@ -60,8 +60,11 @@ def test_every_option_of_every_command_has_help_and_shows_its_default_once(monke
             continue
         words = help_.split("(default:")[0].strip()
         assert words, f"{command} {option} has no help text"
-        if option == "--run":  # the one required option: no default, and it says so
+        if option == "--run" and command == "export":  # the one required option: no default, and it says so
             assert "(required)" in help_ and "(default:" not in help_
+            continue
+        if command == "predict" and option in ("--run", "--model"):  # one of them is required: they say so
+            assert "(required: --run or --model)" in help_ and "(default:" not in help_
             continue
         assert help_.count("(default:") == 1, f"{command} {option}: {help_!r} shows its default not exactly once"
         assert "(default: None)" not in help_ and "(default: (" not in help_, f"{command} {option}: {help_!r}"

@@ -1,9 +1,9 @@
 """Every exported state reproduces the accuracy the run reported for it (issue 25): ``export --which best``
-the report's ``best_test_accuracy``, ``--which last`` its ``test_accuracy``, with fine-tuning and without, on a
-model with BatchNorm, without building a trainer (issue 27); an interrupted run's checkpoints, whose BatchNorm
-statistics are training's, export as the state recalibrated for the final subnetwork; and the end of a run
-writes ``best.safetensors`` recalibrated on a copy, leaving the returned model and torch's random generator as
-they are."""
+the test accuracy of the report's ``highest_lml_state``, ``--which last`` its ``test_accuracy``, with fine-tuning
+and without, on a model with BatchNorm, without building a trainer (issue 27); an interrupted run's checkpoints,
+whose BatchNorm statistics are training's, export as the state recalibrated for the final subnetwork; and the end
+of a run writes ``best.safetensors`` recalibrated on a copy, leaving the returned model and torch's random
+generator as they are."""
 
 from __future__ import annotations
 
@@ -108,21 +108,25 @@ def test_export_of_best_and_last_reproduces_the_reported_accuracies(tmp_path, mo
         argv = [] if finetune else ["--finetune-steps", "0"]
         assert main(["train", *TINY, *argv, "--out", str(run)]) == 0
     report = json.loads((run / "report.json").read_text())
+    highest = report["highest_lml_state"]
     with monkeypatch.context() as patched:  # calibrated at the end of the run: exported without a trainer
         patched.setattr(PartitionedTrainer, "__init__", _no_trainer)
         loaded = _record_splits(patched)
         best, last = _exported(run, "best"), _exported(run, "last")
     assert loaded == ["test", "test"]  # ... and without the training data
-    assert (best["checkpoint_step"], last["checkpoint_step"]) == (report["best_step"], report["steps"])
+    assert (best["checkpoint_step"], last["checkpoint_step"]) == (highest["step"], report["steps"])
     assert last["test_accuracy"] == report["test_accuracy"]
     if finetune:  # the best state is the one fine-tuning began from, scored before fine-tuning by its own hook
-        assert report["best_step"] == report["finetune_start"] == 5
+        assert highest["step"] == report["finetune_start"] == 5
         assert best["test_accuracy"] == report["partitioned_test_accuracy"]
     else:
-        assert report["best_step"] == 2 != report["steps"]
+        assert highest["step"] == 2 != report["steps"]
         assert best["test_accuracy"] == _recalibrated_accuracy(run, "best")
         assert not os.path.samefile(run / "checkpoint" / "best.safetensors", run / "checkpoint" / "last.safetensors")
-    assert best["test_accuracy"] == report["best_test_accuracy"]
+    assert best["test_accuracy"] == highest["test_accuracy"]
+    # neither the report nor the export presents this earlier state as the final model
+    assert not highest["is_final_model"] and "not the fine-tuned model" in highest["explained"]
+    assert best["state"] == highest["explained"] and last["state"].startswith("the run's final state")
     # calibrated at the end of the run: their export needs no training data to recalibrate them
     assert best["norm_statistics"] == last["norm_statistics"] == "final"
     assert best["recalibrated_norms"] == last["recalibrated_norms"] == 0

@@ -39,7 +39,7 @@ from partition_fx.cli import main
 from partition_fx.cli.run_config import args_from_config
 from partition_fx.errors import PartitionError
 from partition_fx.train_config import TrainConfig
-from partition_fx.training import PartitionedTrainer, fit
+from partition_fx.training import PartitionedTrainer, fit, split_into_chunks
 from partition_fx.transforms import InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -386,16 +386,23 @@ def _first_example(strategy: st.SearchStrategy[Any]) -> Any:
 # --- accepted input reaches training with a consistent output directory ------------------------------
 
 
+TRAIN_EXAMPLES = 1438
+"""The training split of rotdigits and digits, which the accepted options train on."""
+
+
 @st.composite
 def good_train_options(draw: st.DrawFn) -> dict[str, Any]:
     partitions = draw(st.integers(2, 5))
     weights = draw(st.lists(st.floats(0.1, 1.0), min_size=partitions, max_size=partitions))
+    proportions = _joined(weights)
+    # a batch fits the chunk it is drawn from (chunk 1; the smallest later one): a larger one is refused
+    sizes = split_into_chunks(TRAIN_EXAMPLES, [float(p) for p in proportions.split(",")]).sizes
     return {
         "steps": draw(st.integers(1, 10**9)),
-        "batch-size": draw(st.integers(1, 256)),
+        "batch-size": draw(st.integers(1, min(256, sizes[0]))),
         "samples": draw(st.integers(1, 4)),
         "partitions": partitions,
-        "proportions": _joined(weights),
+        "proportions": proportions,
         "image-size": draw(st.integers(8, 24)),
         "channels": draw(st.sampled_from([None, 1, 2, 3])),
         "lr": draw(st.floats(1e-6, 10.0)),
@@ -404,7 +411,7 @@ def good_train_options(draw: st.DrawFn) -> dict[str, Any]:
         "hyper-every": draw(st.integers(1, 20)),
         "hyper-chunks": draw(st.sampled_from(["one", "all"])),
         "hyper-samples": draw(st.integers(1, 8)),
-        "hyper-batch-size": draw(st.integers(1, 64)),
+        "hyper-batch-size": draw(st.integers(1, min(64, *sizes[1:]))),
         "warmup-steps": draw(st.integers(0, 100)),
         "eval-every": draw(st.sampled_from([None, 1, 7, 10**6])),
         "scheme": draw(st.sampled_from(["random", "node"])),

@@ -15,7 +15,13 @@ from matplotlib.text import Text
 
 from partition_fx import partitionify
 from partition_fx.cli import main
-from partition_fx.cli.plots import figure_curves, figure_hyperparameters, plot_curves, plot_hyperparameters
+from partition_fx.cli.plots import (
+    NO_EVIDENCE,
+    figure_curves,
+    figure_hyperparameters,
+    plot_curves,
+    plot_hyperparameters,
+)
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation, InputMask
@@ -156,11 +162,22 @@ def test_legends_cover_no_line_and_no_title():
 
 def test_curves_start_at_zero_and_say_where_the_lml_starts():
     _, history = affine_history()
+    for r in history:  # C >= 2: the conditional LML is the curve
+        r["conditional_lml_per_example"] = r["lml_per_example"] / 10
     fig = figure_curves(history)
     top, bottom = fig.axes
     assert top.get_xlim()[0] == 0 and "first estimate at iteration 10" in top.get_title(loc="left")
     assert "LML per example" in top.get_ylabel() and bottom.get_xlabel() == "iteration"
     assert {line.get_label() for line in bottom.lines} == {"parameter steps (train loss)"}
+
+
+def test_one_partition_draws_no_evidence():
+    """Issue 41: with one partition the LML is chunk 1 scored by the untrained defaults; the panel drew it as an
+    LML, "higher is better". It now draws no curve and says why."""
+    _, one_partition = affine_history()  # the full LML alone: chunk 1 scored by the defaults
+    top, _ = figure_curves(one_partition).axes
+    assert not top.lines and "higher is better" not in top.get_ylabel()
+    assert [t.get_text() for t in top.texts] == [NO_EVIDENCE] and NO_EVIDENCE.startswith("no evidence")
 
 
 def test_other_hyperparameters_and_none(tmp_path):

@@ -91,7 +91,7 @@ def test_the_command_refuses_bad_data_before_writing_anything(tmp_path, capsys) 
 def test_each_paper_recipe_runs_a_few_steps_on_files_in_the_real_format(copies, tmp_path, recipe) -> None:
     data = "rotcifar10" if "rotcifar10" in recipe else "cifar10"
     out = tmp_path / "run"
-    small = ["--steps", "3", "--batch-size", "4", "--hyper-batch-size", "4", "--samples", "2", "--hyper-samples", "2",
+    small = ["--steps", "3", "--batch-size", "4", "--hyper-batch-size", "3", "--samples", "2", "--hyper-samples", "2",
              "--eval-every", "3", "--test-time-samples", "0", "--workers", "1"]  # fmt: skip
     if "finetune" in recipe:
         small += ["--finetune-steps", "1"]

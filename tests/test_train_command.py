@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import onnxruntime as ort
 import pytest
 import timm
 import torch
+from disk_formats import write_image_folder
 from safetensors.torch import load_file
 
 from partition_fx.cli import main
@@ -93,6 +95,11 @@ def test_export_command_rebuilds_the_run(run_dir, capsys):
         (["--partitions", "1", "--proportions", "1"], "--augment affine learns its ranges"),
         (["--image-size", "1000000"], "more than this machine's"),
         (["--data", ""], "--data must be rotdigits, digits or an image folder"),
+        # issue 41: a traceback after --out was written, and batches that only repeat the data for minutes
+        (["--model", "convnext_atto", "--image-size", "28"], "convnext_atto cannot run on 28x28 images"),
+        (["--model", "convnext_atto", "--image-size", "28"], "pass --image-size 32"),
+        (["--batch-size", "5000"], "--batch-size 5000 is larger than the 1150 examples of chunk 1"),
+        (["--hyper-batch-size", "200"], "--hyper-batch-size 200 is larger than the 144 examples of chunk 2"),
     ],
 )
 def test_bad_train_input_is_one_clear_line_and_no_output(tmp_path, capsys, argv, fragment):
@@ -233,7 +240,9 @@ def test_the_report_leads_with_the_conditional_lml_and_explains_both(run_dir):
     scored = sum(report["chunk_sizes"][1:])
     assert report["conditional_lml_per_example"] == pytest.approx(report["conditional_lml"] / scored)
     assert set(report["lml_explained"]) >= {"conditional_lml", "lml", "lml_per_chunk"}
-    assert report["best_conditional_lml"] == max(r["conditional_lml"] for r in report["history"] if r["lml"])
+    assert report["highest_lml_state"]["conditional_lml"] == max(
+        r["conditional_lml"] for r in report["history"] if r["lml"]
+    )
 
 
 def test_an_interrupted_run_says_how_to_continue(tmp_path, monkeypatch, capsys):
@@ -246,7 +255,7 @@ def test_an_interrupted_run_says_how_to_continue(tmp_path, monkeypatch, capsys):
             assert main(["train", *TINY, "--out", str(out)]) == 130
         assert hint.format(out=out) in capsys.readouterr().err
     out = tmp_path / "writing"
-    monkeypatch.setattr("partition_fx.cli.train.export_onnx", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr("partition_fx.cli.train.write_onnx", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["train", *TINY, "--out", str(out)]) == 130
     assert f"`partition-fx export --run {out}` writes its model" in capsys.readouterr().err
     assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
@@ -274,11 +283,14 @@ def test_overwrite_replaces_an_earlier_run(tmp_path):
     out = tmp_path / "converted"
     convert = ["convert", "--model", "fixup_resnet8", "--out", str(out)]
     assert main(convert) == 0
-    (out / "stale.txt").write_text("from the earlier run\n")
     assert main(convert) == 2  # an earlier run: replaced only when asked
+    (out / "model.onnx").write_text("an earlier run's file, damaged")
     assert main([*convert, "--overwrite"]) == 0
-    assert not (out / "stale.txt").exists()
     assert json.loads((out / "report.json").read_text())["command"] == "convert"
+    assert (out / "model.onnx").read_bytes()[:2] != b"an"  # the run's own files are replaced
+    (out / "stale.txt").write_text("not the run's\n")
+    assert main([*convert, "--overwrite"]) == 2  # anything else is kept, and the run with it (issue 41)
+    assert (out / "stale.txt").read_text() == "not the run's\n"
 
 
 def test_keep_resume_is_honoured_when_the_run_resumes(tmp_path, monkeypatch):
@@ -308,3 +320,103 @@ def test_overwrite_replaces_no_run_an_earlier_version_wrote(run_dir, tmp_path, c
     (theirs / "report.json").write_text(json.dumps({"status": "completed", "config": {"lr": 0.1}}))
     assert main(["convert", "--model", "fixup_resnet8", "--out", str(theirs), "--overwrite"]) == 2
     assert [p.name for p in theirs.iterdir()] == ["report.json"]
+
+
+def _tree(root):
+    """Every file under ``root`` with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_deletes_nothing_the_earlier_run_did_not_write(tmp_path, capsys):
+    """Issue 41: ``--overwrite`` removed the user's notes, plots and the run's ``export/`` folder with the run. Now
+    a run directory holding anything its run did not write is refused, naming it, and left byte for byte; once
+    only the run's own files are there, ``--overwrite`` replaces them."""
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    assert main(["export", "--run", str(out)]) == 0  # writes out/export/ by default
+    (out / "my_analysis.txt").write_text("notes\n")
+    (out / "my_plots").mkdir()
+    (out / "my_plots" / "figure.png").write_bytes(b"png")
+    (out / "checkpoint" / "mine.pt").write_bytes(b"weights")
+    before = _tree(out)
+    for command in (["train", *TINY], ["convert", "--model", "fixup_resnet8"]):
+        assert main([*command, "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "deletes nothing else" in err
+        assert all(name in err for name in ("checkpoint/mine.pt", "export/", "my_analysis.txt", "my_plots/"))
+        assert _tree(out) == before
+    for extra in ("my_analysis.txt", "my_plots", "checkpoint/mine.pt", "export"):
+        shutil.move(out / extra, tmp_path / extra.replace("/", "_"))
+    assert main(["train", *TINY, "--seed", "1", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "report.json").read_text())["config"]["train"]["runtime"]["seed"] == 1
+
+
+def test_export_and_convert_replace_their_directory_whole_or_not_at_all(run_dir, tmp_path, monkeypatch, capsys):
+    """An export that fails leaves the earlier export as it was (it used to empty the directory first)."""
+    out = tmp_path / "export"
+    assert main(["export", "--run", str(run_dir), "--out", str(out)]) == 0
+    before = _tree(out)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the ONNX exporter broke")
+
+    monkeypatch.setattr("partition_fx.cli.export.export_onnx", broken)
+    with pytest.raises(RuntimeError, match="exporter broke"):
+        main(["export", "--run", str(run_dir), "--out", str(out), "--overwrite"])
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no staging directory left beside it
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_refused_resume_leaves_the_report_byte_for_byte(tmp_path, monkeypatch, capsys, damage):
+    """Issue 41: a refused ``--resume`` rewrote report.json as a failed run with no history. A refusal writes
+    nothing; a resumed run that gets under way and stops again keeps the history it continued."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_at(3))  # after the evaluation at step 2
+        assert main(["train", *TINY, "--out", str(out)]) == 130
+    tensors = out / "checkpoint" / "resume" / "tensors.safetensors"
+    intact = tensors.read_bytes()
+    if damage == "truncated":
+        tensors.write_bytes(intact[: len(intact) // 2])
+    else:
+        tensors.unlink()
+    report = (out / "report.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partition-fx: error:") and "\n" not in err
+    assert (out / "report.json").read_bytes() == report
+    tensors.write_bytes(intact)
+    with monkeypatch.context() as patched:  # under way again, and interrupted before its next evaluation
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_at(3))
+        assert main(["train", "--resume", str(out), "--quiet"]) == 130
+    resumed = json.loads((out / "report.json").read_text())
+    earlier = json.loads(report)
+    assert resumed["status"] == "interrupted" and resumed["history"] == earlier["history"]
+    for key in ("last_checkpoint_step", "lml", "conditional_lml", "hyperparameters"):
+        assert resumed[key] == earlier[key], key
+
+
+def test_a_one_class_folder_is_refused(tmp_path, capsys):
+    write_image_folder(tmp_path / "shapes", classes=1)
+    assert main(["train", *TINY, "--data", str(tmp_path / "shapes"), "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "one class folder (c0/)" in err and "at least two" in err and "\n" not in err
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_default_batch_larger_than_its_chunk_is_lowered_with_one_warning(tmp_path, capsys):
+    """A batch size left at its default fits a small folder (a given one larger than its chunk is refused, above):
+    the run trains with, and records, the size it used."""
+    write_image_folder(tmp_path / "small", per_class=8, classes=3)  # chunks 2 and 3 of its training split: 2 each
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--data", str(tmp_path / "small"), "--out", str(out)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        "partition-fx: warning: --hyper-batch-size 16 (the default) is larger than the 2 examples of chunk 2, which "
+        "hyperparameter steps draw from: this run uses --hyper-batch-size 2"
+    ]
+    config = json.loads((out / "report.json").read_text())["config"]
+    assert config["train"]["hyper"]["batch_size"] == 2
+    assert main(["train", "--resume", str(out)]) == 2  # completed: its recorded options read back as they are

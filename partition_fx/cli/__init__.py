@@ -5,7 +5,8 @@ hyperparameters. With no other arguments it learns affine augmentation for timm'
 (scikit-learn's digits, each rotated by a fixed random angle) in a few minutes on 2 CPU cores, on CUDA when
 available (``--device auto``).
 
-``partition-fx export --run DIR`` exports a trained run's checkpoint to safetensors and ONNX.
+``partition-fx export --run DIR`` exports a trained run's checkpoint to safetensors and ONNX;
+``partition-fx predict --run DIR IMAGE...`` (or ``--model FILE.onnx``) classifies images by name with the model.
 
 ``partition-fx convert`` converts a timm model, verifies every subnetwork on digits and exports it;
 ``partition-fx describe --model NAME`` prints how a model would be partitioned.
@@ -14,7 +15,7 @@ One module per purpose: ``parser`` (every option, help and default; the training
 ``TrainConfig``), ``argparsing`` (the parsing machinery), ``checks`` (every torch-free check), ``run_config``
 (a run's configuration and its options, both ways), ``dispatch`` (the entry point, one-line errors), ``job``
 (a train job before training: checks, data, model, conversion), ``runs`` (run directories, reports,
-``--resume``), ``train``, ``export``, ``convert`` (and describe) and ``plots``.
+``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe) and ``plots``.
 
 Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once);
 ``TrainJob`` and ``train_job`` are loaded on first use.

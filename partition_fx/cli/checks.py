@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     elif args.command == "federated":
         check_federated_options(args)
         check_out(args.out, args.overwrite, {})
+    elif args.command == "predict":
+        check_predict(args)
 
 
 def check_train_options(args: argparse.Namespace) -> TrainConfig:
@@ -174,6 +177,81 @@ def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:
         )
     check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
     return run_args, checkpoint
+
+
+MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
+"""What ``train`` and ``export`` record with a model (``cli.export.model_record``), in ``report.json``,
+``export.json`` and the ONNX file's metadata, and ``predict`` reads."""
+
+
+def check_predict(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Path]:
+    """``predict``'s images (each an existing file) and its model: ``--run``'s exported model and the record of its
+    classes and preprocessing (:func:`exported_model`), or ``--model``, a file (its metadata is read with it);
+    returns the record (None for ``--model``) and the model file.
+
+    >>> from partition_fx.cli.parser import build_parser
+    >>> check_predict(build_parser().parse_args(["predict", "--model", "no/such.onnx", "a.png"]))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: image a.png does not exist
+    """
+    for image in args.images:
+        if not Path(image).is_file():
+            raise PartitionError(f"image {image} {'is not a file' if Path(image).exists() else 'does not exist'}")
+    if args.model is None:
+        return exported_model(args.run, "--run")
+    if not args.model.is_file():
+        raise PartitionError(
+            f"--model {str(args.model)!r} is not a file; pass the model.onnx that `partition-fx train` or `export` "
+            "wrote, or a run directory with --run"
+        )
+    return None, args.model
+
+
+def exported_model(run: Path, option: str) -> tuple[dict[str, Any], Path]:
+    """The record (:data:`MODEL_RECORD`, from ``export.json`` or ``report.json``) and the plain exported model
+    (``model.safetensors``) of a ``partition-fx export`` directory or a completed ``train`` run; anything else,
+    or a record an earlier version wrote, is refused saying what to do.
+
+    >>> import tempfile
+    >>> exported_model(Path(tempfile.mkdtemp()), "--run")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --run '...' is not a `partition-fx train` run or `export` directory ...
+    """
+    where = f"{option} {str(run)!r}"
+    name = next((n for n in ("export.json", "report.json") if (run / n).is_file()), None)
+    if name is None:
+        raise PartitionError(
+            f"{where} is not a `partition-fx train` run or `export` directory (no report.json or export.json "
+            "there); pass one, or an ONNX file with --model"
+        )
+    try:
+        report = json.loads((run / name).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PartitionError(f"{where}: {name} cannot be read ({e})") from None
+    command = report.get("command") if isinstance(report, dict) else None
+    if command not in ("train", "export"):
+        raise PartitionError(
+            f"{where}: {name} was not written by `partition-fx train` or `export` (command: {command!r}), so no "
+            "model trained on named classes is there; pass a train run or an export directory"
+        )
+    model = run / "model.safetensors"
+    if not model.is_file() and command == "export":
+        raise PartitionError(f"{where} has no model.safetensors (removed?); export the run again")
+    if not model.is_file():
+        raise PartitionError(
+            f"{where} has no exported model (model.safetensors): the run is {report.get('status', 'not completed')}; "
+            f"`partition-fx export --run {run}` exports its last checkpoint, then predict with --run {run / 'export'}"
+        )
+    lacking = [key for key in MODEL_RECORD if report.get(key) is None]
+    if lacking:
+        how = f"`partition-fx export --run {run}` exports it again" if command == "train" else "export the run again"
+        raise PartitionError(
+            f"{where}: {name} lacks {', '.join(lacking)} (written by an earlier version of partition-fx, or from "
+            f"data without them); {how} with this version"
+        )
+    return {key: report[key] for key in MODEL_RECORD}, model
 
 
 def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:

@@ -11,8 +11,6 @@ place at the end, so a failed run leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -20,16 +18,15 @@ from typing import Any
 import torch
 from safetensors.torch import save_model
 
-from .._io import staging_directory, swap_in
+from .._io import write_json
 from .._validation import check_fits_in_memory
 from ..datasets import normalized_digits
-from ..errors import PartitionError
 from ..export import export_onnx, export_subnetwork
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..testing import max_relative_difference
 from .job import partitionify_from_args
-from .runs import check_out
+from .runs import check_out, write_run
 
 VERIFY_IMAGES = 16  # digits each subnetwork is compared with the original on
 
@@ -57,9 +54,10 @@ def run_convert(args: argparse.Namespace) -> dict[str, Any]:
     >>> report["num_partitions"], max(report["max_relative_difference_to_original"].values())
     (3, 0.0)
     """
-    check_out(args.out, args.overwrite, {"--checkpoint": args.checkpoint})
+    inputs = {"--checkpoint": args.checkpoint}
+    check_out(args.out, args.overwrite, inputs)
     model, pmodel, seconds = _converted(args)
-    return _write_atomically(args.out, lambda staging: _convert(args, model, pmodel, seconds, staging))
+    return write_run(args.out, args.overwrite, inputs, lambda staging: _convert(args, model, pmodel, seconds, staging))
 
 
 def _converted(args: argparse.Namespace) -> tuple[torch.nn.Module, PartitionedModel, float]:
@@ -89,7 +87,7 @@ def _convert(
     onnx_path = export_onnx(pmodel, out / "model.onnx", (x[:4],))
     (out / "describe.txt").write_text(pmodel.describe() + "\n")
     sizes = [sum(p.numel() for p in pmodel.partition_parameters(k)) for k in range(1, args.partitions + 1)]
-    return {
+    report = {
         "command": "convert",
         "model": args.model,
         "checkpoint": args.checkpoint,
@@ -106,23 +104,5 @@ def _convert(
         "files": {"model": "model.safetensors", "onnx": onnx_path.name, "describe": "describe.txt"},
         "torch": torch.__version__,
     }
-
-
-def _write_atomically(out: Path, fill: Any) -> dict[str, Any]:
-    """``fill(staging)`` and its report in an ordinary directory beside ``out`` that then replaces it.
-
-    This is ``_io.replace_directory`` with one difference: a staging directory that
-    cannot be created is a one-line ``--out`` refusal, while errors of ``fill`` pass through unchanged.
-    """
-    try:
-        staging = staging_directory(out)
-    except OSError as e:
-        raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
-    try:
-        report = fill(staging)
-        # plain write: the whole staged directory is what replaces --out atomically
-        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        swap_in(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_json(out / "report.json", report)  # in the staged directory that replaces --out whole
     return report

@@ -25,6 +25,7 @@ OUT_OF_MEMORY_HINTS = {
     "describe": "lower --num-classes or choose a smaller --model",
     "export": "export on a machine with more memory",
     "federated": "lower --image-size or --clients",
+    "predict": "predict on a machine with more memory",
 }
 
 
@@ -118,6 +119,11 @@ def _run(args: Any) -> None:
         from .export import run_export
 
         _print_export(run_export(args))
+    elif args.command == "predict":
+        from .predict import prediction_lines, run_predict
+
+        predictions = run_predict(args)
+        print(json.dumps(predictions, indent=2) if args.json else "\n".join(prediction_lines(predictions)))
     else:
         from .convert import run_convert
 
@@ -144,9 +150,14 @@ def _evidence(report: dict[str, Any]) -> str:
     ...                  "lml_per_chunk": [-2742.8, -15.0, -14.3]}))
     evidence: conditional LML -29.3 nats (-0.081/example): chunks 2..3, each scored by a subnetwork not trained on it
     full LML -2772.1 nats, of which -2742.8 is chunk 1 scored by the untrained defaults (see report.json)
+    >>> print(_evidence({"conditional_lml_per_example": None, "lml": -2742.8}))
+    evidence: none with one partition (its LML, chunk 1 scored by the untrained defaults, says nothing about what ...
     """
     if report["conditional_lml_per_example"] is None:  # one partition: no chunk but the first
-        return f"evidence: LML {report['lml']:.1f} nats (one partition: chunk 1 scored by the untrained defaults)"
+        return (
+            "evidence: none with one partition (its LML, chunk 1 scored by the untrained defaults, says nothing "
+            "about what was trained; compare such runs by test accuracy)"
+        )
     return (
         f"evidence: conditional LML {report['conditional_lml']:.1f} nats "
         f"({report['conditional_lml_per_example']:.3f}/example): chunks 2..{len(report['lml_per_chunk'])}, each "

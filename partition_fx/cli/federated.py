@@ -19,9 +19,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .._io import replace_file, write_json
+from .._io import write_json
 from .checks import check_federated_options, federated_config
-from .runs import check_out, prepare_out
+from .runs import check_out, write_run
 
 
 def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,11 +42,10 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     data = load_federated_data(config)
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
     federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
-    prepare_out(args.out, args.overwrite, {})
     logging.getLogger("flwr").setLevel(logging.WARNING if args.quiet else logging.INFO)
     runs = {"partitioned": run_flower(config), "baseline": run_flower(config.baseline())}
     report = _report(config, plan, runs)
-    _write(args.out, report, runs)
+    write_run(args.out, args.overwrite, {}, lambda staging: _write(staging, report, runs))  # all files, or none
     return report
 
 
@@ -103,9 +102,9 @@ def _write(out: Path, report: dict[str, Any], runs: dict[str, Any]) -> None:
     axes[1].set(xlabel="communicated MB (up + down)")
     axes[0].legend()
     figure.tight_layout()
-    replace_file(out / "curves.png", lambda tmp: figure.savefig(tmp, format="png"))
+    figure.savefig(out / "curves.png", format="png")
     plt.close(figure)
     model = export_subnetwork(runs["partitioned"].model.pmodel).eval()
-    replace_file(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)))
+    save_model(model, str(out / "model.safetensors"))
     write_json(out / "history.json", {name: run.history() for name, run in runs.items()})
     write_json(out / "report.json", report)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .._validation import check_fits_in_memory
+from .._validation import batch_pools, check_batches_fit, check_fits_in_memory
 from ..datasets import DatasetSplits, load_dataset, named_dataset
 from ..datasets.splits import Split
-from ..errors import PartitionArgumentError, PartitionError
+from ..errors import PartitionArgumentError, PartitionError, PartitionWarning
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
@@ -27,7 +28,7 @@ from ..training import Examples, evaluate_averaged, evaluate_classifier, split_i
 from ..training.chunks import default_workers
 from ..transforms import AffineAugmentation
 from .checks import check_train_options, checked_proportions, fixed_ranges, proportions_text
-from .parser import parse_train
+from .parser import parse_train, train_defaults
 
 
 @dataclass
@@ -136,7 +137,7 @@ def job_from_args(args: argparse.Namespace, *, split: Split | None = None) -> Tr
     model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
     pmodel = partitionify_from_args(model, args)
     if split is None:
-        _check_chunks(args, len(data.train), pmodel)
+        args, config = _check_chunks(args, config, len(data.train), pmodel)
     hyper = build_augmentation(args)
     return TrainJob(args=args, config=config, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
 
@@ -219,15 +220,48 @@ def load_job_data(args: argparse.Namespace, config: TrainConfig, split: Split | 
     return data
 
 
-def _check_chunks(args: argparse.Namespace, num_train: int, pmodel: PartitionedModel) -> None:
-    """Refuse now what ``fit`` would refuse later: an empty data chunk, a non-finite scaled weight decay."""
+def _check_chunks(
+    args: argparse.Namespace, config: TrainConfig, num_train: int, pmodel: PartitionedModel
+) -> tuple[argparse.Namespace, TrainConfig]:
+    """Refuse now what ``fit`` would refuse later, an empty data chunk or a non-finite scaled weight decay, and a
+    batch larger than the chunk it is drawn from; a batch size left at its default is lowered to that chunk's
+    size instead, with one warning. Returns the options and configuration the run trains with."""
     try:
         chunks = split_into_chunks(num_train, pmodel.proportions, args.seed)
     except PartitionArgumentError as e:
         raise PartitionArgumentError(f"--proportions {proportions_text(args)} of {num_train} examples: {e}") from None
+    fitted = _default_batches_fitted(args, chunks.sizes)
+    if fitted is not args:
+        args, config = fitted, check_train_options(fitted)
+    hyper_batch = config.hyper.batch_size or args.batch_size  # None: the parameter steps' batch size
+    check_batches_fit(chunks.sizes, args.batch_size, hyper_batch, ("--batch-size", "--hyper-batch-size"))
     scale = max(weight_decay_scales(chunks.sizes))
     if not math.isfinite(args.weight_decay * scale):
         raise PartitionArgumentError(
             f"--weight-decay {args.weight_decay} times partition 1's scale {scale:.3g} (N/|D_1|) is not finite; "
             "choose a smaller --weight-decay"
         )
+    return args, config
+
+
+def _default_batches_fitted(args: argparse.Namespace, chunk_sizes: list[int]) -> argparse.Namespace:
+    """``args`` with ``--batch-size`` / ``--hyper-batch-size`` lowered to the examples they are drawn from where
+    they were left at defaults larger than that (a small folder), one warning each; ``args`` itself if none was."""
+    defaults = train_defaults()
+    parameter, hyper = batch_pools(chunk_sizes)
+    pools = {"batch_size": (parameter, "partition 1's parameter steps draw from")}
+    if hyper is not None and args.hyper_batch_size is not None:
+        pools["hyper_batch_size"] = (hyper, "hyperparameter steps draw from")
+    lowered = {}
+    for name, ((k, examples), what) in pools.items():
+        value = getattr(args, name)
+        if value == defaults[name] and value > examples:
+            option = "--" + name.replace("_", "-")
+            warnings.warn(
+                f"{option} {value} (the default) is larger than the {examples} examples of chunk {k}, which {what}: "
+                f"this run uses {option} {examples}",
+                PartitionWarning,
+                stacklevel=2,
+            )
+            lowered[name] = examples
+    return argparse.Namespace(**{**vars(args), **lowered}) if lowered else args

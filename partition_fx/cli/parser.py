@@ -85,6 +85,12 @@ COMMANDS = {
         "Rebuild a training run's model from its report.json, load a checkpoint, and write one subnetwork as a "
         "plain model (safetensors), ONNX and export.json (with its test accuracy) to --out.",
     ),
+    "predict": (
+        "classify images by name with a model train or export wrote",
+        "Read each image as the model's training data were read (the preprocessing its run recorded) and print its "
+        "most probable class by name with its probability: with a run's exported model (--run), or with an ONNX "
+        "file alone (--model), whose metadata holds the class names and the preprocessing. Nothing is written.",
+    ),
 }
 """Each command's one-line help (in ``partition-fx --help``) and its description (in its own ``--help``)."""
 
@@ -99,8 +105,8 @@ def proportions_default_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``partition-fx`` parser with its commands: ``train``, ``convert``, ``describe``, ``export`` and
-    ``federated``.
+    """The ``partition-fx`` parser with its commands: ``train``, ``convert``, ``describe``, ``export``,
+    ``federated`` and ``predict``.
 
     ``--proportions`` is None when not given: :func:`partition_fx.cli.job.partitionify_from_args` reads that
     as 0.8,0.1,0.1 with 3 partitions and equal shares with any other number.
@@ -115,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     adders = {
         "train": _add_train, "convert": _add_convert, "describe": _add_describe, "export": _add_export,
-        "federated": add_federated,
+        "federated": add_federated, "predict": _add_predict,
     }  # fmt: skip
     for name, add in adders.items():
         summary, description = COMMANDS[name]
@@ -226,7 +232,11 @@ def _add_export(export: argparse.ArgumentParser) -> None:
         "--run", type=path, required=True, metavar="DIR", help="the --out directory of a training run (required)"
     )
     export.add_argument(
-        "--which", choices=["last", "best"], default="last", help="which checkpoint of the run (default: %(default)s)"
+        "--which",
+        choices=["last", "best"],
+        default="last",
+        help="which checkpoint of the run: last, its final state (the fine-tuned model when it fine-tuned), or best, "
+        "the partitioned state with the highest conditional LML, before any fine-tuning (default: %(default)s)",
     )
     export.add_argument(
         "--subnetwork",
@@ -245,6 +255,41 @@ def _add_export(export: argparse.ArgumentParser) -> None:
         "plain model (default: %(default)s)",
     )
     _add_output_options(export, "directory to write (default: RUN/export)", None)
+
+
+def _add_predict(predict: argparse.ArgumentParser) -> None:
+    model = predict.add_argument_group("model").add_mutually_exclusive_group(required=True)
+    model.add_argument(
+        "--run",
+        type=path,
+        default=None,
+        metavar="DIR",
+        help="a `partition-fx train` run or `export` directory: predict with its plain exported model "
+        "(model.safetensors, rebuilt as its report.json or export.json records) (required: --run or --model)",
+    )
+    model.add_argument(
+        "--model",
+        type=path,
+        default=None,
+        metavar="FILE",
+        help="an ONNX file that `partition-fx train` or `export` wrote: predict with it in onnxruntime, the class "
+        "names and preprocessing read from its metadata (required: --run or --model)",
+    )
+    predict.add_argument("images", nargs="+", type=path_text, metavar="IMAGE", help="image files PIL can read")
+    output = predict.add_argument_group("output")
+    output.add_argument(
+        "--top",
+        type=int_at_least(1),
+        default=1,
+        metavar="K",
+        help="print each image's K most probable classes (default: %(default)s)",
+    )
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="print the predictions as JSON: per image its path and the classes with index and probability "
+        "(default: off: one line per image)",
+    )
 
 
 def _add_train(train: Parser) -> None:

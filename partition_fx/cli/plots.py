@@ -54,29 +54,34 @@ SMALLEST_SPAN = 0.25
 """A small panel's y axis spans at least this share of its bound, so that noise of 0.01 near 0 stays small."""
 FINETUNING = "shaded: fine-tuning, ψ frozen, all data"
 """How the x-axis label names the shaded phase."""
+NO_EVIDENCE = (
+    "no evidence: with one partition no chunk is left for a trained subnetwork to score\n"
+    "(the LML is chunk 1 scored by the untrained defaults, whatever was trained)"
+)
+"""What the LML panel says for a run of one partition."""
 MAX_LEGEND = 8
 """Lines in one panel beyond which they are not named one by one (a mask's entries)."""
 
 
 def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
-    """The conditional LML per example (top; the full LML's per example when a history has no conditional one)
-    and the mean parameter / hyperparameter step losses since the previous evaluation (bottom), by iteration
-    from 0."""
+    """The conditional LML per example (top; a history without one, of a single partition, has no evidence to
+    draw, and the panel says so) and the mean parameter / hyperparameter step losses since the previous
+    evaluation (bottom), by iteration from 0."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.0, 5.6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     steps = [r["step"] for r in history]
-    conditional = any(r.get("conditional_lml_per_example") is not None for r in history)
-    key = "conditional_lml_per_example" if conditional else "lml_per_example"
-    scored = [(r["step"], r[key]) for r in history if r.get(key) is not None]
+    scored = [(r["step"], r["conditional_lml_per_example"]) for r in history if r.get("conditional_lml_per_example")]
     if scored:  # fine-tuning evaluations estimate no LML
         top.plot(*zip(*scored), "o-", color="tab:blue", markersize=4)
-    what = "conditional LML" if conditional else "LML"
-    top.set_ylabel(f"{what} per example (nats)\nhigher is better")
-    first = f"first estimate at iteration {steps[0]}, none at 0" if steps else "no evaluations"
-    top.set_title(f"{what}{', chunks 2..C' if conditional else ''} ({first})", loc="left", fontsize="medium")
-    top.ticklabel_format(axis="y", useOffset=False)  # an offset's text would sit on the title
+        top.set_ylabel("conditional LML per example (nats)\nhigher is better")
+        first = f"first estimate at iteration {steps[0]}, none at 0"
+        top.set_title(f"conditional LML, chunks 2..C ({first})", loc="left", fontsize="medium")
+        top.ticklabel_format(axis="y", useOffset=False)  # an offset's text would sit on the title
+    else:  # one partition: the LML is chunk 1 scored by the untrained defaults, no evidence of anything trained
+        top.text(0.5, 0.5, NO_EVIDENCE, ha="center", va="center", transform=top.transAxes, wrap=True)
+        top.set_yticks([])
     for key, color, label in (
         ("train_loss", "tab:orange", "parameter steps (train loss)"),
         ("hyper_loss", "tab:green", "hyperparameter steps"),

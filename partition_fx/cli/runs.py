@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._io import remove_path, staging_directory, swap_in
 from ..errors import PartitionArgumentError, PartitionError
 from ..train_config import RUN_FILE
 from .parser import COMMANDS, train_defaults
@@ -24,40 +26,124 @@ from .run_config import RUN_CONTROL, args_from_config, run_config
 if TYPE_CHECKING:
     from ..datasets import DatasetSplits
 
+T = TypeVar("T")
+
 REPORTS = ("report.json", "export.json")
 """The files a command's run directory is recognised by: each is a JSON object naming its ``command``."""
 
 
-def is_run_directory(path: Path) -> bool:
-    """Whether ``path`` is a directory a partition-fx command wrote: a ``report.json`` or ``export.json`` in it
-    is a JSON object whose ``command`` names one of the commands.
+CHECKPOINT_STATES = {
+    "last": "the run's final state: the fine-tuned model when the run fine-tuned, as model.safetensors holds it "
+    "(checkpoint/last.safetensors, `partition-fx export --which last`)",
+    "best": "the partitioned model at the evaluation with the highest conditional LML (checkpoint/best.safetensors, "
+    "`partition-fx export --which best`): the state the evidence ranks first, chosen during partitioned training. "
+    "It is not the fine-tuned model: fine-tuning trains every weight on every chunk, so no LML scores its states, "
+    "and a run that fine-tuned ends with a later state, its final model",
+}
+"""What each of a training run's checkpoints holds (``export --which``), as its report and ``export.json`` say."""
+
+RUN_FILES: dict[str, dict[str, Any]] = {
+    "train": {
+        "report.json": None,
+        "lml.png": None,
+        "hyperparameters.png": None,
+        "model.safetensors": None,
+        "model.onnx": None,
+        "checkpoint": {"last.safetensors": None, "best.safetensors": None, "resume": None},
+    },
+    "export": {"export.json": None, "model.safetensors": None, "model.onnx": None},
+    "convert": {"report.json": None, "model.safetensors": None, "model.onnx": None, "describe.txt": None},
+    "federated": {"report.json": None, "history.json": None, "curves.png": None, "model.safetensors": None},
+}
+"""What each command writes in its run directory, by name: a file, or a whole directory (None), or a directory
+of which only the named entries are the run's (a dict of the same form). ``--overwrite`` replaces these alone."""
+
+
+def run_commands(path: Path) -> list[str]:
+    """The commands whose run ``path`` holds: each ``report.json`` or ``export.json`` in it that is a JSON object
+    naming one of the commands (``[]``: not a run directory).
 
     >>> import tempfile
     >>> run = Path(tempfile.mkdtemp())
-    >>> is_run_directory(run)
-    False
-    >>> _ = (run / "report.json").write_text('{"command": "train"}'); is_run_directory(run)
-    True
-    >>> _ = (run / "report.json").write_text('{"command": ["train"]}'); is_run_directory(run)
-    False
+    >>> run_commands(run)
+    []
+    >>> _ = (run / "report.json").write_text('{"command": "train"}'); run_commands(run)
+    ['train']
+    >>> _ = (run / "report.json").write_text('{"command": ["train"]}'); run_commands(run)
+    []
     """
+    commands = []
     for name in REPORTS:
         try:
             report = json.loads((path / name).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if not isinstance(report, dict):
-            continue
-        command = report.get("command")
+        command = report.get("command") if isinstance(report, dict) else None
         if isinstance(command, str) and command in COMMANDS:
-            return True
-    return False
+            commands.append(command)
+    return commands
+
+
+def is_run_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory a partition-fx command wrote (:func:`run_commands` names one).
+
+    >>> import tempfile
+    >>> is_run_directory(Path(tempfile.mkdtemp()))
+    False
+    """
+    return bool(run_commands(path))
+
+
+def _owns(files: dict[str, Any], name: str) -> tuple[bool, Any]:
+    """Whether an entry ``name`` of a directory whose run files are ``files`` is the run's, and its own files if it
+    is a directory of which only some entries are. A run's own entry includes what the atomic writes leave beside
+    it (``_io``: ``.NAME.*`` temporary files, staging and set-aside directories)."""
+    if name in files:
+        return True, files[name]
+    hidden = name.startswith(".") and any(name.startswith(f".{owned}.") for owned in files)
+    return hidden, None
+
+
+def foreign_entries(directory: Path, files: dict[str, Any], prefix: str = "") -> list[str]:
+    """The entries under ``directory`` that are not the run files ``files`` (as :data:`RUN_FILES` gives them),
+    relative to it, a directory with a trailing ``/``.
+
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> for name in ("report.json", "notes.txt", "checkpoint/last.safetensors", "checkpoint/mine.pt"):
+    ...     (run / name).parent.mkdir(exist_ok=True); _ = (run / name).write_text("")
+    >>> (run / "export").mkdir()
+    >>> foreign_entries(run, RUN_FILES["train"])
+    ['checkpoint/mine.pt', 'export/', 'notes.txt']
+    """
+    foreign = []
+    for entry in sorted(directory.iterdir()):
+        owned, inner = _owns(files, entry.name)
+        is_directory = entry.is_dir() and not entry.is_symlink()
+        if not owned:
+            foreign.append(prefix + entry.name + ("/" if is_directory else ""))
+        elif isinstance(inner, dict):
+            if is_directory:
+                foreign.extend(foreign_entries(entry, inner, f"{prefix}{entry.name}/"))
+            else:
+                foreign.append(prefix + entry.name)
+    return foreign
+
+
+def _run_files(out: Path) -> dict[str, Any]:
+    """The files the runs in ``out`` wrote, the union over its reports' commands."""
+    files: dict[str, Any] = {}
+    for command in run_commands(out):
+        files.update(RUN_FILES.get(command, {}))
+    return files
 
 
 def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
     """Refuse an ``--out`` that is or holds the current directory or one of the ``inputs`` (option -> path or
-    None), a file, and a non-empty directory unless ``--overwrite`` is given and it is a run directory
-    (:func:`is_run_directory`); returns whether there is a run to replace. Nothing is touched.
+    None), a file, a non-empty directory unless ``--overwrite`` is given and it is a run directory
+    (:func:`is_run_directory`), and a run directory that holds anything its run did not write
+    (:func:`foreign_entries`: ``--overwrite`` replaces the run's own files, and deletes nothing else); returns
+    whether there is a run to replace. Nothing is touched.
 
     >>> import tempfile
     >>> check_out(Path(tempfile.mkdtemp()) / "new", overwrite=False, inputs={"--checkpoint": None})
@@ -67,6 +153,11 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: --out '...notes.txt' is a file or a link, not a run directory; ...
+    >>> _ = (notes.parent / "report.json").write_text('{"command": "convert"}')
+    >>> check_out(notes.parent, overwrite=True, inputs={})
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --out '...' holds notes.txt, which its earlier convert run did not write; ...
     """
     outside = out.resolve()
     cwd = Path.cwd().resolve()
@@ -81,6 +172,11 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
                 f"--out {str(out)!r} holds {option} {str(path)!r}, which --overwrite would delete; choose another --out"
             )
     if not out.exists() and not out.is_symlink():
+        above = next(parent for parent in out.absolute().parents if parent.exists())
+        if not above.is_dir():  # e.g. --out notes.txt/run: found now, not when the work is done
+            raise PartitionError(
+                f"--out {str(out)!r} cannot be created: {str(above)!r} is a file; choose another --out"
+            )
         return False
     if not out.is_dir() or out.is_symlink():
         raise PartitionError(
@@ -93,11 +189,19 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
         raise PartitionError(f"--out {str(out)!r} cannot be read: {e.strerror or e}; choose another --out") from None
     if empty:
         return False
-    run = is_run_directory(out)
-    if not run:
+    commands = run_commands(out)
+    if not commands:
         raise PartitionError(
             f"--out {str(out)!r} is not empty and holds no partition-fx run (no report.json or export.json naming "
             "its command), so nothing will replace it, with or without --overwrite; choose another --out"
+        )
+    foreign = foreign_entries(out, _run_files(out))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise PartitionError(
+            f"--out {str(out)!r} holds {shown}, which its earlier {' and '.join(commands)} run did not write; "
+            "--overwrite replaces only that run's own files and deletes nothing else: move them out of it or choose "
+            "another --out"
         )
     if not overwrite:
         raise PartitionError(
@@ -108,8 +212,9 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
 
 
 def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
-    """``--out`` as an empty directory (an earlier run in it replaced with ``--overwrite``), after
-    :func:`check_out`.
+    """``--out`` as an empty directory to write a run into as it goes, after :func:`check_out`: an earlier run's
+    own files removed with ``--overwrite`` (its report last, so that an interrupted removal leaves a run directory
+    that ``--overwrite`` still replaces); nothing else is there to remove.
 
     >>> import tempfile
     >>> out = Path(tempfile.mkdtemp()) / "run"
@@ -117,11 +222,43 @@ def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
     True
     """
     if check_out(out, overwrite, inputs):
-        shutil.rmtree(out)
+        files = _run_files(out)
+        for entry in sorted(out.iterdir(), key=lambda entry: entry.name in REPORTS):
+            if _owns(files, entry.name)[0]:  # check_out found nothing else; anything put there since stays
+                remove_path(entry)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+
+
+def write_run(out: Path, overwrite: bool, inputs: dict[str, Any], fill: Callable[[Path], T]) -> T:
+    """A whole run directory at once: ``fill(staging)`` in a new directory beside ``out`` that then replaces it
+    (``_io.swap_in``), so a command that fails or is interrupted leaves ``out`` as it was. ``out`` is checked
+    again (:func:`check_out`) just before the swap, so nothing the user put there meanwhile is deleted.
+
+    >>> import tempfile
+    >>> out = Path(tempfile.mkdtemp()) / "run"
+    >>> write_run(out, False, {}, lambda staging: (staging / "export.json").write_text('{"command": "export"}'))
+    21
+    >>> write_run(out, True, {}, lambda staging: 1 / 0)
+    Traceback (most recent call last):
+    ...
+    ZeroDivisionError: division by zero
+    >>> json.loads((out / "export.json").read_text())
+    {'command': 'export'}
+    """
+    try:
+        staging = staging_directory(out)
+    except OSError as e:
+        raise PartitionError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+    try:
+        result = fill(staging)
+        check_out(out, overwrite, inputs)
+        swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return result
 
 
 def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace]:

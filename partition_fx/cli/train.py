@@ -5,12 +5,15 @@ with ``fit`` and writes to ``--out``:
 
 * ``report.json``: ``status``, ``test_accuracy`` and ``test_log_likelihood`` of the exported final
   model (fine-tuned for the last ``--finetune-steps``), ``partitioned_test_accuracy`` (its final subnetwork
-  before fine-tuning), ``best_test_accuracy`` (the state of ``best_step``, the highest conditional LML, as
-  ``export --which best`` exports it), ``conditional_lml`` (the evidence) and the full ``lml``, both explained
-  under ``lml_explained``, ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both
-  phases), ``config`` and the ``device`` it ran on;
+  before fine-tuning), ``highest_lml_state`` (the partitioned state with the highest conditional LML, as
+  ``export --which best`` exports it: its step, score and test accuracy; never the fine-tuned model),
+  ``conditional_lml`` (the evidence) and the full ``lml``, both explained under ``lml_explained``,
+  ``hyperparameters`` (``rotation`` etc. in radians), ``history`` (both phases), ``config`` and the ``device`` it
+  ran on;
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
-* ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime);
+* ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime; input ``images``,
+  output ``logits``), with what using them needs in ``report.json`` and the ONNX file's metadata: ``classes``,
+  ``preprocessing``, ``architecture``, ``onnx_names`` (``cli.export.model_record``; ``partition-fx predict``);
 * ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
 
 Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
@@ -32,7 +35,7 @@ from safetensors.torch import save_model
 
 from .._io import remove_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
-from ..export import export_onnx, export_subnetwork
+from ..export import export_subnetwork
 from ..training import (
     FitResult,
     TrainingHook,
@@ -41,11 +44,11 @@ from ..training import (
     resume_directory,
 )
 from .checks import with_fixed_ranges
-from .export import load_for_export
+from .export import load_for_export, model_record, write_onnx
 from .job import TrainJob, initial_hyperparameters, job_from_args, resolve_device
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
-from .runs import check_out, prepare_out, resumed_args, starting_report
+from .runs import CHECKPOINT_STATES, check_out, prepare_out, read_run, resumed_args, starting_report
 
 LML_EXPLAINED = {
     "conditional_lml": "the evidence to compare hyperparameters and models by (nats, higher is better): "
@@ -109,58 +112,93 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
             "completed without --keep-resume); train it again"
         )
     barrier(rank)
-    report = starting_report(args, job.pmodel.proportions, job.data, job.device)
-    report["processes"] = processes(rank)
-    initial = report["initial_hyperparameters"] = initial_hyperparameters(job.hyper)  # also the plots' iteration 0
-    report_path = out / "report.json"
-    save = (lambda: write_json(report_path, report)) if writes else (lambda: None)
-    save()
-
-    def on_evaluation(trainer: Any, record: dict[str, Any]) -> None:
-        report.update(history=trainer.history, hyperparameters=record["hyperparameters"])
-        if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
-            report.update(conditional_lml=record["conditional_lml"], lml=record["lml"])
-        report["last_checkpoint_step"] = record["step"]
-        save()
-
+    args = job.args  # the options it trains with (a default batch size may fit a small data set)
+    report = RunReport(out / "report.json", starting_report(args, job.pmodel.proportions, job.data, job.device), writes)
+    fields = report.fields
+    fields["processes"] = processes(rank)
+    initial = fields["initial_hyperparameters"] = initial_hyperparameters(job.hyper)  # also the plots' iteration 0
+    if resume_from is None:
+        report.begin()
+    else:  # the run's record so far stays as it is until the resumed run is under way
+        report.carry(read_run(out, "--resume")[0])
     started = time.perf_counter()
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
-        result = _fit(job, out, resume_from, [on_evaluation])
-        report.update(_results(job, result))
+        result = _fit(job, out, resume_from, report)
+        fields.update(_results(job, result))
+        best = out / "checkpoint" / "best.safetensors" if writes else None
+        fields["highest_lml_state"] = highest_lml_state(job, result, best)
         if writes:
-            report["best_test_accuracy"] = best_test_accuracy(job, out / "checkpoint" / "best.safetensors")
             _write_files(job, result, out, initial)
     except BaseException as e:
-        interrupted = isinstance(e, KeyboardInterrupt)
-        report.update(
-            status="interrupted" if interrupted else "failed", seconds=round(time.perf_counter() - started, 1)
-        )
-        if not interrupted:
-            report["error"] = str(e)
-        save()
+        report.end(e, seconds=round(time.perf_counter() - started, 1))
         raise
     kept = {"resume": "checkpoint/resume/"} if args.keep_resume else {}
-    report.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
-    save()
+    fields.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
+    report.save()
     if writes and not args.keep_resume:  # a completed run cannot be resumed: its optimiser state is dead weight
         remove_directory(out / "checkpoint" / "resume")
     barrier(rank)  # the others return once rank 0's files are complete
-    return report
+    return fields
 
 
-def _fit(job: TrainJob, out: Path, resume_from: Path | None, callbacks: list[Any]) -> FitResult:
+class RunReport(TrainingHook):
+    """``report.json`` of a training run as it goes: its ``fields``, written (by the process that ``writes``) when
+    the run starts, after each evaluation's checkpoint, and at its end. A resumed run writes nothing until it is
+    under way (:meth:`before_run`, after its state loaded), so a refused resume leaves the report as it was."""
+
+    CARRIED = ("history", "hyperparameters", "conditional_lml", "lml", "last_checkpoint_step")
+    """What a resumed run's report keeps of the report it continues, until its own evaluations replace them."""
+
+    def __init__(self, path: Path, fields: dict[str, Any], writes: bool) -> None:
+        self.path, self.fields, self.writes, self.under_way = path, fields, writes, False
+
+    def carry(self, previous: dict[str, Any]) -> None:
+        """Continue ``previous``, the report of the run being resumed."""
+        self.fields.update({key: previous[key] for key in self.CARRIED if key in previous})
+
+    def begin(self) -> None:
+        self.under_way = True
+        self.save()
+
+    def save(self) -> None:
+        if self.writes and self.under_way:
+            write_json(self.path, self.fields)
+
+    def before_run(self, trainer: Any) -> None:
+        if not self.under_way:  # a resumed run: its state loaded, the history restored
+            self.fields["history"] = trainer.history
+            self.begin()
+
+    def after_checkpoint(self, trainer: Any, record: dict[str, Any]) -> None:
+        """The run's callback: after each evaluation, once the trainer's hooks wrote its checkpoint."""
+        self.fields.update(history=trainer.history, hyperparameters=record["hyperparameters"])
+        if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
+            self.fields.update(conditional_lml=record["conditional_lml"], lml=record["lml"])
+        self.fields["last_checkpoint_step"] = record["step"]
+        self.save()
+
+    def end(self, error: BaseException, seconds: float) -> None:
+        """The run ended with ``error``: recorded if the run was under way; otherwise nothing is written."""
+        interrupted = isinstance(error, KeyboardInterrupt)
+        self.fields.update(status="interrupted" if interrupted else "failed", seconds=seconds)
+        if not interrupted:
+            self.fields["error"] = str(error)
+        self.save()
+
+
+def _fit(job: TrainJob, out: Path, resume_from: Path | None, report: RunReport) -> FitResult:
     return fit(
         job.pmodel,
         job.data.train,
         job.config,  # without the defaults in checkpoints: export and --resume rebuild the model as this run did
         hyper=job.hyper,
-        callbacks=callbacks,
+        callbacks=[report.after_checkpoint],  # after the trainer's hooks, which write the checkpoint
         checkpoint_dir=out / "checkpoint",
         progress=None if not job.args.quiet else False,
         device=job.device,
         resume=resume_from,
         record_run=False,  # report.json records the run
-        hooks=[PartitionedAccuracy(job)],
+        hooks=[PartitionedAccuracy(job), report],
     )
 
 
@@ -214,24 +252,34 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
         "lml_per_chunk": scored["lml_per_chunk"],
         "lml_step": scored["step"],
         "lml_explained": LML_EXPLAINED,
-        "best_step": result.best_step,
-        "best_conditional_lml": result.best_conditional_lml,
         "hyperparameters": result.hyperparameters,
         "history": result.history,
         "chunk_sizes": result.chunk_sizes,
         "steps": result.steps,
+        **model_record(job),  # the classes, preprocessing and architecture of model.safetensors and model.onnx
     }
 
 
-def best_test_accuracy(job: TrainJob, checkpoint: Path) -> float:
-    """The test accuracy of the run's best state (``best_step``: the highest conditional LML) as
-    ``export --which best`` reports it: from
-    ``checkpoint`` (the run's ``best.safetensors``, its BatchNorm statistics recalibrated for the final subnetwork
-    at the end of the run) loaded into a copy of the model and exported."""
-    pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
-    load_for_export(pmodel, hyper, lambda: job.data.train, checkpoint, job.config)
-    accuracy, _ = job.test_scores(export_subnetwork(pmodel).eval())
-    return accuracy
+def highest_lml_state(job: TrainJob, result: FitResult, checkpoint: Path | None) -> dict[str, Any]:
+    """The report's account of the state with the highest conditional LML: its step, score and, given its
+    ``checkpoint`` (the run's ``best.safetensors``, its BatchNorm statistics recalibrated for the final
+    subnetwork at the end of the run), its test accuracy as ``export --which best`` reports it, from the
+    checkpoint loaded into a copy of the model and exported."""
+    accuracy = None
+    if checkpoint is not None:
+        pmodel, hyper = copy.deepcopy(job.pmodel).cpu(), copy.deepcopy(job.hyper)
+        load_for_export(pmodel, hyper, lambda: job.data.train, checkpoint, job.config)
+        accuracy, _ = job.test_scores(export_subnetwork(pmodel).eval())
+    return {
+        "step": result.best_step,
+        "conditional_lml": result.best_conditional_lml,
+        "lml": result.best_lml,
+        "test_accuracy": accuracy,
+        # without fine-tuning, the final model is this state when it was the last one or was restored at the end
+        "is_final_model": result.finetune_start is None
+        and (result.best_step == result.steps or job.config.evaluation.restore_best),
+        "explained": CHECKPOINT_STATES["best"],
+    }
 
 
 def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> None:
@@ -240,7 +288,7 @@ def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str,
     pmodel = job.pmodel.cpu()
     exported = export_subnetwork(pmodel).eval()
     replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
-    export_onnx(pmodel, out / FILES["onnx"], (job.sample_inputs(),))
+    write_onnx(pmodel, out / FILES["onnx"], job, model_record(job))
     plot_curves(result.history, out / "lml.png")
     bounds = job.hyper.max_range if job.hyper is not None else {}
     plot_hyperparameters(result.history, out / "hyperparameters.png", initial, bounds)

@@ -17,10 +17,14 @@ class TrainingHook:
         ...     evaluations = 0
         ...     def after_evaluation(self, trainer, record, improved):
         ...         self.evaluations += 1
-        >>> Count().after_run(None, None)  # the other methods do nothing
+        >>> Count().before_run(None); Count().after_run(None, None)  # the other methods do nothing
         >>> Count().should_stop(None, {})
         False
     """
+
+    def before_run(self, trainer: Any) -> None:
+        """When the training loop starts, after a resumed run's state was loaded: from here on the run is under
+        way (what failed before it, such as a refused resume, changed nothing)."""
 
     def after_evaluation(self, trainer: Any, record: dict[str, Any], improved: bool) -> None:
         """After an evaluation's ``record`` joined ``trainer.history``; ``improved``: a new best LML."""

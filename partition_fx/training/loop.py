@@ -50,6 +50,8 @@ def run_loop(trainer: Any, plan: RunPlan) -> FitResult:
     lines = ProgressLines(trainer.step, end, started) if write_lines else None
     callbacks = CallbackHook(plan.callbacks)
     total = end - trainer.step
+    for hook in trainer.hooks:
+        hook.before_run(trainer)
     bar = tqdm(total=total, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
     try:
         while trainer.step < end:

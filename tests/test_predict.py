@@ -1,0 +1,233 @@
+"""``partition-fx predict`` and what it reads: the class names, preprocessing and architecture that ``train`` and
+``export`` record with a model (report.json, export.json, the ONNX file's metadata), and the ONNX files' names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+import torchvision
+from disk_formats import skip_checksums, write_cifar10, write_idx, write_image_folder
+from PIL import Image
+from safetensors.torch import load_file, load_model
+
+from partition_fx import export_onnx, partitionify
+from partition_fx.cli import main
+from partition_fx.cli.predict import read_image
+from partition_fx.datasets import digits, image_folder, standard_dataset
+from partition_fx.datasets.images import ImagePreprocessing
+from partition_fx.models import build_model
+
+TINY = ["--model", "resnet10t", "--image-size", "12", "--steps", "2", "--batch-size", "4", "--hyper-batch-size", "2"]
+TINY += ["--samples", "2", "--test-time-samples", "0", "--proportions", "0.5,0.25,0.25", "--quiet"]
+RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
+
+
+def _write_shapes(root: Path) -> None:
+    """Two classes of grey 12x12 images, bright and dark."""
+    rng = np.random.default_rng(0)
+    for label, value in (("bright", 200), ("dark", 40)):
+        (root / label).mkdir(parents=True)
+        for i in range(10):
+            pixels = (rng.random((12, 12)) * 30 + value).astype(np.uint8)
+            Image.fromarray(pixels, mode="L").save(root / label / f"{i}.png")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``train`` run on an image folder; beside it ``new.jpg``, an RGB image of another size."""
+    root = tmp_path_factory.mktemp("predict")
+    _write_shapes(root / "shapes")
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)).save(root / "new.jpg")
+    assert main(["train", *TINY, "--data", str(root / "shapes"), "--out", str(root / "run")]) == 0
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def averaged(run: Path) -> Path:
+    """The run exported with its ONNX file the test-time-averaged model."""
+    out = run.parent / "averaged"
+    assert main(["export", "--run", str(run), "--test-time-samples", "2", "--out", str(out)]) == 0
+    return out
+
+
+def _images(run: Path) -> list[Path]:
+    shapes = run.parent / "shapes"
+    return [shapes / "bright" / "0.png", shapes / "dark" / "3.png", shapes / "dark" / "7.png", run.parent / "new.jpg"]
+
+
+def _predict(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict]:
+    capsys.readouterr()
+    assert main(["predict", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _independent_inputs(images: list[Path]) -> torch.Tensor:
+    """The images as the run's data were decoded, without partition-fx: grey, 12x12 (bilinear), / 255."""
+    arrays = [np.asarray(Image.open(p).convert("L").resize((12, 12), Image.Resampling.BILINEAR)) for p in images]
+    return torch.from_numpy(np.stack(arrays)[:, None].astype(np.float32) / 255.0)
+
+
+def test_predict_names_the_class_the_exported_model_and_its_onnx_twin_choose(run, capsys):
+    images = _images(run)
+    x = _independent_inputs(images)
+    model = timm.create_model("resnet10t", num_classes=2, in_chans=1).eval()  # built afresh, loaded by hand
+    model.load_state_dict(load_file(run / "model.safetensors"))
+    with torch.no_grad():
+        expected = torch.softmax(model(x), dim=1)
+    session = ort.InferenceSession(str(run / "model.onnx"), providers=["CPUExecutionProvider"])
+    (onnx_logits,) = session.run(["logits"], {"images": x.numpy()})
+    classes = ["bright", "dark"]
+    assert [classes[i] for i in np.argmax(onnx_logits, 1)] == [classes[i] for i in expected.argmax(1)]
+
+    by_run = _predict(capsys, "--run", str(run), *map(str, images), "--top", "2")
+    by_onnx = _predict(capsys, "--model", str(run / "model.onnx"), *map(str, images), "--top", "2")
+    for predictions in (by_run, by_onnx):
+        assert [p["image"] for p in predictions] == [str(p) for p in images]
+        assert [p["top"][0]["class"] for p in predictions] == [classes[i] for i in expected.argmax(1)]
+        got = torch.tensor(
+            [[c["probability"] for c in sorted(p["top"], key=lambda c: c["index"])] for p in predictions]
+        )
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+    assert main(["predict", "--run", str(run), *map(str, images[:2])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"{images[i]}: {by_run[i]['top'][0]['class']} {by_run[i]['top'][0]['probability']:.4f}" for i in (0, 1)
+    ]
+
+
+def test_onnx_files_name_their_input_images_and_their_output_logits_or_log_probs(run, averaged, capsys):
+    for path, output in ((run / "model.onnx", "logits"), (averaged / "model.onnx", "log_probs")):
+        graph = onnx.load(str(path)).graph
+        assert ([i.name for i in graph.input], [o.name for o in graph.output]) == (["images"], [output])
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["images"]
+        assert [o.name for o in session.get_outputs()] == [output]
+        assert json.loads(session.get_modelmeta().custom_metadata_map["onnx_names"])["output"] == output
+    images = _images(run)
+    session = ort.InferenceSession(str(averaged / "model.onnx"), providers=["CPUExecutionProvider"])
+    (log_probs,) = session.run(["log_probs"], {"images": _independent_inputs(images).numpy()})
+    predictions = _predict(capsys, "--model", str(averaged / "model.onnx"), *map(str, images), "--top", "2")
+    got = np.array([[c["probability"] for c in sorted(p["top"], key=lambda c: c["index"])] for p in predictions])
+    np.testing.assert_allclose(got, np.exp(log_probs), rtol=1e-4, atol=1e-6)
+    # --run of an export directory predicts with its plain model, as a train run does
+    assert _predict(capsys, "--run", str(averaged), *map(str, images)) == _predict(
+        capsys, "--run", str(run), *map(str, images)
+    )
+
+
+def test_report_export_and_onnx_metadata_record_classes_preprocessing_and_architecture(run, averaged, tmp_path):
+    report = json.loads((run / "report.json").read_text())
+    exported = json.loads((averaged / "export.json").read_text())
+    splits = image_folder(run.parent / "shapes", size=12, split="test")
+    assert report["classes"] == exported["classes"] == list(splits.classes) == ["bright", "dark"]
+    assert report["preprocessing"] == exported["preprocessing"] == splits.preprocessing.to_dict()
+    assert report["preprocessing"]["mode"] == "L" and report["preprocessing"]["layout"] == "NCHW"
+    architecture = {"model": "resnet10t", "num_classes": 2, "in_chans": 1, "img_size": 12}
+    assert report["architecture"] == exported["architecture"] == architecture
+    assert report["onnx_names"] == {"input": "images", "output": "logits"}
+    assert exported["onnx_names"] == {"input": "images", "output": "log_probs"}
+    for directory, record in ((run, report), (averaged, exported)):
+        metadata = {p.key: p.value for p in onnx.load(str(directory / "model.onnx")).metadata_props}
+        assert {key: json.loads(metadata[key]) for key in RECORD} == {key: record[key] for key in RECORD}
+    # the architecture rebuilds the module of model.safetensors, every tensor
+    load_model(build_model(**{"name": architecture.pop("model"), **architecture}), str(run / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("size", "channels", "in_memory", "fmt"),
+    [(None, None, True, "png"), (None, 1, False, "png"), (10, None, True, "jpg"), (24, 3, False, "bmp")],
+)
+def test_the_recorded_preprocessing_reproduces_the_datasets_own_tensors(tmp_path, size, channels, in_memory, fmt):
+    write_image_folder(tmp_path / "folder", per_class=3, size=16, classes=2, fmt=fmt)
+    splits = image_folder(tmp_path / "folder", size=size, channels=channels, in_memory=in_memory)
+    preprocessing = ImagePreprocessing.from_dict(json.loads(json.dumps(splits.preprocessing.to_dict())))
+    assert preprocessing == splits.preprocessing and splits.classes == ("c0", "c1")
+    for files, part in ((splits.info["train_files"], splits.train), (splits.info["test_files"], splits.test)):
+        for i, path in enumerate(files):
+            assert torch.equal(read_image(path, preprocessing), part[i][0]), path
+
+
+def test_every_image_dataset_names_its_classes_and_preprocessing(tmp_path, monkeypatch):
+    grey = digits(size=12, channels=3)
+    assert grey.classes == tuple("0123456789") and grey.preprocessing == ImagePreprocessing("RGB", 3, 12, 12)
+    # a digit saved as an 8-bit image comes back as the dataset's tensor, up to the 8-bit rounding
+    x = grey.test[0][0]
+    Image.fromarray((x[0].numpy() * 255).round().astype(np.uint8), mode="L").save(tmp_path / "digit.png")
+    torch.testing.assert_close(read_image(tmp_path / "digit.png", grey.preprocessing), x, atol=0.5 / 255, rtol=0)
+    assert digits(size=8, channels=2).preprocessing(Image.new("L", (8, 8))).shape == (2, 8, 8)
+    skip_checksums(monkeypatch)
+    write_cifar10(tmp_path / "cifar")
+    cifar = standard_dataset("cifar10", tmp_path / "cifar", split="test")
+    assert cifar.classes == tuple(f"class{c}" for c in range(10))  # the copy's own batches.meta
+    image, _ = torchvision.datasets.CIFAR10(str(tmp_path / "cifar"), train=False)[0]
+    assert torch.equal(cifar.preprocessing(image), cifar.test[0][0])
+    write_idx(tmp_path / "mnist")
+    mnist = standard_dataset("mnist", tmp_path / "mnist", size=16, split="test")
+    assert mnist.classes[:2] == ("0 - zero", "1 - one") and mnist.preprocessing == ImagePreprocessing("L", 1, 16, 16)
+
+
+def _tiny_onnx_without_metadata(path: Path) -> None:
+    export_onnx(partitionify(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2)), 2), path, torch.ones(1, 4))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing image", "not an image", "no exported model", "not a run", "earlier report", "onnx without metadata",
+     "not onnx", "bad preprocessing"],
+)  # fmt: skip
+def test_each_refusal_is_one_line(run, tmp_path, capsys, case):
+    image = str(_images(run)[0])
+    if case == "missing image":
+        argv, fragment = ["--run", str(run), str(tmp_path / "no.png")], "image " + str(tmp_path / "no.png") + " does"
+    elif case == "not an image":
+        (tmp_path / "notes.png").write_text("not an image")
+        argv, fragment = ["--run", str(run), str(tmp_path / "notes.png")], "cannot read image"
+    elif case == "no exported model":  # an interrupted run's report, without model.safetensors
+        (tmp_path / "run").mkdir()
+        report = {**json.loads((run / "report.json").read_text()), "status": "interrupted"}
+        (tmp_path / "run" / "report.json").write_text(json.dumps(report))
+        argv, fragment = (
+            ["--run", str(tmp_path / "run"), image],
+            "has no exported model (model.safetensors): the run is interrupted; `partition-fx export",
+        )
+    elif case == "not a run":
+        argv, fragment = ["--run", str(tmp_path), image], "is not a `partition-fx train` run or `export` directory"
+    elif case == "earlier report":  # a run that an earlier version wrote: no classes and preprocessing
+        shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoint"))
+        report = json.loads((run / "report.json").read_text())
+        del report["classes"], report["preprocessing"]
+        (tmp_path / "run" / "report.json").write_text(json.dumps(report))
+        argv, fragment = (
+            ["--run", str(tmp_path / "run"), image],
+            "report.json lacks classes, preprocessing (written by an earlier version",
+        )
+    elif case == "onnx without metadata":
+        _tiny_onnx_without_metadata(tmp_path / "old.onnx")
+        argv, fragment = (
+            ["--model", str(tmp_path / "old.onnx"), image],
+            "has no classes, preprocessing, architecture, onnx_names in its metadata",
+        )
+    elif case == "not onnx":
+        argv, fragment = ["--model", image, image], "onnxruntime cannot load it"
+    else:
+        shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoint"))
+        report = json.loads((run / "report.json").read_text())
+        report["preprocessing"]["divide_by"] = 1.0
+        (tmp_path / "run" / "report.json").write_text(json.dumps(report))
+        argv, fragment = (
+            ["--run", str(tmp_path / "run"), image],
+            "its preprocessing record is not this version's (divide_by differ",
+        )
+    capsys.readouterr()
+    assert main(["predict", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partition-fx: error: ") and "\n" not in err and fragment in err, err
