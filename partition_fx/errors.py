@@ -15,6 +15,17 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def shortened(text: str, limit: int = 120) -> str:
+    """``text`` on one line (each run of whitespace one space), cut to ``limit`` characters ending in "...": a
+    message or a value quoted inside one of this package's one-line errors.
+
+    >>> shortened("no such    file"), shortened("x" * 20, limit=10)
+    ('no such file', 'xxxxxxx...')
+    """
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """A failed allocation: ``MemoryError``, ``torch.OutOfMemoryError``, or torch's CPU allocator refusing.
 

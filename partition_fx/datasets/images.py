@@ -24,7 +24,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from ..errors import PartitionError
+from ..errors import PartitionError, shortened
 from .splits import ANGLE_STREAM
 
 DEFAULT_MEMORY_BUDGET = 2**30
@@ -192,8 +192,9 @@ class ImagePreprocessing:
         """
         problem, preprocessing = _preprocessing_problem(cls, record)
         if problem:
+            shown = shortened(repr(dict(record) if isinstance(record, Mapping) else record))
             raise PartitionError(
-                f"{source}: its preprocessing record is not this version's ({problem}): {_short(record)}; export "
+                f"{source}: its preprocessing record is not this version's ({problem}): {shown}; export "
                 "the model again with this version"
             )
         return preprocessing
@@ -216,11 +217,6 @@ def _preprocessing_problem(cls: type[ImagePreprocessing], record: Any) -> tuple[
     expected = preprocessing.to_dict()
     differ = sorted(k for k in {*expected, *record} if k != "steps" and record.get(k) != expected.get(k))
     return (f"{', '.join(differ)} differ from what this version decodes" if differ else ""), preprocessing
-
-
-def _short(record: Any) -> str:
-    text = repr(dict(record) if isinstance(record, Mapping) else record)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class ImageReader(Protocol):

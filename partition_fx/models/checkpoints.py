@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from timm.models import adapt_input_conv, clean_state_dict, load_state_dict
 
-from ..errors import PartitionCheckpointError, PartitionWarning, is_out_of_memory
+from ..errors import PartitionCheckpointError, PartitionWarning, is_out_of_memory, shortened
 
 AUXILIARY_CLASSIFIERS = ("aux1.", "aux2.", "AuxLogits.")
 """Checkpoint tensors under these prefixes (torchvision's GoogLeNet and Inception v3 auxiliary classifiers,
@@ -300,11 +300,9 @@ def _first_names(names: list[str], shown: int = 3) -> str:
 def _short(error: BaseException) -> str:
     """``"Type: message"`` on one line, shortened; just the type where the message would suggest unsafe loading
     (``weights_only``)."""
-    message = " ".join(str(error).split())
-    if "weights_only" in message:
+    if "weights_only" in str(error):
         return type(error).__name__
-    detail = f"{type(error).__name__}: {message}"
-    return detail if len(detail) <= 200 else detail[:197] + "..."
+    return shortened(f"{type(error).__name__}: {error}", limit=200)
 
 
 def _timm_filtered(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:

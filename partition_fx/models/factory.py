@@ -12,7 +12,7 @@ from typing import Any
 import timm
 import torch
 
-from ..errors import PartitionCheckpointError, PartitionError, first_line, is_out_of_memory
+from ..errors import PartitionCheckpointError, PartitionError, first_line, is_out_of_memory, shortened
 from .checkpoints import load_checkpoint_into
 from .torchvision_models import TORCHVISION_PREFIX, build_torchvision_model, torchvision_model_names
 
@@ -92,9 +92,8 @@ def check_image_size(model: torch.nn.Module, name: str, in_chans: int, img_size:
         if runs_on is not None
         else "choose another --model"
     )
-    raise PartitionError(
-        f"{name} cannot run on {img_size}x{img_size} images ({type(error).__name__}: {_short(error)}); {fix}"
-    )
+    detail = f"{type(error).__name__}: {shortened(first_line(error))}"
+    raise PartitionError(f"{name} cannot run on {img_size}x{img_size} images ({detail}); {fix}")
 
 
 def _forward_error(model: torch.nn.Module, in_chans: int, img_size: int) -> Exception | None:
@@ -110,11 +109,6 @@ def _forward_error(model: torch.nn.Module, in_chans: int, img_size: int) -> Exce
     finally:
         model.train(training)
     return None
-
-
-def _short(error: BaseException) -> str:
-    text = " ".join(first_line(error).split())
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _architecture(name: str, num_classes: int, in_chans: int, img_size: int | None) -> torch.nn.Module:

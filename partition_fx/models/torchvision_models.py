@@ -10,7 +10,7 @@ import torch
 import torchvision
 from timm.models import adapt_input_conv
 
-from ..errors import PartitionError, is_out_of_memory
+from ..errors import PartitionError, is_out_of_memory, shortened
 
 TORCHVISION_PREFIX = "torchvision:"
 """A ``--model`` name with this prefix is torchvision's (``torchvision:mobilenet_v3_small``); without, timm's."""
@@ -54,10 +54,11 @@ def build_torchvision_model(
     except Exception as e:
         if is_out_of_memory(e):
             raise
+        detail = f"{type(e).__name__}: {shortened(str(e) or type(e).__name__, 160)}"
         raise PartitionError(
             f"{TORCHVISION_PREFIX}{name} cannot be built for {num_classes} classes"
             + (f" at {img_size}x{img_size}" if img_size is not None else "")
-            + f" ({type(e).__name__}: {_short(e)}); choose another --model or --image-size"
+            + f" ({detail}); choose another --model or --image-size"
         ) from e
     if in_chans != 3:
         _adapt_stem(model, in_chans)
@@ -83,8 +84,3 @@ def _adapt_stem(model: torch.nn.Module, in_chans: int) -> None:
         if stem.bias is not None:
             new.bias.copy_(stem.bias)
     model.set_submodule(stem_name, new)
-
-
-def _short(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
