@@ -7,6 +7,7 @@ Bad arguments are also ``ValueError``/``TypeError`` so the usual ``except ValueE
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 
 def first_line(error: BaseException) -> str:
@@ -24,6 +25,16 @@ def shortened(text: str, limit: int = 120) -> str:
     """
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def first_names(names: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names``, comma-separated, then how many more: what a one-line error lists.
+
+    >>> first_names(["a", "b"]), first_names(list("abcde"))
+    ('a, b', 'a, b, c and 2 more')
+    """
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def is_out_of_memory(error: BaseException) -> bool:

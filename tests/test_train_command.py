@@ -360,7 +360,7 @@ def test_export_and_convert_replace_their_directory_whole_or_not_at_all(run_dir,
     def broken(*args, **kwargs):
         raise RuntimeError("the ONNX exporter broke")
 
-    monkeypatch.setattr("partition_fx.cli.export.export_onnx", broken)
+    monkeypatch.setattr("partition_fx.cli.export.write_onnx", broken)
     with pytest.raises(RuntimeError, match="exporter broke"):
         main(["export", "--run", str(run_dir), "--out", str(out), "--overwrite"])
     assert _tree(out) == before

@@ -180,7 +180,7 @@ def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:
 
 
 MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
-"""What ``train`` and ``export`` record with a model (``cli.export.model_record``), in ``report.json``,
+"""What ``train`` and ``export`` record with a model (``cli.job.model_record``), in ``report.json``,
 ``export.json`` and the ONNX file's metadata, and ``predict`` reads."""
 
 

@@ -7,7 +7,7 @@ split="test")``: the model's input shape and classes, and the examples the expor
 checkpoint is loaded (``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to
 ``--out`` (default ``RUN/export``) with an ``export.json`` summary. The training split is loaded only to
 recalibrate BatchNorm statistics where they need it (below). ``export.json`` and the ONNX file's metadata also
-record what using the model needs (:func:`model_record`: class names, preprocessing, architecture, the ONNX input
+record what using the model needs (``cli.job.model_record``: class names, preprocessing, architecture, the ONNX input
 ``images`` and output ``logits``, or ``log_probs`` for the test-time-averaged model), which ``partition-fx predict``
 reads.
 
@@ -33,14 +33,14 @@ from torch import nn
 
 from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
-from ..export import export_onnx, export_subnetwork
+from ..export import export_subnetwork
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from ..training import Examples, load_checkpoint, recalibrate_norm_statistics
 from ..training.checkpoint import needs_recalibration, norm_statistics
 from ..transforms import TestTimeAveraged
-from .checks import MODEL_RECORD, check_export
-from .job import TrainJob, job_from_args, load_job_data
+from .checks import check_export
+from .job import job_from_args, load_job_data, model_record, write_onnx
 from .runs import CHECKPOINT_STATES, write_run
 
 
@@ -109,57 +109,6 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 
     write_run(out, args.overwrite, {"--run": run}, fill)  # a failed export leaves --out as it was
     return summary
-
-
-ONNX_INPUT = "images"
-"""The input of every ONNX file ``train`` and ``export`` write: a float32 NCHW batch, as ``preprocessing`` says."""
-ONNX_OUTPUTS = {False: "logits", True: "log_probs"}
-"""Their output: the plain model's logits, or the test-time-averaged model's log-probabilities (by ``averaged``)."""
-
-
-def model_record(job: TrainJob, averaged: bool = False) -> dict[str, Any]:
-    """What using the model ``job`` trains needs, beyond its weights: the ``classes`` in label order (its output i
-    is ``classes[i]``), the ``preprocessing`` that makes an image one of its inputs (the data's
-    :class:`~partition_fx.datasets.images.ImagePreprocessing`; None for a registered dataset without one), the
-    ``architecture`` that rebuilds the module of ``model.safetensors`` (``partition_fx.models.build_model(model,
-    num_classes, in_chans=in_chans, img_size=img_size)``, then ``safetensors.torch.load_model``), and the ONNX
-    file's ``onnx_names`` (its output ``log_probs`` when it is the test-time-``averaged`` model).
-
-    >>> from partition_fx.cli.job import train_job
-    >>> record = model_record(train_job(["--model", "fixup_resnet8", "--data", "digits", "--image-size", "8"]))
-    >>> record["classes"][:3], record["preprocessing"]["mode"], record["onnx_names"]
-    (['0', '1', '2'], 'L', {'input': 'images', 'output': 'logits'})
-    >>> record["architecture"]
-    {'model': 'fixup_resnet8', 'num_classes': 10, 'in_chans': 1, 'img_size': 8}
-    """
-    data = job.data
-    classes = data.classes if data.classes is not None else [str(i) for i in range(data.num_classes or 0)]
-    return {
-        "classes": list(classes),
-        "preprocessing": data.preprocessing.to_dict() if data.preprocessing is not None else None,
-        "architecture": {  # as cli.job builds it (its --checkpoint aside: the weights are the exported ones)
-            "model": job.args.model,
-            "num_classes": data.num_classes,
-            "in_chans": data.input_shape[0],
-            "img_size": data.input_shape[-1],
-        },
-        "onnx_names": {"input": ONNX_INPUT, "output": ONNX_OUTPUTS[averaged]},
-    }
-
-
-def write_onnx(pmodel: PartitionedModel, path: Path, job: TrainJob, record: dict[str, Any], **kwargs: Any) -> Path:
-    """``export_onnx`` of ``pmodel`` traced on the job's test inputs, its input and output named as ``record``
-    (:func:`model_record`, or a report holding it) says, and the record in its metadata (each entry as JSON)."""
-    names = record["onnx_names"]
-    return export_onnx(
-        pmodel,
-        path,
-        (job.sample_inputs(),),
-        input_names=[names["input"]],
-        output_names=[names["output"]],
-        metadata={key: record[key] for key in MODEL_RECORD},
-        **kwargs,
-    )
 
 
 def load_for_export(

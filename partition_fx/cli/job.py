@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from .._validation import batch_pools, check_batches_fit, check_fits_in_memory
 from ..datasets import DatasetSplits, load_dataset, named_dataset
 from ..datasets.splits import Split
 from ..errors import PartitionArgumentError, PartitionError, PartitionWarning
+from ..export import export_onnx
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
@@ -27,7 +29,7 @@ from ..train_config import TrainConfig
 from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
 from ..training.chunks import default_workers
 from ..transforms import AffineAugmentation
-from .checks import check_train_options, checked_proportions, fixed_ranges, proportions_text
+from .checks import MODEL_RECORD, check_train_options, checked_proportions, fixed_ranges, proportions_text
 from .parser import parse_train, train_defaults
 
 
@@ -68,6 +70,56 @@ class TrainJob:
         """The first ``count`` test inputs: the example ONNX is traced with."""
         examples = Examples(self.data.test)
         return examples.batch(torch.arange(min(count, len(examples))))[0]
+
+
+ONNX_INPUT = "images"
+"""The input of every ONNX file ``train`` and ``export`` write: a float32 NCHW batch, as ``preprocessing`` says."""
+ONNX_OUTPUTS = {False: "logits", True: "log_probs"}
+"""Their output: the plain model's logits, or the test-time-averaged model's log-probabilities (by ``averaged``)."""
+
+
+def model_record(job: TrainJob, averaged: bool = False) -> dict[str, Any]:
+    """What using the model ``job`` trains needs, beyond its weights: the ``classes`` in label order (its output i
+    is ``classes[i]``), the ``preprocessing`` that makes an image one of its inputs (the data's
+    :class:`~partition_fx.datasets.images.ImagePreprocessing`; None for a registered dataset without one), the
+    ``architecture`` that rebuilds the module of ``model.safetensors`` (``partition_fx.models.build_model(model,
+    num_classes, in_chans=in_chans, img_size=img_size)``, then ``safetensors.torch.load_model``), and the ONNX
+    file's ``onnx_names`` (its output ``log_probs`` when it is the test-time-``averaged`` model).
+
+    >>> record = model_record(train_job(["--model", "fixup_resnet8", "--data", "digits", "--image-size", "8"]))
+    >>> record["classes"][:3], record["preprocessing"]["mode"], record["onnx_names"]
+    (['0', '1', '2'], 'L', {'input': 'images', 'output': 'logits'})
+    >>> record["architecture"]
+    {'model': 'fixup_resnet8', 'num_classes': 10, 'in_chans': 1, 'img_size': 8}
+    """
+    data = job.data
+    classes = data.classes if data.classes is not None else [str(i) for i in range(data.num_classes or 0)]
+    return {
+        "classes": list(classes),
+        "preprocessing": data.preprocessing.to_dict() if data.preprocessing is not None else None,
+        "architecture": {  # as cli.job builds it (its --checkpoint aside: the weights are the exported ones)
+            "model": job.args.model,
+            "num_classes": data.num_classes,
+            "in_chans": data.input_shape[0],
+            "img_size": data.input_shape[-1],
+        },
+        "onnx_names": {"input": ONNX_INPUT, "output": ONNX_OUTPUTS[averaged]},
+    }
+
+
+def write_onnx(pmodel: PartitionedModel, path: Path, job: TrainJob, record: dict[str, Any], **kwargs: Any) -> Path:
+    """``export_onnx`` of ``pmodel`` traced on the job's test inputs, its input and output named as ``record``
+    (:func:`model_record`, or a report holding it) says, and the record in its metadata (each entry as JSON)."""
+    names = record["onnx_names"]
+    return export_onnx(
+        pmodel,
+        path,
+        (job.sample_inputs(),),
+        input_names=[names["input"]],
+        output_names=[names["output"]],
+        metadata={key: record[key] for key in MODEL_RECORD},
+        **kwargs,
+    )
 
 
 def train_job(argv: Sequence[str]) -> TrainJob:

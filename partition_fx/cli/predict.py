@@ -83,7 +83,7 @@ def read_image(path: str | Path, preprocessing: ImagePreprocessing) -> torch.Ten
 
 
 def checked_record(record: dict[str, Any], source: str) -> ImagePreprocessing:
-    """The preprocessing of a model ``record`` (``cli.export.model_record``, from ``source``) whose class names fit
+    """The preprocessing of a model ``record`` (``cli.job.model_record``, from ``source``) whose class names fit
     its architecture; a record this version did not write is refused naming ``source``."""
     classes, architecture = record["classes"], record["architecture"]
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or not classes:

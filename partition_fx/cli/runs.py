@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._io import remove_path, staging_directory, swap_in
-from ..errors import PartitionArgumentError, PartitionError
+from ..errors import PartitionArgumentError, PartitionError, first_names
 from ..train_config import RUN_FILE
 from .parser import COMMANDS, train_defaults
 from .run_config import RUN_CONTROL, args_from_config, run_config
@@ -197,7 +197,7 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
         )
     foreign = foreign_entries(out, _run_files(out))
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        shown = first_names(foreign, 5)
         raise PartitionError(
             f"--out {str(out)!r} holds {shown}, which its earlier {' and '.join(commands)} run did not write; "
             "--overwrite replaces only that run's own files and deletes nothing else: move them out of it or choose "

@@ -13,7 +13,7 @@ with ``fit`` and writes to ``--out``:
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime; input ``images``,
   output ``logits``), with what using them needs in ``report.json`` and the ONNX file's metadata: ``classes``,
-  ``preprocessing``, ``architecture``, ``onnx_names`` (``cli.export.model_record``; ``partition-fx predict``);
+  ``preprocessing``, ``architecture``, ``onnx_names`` (``cli.job.model_record``; ``partition-fx predict``);
 * ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
 
 Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
@@ -44,8 +44,8 @@ from ..training import (
     resume_directory,
 )
 from .checks import with_fixed_ranges
-from .export import load_for_export, model_record, write_onnx
-from .job import TrainJob, initial_hyperparameters, job_from_args, resolve_device
+from .export import load_for_export
+from .job import TrainJob, initial_hyperparameters, job_from_args, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
 from .runs import CHECKPOINT_STATES, check_out, prepare_out, read_run, resumed_args, starting_report
@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
         best = out / "checkpoint" / "best.safetensors" if writes else None
         fields["highest_lml_state"] = highest_lml_state(job, result, best)
         if writes:
-            _write_files(job, result, out, initial)
+            _write_files(job, result, out, initial, fields)
     except BaseException as e:
         report.end(e, seconds=round(time.perf_counter() - started, 1))
         raise
@@ -282,13 +282,13 @@ def highest_lml_state(job: TrainJob, result: FitResult, checkpoint: Path | None)
     }
 
 
-def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any]) -> None:
-    """The exported model, its ONNX twin and the plots in ``out`` (``initial``: the hyperparameters before
-    training, plotted at iteration 0)."""
+def _write_files(job: TrainJob, result: FitResult, out: Path, initial: dict[str, Any], record: dict[str, Any]) -> None:
+    """The exported model, its ONNX twin (``record``: the report, whose ``model_record`` goes into its metadata) and
+    the plots in ``out`` (``initial``: the hyperparameters before training, plotted at iteration 0)."""
     pmodel = job.pmodel.cpu()
     exported = export_subnetwork(pmodel).eval()
     replace_file(out / FILES["model"], lambda tmp: save_model(exported, str(tmp)))
-    write_onnx(pmodel, out / FILES["onnx"], job, model_record(job))
+    write_onnx(pmodel, out / FILES["onnx"], job, record)  # the report's classes, preprocessing, ... (model_record)
     plot_curves(result.history, out / "lml.png")
     bounds = job.hyper.max_range if job.hyper is not None else {}
     plot_hyperparameters(result.history, out / "hyperparameters.png", initial, bounds)

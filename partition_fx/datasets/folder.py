@@ -71,6 +71,15 @@ def _scan_classes(root: Path) -> dict[str, list[Path]]:
     return found
 
 
+def _check_two_classes(classes: list[str], where: str, how: str) -> None:
+    """Refuse a folder of one class (``where``: "data folder X has", ``how``: where the others go)."""
+    if len(classes) == 1:
+        raise PartitionError(
+            f"{where} one class folder ({classes[0]}/): a classifier needs at least two; add a folder of images for "
+            f"each other class, {how}"
+        )
+
+
 def _header(path: Path) -> tuple[str, tuple[int, int]]:
     """The PIL mode and (width, height) of the image at ``path`` (read from its header; nothing is decoded)."""
     from PIL import Image
@@ -197,11 +206,7 @@ def image_folder(
                 f"{only_test}); both must hold the same classes"
             )
         classes = list(train_found)
-        if len(classes) == 1:
-            raise PartitionError(
-                f"data folders {train_dir} and {test_dir} have one class folder ({classes[0]}/): a classifier needs "
-                f"at least two; add a folder of images for each other class to both"
-            )
+        _check_two_classes(classes, f"data folders {train_dir} and {test_dir} have", "to both")
         files = [p for found in (train_found, test_found) for paths in found.values() for p in paths]
         labels = np.array([i for found in (train_found, test_found) for i, ps in enumerate(found.values()) for _ in ps])
         num_train = sum(len(paths) for paths in train_found.values())
@@ -213,11 +218,7 @@ def image_folder(
     else:
         found = _scan_classes(root)
         classes = list(found)
-        if len(classes) == 1:  # before the split, which would refuse it less clearly
-            raise PartitionError(
-                f"data folder {root} has one class folder ({classes[0]}/): a classifier needs at least two; add a "
-                f"folder of images for each other class, as {root}/<class>/<image>"
-            )
+        _check_two_classes(classes, f"data folder {root} has", f"as {root}/<class>/<image>")  # before the split
         files = [p for paths in found.values() for p in paths]
         labels = np.array([i for i, paths in enumerate(found.values()) for _ in paths])
         train_idx, test_idx = stratified_split(labels, test_fraction, seed, classes)

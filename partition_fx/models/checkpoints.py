@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from timm.models import adapt_input_conv, clean_state_dict, load_state_dict
 
-from ..errors import PartitionCheckpointError, PartitionWarning, is_out_of_memory, shortened
+from ..errors import PartitionCheckpointError, PartitionWarning, first_names, is_out_of_memory, shortened
 
 AUXILIARY_CLASSIFIERS = ("aux1.", "aux2.", "AuxLogits.")
 """Checkpoint tensors under these prefixes (torchvision's GoogLeNet and Inception v3 auxiliary classifiers,
@@ -253,7 +253,7 @@ def _read_torch(path: Path, source: str) -> Any:
             objects = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
         except Exception:
             objects = []
-        named = f" ({_first_names(objects)})" if objects else ""
+        named = f" ({first_names(objects)})" if objects else ""
         raise PartitionCheckpointError(
             f"{source} is a torch.save file holding Python objects besides tensors{named}, which partition-fx "
             f"does not unpickle; pass {PLAIN_STATE_DICT}"
@@ -285,16 +285,6 @@ def _run_of(path: Path, *inner: str) -> str:
     if len(inner) < len(parents) and all(parents[i].name == name for i, name in enumerate(reversed(inner))):
         return str(parents[len(inner)])
     return "RUN"
-
-
-def _first_names(names: list[str], shown: int = 3) -> str:
-    """The first ``shown`` of ``names``, then how many more.
-
-    >>> _first_names(["a", "b"]), _first_names(list("abcde"))
-    ('a, b', 'a, b, c and 2 more')
-    """
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 def _short(error: BaseException) -> str:

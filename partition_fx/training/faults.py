@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..errors import first_names
 from ..partitioned_model import PartitionedModel
 
 
@@ -37,8 +38,7 @@ def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[
         return None
     named = names()
     bad = [named.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
-    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-    return f"gradient norm {norm} (in " + ", ".join(bad[:3]) + more + ")"
+    return f"gradient norm {norm} (in {first_names(bad)})"
 
 
 def _parameter_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood: nn.Module | None) -> dict[int, str]:
@@ -82,8 +82,7 @@ def storage_names(pmodel: PartitionedModel, hyper: nn.Module | None, likelihood:
             else:
                 members.setdefault(id(storage), (k, []))[1].append(name)
     for key, (k, held) in members.items():
-        more = f" and {len(held) - 2} more" if len(held) > 2 else ""
-        names[key] = ", ".join(held[:2]) + more + f" partition {k}"
+        names[key] = f"{first_names(held, 2)} partition {k}"
     return names
 
 

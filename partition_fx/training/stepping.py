@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PartitionTrainingError
+from ..errors import PartitionTrainingError, first_names
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
 from .data_parallel import DataParallel
@@ -153,8 +153,7 @@ class NonfiniteWatch:
         assert bad.grads_finite is not None
         named = names()
         which = [named.get(id(p), "?") for p, ok in zip(bad.params, bad.grads_finite.tolist()) if not ok]
-        more = f" and {len(which) - 3} more" if len(which) > 3 else ""
-        return bad.step, bad.what, "gradient (in " + ", ".join(which[:3]) + more + ")"
+        return bad.step, bad.what, f"gradient (in {first_names(which)})"
 
 
 class Stepper:
