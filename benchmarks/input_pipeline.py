@@ -47,9 +47,7 @@ from partition_fx.datasets import image_folder
 from partition_fx.models.factory import build_model
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer
-from partition_fx.training.chunks import Examples
-from partition_fx.training.pipeline import StepInputs
-from partition_fx.training.sampler import PartitionedSampler
+from partition_fx.training.data import Examples, PartitionedSampler, StepInputs
 from partition_fx.transforms import AffineAugmentation
 
 CLASSES = 10

@@ -33,7 +33,7 @@ from partition_fx.train_config import TrainConfig
 from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training import evaluate_averaged as evaluate_classifier_averaged
 from partition_fx.training.lml import apply_transform
-from partition_fx.training.optimizers import configured_factories
+from partition_fx.training.optim import configured_factories
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,17 +21,16 @@ from partition_fx.training import (
     CallbackHook,
     Categorical,
     Examples,
-    PartitionedSampler,
     PartitionedTrainer,
     TrainingHook,
     estimate_lml,
     recalibrate_norm_statistics,
     split_into_chunks,
 )
-from partition_fx.training.evaluation import LMLEvaluator
-from partition_fx.training.state import TrainedModules, TrainingState
+from partition_fx.training.iteration import TrainingSteps
+from partition_fx.training.lml import LMLEvaluator, evidence, lml_fields, recalibrated_states
+from partition_fx.training.objective import Objective
 from partition_fx.training.stepping import Stepper
-from partition_fx.training.steps import TrainingSteps
 from partition_fx.transforms import InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -58,7 +58,7 @@ def _stepper(pmodel, mask=None, **options) -> Stepper:
     sgd = torch.optim.SGD(pmodel.parameters(), lr=1.0)  # new = old - grad: the update is the gradient
     psi = torch.optim.SGD(mask.parameters(), lr=1.0) if mask is not None else None
     hyper = {"hyperparameters": list(mask.parameters()), "hyperparameter_modules": [mask]} if mask is not None else {}
-    return Stepper(sgd, psi, modules=(pmodel, mask, None), **hyper, **options)
+    return Stepper(sgd, psi, objective=Objective(pmodel, mask), **hyper, **options)
 
 
 # --- Stepper --------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_the_steps_train_partition_k_through_subnetwork_k_and_record_at_their_co
     pmodel = _pmodel()
     x, y = _data()
     stepper = _stepper(pmodel)
-    steps = TrainingSteps(pmodel, Categorical(), Examples((x, y)), stepper)
+    steps = TrainingSteps(Objective(pmodel, None, Categorical()), Examples((x, y)), stepper)
     idx = torch.tensor([0, 3, 5, 7])
     two = pmodel.partition_parameters(2)
     want = torch.autograd.grad(nn.functional.cross_entropy(pmodel(x[idx], subnetwork=2), y[idx]), two)
@@ -162,7 +162,7 @@ def test_the_evaluator_draws_from_its_own_generator_only():
     chunks), and torch's global generator is left where it was."""
     pmodel = _pmodel()
     examples, chunks = Examples(_data()), split_into_chunks(40, (0.5, 0.5), seed=0)
-    evaluator = LMLEvaluator(pmodel, examples, chunks, Categorical(), max_examples_per_chunk=6, seed=7)
+    evaluator = LMLEvaluator(Objective(pmodel, None, Categorical()), examples, chunks, max_examples_per_chunk=6, seed=7)
     reference = torch.Generator().manual_seed(7)
     rng = torch.get_rng_state()
     for _ in range(3):
@@ -172,15 +172,15 @@ def test_the_evaluator_draws_from_its_own_generator_only():
         assert got == want
         torch.set_rng_state(rng)
     assert torch.equal(torch.get_rng_state(), rng)
-    assert evaluator.selection_score(got) == got.conditional
+    assert evidence(lml_fields(got, scored=20)) == got.conditional
 
 
-# --- TrainedModules and TrainingState ---------------------------------------------------------------------
+# --- Objective and the trainer's state -----------------------------------------------------------------------
 
 
 def test_trained_modules_save_load_restore_and_recalibrate_on_a_copy():
     pmodel, mask = _pmodel(norm=True), InputMask(3)
-    trained = TrainedModules(pmodel, mask, checkpoint_defaults=False)
+    trained = Objective(pmodel, mask, checkpoint_defaults=False)
     states = trained.states(copy_values=True)
     assert set(states) == {"model", "hyper"}
     assert not set(states["model"]) & set(pmodel.rebuilt_buffers(defaults=True))
@@ -200,7 +200,7 @@ def test_trained_modules_save_load_restore_and_recalibrate_on_a_copy():
 
     examples = Examples(_data())
     model_before = copy.deepcopy(pmodel.state_dict())
-    recalibrated = trained.recalibrated(states, examples, batch_size=16, device=None)
+    recalibrated = recalibrated_states(pmodel, states, examples, batch_size=16, device=None)
     copied = copy.deepcopy(pmodel)
     recalibrate_norm_statistics(copied, examples, batch_size=16)
     assert all(torch.equal(v, copied.state_dict()[k]) for k, v in recalibrated["model"].items())
@@ -210,11 +210,9 @@ def test_trained_modules_save_load_restore_and_recalibrate_on_a_copy():
 def test_the_training_state_round_trips_and_refuses_another_configuration():
     pmodel = _pmodel()
     x, y = _data()
-    stepper = _stepper(pmodel)
-    steps = TrainingSteps(pmodel, Categorical(), Examples((x, y)), stepper)
-    sampler = PartitionedSampler(split_into_chunks(40, (0.5, 0.5), seed=0), batch_size=4, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    state = TrainingState(TrainedModules(pmodel), steps, stepper, sampler, generator, {"fused": False})
+    sgd = partial(torch.optim.SGD, lr=1.0)
+    trainer = PartitionedTrainer(pmodel, (x, y), PAPER, batch_size=4, seed=0, optimizer=sgd)
+    steps, sampler, generator = trainer.steps, trainer.sampler, trainer.evaluator.generator
 
     def train(n: int) -> None:
         for _ in range(n):
@@ -223,25 +221,26 @@ def test_the_training_state_round_trips_and_refuses_another_configuration():
         torch.rand(1, generator=generator)
 
     train(3)
-    assert state.add_evaluation({"step": 3, "lml": -2.0}, -1.0) and state.best[:2] == (-1.0, 3)
-    assert not state.add_evaluation({"step": 3, "lml": -2.5}, -1.5)
-    saved = copy.deepcopy(state.state_dict())
+    assert trainer.record_evaluation({"step": 3, "lml": -2.0, "conditional_lml": -1.0})
+    assert trainer.best[:2] == (-1.0, 3)
+    assert not trainer.record_evaluation({"step": 3, "lml": -2.5, "conditional_lml": -1.5})
+    saved = copy.deepcopy(trainer.state_dict())
     expected_next = (sampler.parameter_batch(), torch.rand(1, generator=generator))
     sampler.load_state_dict(saved["rng"]["sampler"])
     generator.set_state(saved["rng"]["lml"])
     weights = _snapshot(*pmodel.parameters())
     train(4)
-    state.load_state_dict(saved)
-    assert steps.step == 3 and len(state.history) == 2 and state.best[:2] == (-1.0, 3)
+    trainer.load_state_dict(saved)
+    assert steps.step == 3 and len(trainer.history) == 2 and trainer.best[:2] == (-1.0, 3)
     assert all(torch.equal(a, b) for a, b in zip(weights, pmodel.parameters()))
     k, indices = sampler.parameter_batch()
     assert k == expected_next[0][0] and torch.equal(indices, expected_next[0][1])
     assert torch.equal(torch.rand(1, generator=generator), expected_next[1])
 
-    other = TrainingState(TrainedModules(pmodel), steps, stepper, sampler, generator, {"fused": True})
+    other = PartitionedTrainer(pmodel, (x, y), PAPER, batch_size=4, seed=0, optimizer=sgd, fused=True)
     with pytest.raises(PartitionCheckpointError, match=r"the saved run is from a different configuration \(.*fused"):
         other.load_state_dict(saved, source="the saved run")
-    assert steps.step == 3
+    assert other.step == 0 and steps.step == 3
 
 
 # --- hooks that end a run ---------------------------------------------------------------------------------

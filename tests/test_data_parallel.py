@@ -19,7 +19,7 @@ from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
-from partition_fx.training.data_parallel import DataParallel
+from partition_fx.training.stepping import DataParallel
 from partition_fx.transforms import InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning

@@ -18,7 +18,7 @@ from models_for_tests import gradient_step_trainer
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.train_config import HYPER_CHUNKS
 from partition_fx.training import PartitionedSampler, split_into_chunks
-from partition_fx.training.estimators import ESTIMATORS, AllChunks, HyperEstimator, OneChunk, hyper_estimator
+from partition_fx.training.iteration import AllChunks, HyperEstimator, OneChunk, estimator_for
 from partition_fx.training.lml import forward_log_likelihood
 
 _trainer = gradient_step_trainer
@@ -80,12 +80,12 @@ def test_all_chunks_weights_every_chunk_by_the_probability_one_chunk_draws_it():
         assert abs(count - 20000 * weight) <= 5 * math.sqrt(20000 * weight * (1 - weight)), (k, count)
 
 
-def test_the_registry_holds_the_names_the_options_accept():
-    assert tuple(ESTIMATORS) == HYPER_CHUNKS
-    assert all(isinstance(hyper_estimator(name), HyperEstimator) for name in HYPER_CHUNKS)
+def test_each_name_the_options_accept_picks_its_estimator():
+    assert [type(estimator_for(name)) for name in HYPER_CHUNKS] == [OneChunk, AllChunks]
+    assert all(isinstance(estimator_for(name), HyperEstimator) for name in HYPER_CHUNKS)
     assert (
         type(_trainer(hyper_chunks="all").iterations.estimator) is AllChunks
         and type(_trainer().iterations.estimator) is OneChunk
     )
-    with pytest.raises(PartitionArgumentError, match="no hyperparameter estimator 'both'"):
-        hyper_estimator("both")
+    with pytest.raises(PartitionArgumentError, match="hyper_chunks"):  # the configuration knows the names
+        _trainer(hyper_chunks="both")

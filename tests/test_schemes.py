@@ -1,6 +1,6 @@
-"""The iteration schemes (``training.schemes``) against their definitions: each iteration's updates are the
-gradients of appendix I.1's steps, taken one example and one chunk at a time (DESIGN.md invariant 4); the
-registry names every scheme the options can ask for."""
+"""The iteration schemes (``training.iteration``) against their definitions: each iteration's updates are the
+gradients of appendix I.1's steps, taken one example and one chunk at a time (DESIGN.md invariant 4); each
+combination of the options names its scheme."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.testing import perturb_partitions
 from partition_fx.train_config import TrainConfig
-from partition_fx.training.schemes import (
-    SCHEMES,
+from partition_fx.training.iteration import (
     Alternating,
+    Draw,
     EveryPartition,
     Fused,
     FusedEveryPartition,
     IterationScheme,
-    iteration_scheme,
-    scheme_name,
+    scheme_for,
 )
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -214,7 +213,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
     assert psi.abs().sum() > 0 and trainer.step == 1
 
 
-def test_each_combination_of_the_options_names_a_registered_scheme():
+def test_each_combination_of_the_options_names_its_scheme():
     chosen = {
         (fused, every): type(_trainer(fused=fused, every_partition=every).iterations.scheme)
         for fused in (False, True)
@@ -226,10 +225,7 @@ def test_each_combination_of_the_options_names_a_registered_scheme():
         (True, False): Fused,
         (True, True): FusedEveryPartition,
     }
-    assert set(SCHEMES.values()) == set(chosen.values())
-    assert all(type(iteration_scheme(scheme_name(*flags))) is cls for flags, cls in chosen.items())
-    with pytest.raises(PartitionArgumentError, match="no iteration scheme 'one-pass'; the registered ones are"):
-        iteration_scheme("one-pass")
+    assert all(type(scheme_for(*flags)) is cls for flags, cls in chosen.items())
 
 
 def test_a_new_scheme_is_one_class_behind_the_interface():
@@ -239,11 +235,14 @@ def test_a_new_scheme_is_one_class_behind_the_interface():
     class HyperOnly(IterationScheme):  # psi only: the partitions stay as converted
         name = "hyper-only"
 
-        def iteration(self, sampler, steps, hyper):
+        def draw(self, sampler, hyper):
+            batches = hyper.draw(sampler) if hyper is not None else []
+            return Draw(torch.tensor([], dtype=torch.long), 1, batches, hyper.describe(batches) if batches else "")
+
+        def take(self, steps, draw):
             steps.advance()
-            if hyper is not None:
-                batches = hyper.draw(sampler)
-                steps.hyper_step(batches, hyper.describe(batches))
+            if draw.hyper:
+                steps.hyper_step(draw.hyper, draw.hyper_what)
 
     trainer = _trainer(hyper_chunks="all")
     trainer.iterations.scheme = HyperOnly()

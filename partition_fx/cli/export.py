@@ -23,21 +23,15 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save_model
-from torch import nn
 
 from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_subnetwork
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
-from ..training import Examples, load_checkpoint, recalibrate_norm_statistics
-from ..training.checkpoint import needs_recalibration, norm_statistics
+from ..training.checkpoint import load_for_export, norm_statistics
 from ..transforms import TestTimeAveraged
 from .checks import check_export
 from .job import job_from_args, load_job_data, model_record, write_onnx
@@ -109,28 +103,3 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 
     write_run(out, args.overwrite, {"--run": run}, fill)  # a failed export leaves --out as it was
     return summary
-
-
-def load_for_export(
-    pmodel: PartitionedModel,
-    hyper: nn.Module | None,
-    training_data: Callable[[], Any],
-    checkpoint: Path,
-    config: TrainConfig,
-    subnetwork: int | None = None,
-) -> tuple[dict[str, Any], int]:
-    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
-    ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
-    ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
-    training examples that ``training_data()`` returns, as the end of a run does (the run's ``config``: its
-    evaluation batch size; on the CPU). ``training_data`` is called only then: ``export`` loads the training
-    split only for a recalibration. Returns the checkpoint's metadata and how many BatchNorm modules were
-    recalibrated."""
-    meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
-    if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
-        return meta, 0
-    batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
-    recalibrated = recalibrate_norm_statistics(
-        pmodel, Examples(training_data()), subnetwork, batch_size=batch_size, device=torch.device("cpu")
-    )
-    return meta, recalibrated

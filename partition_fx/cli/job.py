@@ -27,7 +27,7 @@ from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
 from ..train_config import TrainConfig
 from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
-from ..training.chunks import default_workers
+from ..training.data import default_workers
 from ..transforms import AffineAugmentation
 from .checks import MODEL_RECORD, check_train_options, checked_proportions, fixed_ranges, proportions_text
 from .parser import parse_train, train_defaults

@@ -38,13 +38,14 @@ from ..errors import PartitionCheckpointError
 from ..export import export_subnetwork
 from ..training import (
     FitResult,
+    PartitionedTrainer,
     TrainingHook,
     fit,
     recalibrate_norm_statistics,
     resume_directory,
 )
+from ..training.checkpoint import load_for_export
 from .checks import with_fixed_ranges
-from .export import load_for_export
 from .job import TrainJob, initial_hyperparameters, job_from_args, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
@@ -164,12 +165,12 @@ class RunReport(TrainingHook):
         if self.writes and self.under_way:
             write_json(self.path, self.fields)
 
-    def before_run(self, trainer: Any) -> None:
+    def before_run(self, trainer: PartitionedTrainer) -> None:
         if not self.under_way:  # a resumed run: its state loaded, the history restored
             self.fields["history"] = trainer.history
             self.begin()
 
-    def after_checkpoint(self, trainer: Any, record: dict[str, Any]) -> None:
+    def after_checkpoint(self, trainer: PartitionedTrainer, record: dict[str, Any]) -> None:
         """The run's callback: after each evaluation, once the trainer's hooks wrote its checkpoint."""
         self.fields.update(history=trainer.history, hyperparameters=record["hyperparameters"])
         if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
@@ -211,7 +212,7 @@ class PartitionedAccuracy(TrainingHook):
     def __init__(self, job: TrainJob) -> None:
         self.job = job
 
-    def before_finetuning(self, trainer: Any) -> None:
+    def before_finetuning(self, trainer: PartitionedTrainer) -> None:
         pmodel = copy.deepcopy(trainer.pmodel)
         recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device)
         accuracy, _ = self.job.test_scores(export_subnetwork(pmodel.cpu()).eval())

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from ..partitioned_model import PartitionedModel
-from ..training.hyperparameters import collect_hyperparameters, hyperparameter_modules
 from ..training.likelihoods import Likelihood
 from ..training.lml import forward_log_likelihood
+from ..training.objective import Objective
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _psi_gradient(
     pmodel: PartitionedModel, likelihood: Likelihood, hyper: nn.Module | None, x: torch.Tensor, y: torch.Tensor, k: int
 ) -> list[torch.Tensor] | None:
     """d/dpsi of the mean negative log-likelihood of all the client's data through subnetwork k-1."""
-    psi = collect_hyperparameters(pmodel, hyper, likelihood)
+    psi = Objective(pmodel, hyper, likelihood).hyperparameters()
     if k < 2 or not psi:
         return None
     loss = -forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper).mean()
@@ -144,7 +144,7 @@ class FederatedServer:
         self.pmodel, self.likelihood, self.hyper = pmodel, likelihood, hyper
         self.partitions = {j: pmodel.partition_parameters(j) for j in range(1, pmodel.num_partitions + 1)}
         self.optimizer = torch.optim.Adam([p for params in self.partitions.values() for p in params], lr=lr)
-        psi = collect_hyperparameters(pmodel, hyper, likelihood) if learn_hyperparameters else []
+        psi = Objective(pmodel, hyper, likelihood).hyperparameters() if learn_hyperparameters else []
         self.psi = psi
         self.hyper_optimizer = torch.optim.Adam(psi, lr=hyper_lr) if psi else None
 
@@ -170,7 +170,7 @@ class FederatedServer:
                 p.grad = sum(w * u.psi_gradient[i] for w, u in zip(weights, senders))  # type: ignore[index]
             self.hyper_optimizer.step()
             self.hyper_optimizer.zero_grad(set_to_none=True)
-            for _, module in hyperparameter_modules(self.pmodel, self.hyper, self.likelihood):
+            for _, module in Objective(self.pmodel, self.hyper, self.likelihood).hyperparameter_modules():
                 module.constrain_()
 
 

@@ -17,7 +17,7 @@ from ..datasets import DatasetSplits, load_dataset
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
 from ..training import evaluate_classifier
-from ..training.hyperparameters import hyperparameter_modules, hyperparameter_values
+from ..training.objective import Objective
 from ..transforms import TestTimeAveraged
 from .algorithm import ClientUpdate, FederatedServer, client_update
 from .clients import client_chunks, dirichlet_split
@@ -153,7 +153,7 @@ def mean_of_last(curve: list[dict[str, Any]], key: str) -> float:
 
 def hyperparameters(model: FederatedModel) -> dict[str, Any]:
     """psi's values by name (``rotation``, ``dropout1.p``, ...)."""
-    return hyperparameter_values(hyperparameter_modules(model.pmodel, model.hyper, None))
+    return Objective(model.pmodel, model.hyper).hyperparameter_values()
 
 
 @dataclass

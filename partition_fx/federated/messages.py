@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from ..errors import PartitionError
 from ..partitioned_model import PartitionedModel
-from ..training.hyperparameters import collect_hyperparameters
+from ..training.objective import Objective
 from .algorithm import ClientUpdate, FederatedServer
 from .models import FederatedModel
 
@@ -27,7 +27,7 @@ def _state_tensors(pmodel: PartitionedModel, likelihood: Any, hyper: Any) -> dic
         for j in range(1, pmodel.num_partitions + 1)
         for i, p in enumerate(pmodel.partition_parameters(j))
     }
-    tensors.update((f"psi.{i}", p) for i, p in enumerate(collect_hyperparameters(pmodel, hyper, likelihood)))
+    tensors.update((f"psi.{i}", p) for i, p in enumerate(Objective(pmodel, hyper, likelihood).hyperparameters()))
     return tensors
 
 

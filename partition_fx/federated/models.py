@@ -14,7 +14,7 @@ from .. import partitionify
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..training import Categorical
-from ..training.data_parallel import running_statistics_modules
+from ..training.lml import running_norms
 from ..transforms import AffineAugmentation, ConcreteDropout
 from .config import FederatedConfig
 
@@ -86,7 +86,7 @@ def build_federated_model(config: FederatedConfig, input_shape: tuple[int, ...],
 
 
 def _refuse_running_statistics(model: nn.Module, name: str) -> None:
-    modules = running_statistics_modules(model)
+    modules = running_norms(model)
     if modules:
         where = next(n for n, m in model.named_modules() if m is modules[0])
         raise PartitionArgumentError(

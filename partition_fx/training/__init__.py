@@ -6,20 +6,16 @@
 
 from ..errors import PartitionCheckpointError
 from ..train_config import TrainConfig
-from .checkpoint import load_checkpoint
-from .checkpoint_writer import CheckpointWriter
-from .chunks import DataChunks, Examples, chunks_from_assignment, split_into_chunks
+from .callbacks import CallbackHook, CheckpointWriter, TrainingHook
+from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
+from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignment, split_into_chunks
 from .fit import fit
-from .hooks import CallbackHook, TrainingHook
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_averaged, evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
 from .options import Components
-from .result import FitResult
-from .resume import load_training_state, resume_directory, save_training_state
-from .sampler import PartitionedSampler
-from .trainer import PartitionedTrainer
+from .trainer import FitResult, PartitionedTrainer
 
 __all__ = [
     "CallableLikelihood",

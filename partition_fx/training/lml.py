@@ -1,18 +1,30 @@
-"""The partitioned log marginal likelihood LML = sum_k log p(D_k | w_s^(k-1), psi) (eq. 4 of the paper)."""
+"""The partitioned log marginal likelihood LML = sum_k log p(D_k | w_s^(k-1), psi) (eq. 4 of the paper): the
+losses through the subnetworks that its terms and the training steps are made of, its estimate
+(:func:`estimate_lml`, the trainer's :class:`LMLEvaluator`), which of its numbers is the evidence a run is judged
+by (:func:`evidence`), and the BatchNorm running statistics recalibrated for the final subnetwork
+(:func:`recalibrate_norm_statistics`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
-from .chunks import BatchReader, DataChunks, Examples
+from .data import BatchReader, DataChunks, Examples
 from .likelihoods import Likelihood
+from .stepping import Precision
+
+if TYPE_CHECKING:
+    from .objective import Objective
 
 
 def apply_transform(
@@ -188,6 +200,20 @@ def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, object]:
     }
 
 
+def evidence(record: Mapping[str, Any]) -> float | None:
+    """The LML an evaluation ``record`` is judged by, the one place this rule is written: the conditional LML
+    (chunks 2..C, each scored by a subnetwork that never saw it), or the full LML when there is none (C = 1,
+    where no subnetwork is scored on held-out data); None in fine-tuning, which estimates no LML. The best state
+    is the record with the highest; the progress shows it. The full LML adds chunk 1 scored by the untrained
+    subnetwork 0, which dominates it whatever was learned (docs/benchmarks.md).
+
+    >>> evidence({"lml": -30.0, "conditional_lml": -10.0}), evidence({"lml": -30.0, "conditional_lml": None})
+    (-10.0, -30.0)
+    """
+    conditional = record.get("conditional_lml")
+    return conditional if conditional is not None else record.get("lml")
+
+
 def estimate_lml(
     pmodel: PartitionedModel,
     examples: Examples,
@@ -231,14 +257,15 @@ def estimate_lml(
     return LMLEstimate(total, per_chunk, total / sum(chunks.sizes))
 
 
-def running_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    """The BatchNorm modules of ``model`` that keep running statistics (what
-    :func:`recalibrate_norm_statistics` recomputes).
+def running_norms(model: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
+    """The normalisation layers of ``model`` that keep running statistics (BatchNorm, and InstanceNorm with
+    ``track_running_stats``): what :func:`recalibrate_norm_statistics` recomputes, what data-parallel training
+    broadcasts from rank 0 and what federated training refuses. The one definition of them.
 
     >>> len(running_norms(nn.Sequential(nn.BatchNorm1d(2), nn.BatchNorm1d(2, track_running_stats=False))))
     1
     """
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
 
 
 def recalibrate_norm_statistics(
@@ -276,8 +303,7 @@ def recalibrate_norm_statistics(
         pmodel.train()
         # Eager even for a compiled model: a cumulative average reads the batch count on the host per batch
         # (a graph break in BatchNorm's forward), and a one-off pass is not worth a graph.
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        with forked_rng(), torch.no_grad(), torch.compiler.set_stance("force_eager"):
             for x, _ in examples.batches(torch.arange(len(examples)).split(batch_size), device):
                 pmodel(x, subnetwork=subnetwork)
     finally:
@@ -285,3 +311,93 @@ def recalibrate_norm_statistics(
             m.momentum = momentum
         pmodel.train(was_training)
     return len(norms)
+
+
+# --- the trainer's evaluation ----------------------------------------------------------------------------------------
+
+
+def forked_rng() -> contextlib.AbstractContextManager[Any]:
+    """torch's random generators (the CPU's and every initialised CUDA device's) put back as they were after the
+    block: an estimate or a recalibration drawn inside changes no later draw of the run."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=devices)
+
+
+def recalibrated_states(
+    pmodel: PartitionedModel,
+    states: dict[str, dict[str, torch.Tensor]],
+    examples: Examples,
+    batch_size: int,
+    device: torch.device | None,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Module ``states`` (as ``Objective.states`` gives them) with the model's BatchNorm running statistics
+    recalibrated for the final subnetwork over ``examples`` (:func:`recalibrate_norm_statistics`), computed on a
+    copy of ``pmodel``: the model, and torch's random generators, stay as they are."""
+    copied = copy.deepcopy(pmodel)
+    copied.load_state_dict({**copied.state_dict(), **states["model"]})
+    with forked_rng():
+        recalibrate_norm_statistics(copied, examples, batch_size=batch_size, device=device)
+    recalibrated = copied.state_dict()
+    return {**states, "model": {k: recalibrated[k].detach() for k in states["model"]}}
+
+
+class LMLEvaluator:
+    """Estimates the LML of ``objective`` (its model, input transform and likelihood) on the data ``chunks`` of
+    ``examples`` (see :func:`~partition_fx.training.estimate_lml`: ``batch_size`` examples per forward, chunks
+    larger than ``max_examples_per_chunk`` subsampled), under ``precision``.
+
+    Its random draws (augmentation and dropout noise, subsampling) come from its own ``generator``, seeded with
+    ``seed``: torch's global generator is forked around an estimate, so how often the LML is estimated
+    (``eval_every``) does not change the training path.
+
+    Example::
+
+        >>> from partition_fx import partitionify
+        >>> from partition_fx.training import Categorical, split_into_chunks
+        >>> from partition_fx.training.objective import Objective
+        >>> examples, chunks = Examples((torch.randn(30, 2), torch.zeros(30).long())), split_into_chunks(30, (0.5, 0.5))
+        >>> evaluator = LMLEvaluator(Objective(partitionify(nn.Linear(2, 2), 2), None, Categorical()), examples, chunks)
+        >>> before = torch.get_rng_state()
+        >>> estimate = evaluator.estimate()
+        >>> len(estimate.per_chunk), torch.equal(torch.get_rng_state(), before)
+        (2, True)
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        examples: Examples,
+        chunks: DataChunks,
+        *,
+        batch_size: int = 256,
+        max_examples_per_chunk: int | None = None,
+        seed: int = 1,
+        device: torch.device | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        self.objective = objective
+        self.examples = examples
+        self.chunks = chunks
+        self.batch_size = batch_size
+        self.max_examples_per_chunk = max_examples_per_chunk
+        self.device = device
+        self.precision = precision if precision is not None else Precision("fp32", device)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def estimate(self) -> LMLEstimate:
+        """The LML of the current model and hyperparameters, its noise from :attr:`generator`."""
+        with forked_rng():
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            torch.manual_seed(seed)
+            with self.precision.autocast():
+                return estimate_lml(
+                    self.objective.pmodel,
+                    self.examples,
+                    self.chunks,
+                    self.objective.likelihood,
+                    self.objective.hyper,
+                    batch_size=self.batch_size,
+                    max_examples_per_chunk=self.max_examples_per_chunk,
+                    generator=self.generator,
+                    device=self.device,
+                )

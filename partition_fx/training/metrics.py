@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from ..errors import PartitionArgumentError
 from ..transforms import AffineAugmentation, TestTimeAveraged
-from .chunks import Examples
+from .data import Examples
 
 
 def _batches(

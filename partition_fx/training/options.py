@@ -9,8 +9,6 @@ configuration's flat keywords (``hyper_samples=16``) changing it and the others 
 
 from __future__ import annotations
 
-import inspect
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -20,17 +18,13 @@ import torch
 from torch import nn
 
 from .._validation import check_callable, check_device, check_directory, check_flag
-from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionTypeError
 from ..train_config import TrainConfig
-from .chunks import DataChunks
-from .hooks import TrainingHook
+from .callbacks import Callback, TrainingHook
+from .data import DataChunks
 from .likelihoods import Likelihood, resolve_likelihood
-from .optim import OptimizerFactory
-
-Callback = Callable[[Any, dict[str, Any]], "bool | None"]
-"""``cb(trainer, record)`` after each evaluation (``trainer``: the ``PartitionedTrainer``); True stops training."""
-
-SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+from .objective import takes_num_samples, widens
+from .optim import OptimizerFactory, SchedulerFactory
 
 
 def check_takes_num_samples(hyper: nn.Module | None) -> None:
@@ -55,21 +49,6 @@ def check_widens(hyper: nn.Module | None, factor: float) -> None:
             f"train_range_factor={factor} scales the input transform's ranges in parameter steps, but {what}; "
             "pass an AffineAugmentation or leave train_range_factor out"
         )
-
-
-def widens(hyper: nn.Module | None) -> bool:
-    """Whether ``train_range_factor`` applies to ``hyper``: it can draw from scaled ranges (``widened``)."""
-    return callable(getattr(hyper, "widened", None))
-
-
-def takes_num_samples(hyper: nn.Module | None) -> bool:
-    """Whether ``hyper``'s forward can be asked for a number of samples (``num_samples=``)."""
-    if hyper is None:
-        return False
-    try:
-        return "num_samples" in inspect.signature(hyper.forward).parameters
-    except (TypeError, ValueError):  # a builtin or C forward without a signature
-        return False
 
 
 @dataclass(frozen=True)
@@ -172,42 +151,3 @@ def check_sequence_of(
         if not (isinstance(value, kind) if isinstance(kind, type) else kind(value)):
             raise PartitionTypeError(f"{name}[{i}] must be {one}, got {value!r}")
     return values
-
-
-def build(name: str, factory: Callable[..., Any], *args: Any) -> Any:
-    """``factory(*args)`` for a user's optimiser or scheduler factory; its refusal of its own arguments
-    (``partial(torch.optim.Adam, lr=-1)``) is reported naming the argument."""
-    try:
-        return factory(*args)
-    except PartitionError:
-        raise
-    except (TypeError, ValueError) as e:
-        kind = PartitionTypeError if isinstance(e, TypeError) else PartitionArgumentError
-        raise kind(f"{name} could not be built: {e}") from e
-
-
-def check_optimizer(name: str, optimizer: object) -> torch.optim.Optimizer:
-    """``optimizer`` if it is an optimiser whose learning rates and weight decays are finite and >= 0."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise PartitionTypeError(
-            f"{name} must be a callable returning a torch.optim.Optimizer (e.g. functools.partial("
-            f"torch.optim.Adam, lr=1e-3)), got {type(optimizer).__name__}"
-        )
-    for group in optimizer.param_groups:
-        for key in ("lr", "weight_decay"):
-            value = float(group.get(key, 0.0))
-            if not (math.isfinite(value) and value >= 0):
-                scaled = " after weight_decay_scaling" if key == "weight_decay" and "partition" in group else ""
-                where = f" (partition {group['partition']}{scaled})" if "partition" in group else ""
-                raise PartitionArgumentError(f"{name}'s {key} must be finite and >= 0, got {value}{where}")
-    return optimizer
-
-
-def check_scheduler(scheduler: object, name: str = "scheduler") -> Any:
-    """``scheduler`` if it has a ``step()`` (an LR scheduler)."""
-    if not callable(getattr(scheduler, "step", None)):
-        raise PartitionTypeError(
-            f"{name} must be a callable returning an LR scheduler (with .step()), e.g. functools.partial("
-            f"torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps); got {type(scheduler).__name__}"
-        )
-    return scheduler

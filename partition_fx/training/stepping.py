@@ -1,32 +1,198 @@
-"""How a step's losses become updates: the backward (scaled for fp16), the non-finite check, the optimiser
-steps, and the loss history, without reading the device after every step.
+"""How a step's losses become updates: the backward under the run's precision (scaled for fp16), the
+data-parallel average, the non-finite check, the optimiser steps and the loss history, without reading the
+device after every step.
 
 A GPU runs ahead of the Python that issues its work until something reads a value back. Reading the loss
 (``float(loss)``) after every step stops it there, so the trainer keeps losses and finiteness flags on the
 device and reads them every ``check_every`` steps, at every evaluation and before any state is saved
-(``Precision``, ``NonfiniteWatch`` and the ``Stepper`` a ``PartitionedTrainer`` holds).
+(``Precision``, ``NonfiniteWatch`` and the ``Stepper`` a ``PartitionedTrainer`` holds). What makes a step go
+wrong is named: a non-finite loss or gradient (and the tensor it is in), a parameter left unpartitioned.
+
+Data-parallel partitioned training (:class:`DataParallel`): one trainer per process under ``torchrun``. Every
+rank builds the same trainer (same seed, so the same chunks and the same sampler): each iteration all ranks
+draw the same partition k, hyperparameter chunk and global minibatch, and each takes its own contiguous share of
+the minibatch (``shard``). After the backward pass the gradients of what is stepped (the partitions of k, and
+psi) are averaged across ranks in ONE all-reduce (``average``), with the step's losses, so every rank takes the
+same optimiser step on the gradient of the global minibatch's mean loss, as one process with the whole minibatch
+would, and the models stay identical without being exchanged.
+
+Why not ``DistributedDataParallel``: a partitioned step leaves most parameters unused and changes which ones
+every iteration. With DDP's defaults such a step is silently unsynchronised and the next one raises "Expected to
+have finished reduction"; ``find_unused_parameters=True`` handles one forward per step at the cost of a graph
+traversal; ``static_graph=True`` fails when the partition changes. An explicit all-reduce of the gradients that
+exist is exact, cheap (the stepped partitions and psi only) and independent of how many forwards a step makes
+(the fused and every-partition iterations make several).
+
+What stays per rank: BatchNorm batch statistics (each rank normalises its share, as DDP without
+``SyncBatchNorm``); running statistics are broadcast from rank 0 before every step, as DDP's
+``broadcast_buffers=True`` does. Evaluations (LML, accuracies) run on every rank on the full data, so all ranks
+keep the same history and best state; only rank 0 writes files (``is_writer``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from ..errors import PartitionTrainingError, first_names
+from ..errors import PartitionArgumentError, PartitionTrainingError, first_names
 from ..partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule
-from .data_parallel import DataParallel
-from .faults import nonfinite_problem, storage_names, tensor_names
+
+if TYPE_CHECKING:
+    from .objective import Objective
+
+# --- data parallelism ------------------------------------------------------------------------------------------------
+
+
+class DataParallel:
+    """The process group a trainer averages over (see the module docstring).
+
+    >>> DataParallel.from_environment(None) is None  # no process group: a single process
+    True
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    @classmethod
+    def from_environment(cls, requested: bool | None) -> DataParallel | None:
+        """The default process group when one is initialised with more than one process (``torchrun``) and
+        ``requested`` is not False; None otherwise. ``requested=True`` without such a group is an error."""
+        active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if requested and not active:
+            raise PartitionArgumentError(
+                "data_parallel=True needs an initialised process group with 2 or more processes: launch with "
+                "torchrun --nproc_per_node=N and call torch.distributed.init_process_group() first"
+            )
+        return cls() if active and requested is not False else None
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process writes checkpoints, reports and exports (rank 0)."""
+        return self.rank == 0
+
+    def check_batch_size(self, name: str, size: int) -> None:
+        if size % self.world_size:
+            raise PartitionArgumentError(
+                f"{name}={size} does not split evenly over {self.world_size} processes; use a multiple of "
+                f"{self.world_size} (each process takes {name} / {self.world_size} examples of the global batch)"
+            )
+
+    def shard(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's contiguous share of each tensor's first dimension (equal shares)."""
+        return tuple(t.chunk(self.world_size)[self.rank] for t in tensors)
+
+    def broadcast(self, modules: Sequence[nn.Module | None], buffers_only: bool = False) -> None:
+        """Rank 0's parameters (unless ``buffers_only``) and buffers on every rank."""
+        for module in modules:
+            if module is None:
+                continue
+            tensors = list(module.buffers()) if buffers_only else [*module.parameters(), *module.buffers()]
+            for tensor in tensors:
+                if tensor.numel():
+                    dist.broadcast(tensor.data, src=0, group=self.group)
+
+    def average(
+        self, params: Sequence[torch.Tensor], losses: Sequence[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
+        """Average the gradients of ``params`` and the ``losses`` across ranks, in place, in one all-reduce;
+        returns the averaged losses.
+
+        A parameter that received no gradient on this rank (its partition had no example in this rank's
+        share, e.g. in an every-partition step) contributes zeros; one that received none on any rank keeps
+        ``grad=None``, so the optimiser still skips it on every rank. Only then is the device read (which
+        parameters got a gradient anywhere); when every parameter has one here, nothing is read."""
+        given = [loss.detach().float().reshape(1) for loss in losses if loss is not None]
+        if not params and not given:
+            return list(losses)
+        device = params[0].device if params else given[0].device
+        missing = [p.grad is None for p in params]
+        grads = [
+            p.new_zeros(p.numel(), dtype=torch.float32) if absent else p.grad.reshape(-1).float()
+            for p, absent in zip(params, missing)
+        ]
+        present = torch.tensor([not absent for absent in missing], dtype=torch.float32, device=device)
+        flat = torch.cat([*grads, present, *given])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.world_size)
+        *averaged, counts, averaged_losses = flat.split([g.numel() for g in grads] + [len(params), len(given)])
+        anywhere = counts.gt(0).tolist() if any(missing) else [True] * len(params)
+        for p, grad, absent, received in zip(params, averaged, missing, anywhere):
+            if not received:
+                p.grad = None
+            elif absent:
+                p.grad = grad.view_as(p).to(p.dtype)
+            else:
+                p.grad.copy_(grad.view_as(p))
+        values = iter(averaged_losses)
+        return [None if loss is None else next(values).to(loss.dtype).reshape(loss.shape) for loss in losses]
+
+
+# --- what makes a step go wrong --------------------------------------------------------------------------------------
+
+
+def gradient_norm(params: list[torch.Tensor]) -> float:
+    """The total 2-norm of the gradients that exist (0.0 when none does)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[[], dict[int, str]]) -> str | None:
+    """None if ``value`` and the gradients of ``params`` are finite, else what is not, e.g.
+    ``gradient norm nan (in 0.weight partition 2, mask.logits)``. ``names()`` maps ``id(tensor)`` to a name;
+    it is called only when something is not finite (every step runs this check).
+
+    Example::
+
+        >>> p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([1.0, float("nan")])
+        >>> nonfinite_problem(0.5, [p], lambda: {id(p): "w"})
+        'gradient norm nan (in w)'
+    """
+    if not math.isfinite(value):
+        return f"loss {value}"
+    norm = gradient_norm(params)
+    if math.isfinite(norm):
+        return None
+    named = names()
+    bad = [named.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
+    return f"gradient norm {norm} (in {first_names(bad)})"
+
+
+def warn_about_shared_parameters(pmodel: PartitionedModel) -> None:
+    """Warn about trainable parameters a config left unpartitioned: they bias the LML's first term."""
+    shared = [
+        r.names[0]
+        for r in pmodel.records
+        if r.treatment == "shared" and pmodel.module.get_parameter(r.names[0]).requires_grad
+    ]
+    if shared:
+        warnings.warn(
+            f"{len(shared)} parameter(s) left unpartitioned by the config ({', '.join(shared[:3])}"
+            f"{', ...' if len(shared) > 3 else ''}) train with partition 1 on D_1 but are used by every "
+            "subnetwork, including subnetwork 0 that scores D_1: the LML's first term is then biased. "
+            "Freeze them (requires_grad=False) or partition them for an unbiased LML.",
+            stacklevel=4,
+        )
+
+
+# --- precision and the stepper ---------------------------------------------------------------------------------------
+
 
 DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 """The dtype the forward runs in under ``torch.autocast`` for each of ``choices.PRECISIONS`` (None: no
 autocast)."""
+
 
 LAZY_CHECK_EVERY = 50
 """Steps between reads of an accelerator for the non-finite check, unless ``check_every`` says otherwise."""
@@ -162,15 +328,16 @@ class Stepper:
     kept for the next evaluation.
 
     The check is done now (``check_every=1``, or ``on_nonfinite="skip"``, which must decide before stepping)
-    or lazily (``NonfiniteWatch``, read every ``check_every`` steps and by :meth:`check_nonfinite`). ``modules``
-    (``(pmodel, hyper, likelihood)``) are those whose tensors a non-finite error names; ``checkpoint_dir``
+    or lazily (``NonfiniteWatch``, read every ``check_every`` steps and by :meth:`check_nonfinite`). A non-finite
+    error names the tensors of ``objective`` (the model, input transform and likelihood); ``checkpoint_dir``
     and ``last_checkpoint_step`` say in it which checkpoint is kept.
 
     Example::
 
         >>> from partition_fx import partitionify
         >>> pmodel = partitionify(torch.nn.Linear(2, 1), 2)
-        >>> stepper = Stepper(torch.optim.SGD(pmodel.parameters(), lr=0.1), modules=(pmodel, None, None))
+        >>> from partition_fx.training.objective import Objective
+        >>> stepper = Stepper(torch.optim.SGD(pmodel.parameters(), lr=0.1), objective=Objective(pmodel))
         >>> loss = pmodel(torch.ones(1, 2), subnetwork=2).sum() ** 2
         >>> total = stepper.step(loss, None, pmodel.partition_parameters(2), "a step", at=0)
         >>> stepper.pending_losses() == ([float(loss.detach())], [])
@@ -186,7 +353,7 @@ class Stepper:
         optimizer: torch.optim.Optimizer,
         hyper_optimizer: torch.optim.Optimizer | None = None,
         *,
-        modules: tuple[PartitionedModel, nn.Module | None, nn.Module | None],
+        objective: Objective,
         hyperparameters: Sequence[nn.Parameter] = (),
         hyperparameter_modules: Sequence[HyperparameterModule] = (),
         scheduler: Any = None,
@@ -199,7 +366,7 @@ class Stepper:
     ) -> None:
         self.optimizer = optimizer
         self.hyper_optimizer = hyper_optimizer
-        self.modules = modules
+        self.objective = objective
         self.hyperparameters = list(hyperparameters)
         """psi: what a hyperparameter loss's backward gives gradients to."""
         self.hyperparameter_modules = list(hyperparameter_modules)
@@ -288,7 +455,7 @@ class Stepper:
         if self.checks_lazily:
             self.watch.record(at, what, total, params)
             return True
-        problem = nonfinite_problem(float(total), params, lambda: tensor_names(*self.modules))
+        problem = nonfinite_problem(float(total), params, self.objective.tensor_names)
         if problem is None:
             return True
         if self.on_nonfinite == "skip":
@@ -300,7 +467,7 @@ class Stepper:
         """Read the finiteness flags of the steps taken since the last check (one transfer from the device)
         and raise ``PartitionTrainingError`` naming the first step whose loss or a gradient was not finite
         (``now``: the current step, to say whether the weights were updated since)."""
-        found = self.watch.first_problem(lambda: storage_names(*self.modules))
+        found = self.watch.first_problem(self.objective.storage_names)
         if found is not None:
             step, what, problem = found
             since = f" (found at step {now}: the weights were updated since)" if now > step + 1 else ""

@@ -1,52 +1,96 @@
-"""``PartitionedTrainer``: partitioned training with hyperparameters learned by the LML, one step at a time.
+"""``PartitionedTrainer``: partitioned training with hyperparameters learned by the LML, one step at a time,
+and the run that strings the steps together (``run``; ``fit`` is the one-call front).
 
 One iteration (appendix I.1): a parameter step of partition k ~ Cat(u) on a minibatch of D_1:k through
 subnetwork k, then (every ``hyper_every`` iterations after ``warmup_steps``) a hyperparameter step on a
 minibatch of D_k, k ~ Cat(u_2..u_C), through subnetwork k-1. The model optimiser holds the partitions,
 the hyperparameter optimiser holds psi: the parameters of ``hyper`` (an input transform such as
 ``AffineAugmentation``), of ``HyperparameterModule`` s inside the model (``ConcreteDropout``), and of the
-likelihood (a Gaussian's noise scale). ``fit`` (``partition_fx.training.fit``) is the one-call front.
+likelihood (a Gaussian's noise scale).
 
-The trainer reads its configuration in ``__init__`` only, and holds the collaborators that do the work, each built
-from explicit values and usable alone: the iteration scheme (``training.schemes``) and hyperparameter-gradient
-estimator (``training.estimators``) the configuration chooses, the steps and the stepper they hand losses to
-(``training.steps``, ``training.stepping``), the LML evaluator (``training.evaluation``) and the state
-(``training.state``). What remains here is the sequence of a run and its phases.
+The trainer builds its collaborators from its configuration, each from explicit values and usable alone: what is
+trained (``training.objective``), the data and sampler (``training.data``), the iteration scheme, estimator and
+steps (``training.iteration``), the stepper (``training.stepping``) and the LML evaluator (``training.lml``). It
+keeps its own state (the step's evaluations, the best one, the fine-tuning phase) and the run; a run reads the
+configuration again for what may be changed for it (``run(..., eval_every=...)``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._validation import check_given_partition
-from ..errors import PartitionArgumentError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from ..transforms.base import HyperparameterModule
-from .checkpoint_writer import CheckpointWriter
-from .chunks import Examples, default_workers, resolve_chunks
-from .data_parallel import DataParallel
-from .estimators import AllChunks, OneChunk, hyper_estimator
-from .evaluation import LMLEvaluator
-from .faults import warn_about_shared_parameters
-from .hooks import TrainingHook
-from .hyperparameters import collect_hyperparameters, hyperparameter_modules, hyperparameter_values
-from .lml import LMLEstimate, lml_fields
-from .loop import RunPlan, run_loop
-from .optimizers import build_optimizers, check_finetune_schedule, configured_factories, finetuning_scheduler
-from .options import Callback, Components, resolve, takes_num_samples, widens
-from .pipeline import StepInputs, planned_batches
-from .result import FitResult
-from .sampler import PartitionedSampler
-from .schemes import Iterations, iteration_scheme, scheme_name
-from .state import ModuleStates, TrainedModules, TrainingState
-from .stepping import LAZY_CHECK_EVERY, Precision, Stepper
-from .steps import TrainingSteps
+from .callbacks import CallbackHook, CheckpointWriter, ProgressLines, TrainingHook, progress_outputs
+from .checkpoint import differences
+from .data import Examples, PartitionedSampler, StepInputs, default_workers, planned_batches, resolve_chunks
+from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, estimator_for, scheme_for
+from .lml import LMLEstimate, LMLEvaluator, evidence, lml_fields, recalibrate_norm_statistics
+from .objective import ModuleStates, Objective, takes_num_samples, widens
+from .optim import build_optimizers, check_finetune_schedule, configured_factories, finetuning_scheduler
+from .options import Callback, Components, check_run_arguments, resolve
+from .stepping import LAZY_CHECK_EVERY, DataParallel, Precision, Stepper, warn_about_shared_parameters
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns; ``to_dict()`` is plain JSON."""
+
+    lml: float
+    """The final LML estimate (nats, summed over the training set), of the returned model."""
+    history: list[dict[str, Any]]
+    """Per evaluation: ``step``, ``phase`` (``partitioned`` or ``finetune``; no LML in the latter), ``lml``,
+    ``lml_per_chunk``, ``lml_per_example``, ``conditional_lml`` (the sum over chunks 2..C, see
+    ``LMLEstimate.conditional``), ``conditional_lml_per_example`` (over the examples of chunks 2..C),
+    ``train_loss`` (mean
+    parameter-step loss since the last evaluation), ``hyper_loss``, ``hyperparameters``, ``seconds``."""
+    conditional_lml: float | None
+    """The final estimate of log p(D_2:C | D_1, psi): the LML without its chunk-1 term (None when C = 1)."""
+    hyperparameters: dict[str, Any]
+    """Name -> value (plain floats/lists), e.g. ``{"rotation": 2.9, ...}`` (radians)."""
+    steps: int
+    best_step: int
+    """The iteration of the best evaluation: the highest conditional LML (the full LML when C = 1; see
+    ``training.lml.evidence``)."""
+    best_lml: float
+    """The full LML of the best evaluation."""
+    stopped_early: bool
+    chunk_sizes: list[int]
+    seconds: float
+    skipped_steps: int = 0
+    recalibrated_norms: int = 0
+    """BatchNorm modules whose running statistics were recomputed for the final subnetwork at the end."""
+    best_conditional_lml: float | None = None
+    """The conditional LML of the best evaluation, which chose it."""
+    finetune_start: int | None = None
+    """The iteration fine-tuning began at (``fit(..., finetune_steps=...)``), or None: no fine-tuning. The
+    ``lml``s are then those of partitioned training (its last or, with ``restore_best``, best evaluation)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run of the loop: iterate until step ``end``, switch to fine-tuning at step ``switch`` (None: never),
+    evaluate, stop and finish as ``config`` says, call ``callbacks`` after each evaluation, show ``progress``."""
+
+    end: int
+    switch: int | None
+    config: TrainConfig
+    callbacks: Sequence[Callback] = ()
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "callbacks", check_run_arguments(self.callbacks, self.progress))
 
 
 class PartitionedTrainer:
@@ -55,7 +99,10 @@ class PartitionedTrainer:
     Built from a :class:`~partition_fx.train_config.TrainConfig` (default the recommended one) and keywords, as
     :func:`~partition_fx.training.fit` is (or from ``components`` already resolved); exposes the single steps
     (``parameter_step``, ``hyper_step``, ``evaluate``) for custom loops and tests, and
-    ``state_dict()``/``load_state_dict()`` for everything a resumed run needs.
+    ``state_dict()``/``load_state_dict()`` for everything a resumed run needs: the iterations done, the evaluations
+    (``history``), the best one so far (``best``: score, step and kept module states), the step fine-tuning began
+    at (``finetune_start``), the modules, the optimisers, schedulers and pending losses, and every random
+    generator (torch's, the sampler's and the LML estimate's).
 
     Example::
 
@@ -85,45 +132,46 @@ class PartitionedTrainer:
             raise PartitionTypeError(
                 f"fit needs a PartitionedModel (from partitionify(model)), got {type(pmodel).__name__}"
             )
-        # The one place the configuration is read: everything below gets explicit values.
         self.config: TrainConfig = config  # type: ignore[assignment]
         self.components = components
-        optimization, step, evaluation, runtime = config.optimization, config.hyper, config.evaluation, config.runtime
+        optimization, hyper_step, evaluation, runtime = (
+            config.optimization, config.hyper, config.evaluation, config.runtime
+        )  # fmt: skip
         self.pmodel = pmodel
         self.hyper = components.hyper
         self.likelihood = components.likelihood
+        self.objective = Objective(
+            pmodel, self.hyper, self.likelihood, checkpoint_defaults=config.checkpointing.defaults
+        )
+        """What is trained: the model, its input transform and its likelihood."""
         self.fused = runtime.fused
         self.every_partition = runtime.every_partition
         self.seed = runtime.seed
-        self.hyper_samples = step.samples if takes_num_samples(self.hyper) else None
-        """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
         self.eval_batch_size = evaluation.batch_size
         self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]
         self.examples = Examples(dataset, workers=default_workers(runtime.workers, dataset), prefetch=runtime.prefetch)
         self.chunks = resolve_chunks(components.chunks, len(self.examples), pmodel.proportions, self.seed)
-        self.sampler = PartitionedSampler(self.chunks, optimization.batch_size, step.batch_size, self.seed)
-        defaults = config.checkpointing.defaults
-        trained = TrainedModules(pmodel, self.hyper, self.likelihood, checkpoint_defaults=defaults)
-        self.device = trained.place(components.device)  # type: ignore[arg-type]
+        self.sampler = PartitionedSampler(self.chunks, optimization.batch_size, hyper_step.batch_size, self.seed)
+        self.device = self.objective.place(components.device)  # type: ignore[arg-type]
         self.inputs = StepInputs(self.examples, self.device)
         """The steps' minibatches, read ahead by the workers in the order the sampler will draw them."""
         self.data_parallel = DataParallel.from_environment(components.data_parallel)
-        """The process group gradients are averaged over (``training.data_parallel``), or None."""
+        """The process group gradients are averaged over (``training.stepping.DataParallel``), or None."""
         if self.data_parallel is not None:
             self.data_parallel.check_batch_size("batch_size", optimization.batch_size)
             self.data_parallel.check_batch_size("hyper_batch_size", self.sampler.hyper_batch_size)
-            self.data_parallel.broadcast([pmodel, self.hyper, self.likelihood])
+            self.data_parallel.broadcast(list(self.objective.modules().values()))
         if runtime.compile is not None:
             pmodel.compile(mode=runtime.compile)
         self.precision = Precision(runtime.precision, self.device)
         warn_about_shared_parameters(pmodel)
-        self.hyperparameters_list = collect_hyperparameters(pmodel, self.hyper, self.likelihood)
+        self.hyperparameters_list = self.objective.hyperparameters()
         if self.hyperparameters_list and pmodel.num_partitions < 2:
             raise PartitionArgumentError(
                 "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
                 "partitionify the model with 2 or more partitions"
             )
-        scheme = iteration_scheme(scheme_name(self.fused, self.every_partition))
+        scheme = scheme_for(self.fused, self.every_partition)
         scheme.check(pmodel)
         check_finetune_schedule(config, components.scheduler)
         optimizer, hyper_optimizer, scheduler = configured_factories(config)  # unless a factory was given
@@ -137,16 +185,17 @@ class PartitionedTrainer:
             hyper_scheduler=components.hyper_scheduler,
             weight_decay_scaling=optimization.weight_decay_scaling,
         )
-        estimator = hyper_estimator(step.chunks) if self.hyper_optimizer is not None else None
-        self.iterations = Iterations(scheme, estimator, hyper_every=step.every, warmup_steps=step.warmup_steps)
+        estimator = estimator_for(hyper_step.chunks) if self.hyper_optimizer is not None else None
+        every, warmup = hyper_step.every, hyper_step.warmup_steps
+        self.iterations = Iterations(scheme, estimator, hyper_every=every, warmup_steps=warmup)
         """What each iteration does: the scheme's, with a hyperparameter step when due, or a fine-tuning step."""
         on_cpu = self.device is None or self.device.type == "cpu"
         self.stepper = Stepper(
             self.optimizer,
             self.hyper_optimizer,
-            modules=(pmodel, self.hyper, self.likelihood),
+            objective=self.objective,
             hyperparameters=self.hyperparameters_list,
-            hyperparameter_modules=[m for _, m in self.hyperparameter_modules()],
+            hyperparameter_modules=[m for _, m in self.objective.hyperparameter_modules()],
             scheduler=self.scheduler,
             hyper_scheduler=self.hyper_scheduler,
             precision=self.precision,
@@ -157,48 +206,42 @@ class PartitionedTrainer:
             checkpoint_dir=self.checkpoint_dir,
         )
         self.steps = TrainingSteps(
-            pmodel,
-            self.likelihood,
+            self.objective,
             self.inputs,
             self.stepper,
-            hyper=self.hyper,
             device=self.device,
             data_parallel=self.data_parallel,
-            hyper_samples=self.hyper_samples,
-            train_range_factor=step.train_range_factor if widens(self.hyper) else 1.0,
+            hyper_samples=hyper_step.samples if takes_num_samples(self.hyper) else None,
+            train_range_factor=hyper_step.train_range_factor if widens(self.hyper) else 1.0,
         )
         self.evaluator = LMLEvaluator(
-            pmodel,
+            self.objective,
             self.examples,
             self.chunks,
-            self.likelihood,
-            self.hyper,
             batch_size=evaluation.batch_size,
             max_examples_per_chunk=evaluation.examples_per_chunk,
             seed=self.seed + 1,  # not the sampler's stream
             device=self.device,
             precision=self.precision,
         )
-        self.state = TrainingState(
-            trained,
-            self.steps,
-            self.stepper,
-            self.sampler,
-            self.evaluator.generator,
-            # The fields that change the iteration: a saved state must match them to resume this trainer.
-            configuration=config.flat(fingerprint=True),
-        )
+        self.configuration = config.flat(fingerprint=True)
+        """The options that change the iteration: a saved state must match them to resume this trainer."""
+        self.history: list[dict[str, Any]] = []
+        """Every evaluation's record, in order."""
+        self.best: tuple[float, int, ModuleStates] | None = None
+        """(score, step, state of the modules) of the best evaluation so far, by its evidence
+        (``training.lml.evidence``)."""
+        self.finetune_start: int | None = None
+        """The step the fine-tuning phase began at (None while partitioned training goes on)."""
         self.hooks: list[TrainingHook] = list(components.hooks)
         """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
         (``hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
         if self.checkpoint_dir is not None and (self.data_parallel is None or self.data_parallel.is_writer):
             self.hooks.append(CheckpointWriter(self.checkpoint_dir))
 
-    # --- the run's state, kept by the collaborators ----------------------------------------------------
-
     @property
     def step(self) -> int:
-        """Iterations done."""
+        """Iterations done (counted by the steps, which record each of their losses at it)."""
         return self.steps.step
 
     @step.setter
@@ -206,43 +249,13 @@ class PartitionedTrainer:
         self.steps.step = value
 
     @property
-    def history(self) -> list[dict[str, Any]]:
-        """Every evaluation's record, in order."""
-        return self.state.history
-
-    @property
-    def best(self) -> tuple[float, int, ModuleStates] | None:
-        """(score, step, state of the modules) of the best evaluation so far, by :meth:`selection_score`."""
-        return self.state.best
-
-    @property
-    def finetune_start(self) -> int | None:
-        """The step the fine-tuning phase began at (None while partitioned training goes on)."""
-        return self.state.finetune_start
-
-    @property
     def skipped_steps(self) -> int:
         """Steps skipped for a non-finite loss or gradient (``on_nonfinite="skip"``)."""
         return self.stepper.skipped_steps
 
-    @property
-    def last_checkpoint_step(self) -> int | None:
-        """The step of the last checkpoint written (``CheckpointWriter`` sets it)."""
-        return self.stepper.last_checkpoint_step
-
-    @last_checkpoint_step.setter
-    def last_checkpoint_step(self, value: int | None) -> None:
-        self.stepper.last_checkpoint_step = value
-
-    # --- what is trained -------------------------------------------------------------------------
-
-    def hyperparameter_modules(self) -> list[tuple[str, HyperparameterModule]]:
-        """Every hyperparameter module with the prefix its values are reported under."""
-        return hyperparameter_modules(self.pmodel, self.hyper, self.likelihood)
-
     def hyperparameter_values(self) -> dict[str, Any]:
         """Current hyperparameters as plain values, e.g. ``{"rotation": 1.2, "head.drop.p": 0.1}``."""
-        return hyperparameter_values(self.hyperparameter_modules())
+        return self.objective.hyperparameter_values()
 
     # --- steps -------------------------------------------------------------------------------------
 
@@ -278,15 +291,16 @@ class PartitionedTrainer:
         """One iteration of the configured scheme (the paper's parameter step then hyperparameter step when due,
         or both in one forward and one backward with ``fused=True``), the hyperparameter step by the configured
         estimator; in the fine-tuning phase, a ``finetune_step`` (``self.iterations``)."""
-        iterate = self.iterations.phase(self.finetuning)
-        self.inputs.start(lambda: planned_batches(iterate, self.sampler, self.step, self.steps.local))
-        iterate(self.sampler, self.steps)
+        iterations, finetuning = self.iterations, self.finetuning
+        upcoming = lambda sampler, step: iterations.draw(sampler, step, finetuning).reads()  # noqa: E731
+        self.inputs.start(lambda: planned_batches(upcoming, self.sampler, self.step, self.steps.local))
+        iterations.take(self.steps, iterations.draw(self.sampler, self.step + 1, finetuning))
 
     def fused_iteration(self) -> None:
         """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
         one: the parameter step and (when due) the hyperparameter step in ONE forward and ONE backward."""
-        fused = iteration_scheme(scheme_name(fused=True, every_partition=self.every_partition))
-        fused.iteration(self.sampler, self.steps, self.iterations.estimator_for(self.step + 1))
+        fused = scheme_for(fused=True, every_partition=self.every_partition)
+        fused.take(self.steps, fused.draw(self.sampler, self.iterations.estimator_for(self.step + 1)))
 
     # --- the fine-tuning phase ---------------------------------------------------------------------
 
@@ -300,15 +314,15 @@ class PartitionedTrainer:
         subnetwork (all partitions together, as ``export_subnetwork`` merges them) trains on ALL the data.
 
         The optimiser carries on with unscaled weight decay; the LR schedule carries on or restarts over ``steps``
-        iterations (default: to the configuration's ``steps``; ``optimizers.finetuning_scheduler``). With
+        iterations (default: to the configuration's ``steps``; ``optim.finetuning_scheduler``). With
         ``restore_best`` the state with the best LML is restored first. Then each hook's ``before_finetuning``
         runs. Draws no random number, so a resumed run that repeats it stays exact."""
         if self.finetuning:
             return
-        self.check_nonfinite()
+        self.stepper.check_nonfinite(self.step)
         if restore_best and self.best is not None and self.best[1] != self.step:
-            self.restore_modules(self.best[2])
-        self.state.finetune_start = self.step
+            self.objective.restore(self.best[2])
+        self.finetune_start = self.step
         self.inputs.stop()  # what was read ahead is of partitioned iterations
         remaining = steps if steps is not None else self.config.optimization.steps - self.step
         scheduler = finetuning_scheduler(self.config, self.optimizer, self.scheduler, remaining)
@@ -328,14 +342,11 @@ class PartitionedTrainer:
         own generator, so how often it is estimated does not change the training path)."""
         return self.evaluator.estimate()
 
-    def selection_score(self, estimate: LMLEstimate) -> float:
-        """The evidence the best state is chosen by: the conditional LML (``LMLEvaluator.selection_score``)."""
-        return self.evaluator.selection_score(estimate)
-
     def evaluate(self, started: float) -> dict[str, Any]:
-        """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state, run
-        the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume directory)."""
-        self.check_nonfinite()  # before anything is recorded or written from these weights
+        """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state (by its
+        evidence), run the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume
+        directory)."""
+        self.stepper.check_nonfinite(self.step)  # before anything is recorded or written from these weights
         self.steps.same_running_statistics()
         mean = lambda xs: float(sum(xs) / len(xs)) if xs else None  # noqa: E731
         losses, hyper_losses = self.stepper.pending_losses()
@@ -352,18 +363,23 @@ class PartitionedTrainer:
             "seconds": round(time.perf_counter() - started, 3),
         }
         self.stepper.clear_losses()
-        improved = self.state.add_evaluation(record, None if estimate is None else self.selection_score(estimate))
+        improved = self.record_evaluation(record)
         for hook in self.hooks:
             hook.after_evaluation(self, record, improved)
         return record
 
-    def check_nonfinite(self) -> None:
-        """Raise ``PartitionTrainingError`` naming the first step since the last check with a non-finite loss or
-        gradient (``Stepper.check_nonfinite``): run every ``check_every`` steps, at every evaluation and before
-        saving state, so no checkpoint holds weights a non-finite step updated."""
-        self.stepper.check_nonfinite(self.step)
+    def record_evaluation(self, record: dict[str, Any]) -> bool:
+        """Append an evaluation's ``record`` to :attr:`history`; keep a copy of the modules' states as
+        :attr:`best` when its evidence (``training.lml.evidence``; None in fine-tuning: not scored) beats the
+        best so far. Returns whether it did."""
+        self.history.append(record)
+        score = evidence(record)
+        improved = score is not None and (self.best is None or score > self.best[0])
+        if improved:
+            self.best = (score, record["step"], self.objective.states(copy_values=True))
+        return improved
 
-    # --- the loop ----------------------------------------------------------------------------------
+    # --- the run -----------------------------------------------------------------------------------
 
     def run(
         self,
@@ -384,33 +400,158 @@ class PartitionedTrainer:
         end = config.optimization.steps
         switch = end - config.finetune_steps if config.finetune_steps else None
         try:
-            result = run_loop(self, RunPlan(end, switch, config, callbacks, progress))
+            result = self._loop(RunPlan(end, switch, config, callbacks, progress))
         finally:
             self.inputs.close()  # the workers end with the run; another run starts new ones
         for hook in self.hooks:
             hook.after_run(self, result)
         return result
 
+    def _loop(self, plan: RunPlan) -> FitResult:
+        """Iterate from the current step to ``plan.end``: evaluate every ``eval_every`` iterations and at the end;
+        after each evaluation ask the hooks, then the run's callbacks (a ``CallbackHook``), whether to stop; stop
+        early on ``patience``, restore the best state (``restore_best``) and recalibrate BatchNorm statistics for
+        the final subnetwork (``recalibrate_norms``), as ``plan.config`` says.
+
+        Progress (``plan.progress``): None shows a tqdm bar when stderr is a terminal and otherwise writes one line
+        per evaluation to stderr; True forces the bar, False shows nothing."""
+        from tqdm.auto import tqdm
+
+        show, write_lines = progress_outputs(plan.progress)
+        evaluation = plan.config.evaluation
+        eval_every = plan.config.eval_every  # a tenth of the whole run's steps by default, also when resumed
+        started = time.perf_counter()
+        stopped_early = False
+        end, switch = plan.end, plan.switch  # patience may move the switch to fine-tuning earlier
+        lines = ProgressLines(self.step, end, started) if write_lines else None
+        callbacks = CallbackHook(plan.callbacks)
+        total = end - self.step
+        for hook in self.hooks:
+            hook.before_run(self)
+        bar = tqdm(total=total, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
+        try:
+            while self.step < end:
+                if switch is not None and self.step >= switch and not self.finetuning:
+                    self.begin_finetuning(evaluation.restore_best, steps=end - self.step)
+                    bar.set_description("fine-tuning")
+                self.iteration()
+                bar.update(1)
+                if self.step % eval_every == 0 or self.step in (end, switch):  # type: ignore[operator]
+                    record = self.evaluate(started)
+                    score = evidence(record)
+                    loss = f"{record['train_loss'] or float('nan'):.3f}"
+                    if score is not None:
+                        bar.set_postfix(lml=f"{score:.1f}", loss=loss)
+                    else:
+                        bar.set_postfix(loss=loss)
+                    if lines is not None:
+                        lines(record)
+                    if any(hook.should_stop(self, record) for hook in (*self.hooks, callbacks)):
+                        stopped_early = True
+                        break
+                    if (
+                        evaluation.patience is not None
+                        and not self.finetuning
+                        and len(self.history) - 1 - self._best_index() >= evaluation.patience
+                    ):
+                        stopped_early = True
+                        if switch is None:
+                            break
+                        switch = self.step  # end partitioned training now; fine-tune until the end
+        finally:
+            bar.close()
+        assert self.best is not None
+        _, best_step, best_state = self.best
+        partitioned = [r for r in self.history if r["lml"] is not None]  # fine-tuning estimates no LML
+        final = partitioned[-1]
+        best = next(r for r in partitioned if r["step"] == best_step)
+        if evaluation.restore_best:
+            final = best
+            if best_step != self.step and not self.finetuning:  # begin_finetuning restored it already
+                self.objective.restore(best_state)
+        recalibrated = 0
+        if evaluation.recalibrate_norms:
+            recalibrated = recalibrate_norm_statistics(
+                self.pmodel, self.examples, batch_size=self.eval_batch_size, device=self.device
+            )
+        return FitResult(
+            lml=final["lml"],
+            conditional_lml=final["conditional_lml"],
+            history=self.history,
+            hyperparameters=self.hyperparameter_values(),
+            steps=self.step,
+            best_step=best_step,
+            best_lml=best["lml"],
+            best_conditional_lml=best["conditional_lml"],
+            stopped_early=stopped_early,
+            chunk_sizes=self.chunks.sizes,
+            seconds=round(time.perf_counter() - started, 3),
+            skipped_steps=self.skipped_steps,
+            recalibrated_norms=recalibrated,
+            finetune_start=self.finetune_start,
+        )
+
+    def _best_index(self) -> int:
+        """The position in :attr:`history` of the best evaluation."""
+        assert self.best is not None
+        return next(i for i, r in enumerate(self.history) if r["step"] == self.best[1])
+
     # --- saving and restoring ----------------------------------------------------------------------
 
-    def module_states(self, copy_values: bool = False) -> ModuleStates:
-        """The modules' state (``model``, ``hyper``, ``likelihood``) without the buffers checkpoints leave out
-        (they never change); detached, and copied with ``copy_values``."""
-        return self.state.modules.states(copy_values)
-
     def fingerprint(self) -> dict[str, Any]:
-        """What must match for a saved state to resume this trainer: the partitioning, the data chunks, the
-        options that change the iteration, and the names and shapes of everything trained."""
-        return self.state.fingerprint()
+        """What must match for a saved state to resume this trainer: the partitioning, the data chunks and batch
+        sizes, the options that change the iteration, and the names and shapes of everything trained."""
+        return {
+            **self.objective.identity(),
+            **self.objective.omitted(),
+            "default": self.pmodel.default,
+            "chunk_sizes": self.sampler.chunks.sizes,
+            "num_examples": len(self.inputs),
+            **self.configuration,
+            "parameters": {name: list(p.shape) for name, p in self.pmodel.named_parameters()},
+            "hyperparameters": [list(p.shape) for p in self.stepper.hyperparameters],
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue bit for bit (``TrainingState.state_dict``)."""
-        return self.state.state_dict()
+        """Everything a resumed run needs to continue bit for bit (see ``training.checkpoint.save_training_state``
+        for its form on disk), after the non-finite check: never a state a non-finite step has updated."""
+        self.stepper.check_nonfinite(self.step)
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        return {
+            "step": self.step,
+            "history": self.history,
+            "best": None if self.best is None else {"score": self.best[0], "step": self.best[1]},
+            "best_modules": None if self.best is None else self.best[2],
+            **self.stepper.state_dict(),  # skipped steps, pending losses, loss scale, optimisers, schedulers
+            "modules": self.objective.states(),
+            "finetune_start": self.finetune_start,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+                "sampler": self.sampler.state_dict(),
+                "lml": self.evaluator.generator.get_state(),
+            },
+            "fingerprint": self.fingerprint(),
+        }
 
     def load_state_dict(self, state: dict[str, Any], *, source: str = "the state") -> None:
         """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
         ``source`` and every field that differs, before anything changes."""
-        self.state.load_state_dict(state, source=source)
+        differ = differences(state["fingerprint"], self.fingerprint())
+        if differ:
+            raise PartitionCheckpointError(f"{source} is from a different configuration ({differ})")
+        self.objective.restore(state["modules"], source)
+        self.stepper.load_state_dict(state)
+        self.finetune_start = state["finetune_start"]
+        self.step = state["step"]
+        self.history = state["history"]
+        if state["best"] is not None:
+            self.best = (state["best"]["score"], state["best"]["step"], state["best_modules"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.sampler.load_state_dict(state["rng"]["sampler"])
+        self.evaluator.generator.set_state(state["rng"]["lml"])
         self.inputs.stop()  # the sampler and step are the loaded ones: read ahead from there
 
     def save_checkpoint(
@@ -422,30 +563,18 @@ class PartitionedTrainer:
         best: tuple[float, int, ModuleStates] | None = None,
     ) -> None:
         """Model, hyperparameter modules and likelihood in one safetensors file, with the step, its evaluation's
-        LMLs, ``final`` (the state a finished run returned) and ``norm_statistics`` (see
-        ``TrainedModules.save``); ``best``: a ``(score, step, module states)`` to write instead of the current
-        state (as kept in ``self.best``)."""
-        self.state.save_checkpoint(path, final=final, norm_statistics=norm_statistics, best=best)
-
-    def best_is_current(self) -> bool:
-        """Whether the best evaluation's state is the current one, BatchNorm running statistics aside."""
-        assert self.best is not None
-        return self.state.modules.is_current(self.best[2])
-
-    def recalibrated_best(self) -> ModuleStates:
-        """The best evaluation's module states with the model's BatchNorm running statistics recalibrated for
-        the final subnetwork over the training data with the evaluation batch size, as the end of a run does,
-        on a copy of the model (``TrainedModules.recalibrated``)."""
-        assert self.best is not None
-        return self.state.modules.recalibrated(self.best[2], self.examples, self.eval_batch_size, self.device)
+        LMLs, ``final`` (the state a finished run returned) and ``norm_statistics`` (see ``Objective.save``);
+        ``best``: a ``(score, step, module states)`` to write instead of the current state (as kept in
+        :attr:`best`)."""
+        if best is not None:
+            _, step, states = best
+            record = next((r for r in self.history if r["step"] == step), {})
+        else:
+            step, states = self.step, self.objective.states()
+            record = self.history[-1] if self.history else {}
+        self.objective.save(path, step, states, record, final=final, norm_statistics=norm_statistics)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Load the model/hyper/likelihood tensors written by ``save_checkpoint``; returns its metadata."""
-        return self.state.modules.load(path)
-
-    def restore_modules(self, states: ModuleStates, source: str = "the best state") -> None:
-        """Load module states as kept in ``best``; one that does not fit is refused naming ``source``."""
-        self.state.modules.restore(states, source)
-
-
-__all__ = ["PartitionedTrainer"]
+        """Load the model, input transform and likelihood tensors :meth:`save_checkpoint` wrote (as
+        ``training.load_checkpoint`` does); returns its metadata."""
+        return self.objective.load(path)
