@@ -1,4 +1,4 @@
-"""Data-parallel training (``training.data_parallel``) against its definition: one process with the whole
+"""Data-parallel training (``training.stepping``) against its definition: one process with the whole
 global minibatch. Two real processes (torch.multiprocessing, gloo on CPU) train with half of every minibatch
 each; the trained model and hyperparameters must equal one process's (to float tolerance: the gradients are
 summed in another order), for the paper's iteration, fused and every-partition iterations, and for a run the two

@@ -1,4 +1,4 @@
-"""The hyperparameter-gradient estimators (``training.estimators``) against their definitions.
+"""The hyperparameter-gradient estimators (``training.iteration``) against their definitions.
 
 * ``OneChunk`` (``hyper_chunks="one"``, the paper's): one chunk k ~ Cat(u_2..u_C renormalised), weight 1;
 * ``AllChunks`` (``hyper_chunks="all"``): the hyper-gradient is the sum over chunks k=2..C of

@@ -2,7 +2,7 @@
 
 The run's model is rebuilt from its configuration (as ``train`` built it): a ``partition-fx train`` run's
 ``report.json``, or the ``run.json`` that ``fit(..., checkpoint_dir=DIR)`` writes for a run of a model and data
-built by name (``training.run_record``), with the test split of its data alone (``load_dataset(...,
+built by name (``training.fit``), with the test split of its data alone (``load_dataset(...,
 split="test")``: the model's input shape and classes, and the examples the export is evaluated on). Its
 checkpoint is loaded (``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to
 ``--out`` (default ``RUN/export``) with an ``export.json`` summary. The training split is loaded only to

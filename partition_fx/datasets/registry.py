@@ -195,7 +195,7 @@ def load_dataset(name_or_path: str, *, split: Split | None = None, **kwargs: Any
     user = set(kwargs) - set(named.keywords if named is not None else ()) - {"root"}
     if len(splits.input_shape) == 3 and user <= {"size", "channels"}:
         # What `partition-fx train --data --image-size --channels` loads it with: a run of these splits records
-        # it, so `partition-fx export` can load them again (training.run_record).
+        # it, so `partition-fx export` can load them again (training.fit).
         data = f"{name}:{kwargs['root']}" if named is not None and named.on_disk else str(name_or_path)
         source = {"data": data, "image_size": splits.input_shape[-1], "channels": kwargs.get("channels")}
         for part in (splits.train, splits.test):

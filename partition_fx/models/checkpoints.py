@@ -42,7 +42,7 @@ a run's ``checkpoint/last.safetensors`` and ``best.safetensors``)."""
 
 RESUME_TENSOR = "rng/torch"
 """A tensor every resume directory's ``tensors.safetensors`` holds, with the model's tensors under ``model/``
-(``training.resume``)."""
+(``training.checkpoint``)."""
 
 
 @dataclass(frozen=True)

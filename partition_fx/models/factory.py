@@ -62,7 +62,7 @@ def build_model(
         except PartitionCheckpointError as e:  # "checkpoint 'FILE' ...": name the option
             raise PartitionCheckpointError(f"--{e}") from e.__cause__
     # How to build it again: partitionify keeps it (PartitionedModel.build), so a run of it records its name
-    # and `partition-fx export` can rebuild it (training.run_record).
+    # and `partition-fx export` can rebuild it (training.fit).
     model.partition_fx_build = {"name": name, "num_classes": num_classes, "in_chans": in_chans}
     return model
 

@@ -184,7 +184,7 @@ def default_workers(workers: int | None, dataset: Any) -> int:
 class Examples:
     """Batches of ``(inputs, targets)`` from a dataset by index: a fast path for tensors (one gather),
     ``dataset[i]`` + ``default_collate`` for any other map-style dataset of pairs, which ``workers`` processes
-    decode ahead when read through :meth:`batches` or the input pipeline (``training.pipeline``), ``prefetch``
+    decode ahead when read through :meth:`batches` or the input pipeline (``training.data``), ``prefetch``
     batches each, into pinned memory when the device is CUDA.
 
     >>> ex = Examples((torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 0])))

@@ -184,7 +184,7 @@ def fit(
             stderr (step, LML, loss, hyperparameters, elapsed and remaining time); True: the bar; False: nothing.
         device: where to train (default: where the model is).
         data_parallel: None (default): average over the processes of an initialised process group when
-            there are 2 or more (``torchrun --nproc_per_node=N``; see ``training.data_parallel``); each process
+            there are 2 or more (``torchrun --nproc_per_node=N``; see ``training.stepping``); each process
             takes ``batch_size / N`` examples of every global minibatch and only rank 0 writes checkpoints.
             False: train this process alone even then; True: require such a group.
         resume: a ``resume`` directory written by an earlier ``fit(..., checkpoint_dir=...)`` (at
@@ -193,7 +193,7 @@ def fit(
             A directory from another configuration is refused, naming what differs.
         record_run: with ``checkpoint_dir``, write ``checkpoint_dir/run.json``: the run in the command line's
             terms, so that ``partition-fx export --run checkpoint_dir`` rebuilds and exports it, or why it cannot
-            (``training.run_record``). ``partition-fx train`` records its runs in its own ``report.json``.
+            (``training.fit``). ``partition-fx train`` records its runs in its own ``report.json``.
 
     Example::
 
