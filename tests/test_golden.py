@@ -1,0 +1,40 @@
+"""Golden outputs: small fixed-seed jobs of ``fit`` and of ``partition-fx train``/``export``/``convert`` compute
+today exactly what they computed when ``tests/golden/data`` was written, bit for bit.
+
+Each job (``tests/golden/generate.py``, ``JOBS``) runs again here on the CPU with one thread and is compared with
+its stored outputs: every tensor of every ``.safetensors`` file it writes (checkpoints, ``resume/``, exported
+models) and of the model it returns is ``torch.equal`` with the same dtype and shape; every record (the
+``FitResult`` as data, reports, ``run.json``, ``state.json``, safetensors metadata, ONNX metadata and initializer
+digests, stdout, directory listings) is equal, with wall-clock and version fields dropped and the temporary
+directory written ``<tmp>``. The resume jobs resume from the stored ``resume/`` directory (written by a run stopped
+early) and must finish equal to the stored uninterrupted run. A failure names the job and the first difference.
+
+The files were generated at commit e0df00f. A later change that alters a trajectory or an output on purpose
+regenerates them with ``python -m tests.golden.generate`` (from the repository root; ``--jobs NAME ...`` for some)
+and says in its commit message why they changed. Results are bit-exact only for one build of torch on one kind of
+CPU: where ``data/environment.json`` names another (torch, CPU capability, numpy, onnx, ...), the test skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+from golden import generate
+
+
+@pytest.fixture(scope="module")
+def same_environment() -> None:
+    changed = generate.environment_difference()
+    if changed:
+        pytest.skip(f"tests/golden/data was computed elsewhere ({changed}); regenerate it to compare here")
+
+
+@pytest.mark.parametrize("name", list(generate.JOBS))
+def test_job_computes_what_it_computed_when_the_golden_files_were_written(name, tmp_path, same_environment) -> None:
+    capture = generate.run_job(name, tmp_path)
+    difference = generate.first_difference(name, capture)
+    assert difference is None, f"golden job {name!r} differs from tests/golden/data/{name}: {difference}"
+
+
+def test_every_job_has_its_golden_files() -> None:
+    stored = sorted(p.name for p in generate.DATA.iterdir() if p.is_dir())
+    assert stored == sorted(generate.JOBS), "regenerate with python -m tests.golden.generate"
