@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -102,6 +102,32 @@ def with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torc
     {'w': 1}
     """
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def state_tensors(
+    states: dict[str, dict[str, torch.Tensor]], separator: str, prefix: str = ""
+) -> dict[str, torch.Tensor]:
+    """Module states (``{"model": ..., "hyper": ..., "likelihood": ...}``) as one flat dict of CPU copies keyed
+    ``prefix + name + separator + key``: ``model.<key>`` in a checkpoint file, ``model/<key>`` and
+    ``best/model/<key>`` in a resume directory. :func:`module_states` reads them back.
+
+    >>> state_tensors({"model": {"w": torch.zeros(1)}}, "/", "best/")
+    {'best/model/w': tensor([0.])}
+    """
+    return {
+        f"{prefix}{name}{separator}{key}": cpu_copy(v) for name, state in states.items() for key, v in state.items()
+    }
+
+
+def module_states(
+    tensors: dict[str, torch.Tensor], names: Iterable[str], separator: str, prefix: str = ""
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The states of the modules ``names`` among ``tensors`` written by :func:`state_tensors`.
+
+    >>> module_states({"model.w": 1, "hyper.r": 2}, ["model"], ".")
+    {'model': {'w': 1}}
+    """
+    return {name: with_prefix(tensors, f"{prefix}{name}{separator}") for name in names}
 
 
 def buffers_digest(buffers: dict[str, torch.Tensor]) -> str:
@@ -248,7 +274,7 @@ def load_checkpoint(
     check_metadata(pmodel, meta, source)
     found = {"model": pmodel, "hyper": hyper, "likelihood": likelihood}
     modules = {name: m for name, m in found.items() if m is not None}
-    restore_module_states(pmodel, modules, {name: with_prefix(tensors, name + ".") for name in modules}, source)
+    restore_module_states(pmodel, modules, module_states(tensors, modules, "."), source)
     return meta
 
 
@@ -294,14 +320,12 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
     """Write ``trainer.state_dict()`` to ``directory`` (replaced atomically; see the module docstring)."""
     state = trainer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
-    for name, module_state in state["modules"].items():
-        tensors.update((f"{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
+    tensors.update(state_tensors(state["modules"], "/"))
     best = state["best"]
     if best is not None and best["step"] == state["step"]:
         best = {**best, "same_as_current": True}  # the modules above are the best state: no second copy
     else:
-        for name, module_state in (state["best_modules"] or {}).items():
-            tensors.update((f"best/{name}/{key}", cpu_copy(value)) for key, value in module_state.items())
+        tensors.update(state_tensors(state["best_modules"] or {}, "/", "best/"))
     rng = state["rng"]
     tensors["rng/torch"] = rng["torch"]
     tensors.update((f"rng/cuda/{i}", value) for i, value in enumerate(rng["cuda"]))
@@ -376,7 +400,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
         missing.append("best.score: its best state was chosen by the full LML, not the conditional one")
     if missing:
         raise PartitionCheckpointError(earlier_version(f"{directory}/{STATE}", ", ".join(missing)))
-    modules = {name: with_prefix(tensors, f"{name}/") for name in ("model", "hyper", "likelihood")}
+    modules = module_states(tensors, ("model", "hyper", "likelihood"), "/")
     modules = {name: state for name, state in modules.items() if state}
     cuda = with_prefix(tensors, "rng/cuda/")
     trainer.load_state_dict(
@@ -412,7 +436,7 @@ def _best_modules(
         return None
     if best.get("same_as_current"):
         return {name: {k: v.clone() for k, v in state.items()} for name, state in modules.items()}
-    return {name: with_prefix(tensors, f"best/{name}/") for name in modules}
+    return module_states(tensors, modules, "/", "best/")
 
 
 def _split_optimizer(state: dict[str, Any] | None, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

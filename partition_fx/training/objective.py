@@ -17,9 +17,9 @@ from ..transforms.base import HyperparameterModule, outermost_hyperparameter_mod
 from .checkpoint import (
     buffers_digest,
     checkpoint_identity,
-    cpu_copy,
     load_checkpoint,
     restore_module_states,
+    state_tensors,
     write_checkpoint,
 )
 from .lml import running_norms
@@ -123,7 +123,7 @@ class Objective:
         ``checkpoint.NORM_STATISTICS``) in its metadata."""
         if norm_statistics is None:
             norm_statistics = "training" if running_norms(self.pmodel) else "none"
-        tensors = {f"{name}.{k}": cpu_copy(v) for name, state in states.items() for k, v in state.items()}
+        tensors = state_tensors(states, ".")
         lml = {"lml": record.get("lml"), "conditional_lml": record.get("conditional_lml")}  # the step's estimates
         meta = {"step": step, **lml, "final": final, "norm_statistics": norm_statistics, "storage": "flat"}
         write_checkpoint(path, tensors, {**meta, **self.identity(), **self.omitted()})
