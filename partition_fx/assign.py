@@ -30,7 +30,7 @@ _NORMAL_BITS = 12
 _NORMAL_KNOTS = 1 << _NORMAL_BITS
 _DEFAULTS_STREAM = 0x5EED5EED
 
-_CHUNK = 1 << 18  # elements hashed at a time: keeps the temporaries in cache (10x faster on 25M entries)
+_CHUNK = 1 << 18  # elements hashed at a time: the temporaries stay in cache (speed-up: docs/benchmarks.md)
 
 
 def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
@@ -157,7 +157,8 @@ def random_assignment(
 
 def assignment_from_index(index: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     """The partition (0-based, uint8) of each entry, from its rank (or position) in partition-major order."""
-    # One comparison per boundary: 7x faster than bucketize on CPU for C <= 8 or so.
+    # One comparison per boundary: faster than bucketize on CPU for the few partitions of a model (by how much:
+    # docs/benchmarks.md).
     out = torch.zeros(index.shape, dtype=torch.uint8, device=index.device)
     for bound in list(itertools.accumulate(sizes))[:-1]:
         out += index >= bound
@@ -171,7 +172,8 @@ def layout_index(
     flat order), and the parts' sizes.
 
     Keeping each part in flat order makes the gather that builds an effective tensor read C sequential
-    streams: 5-6x faster on CPU than a random permutation of the same size.
+    streams, which a CPU's caches serve much faster than a random permutation of the same size (how much:
+    docs/benchmarks.md).
 
     >>> index, sizes = layout_index(4, (0.5, 0.5), seed=0, salt=1)
     >>> sorted(index.tolist()), sizes
@@ -234,7 +236,8 @@ def _normal_table() -> tuple[torch.Tensor, torch.Tensor]:
     return table[:-1].contiguous(), table.diff()
 
 
-# Built at import (a few ms), not lazily: torch.compile cannot trace NormalDist and would break its graph.
+# Built at import, not lazily (it is cheap: docs/benchmarks.md): torch.compile cannot trace NormalDist and would
+# break its graph.
 _NORMAL_TABLE = _normal_table()
 
 

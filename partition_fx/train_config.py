@@ -28,7 +28,7 @@ from .settings import SettingError, Settings, setting
 
 HYPER_CHUNKS = ("one", "all")
 """How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted
-(the estimators registered in ``training.estimators``)."""
+(the estimators of ``training.iteration``)."""
 WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
 """How partition k's weight decay is scaled by |D_1:k| (``training.optim.weight_decay_scales``)."""
 OPTIMIZERS = ("adam", "sgd")
@@ -41,7 +41,7 @@ it restarts at ``lr`` and anneals over the fine-tuning steps alone (a warm resta
 ON_NONFINITE = ("raise", "skip")
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
-``partition-fx export --run DIR`` can rebuild it (``training.run_record``)."""
+``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
 FINETUNE_FRACTION = 0.25
 """Without ``finetune_steps``, this share of ``steps`` fine-tunes the final model."""
 
@@ -206,7 +206,7 @@ class Runtime(Settings):
     and partition) or ``skip`` the step; ``check_every``: steps between reads of the device for that check
     (1 on the CPU, 50 on an accelerator, which runs ahead of Python between reads: a fault is then found at the
     next read, at the latest before any state is saved; ``skip`` reads every step). ``workers`` processes
-    decode a map-style dataset's batches ``prefetch`` ahead of the steps (``training.pipeline``); they never
+    decode a map-style dataset's batches ``prefetch`` ahead of the steps (``training.data``); they never
     change what is computed."""
 
     section_help = "running"
@@ -253,10 +253,11 @@ class Runtime(Settings):
 
 @dataclass(frozen=True)
 class Checkpointing(Settings):
-    """What checkpoints hold: ``checkpoint_defaults=False`` leaves the partitions' default values out (a third
-    of an ``init``-default checkpoint), for runs whose model is rebuilt the same way before loading (same
-    seed and weights, as ``partition-fx`` does); a model that rebuilds them differently is refused. Layouts
-    are always left out: ``partitionify`` rebuilds them from its seed."""
+    """What checkpoints hold: ``checkpoint_defaults=False`` leaves the partitions' default values out (with
+    ``init`` defaults a copy of every partitioned weight, a large share of a checkpoint: docs/benchmarks.md),
+    for runs whose model is rebuilt the same way before loading (same seed and weights, as ``partition-fx``
+    does); a model that rebuilds them differently is refused. Layouts are always left out: ``partitionify``
+    rebuilds them from its seed."""
 
     section_help = "output"
     defaults: bool = setting(

@@ -2,8 +2,8 @@
 
 ``partition-fx train`` (the main job; see ``partition_fx.cli.train``) trains a model with learned
 hyperparameters. With no other arguments it learns affine augmentation for timm's ResNet-10-T on ``rotdigits``
-(scikit-learn's digits, each rotated by a fixed random angle) in a few minutes on 2 CPU cores, on CUDA when
-available (``--device auto``).
+(scikit-learn's digits, each rotated by a fixed random angle), a job sized to train on a CPU of 2 cores (how
+long it takes: docs/benchmarks.md), on CUDA when available (``--device auto``).
 
 ``partition-fx export --run DIR`` exports a trained run's checkpoint to safetensors and ONNX;
 ``partition-fx predict --run DIR IMAGE...`` (or ``--model FILE.onnx``) classifies images by name with the model.

@@ -1,7 +1,7 @@
 """What every image loader shares: decoding one image to a float tensor (:class:`DecodedImages`, the map-style
-dataset that data read from disk is, one example at a time), the fixed rotations of the rotated variants
-(:func:`rotate_images`, :func:`fixed_angles`), and the choice between holding a dataset decoded in memory and
-reading it as training asks (:func:`in_memory_or_streamed`).
+dataset that data read from disk is, one example at a time), rotating images by the rotated variants' fixed angles
+(:func:`rotate_images`; the angles are drawn from their seeded stream by ``splits.fixed_angles``), and the choice
+between holding a dataset decoded in memory and reading it as training asks (:func:`in_memory_or_streamed`).
 
 Decoding is deterministic (convert, resize, scale to [0, 1], rotate by the image's fixed angle): a batch is the
 same whichever process decodes it, so the input pipeline's worker processes never change a run. The learned
@@ -25,11 +25,11 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from ..errors import PartitionError, shortened
-from .splits import ANGLE_STREAM
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Bytes of decoded float32 images a loader holds in memory before it streams them from disk instead (1 GiB):
-CIFAR-10 at 32x32 (737 MB) is decoded once; an image folder of ImageNet's size is read as training asks."""
+large enough that CIFAR-10 at 32x32 is decoded once, small enough that an image folder of ImageNet's size is read
+as training asks (the sizes: docs/benchmarks.md)."""
 PIXEL_SCALE = 255.0
 """What :func:`to_tensor` divides 8-bit pixel values by: every decoded image is in [0, 1], not normalised further."""
 RESAMPLE = "bilinear"
@@ -54,19 +54,6 @@ def rotate_images(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
     rotated = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return rotated.clamp_(0.0, 1.0)  # bilinear weights sum to 1 only up to rounding
-
-
-def fixed_angles(count: int, seed: int, part: int = 0) -> torch.Tensor:
-    """``count`` angles uniform on [-pi, pi], one per image, from ``seed``'s angle stream; ``part`` > 0 draws
-    from a stream of its own (a dataset's train images and test images each get one; 0 is rotdigits' stream).
-
-    >>> torch.equal(fixed_angles(5, seed=0), fixed_angles(8, seed=0)[:5])
-    True
-    >>> bool(fixed_angles(3, seed=0, part=1).abs().max() <= math.pi)
-    True
-    """
-    key = [seed, ANGLE_STREAM] if part == 0 else [seed, ANGLE_STREAM, part]
-    return torch.from_numpy(np.random.default_rng(key).uniform(-math.pi, math.pi, count)).float()
 
 
 def pil_mode(channels: int | None, mode: str) -> str:

@@ -14,12 +14,13 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from .._validation import check_int, check_open_unit
-from .images import ImagePreprocessing, fixed_angles, rotate_images
+from .images import ImagePreprocessing, rotate_images
 from .splits import (
     BOTH_SPLITS_HINT,
     DatasetSplits,
     Split,
     check_split,
+    fixed_angles,
     only_split,
     stratified_split,
 )

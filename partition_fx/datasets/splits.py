@@ -1,4 +1,5 @@
-"""What every loader returns (:class:`DatasetSplits`), the seeded random streams, and the stratified split.
+"""What every loader returns (:class:`DatasetSplits`), the seeded random streams (and the draws from them that
+loaders share: :func:`fixed_angles`), and the stratified split.
 
 Randomness comes only from ``numpy.random.default_rng([seed, stream])`` with a separate stream per purpose
 (split, angles, function, samples), never from a global RNG, so the same arguments give identical tensors
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import torch
 from torch.utils.data import TensorDataset
 
 from ..errors import PartitionArgumentError, PartitionError
@@ -123,6 +125,19 @@ def seeded_rng(seed: int, stream: int) -> np.random.Generator:
     True
     """
     return np.random.default_rng([seed, stream])
+
+
+def fixed_angles(count: int, seed: int, part: int = 0) -> torch.Tensor:
+    """``count`` angles uniform on [-pi, pi], one per image, from ``seed``'s angle stream; ``part`` > 0 draws
+    from a stream of its own (a dataset's train images and test images each get one; 0 is rotdigits' stream).
+
+    >>> torch.equal(fixed_angles(5, seed=0), fixed_angles(8, seed=0)[:5])
+    True
+    >>> bool(fixed_angles(3, seed=0, part=1).abs().max() <= math.pi)
+    True
+    """
+    key = [seed, ANGLE_STREAM] if part == 0 else [seed, ANGLE_STREAM, part]
+    return torch.from_numpy(np.random.default_rng(key).uniform(-math.pi, math.pi, count)).float()
 
 
 def stratified_split(

@@ -23,11 +23,10 @@ from .images import (
     ImagePreprocessing,
     PairImages,
     empty_split,
-    fixed_angles,
     in_memory_or_streamed,
     pil_mode,
 )
-from .splits import DatasetSplits, Split, check_split, wanted
+from .splits import DatasetSplits, Split, check_split, fixed_angles, wanted
 
 
 @dataclass(frozen=True)
