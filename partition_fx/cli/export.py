@@ -31,7 +31,8 @@ from safetensors.torch import save_model
 from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_subnetwork
-from ..training.checkpoint import load_for_export, norm_statistics
+from ..training.checkpoint import norm_statistics
+from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .checks import check_export
 from .job import job_from_args, load_job_data, model_record, write_onnx

@@ -44,7 +44,7 @@ from ..training import (
     recalibrate_norm_statistics,
     resume_directory,
 )
-from ..training.checkpoint import load_for_export
+from ..training.lml import load_for_export
 from .checks import with_fixed_ranges
 from .job import TrainJob, initial_hyperparameters, job_from_args, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group

@@ -6,7 +6,6 @@
 
 from ..errors import PartitionCheckpointError
 from ..train_config import TrainConfig
-from .callbacks import CallbackHook, CheckpointWriter, TrainingHook
 from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
 from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignment, split_into_chunks
 from .fit import fit
@@ -14,8 +13,7 @@ from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, 
 from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
 from .metrics import evaluate_averaged, evaluate_classifier
 from .optim import partition_optimizer, weight_decay_scales
-from .options import Components
-from .trainer import FitResult, PartitionedTrainer
+from .trainer import CallbackHook, CheckpointWriter, Components, FitResult, PartitionedTrainer, TrainingHook
 
 __all__ = [
     "CallableLikelihood",

@@ -20,14 +20,14 @@ run bit for bit (its ``state_dict()``), in two files:
 * ``state.json``: the step, the LML history, the best step, the optimisers' param groups and non-tensor
   state, the LR scheduler's state, and a fingerprint of the configuration.
 
-The hook that writes both during a run is ``training.callbacks.CheckpointWriter``.
+The hook that writes both during a run is ``training.trainer.CheckpointWriter``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,9 +37,6 @@ from torch import nn
 from .._io import existing_directory, replace_directory, replace_file
 from ..errors import PartitionCheckpointError, earlier_version
 from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
-from .data import Examples
-from .lml import recalibrate_norm_statistics
 
 # --- checkpoint files ------------------------------------------------------------------------------------------------
 
@@ -465,28 +462,3 @@ def _join_optimizer(saved: Any, prefix: str, tensors: dict[str, torch.Tensor]) -
     for index, entries in saved["plain_state"].items():
         state.setdefault(int(index), {}).update(entries)
     return {"state": state, "param_groups": saved["param_groups"]}
-
-
-def load_for_export(
-    pmodel: PartitionedModel,
-    hyper: nn.Module | None,
-    training_data: Callable[[], Any],
-    checkpoint: Path,
-    config: TrainConfig,
-    subnetwork: int | None = None,
-) -> tuple[dict[str, Any], int]:
-    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
-    :func:`load_checkpoint`: no trainer. Where the model's BatchNorm statistics are not calibrated for
-    ``subnetwork`` (default C; :func:`needs_recalibration`) they are recalibrated over the
-    training examples that ``training_data()`` returns, as the end of a run does (the run's ``config``: its
-    evaluation batch size; on the CPU). ``training_data`` is called only then: ``export`` loads the training
-    split only for a recalibration. Returns the checkpoint's metadata and how many BatchNorm modules were
-    recalibrated."""
-    meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
-    if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
-        return meta, 0
-    batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
-    recalibrated = recalibrate_norm_statistics(
-        pmodel, Examples(training_data()), subnetwork, batch_size=batch_size, device=torch.device("cpu")
-    )
-    return meta, recalibrated

@@ -30,10 +30,8 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
 from ..transforms.affine import DEFAULT_MAX_RANGE
-from .callbacks import TrainingHook
 from .checkpoint import load_training_state
-from .options import Callback, check_run_arguments, resolve
-from .trainer import FitResult, PartitionedTrainer
+from .trainer import Callback, FitResult, PartitionedTrainer, TrainingHook, check_run_arguments, resolve
 
 # --- run.json --------------------------------------------------------------------------------------------------------
 

@@ -24,8 +24,8 @@ from torch import nn
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from .data import BatchReader, HyperBatches, PartitionedSampler
-from .lml import forward_log_likelihood, hyper_loss, routed_losses, running_norms
-from .objective import Objective
+from .lml import forward_log_likelihood, hyper_loss, routed_losses
+from .objective import Objective, running_norms
 from .stepping import DataParallel, Stepper
 
 # --- hyperparameter-gradient estimators ------------------------------------------------------------------------------

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
+from ..train_config import TrainConfig
+from .checkpoint import load_checkpoint, needs_recalibration
 from .data import BatchReader, DataChunks, Examples
 from .likelihoods import Likelihood
+from .objective import Objective, running_norms
 from .stepping import Precision
-
-if TYPE_CHECKING:
-    from .objective import Objective
 
 
 def apply_transform(
@@ -257,17 +258,6 @@ def estimate_lml(
     return LMLEstimate(total, per_chunk, total / sum(chunks.sizes))
 
 
-def running_norms(model: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
-    """The normalisation layers of ``model`` that keep running statistics (BatchNorm, and InstanceNorm with
-    ``track_running_stats``): what :func:`recalibrate_norm_statistics` recomputes, what data-parallel training
-    broadcasts from rank 0 and what federated training refuses. The one definition of them.
-
-    >>> len(running_norms(nn.Sequential(nn.BatchNorm1d(2), nn.BatchNorm1d(2, track_running_stats=False))))
-    1
-    """
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
-
-
 def recalibrate_norm_statistics(
     pmodel: PartitionedModel,
     examples: Examples,
@@ -401,3 +391,28 @@ class LMLEvaluator:
                     generator=self.generator,
                     device=self.device,
                 )
+
+
+def load_for_export(
+    pmodel: PartitionedModel,
+    hyper: nn.Module | None,
+    training_data: Callable[[], Any],
+    checkpoint: Path,
+    config: TrainConfig,
+    subnetwork: int | None = None,
+) -> tuple[dict[str, Any], int]:
+    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
+    ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
+    ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
+    training examples that ``training_data()`` returns, as the end of a run does (the run's ``config``: its
+    evaluation batch size; on the CPU). ``training_data`` is called only then: ``export`` loads the training
+    split only for a recalibration. Returns the checkpoint's metadata and how many BatchNorm modules were
+    recalibrated."""
+    meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
+    if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
+        return meta, 0
+    batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
+    recalibrated = recalibrate_norm_statistics(
+        pmodel, Examples(training_data()), subnetwork, batch_size=batch_size, device=torch.device("cpu")
+    )
+    return meta, recalibrated

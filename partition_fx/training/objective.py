@@ -22,7 +22,6 @@ from .checkpoint import (
     state_tensors,
     write_checkpoint,
 )
-from .lml import running_norms
 
 ModuleStates = dict[str, dict[str, torch.Tensor]]
 """``{"model": ..., "hyper": ..., "likelihood": ...}``: each module's state without what checkpoints leave out."""
@@ -256,3 +255,14 @@ def takes_num_samples(hyper: nn.Module | None) -> bool:
         return "num_samples" in inspect.signature(hyper.forward).parameters
     except (TypeError, ValueError):  # a builtin or C forward without a signature
         return False
+
+
+def running_norms(model: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
+    """The normalisation layers of ``model`` that keep running statistics (BatchNorm, and InstanceNorm with
+    ``track_running_stats``): what :func:`recalibrate_norm_statistics` recomputes, what data-parallel training
+    broadcasts from rank 0 and what federated training refuses. The one definition of them.
+
+    >>> len(running_norms(nn.Sequential(nn.BatchNorm1d(2), nn.BatchNorm1d(2, track_running_stats=False))))
+    1
+    """
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]

@@ -18,25 +18,34 @@ configuration again for what may be changed for it (``run(..., eval_every=...)``
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from .._validation import check_given_partition
+from .._io import link_file
+from .._validation import check_callable, check_device, check_directory, check_flag, check_given_partition
 from ..errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from .callbacks import CallbackHook, CheckpointWriter, ProgressLines, TrainingHook, progress_outputs
-from .checkpoint import differences
-from .data import Examples, PartitionedSampler, StepInputs, default_workers, planned_batches, resolve_chunks
+from .checkpoint import differences, save_training_state
+from .data import DataChunks, Examples, PartitionedSampler, StepInputs, default_workers, planned_batches, resolve_chunks
 from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, estimator_for, scheme_for
-from .lml import LMLEstimate, LMLEvaluator, evidence, lml_fields, recalibrate_norm_statistics
+from .likelihoods import Likelihood, resolve_likelihood
+from .lml import LMLEstimate, LMLEvaluator, evidence, lml_fields, recalibrate_norm_statistics, recalibrated_states
 from .objective import ModuleStates, Objective, takes_num_samples, widens
-from .optim import build_optimizers, check_finetune_schedule, configured_factories, finetuning_scheduler
-from .options import Callback, Components, check_run_arguments, resolve
+from .optim import (
+    OptimizerFactory,
+    SchedulerFactory,
+    build_optimizers,
+    check_finetune_schedule,
+    configured_factories,
+    finetuning_scheduler,
+)
+from .progress import ProgressLines, progress_outputs
 from .stepping import LAZY_CHECK_EVERY, DataParallel, Precision, Stepper, warn_about_shared_parameters
 
 
@@ -76,6 +85,258 @@ class FitResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# --- what a run is given besides its configuration -------------------------------------------------------------------
+
+
+def check_takes_num_samples(hyper: nn.Module | None) -> None:
+    """Refuse ``hyper_samples`` given for an input transform that cannot be asked for a number of samples."""
+    if hyper is None:
+        raise PartitionArgumentError(
+            "hyper_samples sets the input transform's samples in hyperparameter steps, but there is no input "
+            "transform: pass hyper=AffineAugmentation(...) or leave hyper_samples out"
+        )
+    if not takes_num_samples(hyper):
+        raise PartitionArgumentError(
+            f"hyper_samples needs an input transform whose forward takes num_samples= (as AffineAugmentation's "
+            f"does); {type(hyper).__name__}.forward does not: leave hyper_samples out or add the argument"
+        )
+
+
+def check_widens(hyper: nn.Module | None, factor: float) -> None:
+    """Refuse ``train_range_factor`` other than 1 given for an input transform that cannot widen its ranges."""
+    if factor != 1.0 and not widens(hyper):
+        what = "there is no input transform" if hyper is None else f"{type(hyper).__name__} has no widened()"
+        raise PartitionArgumentError(
+            f"train_range_factor={factor} scales the input transform's ranges in parameter steps, but {what}; "
+            "pass an AffineAugmentation or leave train_range_factor out"
+        )
+
+
+@dataclass(frozen=True)
+class Components:
+    """What a :class:`~partition_fx.training.PartitionedTrainer` is given besides its configuration (see
+    :func:`~partition_fx.training.fit` for each). Checked on construction; ``likelihood``, ``checkpoint_dir``
+    and ``device`` are stored resolved (a ``Likelihood`` module, a ``Path``, a ``torch.device``).
+
+    Example::
+
+        >>> components = Components(likelihood="regression")
+        >>> type(components.likelihood).__name__, components.hooks
+        ('Gaussian', ())
+        >>> Components(optimizer="adam")
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionTypeError: optimizer must be a callable ...
+    """
+
+    hyper: nn.Module | None = None
+    likelihood: str | Likelihood | Callable[..., torch.Tensor] = "classification"
+    optimizer: OptimizerFactory | None = None
+    hyper_optimizer: OptimizerFactory | None = None
+    scheduler: SchedulerFactory | None = None
+    hyper_scheduler: SchedulerFactory | None = None
+    chunks: DataChunks | torch.Tensor | Sequence[int] | None = None
+    checkpoint_dir: str | Path | None = None
+    device: torch.device | str | None = None
+    hooks: Sequence[TrainingHook] = ()
+    data_parallel: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.hyper is not None and not isinstance(self.hyper, nn.Module):
+            raise PartitionTypeError(
+                f"hyper must be an nn.Module (e.g. AffineAugmentation()), got {type(self.hyper).__name__}"
+            )
+        check_callable("optimizer", self.optimizer, "functools.partial(torch.optim.Adam, lr=1e-3)")
+        check_callable("hyper_optimizer", self.hyper_optimizer, "functools.partial(torch.optim.Adam, lr=0.05)")
+        schedule = "functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)"
+        check_callable("scheduler", self.scheduler, schedule)
+        check_callable("hyper_scheduler", self.hyper_scheduler, schedule)
+        if self.data_parallel is not None:
+            check_flag("data_parallel", self.data_parallel)
+        self._set("hooks", check_sequence_of("hooks", self.hooks, TrainingHook, "TrainingHook s", "a TrainingHook"))
+        self._set("likelihood", resolve_likelihood(self.likelihood))
+        self._set("checkpoint_dir", check_directory("checkpoint_dir", self.checkpoint_dir))
+        self._set("device", check_device(self.device))
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # a frozen dataclass stores its own normalised values
+
+
+def resolve(where: str, config: TrainConfig | None, keywords: dict[str, Any]) -> tuple[TrainConfig, Components]:
+    """The configuration (``config``, default the recommended one, changed by the configuration's keywords in
+    ``keywords``) and the components (the other keywords) a run is built from; an unknown keyword is refused
+    naming ``where`` and every keyword it takes.
+
+    >>> config, components = resolve("fit", None, {"batch_size": 32, "likelihood": "regression"})
+    >>> config.optimization.batch_size, type(components.likelihood).__name__
+    (32, 'Gaussian')
+    """
+    if config is not None and not isinstance(config, TrainConfig):
+        raise PartitionTypeError(f"{where}'s config must be a TrainConfig, got {type(config).__name__}")
+    settings = TrainConfig.keywords()
+    objects = {f.name for f in fields(Components)}
+    unknown = sorted(set(keywords) - set(settings) - objects)
+    if unknown:
+        raise PartitionTypeError(
+            f"{where} got unknown argument(s) {', '.join(unknown)}; it takes {', '.join(sorted({*settings, *objects}))}"
+        )
+    changes = {k: v for k, v in keywords.items() if k in settings}
+    config = (config if config is not None else TrainConfig.recommended()).replace(**changes)
+    components = Components(**{k: v for k, v in keywords.items() if k in objects})
+    if changes.get("hyper_samples") is not None:  # asked for by name: a transform must be able to take it
+        check_takes_num_samples(components.hyper)
+    if "train_range_factor" in changes:  # likewise: a transform must be able to scale its ranges
+        check_widens(components.hyper, config.hyper.train_range_factor)
+    return config, components
+
+
+def check_run_arguments(callbacks: Any, progress: Any) -> tuple[Callback, ...]:
+    """``callbacks`` as a tuple if it is a list of callables ``cb(trainer, record)``, and ``progress`` None or a
+    bool: what a run of the loop takes besides its configuration."""
+    if progress is not None:
+        check_flag("progress", progress)
+    return check_sequence_of(
+        "callbacks", callbacks, callable, "callables cb(trainer, record)", "a callable cb(trainer, record)"
+    )
+
+
+def check_sequence_of(
+    name: str, values: Any, kind: type | Callable[[Any], bool], many: str, one: str
+) -> tuple[Any, ...]:
+    """``values`` as a tuple if it is a list of ``kind`` (a class, or a predicate such as ``callable``);
+    ``many``/``one`` name what it holds in the refusal."""
+    if callable(values) or isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise PartitionTypeError(f"{name} must be a list of {many}, got {values!r}")
+    values = tuple(values)
+    for i, value in enumerate(values):
+        if not (isinstance(value, kind) if isinstance(kind, type) else kind(value)):
+            raise PartitionTypeError(f"{name}[{i}] must be {one}, got {value!r}")
+    return values
+
+
+# --- hooks -----------------------------------------------------------------------------------------------------------
+
+
+Callback = Callable[["PartitionedTrainer", dict[str, Any]], "bool | None"]
+"""``cb(trainer, record)`` after each evaluation (``trainer``: the ``PartitionedTrainer``); True stops training."""
+
+
+class TrainingHook:
+    """Override any method; the trainer calls them in the order the hooks were added to ``trainer.hooks``.
+
+    Example::
+
+        >>> class Count(TrainingHook):
+        ...     evaluations = 0
+        ...     def after_evaluation(self, trainer, record, improved):
+        ...         self.evaluations += 1
+        >>> Count().before_run(None); Count().after_run(None, None)  # the other methods do nothing
+        >>> Count().should_stop(None, {})
+        False
+    """
+
+    def before_run(self, trainer: PartitionedTrainer) -> None:
+        """When the training loop starts, after a resumed run's state was loaded: from here on the run is under
+        way (what failed before it, such as a refused resume, changed nothing)."""
+
+    def after_evaluation(self, trainer: PartitionedTrainer, record: dict[str, Any], improved: bool) -> None:
+        """After an evaluation's ``record`` joined ``trainer.history``; ``improved``: a new best LML."""
+
+    def should_stop(self, trainer: PartitionedTrainer, record: dict[str, Any]) -> bool:
+        """Asked by the training loop after each evaluation (after every hook's ``after_evaluation`` and the
+        progress output), in order until one says True: whether to end the run now."""
+        return False
+
+    def before_finetuning(self, trainer: PartitionedTrainer) -> None:
+        """When partitioned training ends and fine-tuning begins (``trainer.history[-1]`` is the last
+        partitioned evaluation); on a resumed run it may run again for the same state."""
+
+    def after_run(self, trainer: PartitionedTrainer, result: FitResult) -> None:
+        """After a run ended (``result``: its ``FitResult``), with the model in the state the run returns:
+        the best state restored if asked, BatchNorm statistics recalibrated."""
+
+
+class CallbackHook(TrainingHook):
+    """A run's ``callbacks=`` as a hook: after each evaluation each ``cb(trainer, record)`` is called in order,
+    and the first one to return True ends the run (the later ones are not called for that evaluation). The
+    training loop asks it last, after the trainer's own hooks.
+
+    Example::
+
+        >>> calls = []
+        >>> hook = CallbackHook([lambda trainer, record: calls.append(record["step"]), lambda t, r: r["step"] >= 4])
+        >>> hook.should_stop(None, {"step": 2}), hook.should_stop(None, {"step": 4}), calls
+        (False, True, [2, 4])
+    """
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.callbacks = tuple(callbacks)
+
+    def should_stop(self, trainer: PartitionedTrainer, record: dict[str, Any]) -> bool:
+        return any(bool(cb(trainer, record)) for cb in self.callbacks)
+
+
+class CheckpointWriter(TrainingHook):
+    """Keeps a run recoverable and exportable under ``directory`` (``trainer.hooks``; ``fit`` adds one for
+    ``checkpoint_dir``).
+
+    After each evaluation: ``last.safetensors``; ``best.safetensors`` when the LML improved (a hard link to
+    ``last``, so no second copy on disk); the resume directory ``resume/``; ``trainer.stepper.last_checkpoint_step``.
+    Their BatchNorm statistics are training's (``norm_statistics: "training"``).
+
+    At the end of a run: ``last.safetensors`` again, with the state the run returns (BatchNorm statistics
+    recalibrated for the final subnetwork, the best state if restored), so an export of it reproduces the
+    run's reported test accuracy; and, when the run recalibrated its statistics, ``best.safetensors`` again
+    with the best evaluation's state recalibrated the same way (``norm_statistics: "final"``): a hard link to
+    ``last`` when that is the same state, else one more recalibration pass, on a copy of the model.
+
+    Example::
+
+        >>> import tempfile, torch
+        >>> from partition_fx import partitionify
+        >>> from partition_fx.training import PartitionedTrainer
+        >>> x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+        >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (x, y), batch_size=8)
+        >>> trainer.hooks.append(CheckpointWriter(tempfile.mkdtemp()))
+        >>> _ = trainer.run(2, progress=False)
+        >>> trainer.stepper.last_checkpoint_step
+        2
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def after_evaluation(self, trainer: PartitionedTrainer, record: dict[str, Any], improved: bool) -> None:
+        last = self.directory / "last.safetensors"
+        trainer.save_checkpoint(last)
+        if improved:
+            link_file(last, self.directory / "best.safetensors")
+        save_training_state(trainer, self.directory / "resume")
+        trainer.stepper.last_checkpoint_step = trainer.step  # a non-finite error says it is kept
+
+    def after_run(self, trainer: PartitionedTrainer, result: FitResult) -> None:
+        last, best = self.directory / "last.safetensors", self.directory / "best.safetensors"
+        calibrated = bool(result.recalibrated_norms)
+        trainer.save_checkpoint(last, final=True, norm_statistics="final" if calibrated else None)
+        if not calibrated or trainer.best is None:
+            return  # no statistics to calibrate (or not asked to): the evaluation's best file is the best state
+        score, step, _ = trainer.best
+        if not trainer.objective.is_current(trainer.best[2]):
+            recalibrated = recalibrated_states(
+                trainer.pmodel, trainer.best[2], trainer.examples, trainer.eval_batch_size, trainer.device
+            )
+            trainer.save_checkpoint(best, best=(score, step, recalibrated), norm_statistics="final")
+        elif step == trainer.step:
+            link_file(last, best)  # the same state: no second copy on disk
+        else:  # the run restored the best state and recalibrated it: last's tensors with the best's step and LML
+            trainer.save_checkpoint(
+                best, final=True, norm_statistics="final", best=(score, step, trainer.objective.states())
+            )
+
+
+# --- the trainer -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
