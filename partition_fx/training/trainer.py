@@ -408,6 +408,8 @@ class PartitionedTrainer:
         self.fused = runtime.fused
         self.every_partition = runtime.every_partition
         self.seed = runtime.seed
+        self.hyper_samples = hyper_step.samples if takes_num_samples(self.hyper) else None
+        """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
         self.eval_batch_size = evaluation.batch_size
         self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]
         self.examples = Examples(dataset, workers=default_workers(runtime.workers, dataset), prefetch=runtime.prefetch)
@@ -472,7 +474,7 @@ class PartitionedTrainer:
             self.stepper,
             device=self.device,
             data_parallel=self.data_parallel,
-            hyper_samples=hyper_step.samples if takes_num_samples(self.hyper) else None,
+            hyper_samples=self.hyper_samples,
             train_range_factor=hyper_step.train_range_factor if widens(self.hyper) else 1.0,
         )
         self.evaluator = LMLEvaluator(
