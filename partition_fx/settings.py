@@ -2,7 +2,8 @@
 run must match them; the machinery behind :class:`~partition_fx.train_config.TrainConfig`.
 
 A configuration is a :class:`Settings` of sections, each section a :class:`Settings` of fields declared with
-:func:`setting`. From that one declaration come
+:func:`setting`, or a flat :class:`Settings` of fields alone (``federated.FederatedConfig``). From that one
+declaration come
 
 * the checks (run on construction, so a configuration that exists is valid),
 * ``to_dict()``/``from_dict()`` (nested, JSON-ready; an unknown key is refused naming the known ones), the
@@ -19,8 +20,9 @@ import dataclasses
 import functools
 import math
 import numbers
+import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -46,6 +48,8 @@ class Option:
     command_line: bool = True
     const: Any = None
     bool_values: tuple[Any, Any] | None = None
+    maximum: float | None = None
+    validator: Callable[[str, Any], Any] | None = None
 
 
 def setting(default: Any, help: str, **option: Any) -> Any:
@@ -54,7 +58,10 @@ def setting(default: Any, help: str, **option: Any) -> Any:
     ``minimum`` (ints) or ``positive`` (floats > 0; any other float must be finite and >= 0); ``seed``;
     ``default_text``: how the help says a None default; ``fingerprint``: a resumed run must have the same
     value; ``command_line=False``: not an option of ``partition-fx train``; ``const``: the value of the bare
-    option, for an optional one such as ``--compile``).
+    option, for an optional one such as ``--compile``; ``maximum``: the largest value, for an int or a float
+    (floats then lie in [0, maximum], or (0, maximum] with ``positive``); ``validator``: a check in
+    ``_validation``'s form, ``validator(name, value)`` returning the value as stored, run instead of the checks
+    of the field's type, for a value the other options cannot describe, such as proportions summing to 1).
 
     >>> @dataclass(frozen=True)
     ... class Loop(Settings):
@@ -68,8 +75,9 @@ def setting(default: Any, help: str, **option: Any) -> Any:
 @dataclass(frozen=True)
 class Field:
     """One field of a configuration, flattened: its ``path`` of attribute names from the root, its
-    ``keyword``, its Python ``kind`` (int, float, str or bool), whether None is allowed, its default and its
-    :class:`Option`."""
+    ``keyword``, its Python ``kind`` (int, float, str, bool or tuple), whether None is allowed, its default and its
+    :class:`Option`; ``key``: how refusals name it, the keyword or (:attr:`Settings.hyphenated`) the keyword
+    with ``-`` for ``_``."""
 
     path: tuple[str, ...]
     keyword: str
@@ -77,6 +85,11 @@ class Field:
     optional: bool
     default: Any
     option: Option
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", self.keyword)
 
     @property
     def flag(self) -> str:
@@ -89,7 +102,7 @@ class SettingError(PartitionArgumentError):
     after its name (``"must be >= 1, got 0"``), so the command line can name its option instead."""
 
     def __init__(self, field: Field, problem: str, python_problem: str | None = None) -> None:
-        super().__init__(f"{field.keyword} {python_problem or problem}")
+        super().__init__(f"{field.key} {python_problem or problem}")
         self.field = field
         self.problem = problem
 
@@ -98,7 +111,7 @@ class SettingTypeError(PartitionTypeError):
     """A value of the wrong type for a field (see :class:`SettingError`)."""
 
     def __init__(self, field: Field, problem: str) -> None:
-        super().__init__(f"{field.keyword} {problem}")
+        super().__init__(f"{field.key} {problem}")
         self.field = field
         self.problem = problem
 
@@ -108,6 +121,10 @@ class Settings:
 
     section_help: ClassVar[str] = ""
     """What the section is, as the command line's group title says it."""
+
+    hyphenated: ClassVar[bool] = False
+    """Whether refusals name a field by its keyword with ``-`` for ``_`` (``fraction-train``), as a
+    configuration written that way does (Flower's run config, for ``FederatedConfig``)."""
 
     def __post_init__(self) -> None:
         for f in self.fields(recurse=False):
@@ -267,9 +284,13 @@ def _declared(cls: type[Settings]) -> tuple[dict[str, Field], dict[str, type[Set
             sections[f.name] = hint
             continue
         option: Option = f.metadata["option"]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(hint))
-        own[f.name] = Field((f.name,), option.keyword or f.name, args[0] if args else hint, optional, f.default, option)
+        kind, optional = hint, False
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            kind, optional = args[0], len(args) < len(typing.get_args(hint))
+        keyword = option.keyword or f.name
+        key = keyword.replace("_", "-") if cls.hyphenated else keyword
+        own[f.name] = Field((f.name,), keyword, typing.get_origin(kind) or kind, optional, f.default, option, key)
     return own, sections
 
 
@@ -283,6 +304,8 @@ def _checked(f: Field, value: Any) -> Any:
         if f.optional:
             return None
         raise SettingTypeError(f, f"must be {_expected(f)}, got None")
+    if option.validator is not None:
+        return option.validator(f.key, value)
     if f.kind is bool:
         if not isinstance(value, bool):
             raise SettingTypeError(f, f"must be True or False, got {value!r} ({type(value).__name__})")
@@ -300,10 +323,19 @@ def _checked(f: Field, value: Any) -> Any:
             raise SettingError(
                 f, f"must be >= {option.minimum:g}, got {value!r}", f"must be {_expected(f)}, got {value!r}"
             )
+        if option.maximum is not None and value > option.maximum:
+            raise SettingError(f, f"must be <= {option.maximum:g}, got {value!r}")
         return int(value)
     if f.kind is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise SettingTypeError(f, f"must be a number, got {value!r} ({type(value).__name__})")
+        if option.maximum is not None:
+            low_ok = value > 0 if option.positive else value >= 0
+            if not (low_ok and value <= option.maximum):  # NaN too
+                raise SettingError(
+                    f, f"must be in {'(' if option.positive else '['}0, {option.maximum:g}], got {value!r}"
+                )
+            return float(value)
         if option.positive and not (math.isfinite(value) and value > 0):
             raise SettingError(f, f"must be positive (finite and > 0), got {value!r}")
         if not (math.isfinite(value) and value >= 0):

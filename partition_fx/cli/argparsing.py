@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..settings import Field, Settings
 
 
 class Parser(argparse.ArgumentParser):
@@ -222,24 +222,29 @@ def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups
         if group is None:
             group = groups[section.section_help] = parser.add_argument_group(section.section_help)
         for field in section.fields():
-            option = field.option
-            if not option.command_line:
-                continue
-            kwargs: dict[str, Any] = {"dest": field.keyword, "default": field.default}
-            if field.kind is bool:
-                if field.default is not False:
-                    raise TypeError(f"{field.keyword}: a bool option on the command line must default to False")
-                kwargs.update(action="store_true", help=f"{option.help} (default: off)")
-            else:
-                default = option.default_text if field.default is None else "%(default)s"
-                kwargs.update(help=f"{option.help} (default: {default})", choices=option.choices)
-                if option.metavar:
-                    kwargs["metavar"] = option.metavar
-                if option.const is not None:
-                    kwargs.update(nargs="?", const=option.const)
-                elif option.choices is None:
-                    kwargs.update(type=seed if option.seed else field.kind)
-            group.add_argument(field.flag, **kwargs)
+            if field.option.command_line:
+                add_setting(group, field)
+
+
+def add_setting(group: Any, field: Field, **overrides: Any) -> None:
+    """The option of one field of a :class:`~partition_fx.settings.Settings` (see :func:`add_settings`), in
+    ``group``; ``overrides``: the command's own ``add_argument`` keywords (``federated``'s ``--data`` choices)."""
+    option = field.option
+    kwargs: dict[str, Any] = {"dest": field.keyword, "default": field.default}
+    if field.kind is bool:
+        if field.default is not False:
+            raise TypeError(f"{field.keyword}: a bool option on the command line must default to False")
+        kwargs.update(action="store_true", help=f"{option.help} (default: off)")
+    else:
+        default = option.default_text if field.default is None else "%(default)s"
+        kwargs.update(help=f"{option.help} (default: {default})", choices=option.choices)
+        if option.metavar:
+            kwargs["metavar"] = option.metavar
+        if option.const is not None:
+            kwargs.update(nargs="?", const=option.const)
+        elif option.choices is None:
+            kwargs.update(type=seed if option.seed else field.kind)
+    group.add_argument(field.flag, **{**kwargs, **overrides})
 
 
 def default_shares_text(default: tuple[float, ...]) -> str:

@@ -8,7 +8,6 @@ The commands run the same checks again where Python callers reach them without t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import json
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from .._validation import check_concentration, check_num_partitions, check_proportions
 from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..settings import SettingError
 from ..train_config import TrainConfig
 from .federated_options import DEFAULT_FEDERATED_PROPORTIONS
 from .parser import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS
@@ -25,10 +25,6 @@ from .runs import check_out, learned_ranges, resumed_args, training_run
 
 _POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
 """``train``'s own options that must be >= 1; the training configuration's options check themselves."""
-_POSITIVE_FEDERATED_OPTIONS = (
-    "image_size", "clients", "partitions", "rounds", "batch_size", "samples", "test_samples", "evaluate_every",
-    "local_epochs",
-)  # fmt: skip
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -264,16 +260,12 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
     >>> check_federated_options(build_parser().parse_args(["federated", "--partitions", "2"]))
     (0.5, 0.5)
     """
-    for name in _POSITIVE_FEDERATED_OPTIONS:
-        if getattr(args, name) < 1:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.partitions < 1:
+        raise PartitionArgumentError(f"--partitions must be >= 1, got {args.partitions}")
     if args.image_size < 8 or args.image_size % 4:
         raise PartitionArgumentError(
             f"--image-size must be a multiple of 4 and >= 8 (two 2x2 poolings), got {args.image_size}"
         )
-    for name in ("lr", "server_lr", "hyper_lr"):
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     check_concentration(args.alpha, option="--alpha")
     shares = args.proportions
     # Every chunk needs clients: a share must be positive, where train accepts an empty partition.
@@ -302,11 +294,12 @@ def federated_config(args: argparse.Namespace, proportions: tuple[float, ...]) -
     """
     from ..federated.config import FederatedConfig
 
-    fields = [f.name for f in dataclasses.fields(FederatedConfig) if f.name not in ("out", "proportions")]
-    options = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    options = {f.keyword: getattr(args, f.keyword) for f in FederatedConfig.fields() if f.option.command_line}
     try:
         return FederatedConfig(proportions=proportions, **options)
-    except PartitionArgumentError as e:  # "fraction-train must be ...": the option is --fraction-train
+    except SettingError as e:  # named by its option: --fraction-train
+        raise PartitionArgumentError(f"{e.field.flag} {e.problem}") from None
+    except PartitionArgumentError as e:  # alpha's and rotation-init's own checks name the field
         raise PartitionArgumentError(f"--{e}") from None
 
 

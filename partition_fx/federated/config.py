@@ -3,8 +3,10 @@
 The same object configures ``partition-fx federated`` (built from its options), the Flower app of
 ``examples/flower_app`` (built from Flower's run config, whose keys are the field names with ``-`` for ``_``:
 ``num-rounds`` is ``rounds``... see :data:`RUN_CONFIG_KEYS`), and the framework-free loop
-``partition_fx.federated.simulate``. It imports no torch and no Flower: the command line's ``--help`` reads its
-defaults.
+``partition_fx.federated.simulate``. Each field is declared once below with :func:`~partition_fx.settings.setting`
+(default, help, bounds), as :class:`~partition_fx.train_config.TrainConfig`'s are, and from there come the
+checks, ``to_dict``/``from_dict``, the run config's keys and the command's options (``--fraction-train``). It
+imports no torch and no Flower: the command line's ``--help`` reads its defaults.
 
 Defaults follow the paper's MNIST experiments (appendix J.2) except where a CPU budget needs otherwise, each
 said at its field: local SGD 0.05, server Adam 1e-3, chunk shares 0.7/0.2/0.1, Dirichlet alpha 0.1, 10
@@ -13,19 +15,14 @@ augmentation samples in training and at evaluation.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import check_concentration, check_int, check_positive, check_proportions, check_seed
+from .._validation import check_concentration, check_int, check_proportions, check_real
 from ..errors import PartitionArgumentError
-
-
-def _key(name: str) -> str:
-    return name.replace("_", "-")
-
+from ..settings import SettingError, Settings, setting
 
 PAPER_ROUNDS = 2000
 """The rounds of the paper's MNIST runs, the budget its psi learning rate (3e-3) was chosen for."""
@@ -49,8 +46,21 @@ def scaled_hyper_lr(rounds: int) -> float:
     return PAPER_HYPER_LR * min(MAX_HYPER_LR_SCALE, max(1.0, PAPER_ROUNDS / rounds))
 
 
+def _concentration(name: str, alpha: Any) -> float:
+    """alpha's one check (``dirichlet_split``'s and the command line's too)."""
+    return check_concentration(alpha, option=name)
+
+
+def _shares(name: str, proportions: Any) -> tuple[float, ...]:
+    """C positive shares summing to 1: every chunk needs clients."""
+    shares = check_proportions(tuple(proportions), len(proportions))
+    if any(p <= 0 for p in shares):
+        raise PartitionArgumentError(f"{name} must all be > 0 (every chunk needs clients), got {shares}")
+    return shares
+
+
 @dataclass(frozen=True)
-class FederatedConfig:
+class FederatedConfig(Settings):
     """One federated run: data and clients, model and partitions, the rounds, the optimisers, evaluation.
 
     ``baseline()`` is the FedAdam baseline: the same model unpartitioned (``proportions=(1.0,)``: one chunk,
@@ -60,87 +70,106 @@ class FederatedConfig:
     >>> config = FederatedConfig(rounds=100)
     >>> config.hyper_lr_value, config.proportions, config.baseline().partitioned
     (0.06, (0.7, 0.2, 0.1), False)
-    >>> config.baseline().learn_hyperparameters
-    False
+    >>> config.baseline().learn_hyperparameters, FederatedConfig.from_dict(config.to_dict()) == config
+    (False, True)
     >>> FederatedConfig.from_run_config({"num-rounds": 3, "fraction-train": 0.5, "proportions": "0.9,0.1"}).rounds
     3
     >>> FederatedConfig(fraction_train=0)
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionArgumentError: fraction-train must be in (0, 1], got 0
+    partition_fx.settings.SettingError: fraction-train must be in (0, 1], got 0
     """
 
-    data: str = "rotdigits"
-    """A bundled image dataset (``partition_fx.datasets``); rotated digits are skewed over rotation bins."""
-    image_size: int = 16
-    """Images are resized to this square (the paper's MNIST is 28; the bundled digits are 8x8)."""
-    model: str = "cnn"
-    """``cnn``: the MNIST CNN of the paper's table 9 with learned dropout; or a model of the registry
-    (``partition_fx.models.build_model``) without running statistics, e.g. ``cifar_wrn16_4_gn``."""
-    clients: int = 100
-    alpha: float = 0.1
-    """Dirichlet concentration of the clients' skew (over labels, or 10 rotation bins for rotated data)."""
-    proportions: tuple[float, ...] = (0.7, 0.2, 0.1)
-    """Each partition's share of the parameters and of the clients (their chunks), appendix J.1."""
-    rounds: int = 30
-    fraction_train: float = 1.0
-    """The share of the clients sampled for training each round (Flower's ``fraction_train``)."""
-    fraction_evaluate: float = 0.0
-    """The share of the clients sampled each round to evaluate the server's model on their own test share."""
-    local_epochs: int = 1
-    lr: float = 0.05
-    """Clients' SGD learning rate (the paper's)."""
-    batch_size: int = 64
-    server_lr: float = 1e-3
-    """Server FedAdam learning rate of the partitions (the paper's MNIST value)."""
-    hyper_lr: float | None = None
-    """Server Adam learning rate of psi; None: :func:`scaled_hyper_lr` of ``rounds``."""
-    rotation_init: float = math.pi / 2
-    """Where the learned rotation range starts (radians). Not the paper's 0: with symmetric noise 0 is a
-    stationary point of the rotation's gradient, and a start at 0.5 fell to 0.04 in 20 rounds on rotdigits
-    while a start at pi/2 rose; docs/federated.md has the measurements."""
-    samples: int = 10
-    """Augmentation samples per example in training (the paper's 10)."""
-    test_samples: int = 10
-    """Fixed transforms the server's test evaluation averages over (the paper's 10; 1: none)."""
-    learn_hyperparameters: bool = True
-    """False: psi fixed at the baseline's values (no augmentation, dropout at 0.1), partitioned or not."""
-    evaluate_every: int = 5
-    """Rounds between the server's test evaluations (and after the last)."""
-    out: str = ""
-    """Where the Flower server app writes ``history.json`` and ``model.safetensors`` ('': nowhere)."""
-    seed: int = 0
-    """Seeds the clients' split and chunks (client-side too: every client computes the same split), the
-    partition layout, the model, and each client's noise per round."""
+    hyphenated = True  # refusals name the run config's keys: fraction-train
 
-    def __post_init__(self) -> None:
-        for name in ("image_size", "clients", "rounds", "local_epochs", "batch_size", "samples", "test_samples",
-                     "evaluate_every"):  # fmt: skip
-            check_int(_key(name), getattr(self, name))
+    data: str = setting(
+        "rotdigits",
+        "a bundled image dataset (nothing downloaded); rotated digits are skewed over 10 rotation bins, others by "
+        "label",
+    )
+    image_size: int = setting(16, "images are resized to this square, a multiple of 4", minimum=1, metavar="PIXELS")
+    """The paper's MNIST is 28; the bundled digits are 8x8."""
+    model: str = setting(
+        "cnn",
+        "'cnn' (the paper's MNIST CNN with learned dropout) or a registry model without BatchNorm, e.g. "
+        "cifar_wrn16_4_gn",
+        metavar="NAME",
+    )
+    clients: int = setting(100, "clients", minimum=1, metavar="N")
+    alpha: float = setting(
+        0.1,
+        "Dirichlet concentration of the clients' skew; 0.1: most hold one group",
+        metavar="A",
+        validator=_concentration,
+    )
+    proportions: tuple[float, ...] = setting(
+        (0.7, 0.2, 0.1),
+        "each partition's share of the parameters and of the clients (their chunks), C positive numbers summing to 1",
+        validator=_shares,
+        command_line=False,  # the command's --proportions goes with its --partitions
+    )
+    rounds: int = setting(30, "communication rounds", minimum=1, metavar="R")
+    fraction_train: float = setting(
+        1.0, "share of the clients sampled to train each round, as Flower's", positive=True, maximum=1.0, metavar="F"
+    )
+    fraction_evaluate: float = setting(
+        0.0,
+        "share of the clients sampled each round to evaluate the server's model on their own test share",
+        maximum=1.0,
+        metavar="F",
+    )
+    local_epochs: int = setting(1, "clients' epochs per round", minimum=1, metavar="E")
+    lr: float = setting(0.05, "clients' SGD step", positive=True, metavar="LR")
+    """The clients' SGD learning rate: the paper's."""
+    batch_size: int = setting(64, "clients' minibatch", minimum=1, metavar="N")
+    server_lr: float = setting(
+        1e-3, "server FedAdam learning rate, both runs, the paper's", positive=True, metavar="LR"
+    )
+    """Of the partitions: the paper's MNIST value."""
+    hyper_lr: float | None = setting(
+        None,
+        "server Adam learning rate of psi",
+        positive=True,
+        metavar="LR",
+        default_text="the paper's 3e-3 x 2000 / --rounds, between 3e-3 and 0.06",
+    )
+    """None: :func:`scaled_hyper_lr` of ``rounds``."""
+    rotation_init: float = setting(
+        math.pi / 2,
+        "where the learned rotation range starts, in radians; at 0 it cannot move, so the default is pi/2",
+        metavar="RAD",
+        validator=check_real,
+    )
+    """Not the paper's 0: with symmetric noise 0 is a stationary point of the rotation's gradient, and a start at
+    0.5 fell to 0.04 in 20 rounds on rotdigits while a start at pi/2 rose; docs/federated.md has the
+    measurements."""
+    samples: int = setting(10, "augmentation samples per example in training, the paper's", minimum=1, metavar="S")
+    test_samples: int = setting(
+        10, "fixed augmentations the test evaluation averages over, 1 for none, the paper's", minimum=1, metavar="S"
+    )
+    learn_hyperparameters: bool = setting(
+        True,
+        "False: psi fixed at the baseline's values (no augmentation, dropout at 0.1), partitioned or not",
+        command_line=False,
+    )
+    evaluate_every: int = setting(5, "rounds between test evaluations of the learning curve", minimum=1, metavar="R")
+    """The server evaluates every this many rounds, and after the last."""
+    out: str = setting(
+        "",
+        "where the Flower server app writes history.json and model.safetensors ('': nowhere)",
+        command_line=False,  # the command's --out is its own report's
+    )
+    seed: int = setting(
+        0, "seeds the clients' data and chunks, the partition layout and the model", seed=True, metavar="N"
+    )
+    """Client-side too (every client computes the same split), and each client's noise per round."""
+
+    def check(self) -> None:
+        fields = self.keywords()
         if self.image_size % 4:
-            raise PartitionArgumentError(f"image-size must be a multiple of 4, got {self.image_size}")
-        for name, lowest_open in (("fraction_train", True), ("fraction_evaluate", False)):
-            value = getattr(self, name)
-            low_ok = value > 0 if lowest_open else value >= 0
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low_ok and value <= 1):
-                raise PartitionArgumentError(
-                    f"{_key(name)} must be in {'(0' if lowest_open else '[0'}, 1], got {value}"
-                )
-        for name in ("lr", "server_lr"):
-            check_positive(_key(name), getattr(self, name))
-        if self.hyper_lr is not None:
-            check_positive("hyper-lr", self.hyper_lr)
-        if not (isinstance(self.rotation_init, (int, float)) and math.isfinite(self.rotation_init)):
-            raise PartitionArgumentError(f"rotation-init must be a finite number, got {self.rotation_init!r}")
-        check_concentration(self.alpha, option="alpha")
-        object.__setattr__(self, "proportions", check_proportions(tuple(self.proportions), len(self.proportions)))
-        if any(p <= 0 for p in self.proportions):
-            raise PartitionArgumentError(
-                f"proportions must all be > 0 (every chunk needs clients), got {self.proportions}"
-            )
-        check_seed("seed", self.seed)
-        if not isinstance(self.model, str) or not self.model:
-            raise PartitionArgumentError(f"model must be 'cnn' or a model name, got {self.model!r}")
+            raise SettingError(fields["image_size"], f"must be a multiple of 4, got {self.image_size}")
+        if not self.model:
+            raise SettingError(fields["model"], f"must be 'cnn' or a model name, got {self.model!r}")
 
     @property
     def hyper_lr_value(self) -> float:
@@ -149,7 +178,7 @@ class FederatedConfig:
 
     def baseline(self) -> FederatedConfig:
         """The FedAdam baseline of this run: unpartitioned, psi fixed, everything else the same."""
-        return dataclasses.replace(self, learn_hyperparameters=False, proportions=(1.0,))
+        return self.replace(learn_hyperparameters=False, proportions=(1.0,))
 
     @property
     def partitioned(self) -> bool:
@@ -160,18 +189,19 @@ class FederatedConfig:
         """As Flower's run config (``[tool.flwr.app.config]``): scalar values, proportions as text, no None, no
         ``clients`` (a federation's clients are its SuperNodes)."""
         config: dict[str, Any] = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is None or field.name == "clients":  # the federation's size, not the app's
+        for field in self.fields():
+            value = getattr(self, field.keyword)
+            if value is None or field.keyword == "clients":  # the federation's size, not the app's
                 continue
-            config[_key(field.name)] = ",".join(map(str, value)) if field.name == "proportions" else value
+            config[field.key] = ",".join(map(str, value)) if field.keyword == "proportions" else value
         return config
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> FederatedConfig:
         """The run's config from Flower's run config: keys as :meth:`run_config`'s (``num-rounds`` also names
-        ``rounds``, as Flower's templates do); unknown keys are refused, naming the known ones."""
-        names = {_key(field.name): field for field in dataclasses.fields(cls)}
+        ``rounds``, as Flower's templates do; TOML's 1 for 1.0 is read as the float); unknown keys are refused,
+        naming the known ones."""
+        fields = {field.key: field for field in cls.fields()}
         values: dict[str, Any] = {}
         for key, value in run_config.items():
             key = "rounds" if key == "num-rounds" else key
@@ -180,17 +210,15 @@ class FederatedConfig:
                     "run config key 'clients': the number of clients is the federation's; set num-supernodes "
                     '(flwr run ... --federation-config "num-supernodes=50")'
                 )
-            if key not in names:
-                raise PartitionArgumentError(f"unknown run config key {key!r}; known: {', '.join(sorted(names))}")
+            if key not in fields:
+                raise PartitionArgumentError(f"unknown run config key {key!r}; known: {', '.join(sorted(fields))}")
             if key == "proportions":
                 value = tuple(float(p) for p in str(value).split(","))
-            elif names[key].type.startswith("float") and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)  # TOML's 1 for 1.0 (field types are the annotations' text here)
-            values[names[key].name] = value
+            values[fields[key].keyword] = value
         return cls(**values)
 
 
-RUN_CONFIG_KEYS = tuple(_key(f.name) for f in dataclasses.fields(FederatedConfig) if f.name != "clients")
+RUN_CONFIG_KEYS = tuple(f.key for f in FederatedConfig.fields() if f.keyword != "clients")
 """Flower run config keys (``flwr run --run-config "rounds=5 data='digits'"``)."""
 
 
