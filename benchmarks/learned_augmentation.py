@@ -72,7 +72,7 @@ def _same_run(report: dict, argv: list[str]) -> bool:
     are judged by their config alone (every version until then started an unnamed ``--init`` at 0)."""
     from partition_fx.cli.job import build_augmentation, initial_hyperparameters
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.run_config import run_config
+    from partition_fx.cli.runs import run_config
 
     args = parse_train(argv)
     if report["config"] != run_config(args, tuple(report["config"]["proportions"])):

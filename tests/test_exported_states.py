@@ -20,7 +20,7 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.cli.job import job_from_args
-from partition_fx.cli.run_config import args_from_config
+from partition_fx.cli.runs import args_from_config
 from partition_fx.export import export_subnetwork
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, evaluate_classifier, fit, recalibrate_norm_statistics

@@ -36,7 +36,7 @@ import partition_fx.cli.convert
 import partition_fx.cli.export
 from partition_fx import partitionify
 from partition_fx.cli import main
-from partition_fx.cli.run_config import args_from_config
+from partition_fx.cli.runs import args_from_config
 from partition_fx.errors import PartitionError
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit, split_into_chunks

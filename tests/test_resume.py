@@ -136,8 +136,7 @@ def test_state_checkpoint_and_report_from_an_earlier_development_version_are_ref
     """Version 0.1.0 reads only what it writes: a field an earlier development version did not write is
     never defaulted; the state, checkpoint or report is refused with one message naming the file and the field."""
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.run_config import run_config
-    from partition_fx.cli.runs import read_run
+    from partition_fx.cli.runs import read_run, run_config
     from partition_fx.errors import PartitionError
     from partition_fx.training import load_checkpoint
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from partition_fx import partitionify
 from partition_fx.cli.parser import build_parser, parse_train, train_defaults
-from partition_fx.cli.run_config import args_from_config, run_config, train_config
+from partition_fx.cli.runs import args_from_config, run_config, train_config
 from partition_fx.errors import PartitionArgumentError, PartitionTypeError
 from partition_fx.settings import Field
 from partition_fx.train_config import TrainConfig

@@ -11,11 +11,12 @@ long it takes: docs/benchmarks.md), on CUDA when available (``--device auto``).
 ``partition-fx convert`` converts a timm model, verifies every subnetwork on digits and exports it;
 ``partition-fx describe --model NAME`` prints how a model would be partitioned.
 
-One module per purpose: ``parser`` (every option, help and default; the training options generated from
-``TrainConfig``), ``argparsing`` (the parsing machinery), ``checks`` (every torch-free check), ``run_config``
-(a run's configuration and its options, both ways), ``dispatch`` (the entry point, one-line errors), ``job``
-(a train job before training: checks, data, model, conversion), ``runs`` (run directories, reports,
-``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe) and ``plots``.
+One module per purpose: ``parser`` (every command's options, help and defaults; the training options generated
+from ``TrainConfig``, the federated ones from ``FederatedConfig``), ``argparsing`` (the parsing machinery: the
+parser class, option types, options generated from a ``Settings`` declaration), ``checks`` (every torch-free
+check), ``dispatch`` (the entry point, one-line errors), ``job`` (a train job before training: checks, data,
+model, conversion), ``runs`` (run directories, reports, a run's configuration and its options both ways,
+``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe), ``federated`` and ``plots``.
 
 Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once);
 ``TrainJob`` and ``train_job`` are loaded on first use.

@@ -208,7 +208,7 @@ def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups
     choices, metavar and help, the help ending with the default; a False bool becomes a flag, a field with a
     ``const`` an option whose value may be left out (``--compile [MODE]``). Each goes in the group titled by
     its section's ``section_help`` (``groups``, created when missing). The values are checked by the
-    configuration itself when it is built from them (``cli.run_config.train_config``).
+    configuration itself when it is built from them (``cli.runs.train_config``).
 
     >>> from partition_fx.train_config import TrainConfig
     >>> parser = argparse.ArgumentParser()

@@ -18,10 +18,8 @@ from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from ..settings import SettingError
 from ..train_config import TrainConfig
-from .federated_options import DEFAULT_FEDERATED_PROPORTIONS
-from .parser import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS
-from .run_config import train_config
-from .runs import check_out, learned_ranges, resumed_args, training_run
+from .parser import DATASETS, DEFAULT_FEDERATED_PROPORTIONS, DEFAULT_PROPORTIONS, DISK_DATASETS
+from .runs import check_out, learned_ranges, resumed_args, train_config, training_run
 
 _POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
 """``train``'s own options that must be >= 1; the training configuration's options check themselves."""

@@ -1,8 +1,10 @@
-"""The whole ``partition-fx`` argument tree: every command's options, help and defaults, in one place, and the
-``type=`` parsers that turn option text into values (refusals are one line, like every other refusal).
+"""The whole ``partition-fx`` argument tree: every command's options, help and defaults, in one place. The
+options that set a field of ``TrainConfig`` (``train``) or ``FederatedConfig`` (``federated``) are generated from
+the field's declaration (``cli.argparsing``, which also holds the ``type=`` parsers that turn option text into
+values; refusals are one line, like every other refusal).
 
-This module imports neither torch nor the rest of the package, so ``partition-fx --help`` answers at once; the
-commands import what they need when they run.
+This module imports neither torch nor the package's torch modules, so ``partition-fx --help`` answers at once;
+the commands import what they need when they run.
 
 Every option's help ends with its default, written once: ``%(default)s`` where the value speaks for itself, and
 what it means where it is None or depends on other options (``--proportions``, ``--eval-every``).
@@ -17,10 +19,13 @@ from typing import Any
 
 from ..choices import ASSIGNMENTS, DEFAULTS
 from ..datasets.registry import dataset_names
+from ..federated.config import FederatedConfig
 from ..kinds import partition_kinds
+from ..settings import Field
 from ..train_config import TrainConfig
 from .argparsing import (
     Parser,
+    add_setting,
     add_settings,
     default_shares_text,
     int_at_least,
@@ -31,7 +36,6 @@ from .argparsing import (
     range_values,
     seed,
 )
-from .federated_options import add_federated
 from .recipes import RECIPES
 from .recipes import expand as expand_recipe
 
@@ -121,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     adders = {
         "train": _add_train, "convert": _add_convert, "describe": _add_describe, "export": _add_export,
-        "federated": add_federated, "predict": _add_predict,
+        "federated": _add_federated, "predict": _add_predict,
     }  # fmt: skip
     for name, add in adders.items():
         summary, description = COMMANDS[name]
@@ -424,3 +428,67 @@ def train_defaults() -> dict[str, Any]:
 def _train_defaults() -> dict[str, Any]:
     """The defaults, parsed once (reading a report back asks for them several times)."""
     return vars(parse_train([]))
+
+
+DEFAULT_FEDERATED_PROPORTIONS: tuple[float, ...] = FederatedConfig.keywords()["proportions"].default
+"""``--proportions`` when it is not given and ``--partitions`` is 3 (the default): the paper's chunk shares of
+appendix J; other counts get equal shares."""
+DATA_OPTIONS = ("data", "image_size", "clients", "alpha", "fraction_train", "fraction_evaluate")
+"""The fields whose options are in the group "data and clients"; the others' are in "model, partitions and
+training" (each group in the fields' order)."""
+
+
+def _add_federated(parser: argparse.ArgumentParser) -> None:
+    """The options of ``partition-fx federated``.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> _add_federated(parser)
+    >>> args = parser.parse_args(["--proportions", "0.5,0.5", "--partitions", "2"])
+    >>> args.proportions, args.alpha, args.data
+    ((0.5, 0.5), 0.1, 'rotdigits')
+    """
+    data = parser.add_argument_group("data and clients (appendix J.2)")
+    model = parser.add_argument_group("model, partitions and training (appendix J.1)")
+    fields = list(FederatedConfig.fields())
+    for group, members in ((data, [f for f in fields if f.keyword in DATA_OPTIONS]),
+                           (model, [f for f in fields if f.keyword not in DATA_OPTIONS])):  # fmt: skip
+        for field in members:
+            if field.keyword == "proportions":
+                _add_proportions(group, field)
+            elif field.keyword == "data":
+                add_setting(group, field, choices=dataset_names(task="images", on_disk=False))
+            elif field.option.command_line:
+                add_setting(group, field)
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--out",
+        type=path,
+        default=Path("runs/federated"),
+        metavar="DIR",
+        help="report.json, history.json, curves.png, model.safetensors (default: %(default)s)",
+    )
+    output.add_argument("--overwrite", action="store_true", help="replace --out if it is not empty (default: off)")
+    output.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (default: off: Flower's log of every round on stderr)",
+    )
+
+
+def _add_proportions(group: Any, field: Field) -> None:
+    """``--partitions`` and ``--proportions`` (``field``'s help): C and the shares, as ``train``'s."""
+    group.add_argument(
+        "--partitions",
+        type=int,
+        default=len(DEFAULT_FEDERATED_PROPORTIONS),
+        metavar="C",
+        help="number of partitions and chunks C, 1..255; without --proportions, any C but 3 gets equal shares "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--proportions",
+        type=proportions,
+        default=None,
+        metavar="P1,P2,...",
+        help=f"{field.option.help} (default: {default_shares_text(DEFAULT_FEDERATED_PROPORTIONS)})",
+    )
