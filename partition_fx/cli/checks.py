@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from ..settings import SettingError
 from ..train_config import TrainConfig
 from .parser import DATASETS, DEFAULT_FEDERATED_PROPORTIONS, DEFAULT_PROPORTIONS, DISK_DATASETS
-from .runs import check_out, learned_ranges, resumed_args, train_config, training_run
+from .runs import check_out, learned_ranges, read_json, resumed_args, train_config, training_run
 
 _POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
 """``train``'s own options that must be >= 1; the training configuration's options check themselves."""
@@ -220,10 +219,7 @@ def exported_model(run: Path, option: str) -> tuple[dict[str, Any], Path]:
             f"{where} is not a `partition-fx train` run or `export` directory (no report.json or export.json "
             "there); pass one, or an ONNX file with --model"
         )
-    try:
-        report = json.loads((run / name).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PartitionError(f"{where}: {name} cannot be read ({e})") from None
+    report = read_json(run, name, option)
     command = report.get("command") if isinstance(report, dict) else None
     if command not in ("train", "export"):
         raise PartitionError(

@@ -263,6 +263,22 @@ def write_run(out: Path, overwrite: bool, inputs: dict[str, Any], fill: Callable
     return result
 
 
+def read_json(run: Path, name: str, option: str) -> Any:
+    """The JSON file ``name`` of the run directory ``run`` that ``option`` names; one that cannot be read or
+    parsed is refused, naming the option, the directory and the file.
+
+    >>> import tempfile
+    >>> read_json(Path(tempfile.mkdtemp()), "export.json", "--run")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --run '...': export.json cannot be read (...)
+    """
+    try:
+        return json.loads((run / name).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PartitionError(f"{option} {str(run)!r}: {name} cannot be read ({e})") from None
+
+
 def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace]:
     """The report of the training run in ``run`` and the ``train`` options its ``config`` reads back as
     (:func:`args_from_config`), refusing a directory ``partition-fx train`` did not write and a
@@ -274,10 +290,7 @@ def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace
     ...
     partition_fx.errors.PartitionError: --run '...': report.json cannot be read (...)
     """
-    try:
-        report = json.loads((run / "report.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PartitionError(f"{option} {str(run)!r}: report.json cannot be read ({e})") from None
+    report = read_json(run, "report.json", option)
     config = report.get("config") if isinstance(report, dict) else None
     if not isinstance(config, dict):
         raise PartitionError(
@@ -326,10 +339,7 @@ def training_run(run: Path, option: str, which: str) -> tuple[argparse.Namespace
     if (run / "report.json").is_file() and (run / "checkpoint" / f"{which}.safetensors").is_file():
         return read_run(run, option)[1], run / "checkpoint" / f"{which}.safetensors"
     if (run / RUN_FILE).is_file() and (run / f"{which}.safetensors").is_file():
-        try:
-            record = json.loads((run / RUN_FILE).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PartitionError(f"{option} {str(run)!r}: {RUN_FILE} cannot be read ({e})") from None
+        record = read_json(run, RUN_FILE, option)
         config = record.get("config") if isinstance(record, dict) else None
         if not isinstance(config, dict):
             why = record.get("why_not") if isinstance(record, dict) else None
