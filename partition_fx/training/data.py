@@ -460,7 +460,7 @@ class StepInputs:
         return self.examples.tensors is None and self.examples.workers > 0
 
     def __len__(self) -> int:
-        """The examples' count (``TrainingState`` fingerprints the data the steps read by it)."""
+        """The examples' count (``PartitionedTrainer.fingerprint`` records the data the steps read by it)."""
         return len(self.examples)
 
     def start(self, plan: Callable[[], Iterator[torch.Tensor]]) -> None:
