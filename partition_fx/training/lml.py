@@ -27,6 +27,8 @@ from .likelihoods import Likelihood
 from .objective import Objective, running_norms
 from .stepping import Precision
 
+# --- the losses through the subnetworks ------------------------------------------------------------------------------
+
 
 def apply_transform(
     hyper: nn.Module | None, x: torch.Tensor, grad: bool = True, samples: int | None = None, widen: float = 1.0
@@ -152,6 +154,9 @@ def routed_losses(
     return parameter_loss, hyper_loss
 
 
+# --- the estimate and the evidence -----------------------------------------------------------------------------------
+
+
 @contextmanager
 def buffers_restored(*modules: nn.Module | None) -> Iterator[None]:
     """Run a block and put every buffer (e.g. BatchNorm running statistics) back as it was."""
@@ -258,6 +263,34 @@ def estimate_lml(
     return LMLEstimate(total, per_chunk, total / sum(chunks.sizes))
 
 
+# --- BatchNorm running statistics recalibrated -----------------------------------------------------------------------
+
+
+def forked_rng() -> contextlib.AbstractContextManager[Any]:
+    """torch's random generators (the CPU's and every initialised CUDA device's) put back as they were after the
+    block: an estimate or a recalibration drawn inside changes no later draw of the run."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=devices)
+
+
+def recalibrated_states(
+    pmodel: PartitionedModel,
+    states: dict[str, dict[str, torch.Tensor]],
+    examples: Examples,
+    batch_size: int,
+    device: torch.device | None,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Module ``states`` (as ``Objective.states`` gives them) with the model's BatchNorm running statistics
+    recalibrated for the final subnetwork over ``examples`` (:func:`recalibrate_norm_statistics`), computed on a
+    copy of ``pmodel``: the model, and torch's random generators, stay as they are."""
+    copied = copy.deepcopy(pmodel)
+    copied.load_state_dict({**copied.state_dict(), **states["model"]})
+    with forked_rng():
+        recalibrate_norm_statistics(copied, examples, batch_size=batch_size, device=device)
+    recalibrated = copied.state_dict()
+    return {**states, "model": {k: recalibrated[k].detach() for k in states["model"]}}
+
+
 def recalibrate_norm_statistics(
     pmodel: PartitionedModel,
     examples: Examples,
@@ -303,32 +336,32 @@ def recalibrate_norm_statistics(
     return len(norms)
 
 
-# --- the trainer's evaluation ----------------------------------------------------------------------------------------
-
-
-def forked_rng() -> contextlib.AbstractContextManager[Any]:
-    """torch's random generators (the CPU's and every initialised CUDA device's) put back as they were after the
-    block: an estimate or a recalibration drawn inside changes no later draw of the run."""
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    return torch.random.fork_rng(devices=devices)
-
-
-def recalibrated_states(
+def load_for_export(
     pmodel: PartitionedModel,
-    states: dict[str, dict[str, torch.Tensor]],
-    examples: Examples,
-    batch_size: int,
-    device: torch.device | None,
-) -> dict[str, dict[str, torch.Tensor]]:
-    """Module ``states`` (as ``Objective.states`` gives them) with the model's BatchNorm running statistics
-    recalibrated for the final subnetwork over ``examples`` (:func:`recalibrate_norm_statistics`), computed on a
-    copy of ``pmodel``: the model, and torch's random generators, stay as they are."""
-    copied = copy.deepcopy(pmodel)
-    copied.load_state_dict({**copied.state_dict(), **states["model"]})
-    with forked_rng():
-        recalibrate_norm_statistics(copied, examples, batch_size=batch_size, device=device)
-    recalibrated = copied.state_dict()
-    return {**states, "model": {k: recalibrated[k].detach() for k in states["model"]}}
+    hyper: nn.Module | None,
+    training_data: Callable[[], Any],
+    checkpoint: Path,
+    config: TrainConfig,
+    subnetwork: int | None = None,
+) -> tuple[dict[str, Any], int]:
+    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
+    ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
+    ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
+    training examples that ``training_data()`` returns, as the end of a run does (the run's ``config``: its
+    evaluation batch size; on the CPU). ``training_data`` is called only then: ``export`` loads the training
+    split only for a recalibration. Returns the checkpoint's metadata and how many BatchNorm modules were
+    recalibrated."""
+    meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
+    if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
+        return meta, 0
+    batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
+    recalibrated = recalibrate_norm_statistics(
+        pmodel, Examples(training_data()), subnetwork, batch_size=batch_size, device=torch.device("cpu")
+    )
+    return meta, recalibrated
+
+
+# --- the trainer's evaluation ----------------------------------------------------------------------------------------
 
 
 class LMLEvaluator:
@@ -391,28 +424,3 @@ class LMLEvaluator:
                     generator=self.generator,
                     device=self.device,
                 )
-
-
-def load_for_export(
-    pmodel: PartitionedModel,
-    hyper: nn.Module | None,
-    training_data: Callable[[], Any],
-    checkpoint: Path,
-    config: TrainConfig,
-    subnetwork: int | None = None,
-) -> tuple[dict[str, Any], int]:
-    """Load ``checkpoint`` into ``pmodel`` and its input transform ``hyper`` (built as the run built them) with
-    ``training.load_checkpoint``: no trainer. Where the model's BatchNorm statistics are not calibrated for
-    ``subnetwork`` (default C; ``training.checkpoint.needs_recalibration``) they are recalibrated over the
-    training examples that ``training_data()`` returns, as the end of a run does (the run's ``config``: its
-    evaluation batch size; on the CPU). ``training_data`` is called only then: ``export`` loads the training
-    split only for a recalibration. Returns the checkpoint's metadata and how many BatchNorm modules were
-    recalibrated."""
-    meta = load_checkpoint(pmodel, checkpoint, hyper=hyper)
-    if not needs_recalibration(meta, pmodel.check_subnetwork(subnetwork), pmodel.num_partitions):
-        return meta, 0
-    batch_size = config.evaluation.batch_size  # as the end of the run recalibrated
-    recalibrated = recalibrate_norm_statistics(
-        pmodel, Examples(training_data()), subnetwork, batch_size=batch_size, device=torch.device("cpu")
-    )
-    return meta, recalibrated
