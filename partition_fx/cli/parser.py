@@ -162,22 +162,10 @@ def _add_partition_options(parser: argparse.ArgumentParser, *, with_seed: bool =
     """The conversion's options; ``train`` takes ``--seed`` from its training configuration instead (it seeds
     the layout and the run)."""
     group = parser.add_argument_group("partitioning")
-    group.add_argument(
-        "--partitions",
-        type=int,
-        default=3,
-        metavar="C",
-        help="number of partitions C, 1..255; without --proportions, any C but 3 gets equal shares "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--proportions",
-        type=proportions,
-        default=None,
-        metavar="P1,P2,...",
-        help=f"each partition's share of the parameters and the data, C numbers summing to 1 "
-        f"(default: {proportions_default_text()})",
-    )
+    _add_shares(
+        group, "partitions", "each partition's share of the parameters and the data, C numbers summing to 1",
+        DEFAULT_PROPORTIONS,
+    )  # fmt: skip
     schemes = [kind for kind in partition_kinds() if kind.scheme]  # partition_fx.kinds: the registered schemes
     group.add_argument(
         "--scheme",
@@ -477,12 +465,18 @@ def _add_federated(parser: argparse.ArgumentParser) -> None:
 
 def _add_proportions(group: Any, field: Field) -> None:
     """``--partitions`` and ``--proportions`` (``field``'s help): C and the shares, as ``train``'s."""
+    _add_shares(group, "partitions and chunks", field.option.help, DEFAULT_FEDERATED_PROPORTIONS)
+
+
+def _add_shares(group: Any, counted: str, shares: str, default: tuple[float, ...]) -> None:
+    """``--partitions`` (the number of ``counted``) and ``--proportions`` (``shares``, None when not given: the
+    ``default`` shares with their number of partitions, equal shares with any other)."""
     group.add_argument(
         "--partitions",
         type=int,
-        default=len(DEFAULT_FEDERATED_PROPORTIONS),
+        default=len(default),
         metavar="C",
-        help="number of partitions and chunks C, 1..255; without --proportions, any C but 3 gets equal shares "
+        help=f"number of {counted} C, 1..255; without --proportions, any C but {len(default)} gets equal shares "
         "(default: %(default)s)",
     )
     group.add_argument(
@@ -490,5 +484,5 @@ def _add_proportions(group: Any, field: Field) -> None:
         type=proportions,
         default=None,
         metavar="P1,P2,...",
-        help=f"{field.option.help} (default: {default_shares_text(DEFAULT_FEDERATED_PROPORTIONS)})",
+        help=f"{shares} (default: {default_shares_text(default)})",
     )
