@@ -99,15 +99,6 @@ COMMANDS = {
 """Each command's one-line help (in ``partition-fx --help``) and its description (in its own ``--help``)."""
 
 
-def proportions_default_text() -> str:
-    """What ``--proportions`` is when it is not given, as the help says it.
-
-    >>> proportions_default_text()
-    '0.8,0.1,0.1 with 3 partitions, equal shares with any other --partitions'
-    """
-    return default_shares_text(DEFAULT_PROPORTIONS)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``partition-fx`` parser with its commands: ``train``, ``convert``, ``describe``, ``export``,
     ``federated`` and ``predict``.
