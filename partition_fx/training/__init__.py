@@ -10,8 +10,9 @@ from .checkpoint import load_checkpoint, load_training_state, resume_directory, 
 from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignment, split_into_chunks
 from .fit import fit
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
-from .lml import LMLEstimate, estimate_lml, recalibrate_norm_statistics
+from .lml import LMLEstimate, estimate_lml, evidence, recalibrate_norm_statistics
 from .metrics import evaluate_averaged, evaluate_classifier
+from .objective import Objective
 from .optim import partition_optimizer, weight_decay_scales
 from .trainer import CallbackHook, CheckpointWriter, Components, FitResult, PartitionedTrainer, TrainingHook
 
@@ -27,6 +28,7 @@ __all__ = [
     "Gaussian",
     "LMLEstimate",
     "Likelihood",
+    "Objective",
     "PartitionCheckpointError",
     "PartitionedSampler",
     "PartitionedTrainer",
@@ -36,6 +38,7 @@ __all__ = [
     "estimate_lml",
     "evaluate_averaged",
     "evaluate_classifier",
+    "evidence",
     "fit",
     "load_checkpoint",
     "load_training_state",

@@ -322,10 +322,10 @@ class CheckpointWriter(TrainingHook):
         trainer.save_checkpoint(last, final=True, norm_statistics="final" if calibrated else None)
         if not calibrated or trainer.best is None:
             return  # no statistics to calibrate (or not asked to): the evaluation's best file is the best state
-        score, step, _ = trainer.best
-        if not trainer.objective.is_current(trainer.best[2]):
+        score, step, states = trainer.best
+        if not trainer.objective.is_current(states):
             recalibrated = recalibrated_states(
-                trainer.pmodel, trainer.best[2], trainer.examples, trainer.eval_batch_size, trainer.device
+                trainer.pmodel, states, trainer.examples, trainer.eval_batch_size, trainer.device
             )
             trainer.save_checkpoint(best, best=(score, step, recalibrated), norm_statistics="final")
         elif step == trainer.step:
