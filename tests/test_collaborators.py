@@ -57,8 +57,7 @@ def _snapshot(*tensors: torch.Tensor) -> list[torch.Tensor]:
 def _stepper(pmodel, mask=None, **options) -> Stepper:
     sgd = torch.optim.SGD(pmodel.parameters(), lr=1.0)  # new = old - grad: the update is the gradient
     psi = torch.optim.SGD(mask.parameters(), lr=1.0) if mask is not None else None
-    hyper = {"hyperparameters": list(mask.parameters()), "hyperparameter_modules": [mask]} if mask is not None else {}
-    return Stepper(sgd, psi, objective=Objective(pmodel, mask), **hyper, **options)
+    return Stepper(sgd, psi, objective=Objective(pmodel, mask), **options)  # psi: the mask's, from the objective
 
 
 # --- Stepper --------------------------------------------------------------------------------------------

@@ -45,7 +45,6 @@ from torch import nn
 
 from ..errors import PartitionArgumentError, PartitionTrainingError, first_names
 from ..partitioned_model import PartitionedModel
-from ..transforms.base import HyperparameterModule
 
 if TYPE_CHECKING:
     from .objective import Objective
@@ -354,8 +353,6 @@ class Stepper:
         hyper_optimizer: torch.optim.Optimizer | None = None,
         *,
         objective: Objective,
-        hyperparameters: Sequence[nn.Parameter] = (),
-        hyperparameter_modules: Sequence[HyperparameterModule] = (),
         scheduler: Any = None,
         hyper_scheduler: Any = None,
         precision: Precision | None = None,
@@ -367,9 +364,9 @@ class Stepper:
         self.optimizer = optimizer
         self.hyper_optimizer = hyper_optimizer
         self.objective = objective
-        self.hyperparameters = list(hyperparameters)
+        self.hyperparameters = objective.hyperparameters()
         """psi: what a hyperparameter loss's backward gives gradients to."""
-        self.hyperparameter_modules = list(hyperparameter_modules)
+        self.hyperparameter_modules = [m for _, m in objective.hyperparameter_modules()]
         """The modules whose constraints (``constrain_``) follow each hyperparameter update."""
         self.scheduler = scheduler
         self.hyper_scheduler = hyper_scheduler

@@ -457,8 +457,6 @@ class PartitionedTrainer:
             self.optimizer,
             self.hyper_optimizer,
             objective=self.objective,
-            hyperparameters=self.hyperparameters_list,
-            hyperparameter_modules=[m for _, m in self.objective.hyperparameter_modules()],
             scheduler=self.scheduler,
             hyper_scheduler=self.hyper_scheduler,
             precision=self.precision,
