@@ -75,7 +75,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, learned: dict[str, fl
     if plain:
         argv += ["--partitions", "1", "--proportions", "1", "--augment", "none"]
     prepared = train_job(argv)  # the `partition-fx train` defaults, data and partitioned model
-    job, data, pmodel, hyper = prepared.args, prepared.data, prepared.pmodel, prepared.hyper
+    job, data, pmodel, hyper = prepared.spec, prepared.data, prepared.pmodel, prepared.hyper
     if plain:
         assert learned is not None
         init = {name: min(abs(value), DEFAULT_MAX_RANGE[name]) for name, value in learned.items()}

@@ -109,7 +109,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand
     extra: dict[str, Any] = {}
     hyper = job.hyper
     if plain and spec["plain"] is not None:
-        hyper = AffineAugmentation(num_samples=job.args.samples, init=spec["plain"])
+        hyper = AffineAugmentation(num_samples=job.spec.samples, init=spec["plain"])
         hyper.ranges.requires_grad_(False)  # fixed by hand: nothing to learn
     if spec.get("hyper_cosine"):
         extra["hyper_scheduler"] = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=steps)

@@ -72,12 +72,12 @@ def _same_run(report: dict, argv: list[str]) -> bool:
     are judged by their config alone (every version until then started an unnamed ``--init`` at 0)."""
     from partition_fx.cli.job import build_augmentation, initial_hyperparameters
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import run_config
+    from partition_fx.cli.runs import job_spec
 
-    args = parse_train(argv)
-    if report["config"] != run_config(args, tuple(report["config"]["proportions"])):
+    spec = job_spec(parse_train(argv)).replace(proportions=tuple(report["config"]["proportions"]))
+    if report["config"] != json.loads(json.dumps(spec.to_dict())):
         return False
-    start = initial_hyperparameters(build_augmentation(args))
+    start = initial_hyperparameters(build_augmentation(spec))
     return report.get("initial_hyperparameters", start) == start
 
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.cli import main
-from partition_fx.cli.job import job_from_args
-from partition_fx.cli.runs import args_from_config
+from partition_fx.cli.job import build_job
+from partition_fx.cli.runs import read_spec
 from partition_fx.export import export_subnetwork
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, evaluate_classifier, fit, recalibrate_norm_statistics
@@ -70,7 +70,7 @@ def _exported(run: Path, which: str, *argv: str) -> dict:
 def _recalibrated_accuracy(run: Path, which: str, subnetwork: int | None = None) -> float:
     """The definition: the checkpoint's state, its BatchNorm statistics recalibrated for ``subnetwork`` (default
     the final one) over the training data (on a copy, as the end of a run does), exported."""
-    job = job_from_args(args_from_config(json.loads((run / "report.json").read_text())["config"]))
+    job = build_job(read_spec(json.loads((run / "report.json").read_text())["config"]))
     trainer = PartitionedTrainer(job.pmodel, job.data.train, job.config, hyper=job.hyper)
     trainer.load_checkpoint(run / "checkpoint" / f"{which}.safetensors")
     pmodel = copy.deepcopy(job.pmodel)

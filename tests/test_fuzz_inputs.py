@@ -36,7 +36,7 @@ import partition_fx.cli.convert
 import partition_fx.cli.export
 from partition_fx import partitionify
 from partition_fx.cli import main
-from partition_fx.cli.runs import args_from_config
+from partition_fx.cli.runs import read_spec
 from partition_fx.errors import PartitionError
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit, split_into_chunks
@@ -447,10 +447,10 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
         assert sorted(p.name for p in out.iterdir()) == ["report.json"]
         report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and report["history"] == []
-    config = vars(args_from_config(report["config"]))
+    spec = read_spec(report["config"])
     for key, value in options.items():
         expected = tuple(float(p) for p in value.split(",")) if key == "proportions" else value
-        assert config[key.replace("-", "_")] == expected, key
+        assert spec.value(key.replace("-", "_")) == expected, key
     trainer = started["trainer"]
     assert trainer.config.optimization.steps == options["steps"] and trainer.step == 0
     assert trainer.config.eval_every == (options["eval-every"] or max(1, options["steps"] // 10))

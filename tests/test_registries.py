@@ -16,10 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from partition_fx import PartitionConfig, partitionify
+from partition_fx import PartitionConfig, job_spec, partitionify
 from partition_fx.choices import ASSIGNMENTS, COMPILE_MODES, DEFAULTS, PRECISIONS
 from partition_fx.cli import build_parser
-from partition_fx.cli import parser as cli_parser
 from partition_fx.config import Default
 from partition_fx.datasets import NUM_DIGITS, digits, load_dataset
 from partition_fx.datasets.registry import NAMED_DATASETS, NamedDataset, dataset_names, named_dataset, register_dataset
@@ -54,10 +53,10 @@ def test_train_and_the_library_share_precisions_compile_modes_and_datasets() -> 
 
     assert tuple(_option("train", "precision").choices) == PRECISIONS == tuple(stepping.DTYPES)
     assert tuple(_option("train", "compile").choices) == COMPILE_MODES and train_config.COMPILE_MODES is COMPILE_MODES
-    assert cli_parser.DATASETS == dataset_names(task="images", on_disk=False) == ("digits", "rotdigits")
-    assert cli_parser.DISK_DATASETS == dataset_names(task="images", on_disk=True)
-    assert {"cifar10", "rotcifar10", "cifar100", "mnist", "fashion_mnist", "svhn"} <= set(cli_parser.DISK_DATASETS)
-    assert tuple(_option("federated", "data").choices) == cli_parser.DATASETS  # federated reads bundled data
+    assert job_spec.DATASETS == dataset_names(task="images", on_disk=False) == ("digits", "rotdigits")
+    assert job_spec.DISK_DATASETS == dataset_names(task="images", on_disk=True)
+    assert {"cifar10", "rotcifar10", "cifar100", "mnist", "fashion_mnist", "svhn"} <= set(job_spec.DISK_DATASETS)
+    assert tuple(_option("federated", "data").choices) == job_spec.DATASETS  # federated reads bundled data
     assert typing.get_args(Default) == DEFAULTS  # the static type names the same values
 
 

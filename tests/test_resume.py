@@ -136,7 +136,7 @@ def test_state_checkpoint_and_report_from_an_earlier_development_version_are_ref
     """Version 0.1.0 reads only what it writes: a field an earlier development version did not write is
     never defaulted; the state, checkpoint or report is refused with one message naming the file and the field."""
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import read_run, run_config
+    from partition_fx.cli.runs import job_spec, read_run
     from partition_fx.errors import PartitionError
     from partition_fx.training import load_checkpoint
 
@@ -160,7 +160,7 @@ def test_state_checkpoint_and_report_from_an_earlier_development_version_are_ref
         _fit(_pmodel(), 2, checkpoint_dir=tmp_path)  # a current checkpoint again
     run = tmp_path / "run"
     run.mkdir()
-    config = run_config(parse_train([]), (0.8, 0.1, 0.1))
+    config = job_spec(parse_train([])).replace(proportions=(0.8, 0.1, 0.1)).to_dict()
     del config["train"]["runtime"]["precision"]
     (run / "report.json").write_text(json.dumps({"command": "train", "config": config}))
     with pytest.raises(PartitionError, match=rf"report.json {earlier} \(it lacks config.train.runtime.precision\)"):

@@ -12,18 +12,19 @@ long it takes: docs/benchmarks.md), on CUDA when available (``--device auto``).
 ``partition-fx describe --model NAME`` prints how a model would be partitioned.
 
 One module per purpose: ``parser`` (every command's options, help and defaults; the training options generated
-from ``TrainConfig``, the federated ones from ``FederatedConfig``), ``argparsing`` (the parsing machinery: the
-parser class, option types, options generated from a ``Settings`` declaration), ``checks`` (every torch-free
-check), ``dispatch`` (the entry point, one-line errors), ``job`` (a train job before training: checks, data,
-model, conversion), ``runs`` (run directories, reports, a run's configuration and its options both ways,
-``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe), ``federated`` and ``plots``.
+from ``JobSpec`` and ``TrainConfig``, the federated ones from ``FederatedConfig``), ``argparsing`` (the parsing
+machinery: the parser class, option types, options generated from a ``Settings`` declaration), ``checks`` (every
+torch-free check), ``dispatch`` (the entry point, one-line errors), ``job`` (a train job before training: its spec
+checked, data, model, conversion), ``runs`` (run directories, reports, a run's ``JobSpec`` from the options and
+from its report, ``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe), ``federated`` and
+``plots``.
 
 Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once);
 ``TrainJob`` and ``train_job`` are loaded on first use.
 
 For scripts and benchmarks that train exactly what the command trains::
 
-    job = train_job(["--steps", "100"])          # TrainJob(args, config, data, model, pmodel, hyper, device)
+    job = train_job(["--steps", "100"])          # TrainJob(spec, data, model, pmodel, hyper, device)
     fit(job.pmodel, job.data.train, job.config, hyper=job.hyper, device=job.device)
 """
 

@@ -245,14 +245,3 @@ def add_setting(group: Any, field: Field, **overrides: Any) -> None:
         elif option.choices is None:
             kwargs.update(type=seed if option.seed else field.kind)
     group.add_argument(field.flag, **{**kwargs, **overrides})
-
-
-def default_shares_text(default: tuple[float, ...]) -> str:
-    """What ``--proportions`` is when it is not given, as a command's help says it: ``default`` with its number
-    of partitions, equal shares with any other (every command's convention).
-
-    >>> default_shares_text((0.7, 0.2, 0.1))
-    '0.7,0.2,0.1 with 3 partitions, equal shares with any other --partitions'
-    """
-    shares = ",".join(str(p) for p in default)
-    return f"{shares} with {len(default)} partitions, equal shares with any other --partitions"

@@ -2,7 +2,7 @@
 before a command is imported: a refused value answers in a fraction of a second instead of after torch loads.
 
 The commands run the same checks again where Python callers reach them without the command line
-(``cli.job.job_from_args`` for ``train_job`` and the benchmarks): nothing here is only a fast path.
+(``cli.job.build_job`` for ``train_job`` and the benchmarks): nothing here is only a fast path.
 """
 
 from __future__ import annotations
@@ -15,13 +15,10 @@ from typing import Any
 from .._validation import check_concentration, check_num_partitions, check_proportions
 from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..job_spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
 from ..settings import SettingError
-from ..train_config import TrainConfig
-from .parser import DATASETS, DEFAULT_FEDERATED_PROPORTIONS, DEFAULT_PROPORTIONS, DISK_DATASETS
-from .runs import check_out, learned_ranges, read_json, resumed_args, train_config, training_run
-
-_POSITIVE_TRAIN_OPTIONS = ("samples", "image_size", "channels")
-"""``train``'s own options that must be >= 1; the training configuration's options check themselves."""
+from .parser import DEFAULT_FEDERATED_PROPORTIONS
+from .runs import check_out, job_spec, learned_ranges, read_json, resumed_spec, training_run
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -38,12 +35,12 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise PartitionError(f"--checkpoint {args.checkpoint!r} is not a file")
     if args.command == "train":
         if args.resume is not None:
-            check_train_options(resumed_args(args))
+            check_job(resumed_spec(args)[0])
         else:
-            check_train_options(args)
+            check_job(job_spec(args))
             check_out(args.out, args.overwrite, {"--data": args.data, "--checkpoint": args.checkpoint})
     elif args.command in ("convert", "describe"):
-        checked_proportions(args)
+        checked_proportions(args.partitions, args.proportions)
         if args.command == "convert":
             check_out(args.out, args.overwrite, {"--checkpoint": args.checkpoint})
     elif args.command == "export":
@@ -55,67 +52,63 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_predict(args)
 
 
-def check_train_options(args: argparse.Namespace) -> TrainConfig:
-    """``train``'s option ranges and combinations (what argparse's types alone do not refuse); returns the
-    training configuration they give (:func:`train_config`).
+def check_job(spec: JobSpec) -> None:
+    """What a job's fields do not check alone: its options together (``--partitions`` with ``--proportions``,
+    the augmentation with ``--fix``/``--init``/``--partitions``) and ``--data``'s name, refusals naming the options.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> check_train_options(parse_train(["--partitions", "1"]))
+    >>> from partition_fx.job_spec import JobSpec
+    >>> check_job(JobSpec(partitions=1))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
     """
-    config = train_config(args)
-    for name in _POSITIVE_TRAIN_OPTIONS:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise PartitionArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    checked_proportions(args)
-    fixed = fixed_ranges(args)
-    if fixed is not None and args.augment != "affine":
-        option = "--fix" if args.fix is not None else "--fix-from"
-        raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {args.augment}")
-    if args.init is not None:
-        _check_init(args)
-    if args.augment == "affine" and fixed is None and args.partitions < 2:
+    checked_proportions(spec.partitions, spec.proportions)
+    fixed = fixed_ranges(spec)
+    if fixed is not None and spec.augment != "affine":
+        option = "--fix" if spec.fix is not None else "--fix-from"
+        raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {spec.augment}")
+    if spec.init is not None:
+        _check_init(spec)
+    if spec.augment == "affine" and fixed is None and spec.partitions < 2:
         raise PartitionArgumentError(
             f"--augment affine learns its ranges, which needs --partitions 2 or more (chunk k is scored by "
-            f"subnetwork k-1), got --partitions {args.partitions}; raise --partitions, fix the ranges with --fix "
+            f"subnetwork k-1), got --partitions {spec.partitions}; raise --partitions, fix the ranges with --fix "
             "NAME=VALUE (or --fix-from RUN), or pass --augment none"
         )
-    if args.data == "input_selection":
+    data = spec.data
+    if data == "input_selection":
         raise PartitionArgumentError(
             "--data 'input_selection' is a regression task; `partition-fx train` classifies images "
             "(see examples/input_selection.py for input selection)"
         )
-    if not args.data:
+    if not data:
         raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
-    if args.data in DISK_DATASETS:
+    if data in DISK_DATASETS:
         raise PartitionArgumentError(
-            f"--data {args.data} reads your copy of the dataset: pass its folder as --data {args.data}:DIR "
+            f"--data {data} reads your copy of the dataset: pass its folder as --data {data}:DIR "
             "(nothing is downloaded)"
         )
-    if args.data not in DATASETS and split_data_spec(args.data)[1] is None and not _is_folder(args.data):
+    if data not in DATASETS and split_data_spec(data)[1] is None and not _is_folder(data):
         names = (*DATASETS, *DISK_DATASETS)
-        close = difflib.get_close_matches(args.data.partition(":")[0], names, n=1)
+        close = difflib.get_close_matches(data.partition(":")[0], names, n=1)
         raise PartitionError(
-            f"unknown dataset {args.data!r} for --data: not {' or '.join(DATASETS)}, not NAME:DIR with NAME one of "
+            f"unknown dataset {data!r} for --data: not {' or '.join(DATASETS)}, not NAME:DIR with NAME one of "
             f"{', '.join(DISK_DATASETS)}, and not a folder"
             + (f" (did you mean {close[0]}?)" if close else "")
             + "; pass one of those or an image folder laid out as FOLDER/<class>/<image> "
             "or FOLDER/{train,test}/<class>/<image>"
         )
-    return config
 
 
-def _check_init(args: argparse.Namespace) -> None:
+def _check_init(spec: JobSpec) -> None:
     """``--init``: for the ranges ``--augment affine`` learns, each within the bound it is learned in."""
     from ..transforms.affine import DEFAULT_MAX_RANGE  # imports torch: not when only parsing
 
-    if args.augment != "affine":
-        raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {args.augment}")
-    if args.init == "bounds":
+    if spec.augment != "affine":
+        raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {spec.augment}")
+    if spec.init == "bounds":
         return
-    for name, value in args.init.items():
+    for name, value in spec.init.items():  # type: ignore[union-attr]
         if value > DEFAULT_MAX_RANGE[name]:
             raise PartitionArgumentError(
                 f"--init {name}={value} is outside the range it is learned in, [0, {DEFAULT_MAX_RANGE[name]:.6g}]; "
@@ -123,35 +116,35 @@ def _check_init(args: argparse.Namespace) -> None:
             )
 
 
-def fixed_ranges(args: argparse.Namespace) -> dict[str, float] | None:
-    """The augmentation ranges ``train`` fixes: ``--fix``'s values, or those the ``--fix-from`` run learned; None
+def fixed_ranges(spec: JobSpec) -> dict[str, float] | None:
+    """The augmentation ranges the job fixes: ``--fix``'s values, or those the ``--fix-from`` run learned; None
     when the ranges are learned.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> fixed_ranges(parse_train(["--fix", "rotation=1.5"])), fixed_ranges(parse_train([]))
+    >>> from partition_fx.job_spec import JobSpec
+    >>> fixed_ranges(JobSpec(fix={"rotation": 1.5})), fixed_ranges(JobSpec())
     ({'rotation': 1.5}, None)
     """
-    if args.fix is not None:
-        return dict(args.fix)
-    if args.fix_from is not None:
-        return learned_ranges(Path(args.fix_from))
+    if spec.fix is not None:
+        return dict(spec.fix)
+    if spec.fix_from is not None:
+        return learned_ranges(Path(spec.fix_from))
     return None
 
 
-def with_fixed_ranges(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with ``--fix-from RUN`` read into ``fix`` (``fix_from`` kept, to say where they came from), so
-    that a run's report records the values it trained with.
+def with_fixed_ranges(spec: JobSpec) -> JobSpec:
+    """``spec`` with the ranges ``--fix-from RUN`` reads in ``fix`` (``fix_from`` kept, to say where they came
+    from), so that a run's report records the values it trained with and is rebuilt without that other run.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> with_fixed_ranges(parse_train(["--fix", "rotation=1.5"])).fix
+    >>> from partition_fx.job_spec import JobSpec
+    >>> with_fixed_ranges(JobSpec(fix={"rotation": 1.5})).fix
     {'rotation': 1.5}
     """
-    return argparse.Namespace(**{**vars(args), "fix": fixed_ranges(args)})
+    return spec if spec.fix is not None or spec.fix_from is None else spec.replace(fix=fixed_ranges(spec))
 
 
-def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:
+def check_export(args: argparse.Namespace) -> tuple[JobSpec, Path]:
     """``export``'s ``--run`` (a training run with the chosen checkpoint: ``runs.training_run``), ``--subnetwork``
-    and ``--out``; returns the ``train`` options the run's configuration reads back as, and the checkpoint.
+    and ``--out``; returns the job the run's configuration reads back as, and the checkpoint.
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import build_parser
@@ -161,15 +154,15 @@ def check_export(args: argparse.Namespace) -> tuple[argparse.Namespace, Path]:
     partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and checkpoint/best...
     """
     run: Path = args.run
-    run_args, checkpoint = training_run(run, "--run", args.which)
-    partitions = run_args.partitions
+    spec, checkpoint = training_run(run, "--run", args.which)
+    partitions = spec.partitions
     if args.subnetwork is not None and not 0 <= args.subnetwork <= partitions:
         raise PartitionArgumentError(
             f"--subnetwork {args.subnetwork}: subnetwork must be in 0..{partitions} (0 = all defaults, "
             f"{partitions} = final model)"
         )
     check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
-    return run_args, checkpoint
+    return spec, checkpoint
 
 
 MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
@@ -265,10 +258,10 @@ def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
     # Every chunk needs clients: a share must be positive, where train accepts an empty partition.
     if shares is not None and (len(shares) != args.partitions or any(not p > 0 for p in shares)):
         raise PartitionArgumentError(
-            f"--proportions {proportions_text(args)}: give {args.partitions} positive shares summing to 1 "
-            f"(--partitions {args.partitions})"
+            f"--proportions {proportions_text(args.partitions, shares)}: give {args.partitions} positive shares "
+            f"summing to 1 (--partitions {args.partitions})"
         )
-    num_partitions, shares = checked_proportions(args, DEFAULT_FEDERATED_PROPORTIONS)
+    num_partitions, shares = checked_proportions(args.partitions, shares, DEFAULT_FEDERATED_PROPORTIONS)
     proportions = check_proportions(shares, num_partitions)
     federated_config(args, proportions)  # the rest (the fractions, ...) as FederatedConfig checks them
     return proportions
@@ -298,68 +291,63 @@ def federated_config(args: argparse.Namespace, proportions: tuple[float, ...]) -
 
 
 def checked_proportions(
-    args: argparse.Namespace, default: tuple[float, ...] = DEFAULT_PROPORTIONS
+    partitions: int, proportions: tuple[float, ...] | None, default: tuple[float, ...] = DEFAULT_PROPORTIONS
 ) -> tuple[int, tuple[float, ...] | None]:
     """``(C, proportions)`` from ``--partitions``/``--proportions`` (proportions None: equal shares; ``default``:
     the command's default shares), refusals naming those options.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> checked_proportions(parse_train(["--partitions", "2"]))
+    >>> checked_proportions(2, None)
     (2, None)
-    >>> checked_proportions(parse_train(["--proportions", "0.5,0.5"]))
+    >>> checked_proportions(3, (0.5, 0.5))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionArgumentError: --partitions 3 --proportions 0.5,0.5: proportions has 2 entries ...
     """
-    proportions = command_line_proportions(args, default)
+    shares = command_line_proportions(partitions, proportions, default)
     try:
-        num_partitions = check_num_partitions(args.partitions)
+        num_partitions = check_num_partitions(partitions)
     except (PartitionArgumentError, PartitionTypeError) as e:
-        raise PartitionArgumentError(f"--partitions {args.partitions}: {e}") from None
-    if proportions is not None and len(proportions) != num_partitions:
+        raise PartitionArgumentError(f"--partitions {partitions}: {e}") from None
+    given = proportions_text(partitions, proportions, default)
+    if shares is not None and len(shares) != num_partitions:
         raise PartitionArgumentError(
-            f"--partitions {num_partitions} --proportions {proportions_text(args, default)}: proportions has "
-            f"{len(proportions)} entries but num_partitions={num_partitions}; give --proportions {num_partitions} "
-            f"comma-separated shares summing to 1, or --partitions {len(proportions)} to match them, or leave "
-            f"--proportions out ({_without_proportions(num_partitions, default)})"
+            f"--partitions {num_partitions} --proportions {given}: proportions has {len(shares)} entries but "
+            f"num_partitions={num_partitions}; give --proportions {num_partitions} comma-separated shares summing "
+            f"to 1, or --partitions {len(shares)} to match them, or leave --proportions out "
+            f"({_without_proportions(num_partitions, default)})"
         )
     try:
-        check_proportions(proportions, num_partitions)
+        check_proportions(shares, num_partitions)
     except (PartitionArgumentError, PartitionTypeError) as e:
-        raise PartitionArgumentError(
-            f"--partitions {num_partitions} --proportions {proportions_text(args, default)}: {e}"
-        ) from None
-    return num_partitions, proportions
+        raise PartitionArgumentError(f"--partitions {num_partitions} --proportions {given}: {e}") from None
+    return num_partitions, shares
 
 
 def command_line_proportions(
-    args: argparse.Namespace, default: tuple[float, ...] = DEFAULT_PROPORTIONS
+    partitions: int, proportions: tuple[float, ...] | None, default: tuple[float, ...] = DEFAULT_PROPORTIONS
 ) -> tuple[float, ...] | None:
     """The proportions ``--partitions``/``--proportions`` ask for: ``--proportions`` when given, else ``default``
     (train's 0.8,0.1,0.1) with its number of partitions and None (equal shares) with any other number.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> command_line_proportions(parse_train([])), command_line_proportions(parse_train(["--partitions", "2"]))
+    >>> command_line_proportions(3, None), command_line_proportions(2, None)
     ((0.8, 0.1, 0.1), None)
     """
-    if args.proportions is not None:
-        return tuple(args.proportions)
-    return default if args.partitions == len(default) else None
+    if proportions is not None:
+        return tuple(proportions)
+    return default if partitions == len(default) else None
 
 
-def proportions_text(args: argparse.Namespace, default: tuple[float, ...] = DEFAULT_PROPORTIONS) -> str:
+def proportions_text(
+    partitions: int, proportions: tuple[float, ...] | None, default: tuple[float, ...] = DEFAULT_PROPORTIONS
+) -> str:
     """``--proportions`` as the user wrote it (comma-separated), or what it is when not given, for messages.
 
-    >>> proportions_text(argparse.Namespace(proportions=(0.8, 0.1, 0.1), partitions=3))
-    '0.8,0.1,0.1'
-    >>> proportions_text(argparse.Namespace(proportions=None, partitions=4))
-    'not given: equal shares'
-    >>> proportions_text(argparse.Namespace(proportions=None, partitions=3))
-    'not given: the default 0.8,0.1,0.1'
+    >>> proportions_text(3, (0.8, 0.1, 0.1)), proportions_text(4, None), proportions_text(3, None)
+    ('0.8,0.1,0.1', 'not given: equal shares', 'not given: the default 0.8,0.1,0.1')
     """
-    if args.proportions is None:
-        return f"not given: {_without_proportions(args.partitions, default)}"
-    return ",".join(str(p) for p in args.proportions)
+    if proportions is None:
+        return f"not given: {_without_proportions(partitions, default)}"
+    return ",".join(str(p) for p in proportions)
 
 
 def _without_proportions(num_partitions: int, default: tuple[float, ...]) -> str:

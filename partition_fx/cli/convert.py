@@ -25,7 +25,7 @@ from ..export import export_onnx, export_subnetwork
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..testing import max_relative_difference
-from .job import partitionify_from_args
+from .job import partitionify_with
 from .runs import check_out, write_run
 
 VERIFY_IMAGES = 16  # digits each subnetwork is compared with the original on
@@ -41,7 +41,7 @@ def run_describe(args: argparse.Namespace) -> str:
     True
     """
     model = build_model(args.model, args.num_classes, args.checkpoint)
-    return partitionify_from_args(model, args).describe()
+    return partitionify_with(model, args, args.seed).describe()
 
 
 def run_convert(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def _converted(args: argparse.Namespace) -> tuple[torch.nn.Module, PartitionedMo
     torch.manual_seed(args.seed)
     model = build_model(args.model, args.num_classes, args.checkpoint).eval()
     start = time.perf_counter()
-    pmodel = partitionify_from_args(model, args).eval()
+    pmodel = partitionify_with(model, args, args.seed).eval()
     return model, pmodel, time.perf_counter() - start
 
 

@@ -75,7 +75,7 @@ def _how_to_continue(args: Any) -> str:
         report = None
     if not isinstance(report, dict) or report.get("status") != "interrupted":  # not this run's report
         return "; it stopped before anything was saved: run it again"
-    try:  # the run's iterations, as its configuration records them (cli.runs.run_config)
+    try:  # the run's iterations, as its configuration records them (a JobSpec's to_dict)
         steps = report["config"]["train"]["optimization"]["steps"]
     except (KeyError, TypeError):
         steps = None

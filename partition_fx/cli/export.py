@@ -35,7 +35,7 @@ from ..training.checkpoint import norm_statistics
 from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .checks import check_export
-from .job import job_from_args, load_job_data, model_record, write_onnx
+from .job import build_job, load_job_data, model_record, write_onnx
 from .runs import CHECKPOINT_STATES, write_run
 
 
@@ -50,11 +50,11 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and ...
     """
     run: Path = args.run
-    run_args, checkpoint = check_export(args)
+    spec, checkpoint = check_export(args)
     out: Path = args.out if args.out is not None else run / "export"
     with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
         warnings.simplefilter("ignore", PartitionWarning)
-        job = job_from_args(run_args, split="test")
+        job = build_job(spec, split="test")
     pmodel = job.pmodel
     if args.subnetwork is not None:
         try:
@@ -69,7 +69,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     meta, recalibrated = load_for_export(
         pmodel,
         job.hyper,
-        lambda: load_job_data(run_args, job.config, split="train").train,
+        lambda: load_job_data(spec, split="train").train,
         checkpoint,
         job.config,
         args.subnetwork,

@@ -1,5 +1,5 @@
-"""A ``partition-fx train`` job before any training: the options checked, the training configuration built,
-the data loaded and the model built and converted (:func:`train_job`).
+"""A ``partition-fx train`` job before any training: its :class:`~partition_fx.job_spec.JobSpec` checked, the data
+loaded and the model built and converted (:func:`train_job`, :func:`build_job`).
 
 Everything that can fail on bad input fails here, before an output directory is touched. The benchmarks
 build their runs with these same functions, so they train exactly what the command trains.
@@ -7,13 +7,12 @@ build their runs with these same functions, so they train exactly what the comma
 
 from __future__ import annotations
 
-import argparse
 import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,6 +21,7 @@ from ..datasets import DatasetSplits, load_dataset, named_dataset
 from ..datasets.splits import Split
 from ..errors import PartitionArgumentError, PartitionError, PartitionWarning
 from ..export import export_onnx
+from ..job_spec import JobSpec
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..rewrite import partitionify
@@ -29,28 +29,32 @@ from ..train_config import TrainConfig
 from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
 from ..training.data import default_workers
 from ..transforms import AffineAugmentation
-from .checks import MODEL_RECORD, check_train_options, checked_proportions, fixed_ranges, proportions_text
+from .checks import MODEL_RECORD, check_job, checked_proportions, proportions_text, with_fixed_ranges
 from .parser import parse_train, train_defaults
+from .runs import job_spec
 
 
 @dataclass
 class TrainJob:
-    """What ``partition-fx train`` trains: its options, training configuration, data, model and conversion, and
-    learnable augmentation.
+    """What ``partition-fx train`` trains: its job spec, data, model and conversion, and learnable augmentation.
 
-    ``args`` is the parsed command line (``args.device`` as asked, e.g. ``"auto"``); ``config`` the training
-    configuration its options give (``fit(job.pmodel, job.data.train, job.config, hyper=job.hyper)`` trains
-    what the command trains); ``device`` is the device it resolved to here (``"cpu"`` or ``"cuda"``); ``hyper``
-    is None with ``--augment none``.
+    ``spec`` is the job (``spec.device`` as asked, e.g. ``"auto"``; ``spec.proportions`` the shares the model was
+    partitioned with); ``device`` is the device it resolved to here (``"cpu"`` or ``"cuda"``); ``hyper`` is None
+    with ``--augment none``. ``fit(job.pmodel, job.data.train, job.config, hyper=job.hyper)`` trains what the
+    command trains.
     """
 
-    args: argparse.Namespace
-    config: TrainConfig
+    spec: JobSpec
     data: DatasetSplits
     model: torch.nn.Module
     pmodel: PartitionedModel
     hyper: AffineAugmentation | None
     device: str
+
+    @property
+    def config(self) -> TrainConfig:
+        """The job's training configuration (``spec.train``)."""
+        return self.spec.train
 
     @property
     def workers(self) -> int:
@@ -98,7 +102,7 @@ def model_record(job: TrainJob, averaged: bool = False) -> dict[str, Any]:
         "classes": list(classes),
         "preprocessing": data.preprocessing.to_dict() if data.preprocessing is not None else None,
         "architecture": {  # as cli.job builds it (its --checkpoint aside: the weights are the exported ones)
-            "model": job.args.model,
+            "model": job.spec.model,
             "num_classes": data.num_classes,
             "in_chans": data.input_shape[0],
             "img_size": data.input_shape[-1],
@@ -130,7 +134,7 @@ def train_job(argv: Sequence[str]) -> TrainJob:
     >>> job.config.optimization.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__
     (400, 'digits', 3, 'AffineAugmentation')
     """
-    return job_from_args(parse_train(list(argv)))
+    return build_job(job_spec(parse_train(list(argv))))
 
 
 def resolve_device(requested: str) -> str:
@@ -148,68 +152,85 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def partitionify_from_args(model: torch.nn.Module, args: argparse.Namespace) -> PartitionedModel:
-    """``partitionify`` with the command line's conversion options (``--partitions``, ``--proportions``,
-    ``--scheme``, ``--default``, ``--seed``, ``--assignments``), refusals naming those options.
+class PartitionOptions(Protocol):
+    """The conversion's options, as a :class:`~partition_fx.job_spec.JobSpec` or ``convert``'s parsed command
+    line holds them."""
 
-    >>> partitionify_from_args(torch.nn.Linear(3, 2), parse_train(["--partitions", "2"])).proportions
+    partitions: int
+    proportions: tuple[float, ...] | None
+    scheme: str
+    default: str
+    assignments: str
+
+
+def partitionify_with(model: torch.nn.Module, options: PartitionOptions, seed: int) -> PartitionedModel:
+    """``partitionify`` with the command line's conversion options (``--partitions``, ``--proportions``,
+    ``--scheme``, ``--default``, ``--assignments``) and ``--seed``, refusals naming those options.
+
+    >>> from partition_fx.job_spec import JobSpec
+    >>> partitionify_with(torch.nn.Linear(3, 2), JobSpec(partitions=2), seed=0).proportions
     (0.5, 0.5)
-    >>> partitionify_from_args(torch.nn.Linear(3, 2), parse_train(["--proportions", "0.5,0.5"]))
+    >>> partitionify_with(torch.nn.Linear(3, 2), JobSpec(proportions=(0.5, 0.5)), seed=0)
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionArgumentError: --partitions 3 --proportions 0.5,0.5: proportions has 2 entries ...
     """
-    num_partitions, proportions = checked_proportions(args)
+    num_partitions, proportions = checked_proportions(options.partitions, options.proportions)
     return partitionify(
         model,
         num_partitions,
         proportions,
-        scheme=args.scheme,
-        default=args.default,
-        seed=args.seed,
-        assignments=args.assignments,
+        scheme=options.scheme,
+        default=options.default,
+        seed=seed,
+        assignments=options.assignments,
     )
 
 
-def job_from_args(args: argparse.Namespace, *, split: Split | None = None) -> TrainJob:
-    """:func:`train_job` from parsed arguments (also a finished run's configuration, for ``export``).
+def build_job(spec: JobSpec, *, split: Split | None = None) -> TrainJob:
+    """The job ``spec`` describes, built: its data loaded, its model built and converted, its augmentation.
 
-    ``split="test"`` loads the test split alone (``load_dataset``'s ``split``; ``job.data.train`` is empty and
-    the chunks of the training data are not checked): a job to export and evaluate, not to train.
+    A job to train (``split`` None) is checked first (``cli.checks.check_job``), its ``--fix-from`` ranges read,
+    and its batch sizes checked against the chunks of its data (a default one lowered to fit a small data set).
+    ``split="test"`` builds a recorded job to export and evaluate: the test split alone (``load_dataset``'s
+    ``split``; ``job.data.train`` is empty) and nothing refused that its run was not.
 
-    >>> job_from_args(parse_train(["--steps", "0"]))
+    >>> from partition_fx.job_spec import JobSpec
+    >>> build_job(JobSpec(partitions=1))
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got 0
+    partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
     """
-    config = check_train_options(args)
-    device = resolve_device(args.device)  # refuses --device cuda where there is none
-    data = load_job_data(args, config, split)
-    torch.manual_seed(args.seed)
-    model = build_model(args.model, data.num_classes, args.checkpoint, data.input_shape[0], data.input_shape[-1])
-    pmodel = partitionify_from_args(model, args)
     if split is None:
-        args, config = _check_chunks(args, config, len(data.train), pmodel)
-    hyper = build_augmentation(args)
-    return TrainJob(args=args, config=config, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
+        check_job(spec)
+        spec = with_fixed_ranges(spec)
+    device = resolve_device(spec.device)  # refuses --device cuda where there is none
+    data = load_job_data(spec, split)
+    torch.manual_seed(spec.train.runtime.seed)
+    model = build_model(spec.model, data.num_classes, spec.checkpoint, data.input_shape[0], data.input_shape[-1])
+    pmodel = partitionify_with(model, spec, spec.train.runtime.seed)
+    if split is None:
+        spec = _check_chunks(spec, len(data.train), pmodel)
+    spec = spec.replace(proportions=pmodel.proportions)  # as the run records them
+    hyper = build_augmentation(spec)
+    return TrainJob(spec=spec, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
 
 
-def build_augmentation(args: argparse.Namespace) -> AffineAugmentation | None:
-    """``--augment``'s input transform: learned ranges from 0 (or ``--init``'s start), or those
-    ``--fix``/``--fix-from`` fix; None for ``--augment none``.
+def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
+    """``--augment``'s input transform: learned ranges from 0 (or ``--init``'s start), or those ``--fix`` fixes
+    (``--fix-from``'s once they are read: ``cli.checks.with_fixed_ranges``); None for ``--augment none``.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> build_augmentation(parse_train(["--init", "rotation=1.5"])).hyperparameters()["rotation"]
+    >>> from partition_fx.job_spec import JobSpec
+    >>> build_augmentation(JobSpec(init={"rotation": 1.5})).hyperparameters()["rotation"]
     1.5
-    >>> build_augmentation(parse_train(["--augment", "none"])) is None
+    >>> build_augmentation(JobSpec(augment="none")) is None
     True
     """
-    if args.augment != "affine":
+    if spec.augment != "affine":
         return None
-    fixed = fixed_ranges(args)
-    if fixed is None:
-        return AffineAugmentation(num_samples=args.samples, init=args.init if args.init is not None else 0.0)
-    return AffineAugmentation.fixed(fixed, num_samples=args.samples)
+    if spec.fix is None:
+        return AffineAugmentation(num_samples=spec.samples, init=spec.init if spec.init is not None else 0.0)
+    return AffineAugmentation.fixed(spec.fix, num_samples=spec.samples)
 
 
 def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:
@@ -217,7 +238,8 @@ def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:
     ``initial_hyperparameters``, since the config records ``--init`` as given and an unnamed start is whatever
     this version's default is.
 
-    >>> initial_hyperparameters(build_augmentation(parse_train(["--init", "rotation=1.5"])))["rotation"]
+    >>> from partition_fx.job_spec import JobSpec
+    >>> initial_hyperparameters(build_augmentation(JobSpec(init={"rotation": 1.5})))["rotation"]
     1.5
     >>> initial_hyperparameters(None)
     {}
@@ -225,88 +247,89 @@ def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:
     return hyper.hyperparameters() if hyper is not None else {}
 
 
-def load_job_data(args: argparse.Namespace, config: TrainConfig, split: Split | None = None) -> DatasetSplits:
+def load_job_data(spec: JobSpec, split: Split | None = None) -> DatasetSplits:
     """``--data`` at ``--image-size``/``--channels`` (``split``: that split alone, as ``load_dataset``), refused
     if it or one batch of it cannot fit in memory.
 
-    >>> data = load_job_data(parse_train(["--image-size", "12"]), TrainConfig.recommended(), "train")
+    >>> from partition_fx.job_spec import JobSpec
+    >>> data = load_job_data(JobSpec(image_size=12), "train")
     >>> len(data.train), len(data.test)
     (1438, 0)
     """
     sizes = " ".join(
-        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        f"--{name.replace('_', '-')} {spec.value(name)}"
         for name in ("image_size", "channels")
-        if getattr(args, name) is not None
+        if spec.value(name) is not None
     )
-    named = named_dataset(args.data)
-    if args.image_size is not None and named is not None and not named.on_disk:
+    named = named_dataset(spec.data)
+    if spec.image_size is not None and named is not None and not named.on_disk:
         # bundled data is decoded whole; data on disk stays there unless it fits (datasets.images.DEFAULT_MEMORY_BUDGET)
         count = named.images or 1
-        check_fits_in_memory(sizes, f"{count} image(s)", count * (args.channels or 1) * args.image_size**2 * 4)
+        check_fits_in_memory(sizes, f"{count} image(s)", count * (spec.channels or 1) * spec.image_size**2 * 4)
     kwargs: dict[str, Any] = {}
-    if args.image_size is not None:
-        kwargs["size"] = args.image_size
-    if args.channels is not None:
-        kwargs["channels"] = args.channels
+    if spec.image_size is not None:
+        kwargs["size"] = spec.image_size
+    if spec.channels is not None:
+        kwargs["channels"] = spec.channels
     try:
-        data = load_dataset(args.data, split=split, **kwargs)
+        data = load_dataset(spec.data, split=split, **kwargs)
     except PartitionArgumentError as e:  # the loader names its own arguments (size, channels): name the options
-        raise PartitionArgumentError(f"--data {args.data!r}{' ' + sizes if sizes else ''}: {e}") from None
+        raise PartitionArgumentError(f"--data {spec.data!r}{' ' + sizes if sizes else ''}: {e}") from None
     except PartitionError as e:  # an unknown name, or a folder that is not a dataset
-        raise PartitionError(f"--data {args.data!r}: {e}") from None
-    batch = args.batch_size * args.samples * math.prod(data.input_shape) * 4
-    check_fits_in_memory(f"--batch-size {args.batch_size} --samples {args.samples}", "one batch of inputs", batch)
-    step = config.hyper  # None: the parameter step's batch, the transform's own samples
-    hyper_batch, samples = step.batch_size or args.batch_size, step.samples or args.samples
-    chunks = max(1, args.partitions - 1)  # a hyperparameter step takes a batch from each chunk 2..C
-    hyper = chunks * hyper_batch * samples * math.prod(data.input_shape) * 4
+        raise PartitionError(f"--data {spec.data!r}: {e}") from None
+    batch_size, samples, partitions = spec.train.optimization.batch_size, spec.samples, spec.partitions
+    batch = batch_size * samples * math.prod(data.input_shape) * 4
+    check_fits_in_memory(f"--batch-size {batch_size} --samples {samples}", "one batch of inputs", batch)
+    step = spec.train.hyper  # None: the parameter step's batch, the transform's own samples
+    hyper_batch, hyper_samples = step.batch_size or batch_size, step.samples or samples
+    chunks = max(1, partitions - 1)  # a hyperparameter step takes a batch from each chunk 2..C
+    hyper = chunks * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(
-        f"--partitions {args.partitions} --hyper-batch-size {hyper_batch} --hyper-samples {samples}",
+        f"--partitions {partitions} --hyper-batch-size {hyper_batch} --hyper-samples {hyper_samples}",
         "one hyperparameter batch of inputs",
         hyper,
     )
     if data.num_classes is None:
-        raise PartitionArgumentError(f"--data {args.data!r} is a regression task; `partition-fx train` classifies")
+        raise PartitionArgumentError(f"--data {spec.data!r} is a regression task; `partition-fx train` classifies")
     if len(data.input_shape) != 3:
-        raise PartitionArgumentError(f"--data {args.data!r} is not images (example shape {data.input_shape})")
+        raise PartitionArgumentError(f"--data {spec.data!r} is not images (example shape {data.input_shape})")
     return data
 
 
-def _check_chunks(
-    args: argparse.Namespace, config: TrainConfig, num_train: int, pmodel: PartitionedModel
-) -> tuple[argparse.Namespace, TrainConfig]:
+def _check_chunks(spec: JobSpec, num_train: int, pmodel: PartitionedModel) -> JobSpec:
     """Refuse now what ``fit`` would refuse later, an empty data chunk or a non-finite scaled weight decay, and a
     batch larger than the chunk it is drawn from; a batch size left at its default is lowered to that chunk's
-    size instead, with one warning. Returns the options and configuration the run trains with."""
+    size instead, with one warning. Returns the job the run trains."""
     try:
-        chunks = split_into_chunks(num_train, pmodel.proportions, args.seed)
+        chunks = split_into_chunks(num_train, pmodel.proportions, spec.train.runtime.seed)
     except PartitionArgumentError as e:
-        raise PartitionArgumentError(f"--proportions {proportions_text(args)} of {num_train} examples: {e}") from None
-    fitted = _default_batches_fitted(args, chunks.sizes)
-    if fitted is not args:
-        args, config = fitted, check_train_options(fitted)
-    hyper_batch = config.hyper.batch_size or args.batch_size  # None: the parameter steps' batch size
-    check_batches_fit(chunks.sizes, args.batch_size, hyper_batch, ("--batch-size", "--hyper-batch-size"))
+        given = proportions_text(spec.partitions, spec.proportions)
+        raise PartitionArgumentError(f"--proportions {given} of {num_train} examples: {e}") from None
+    spec = _default_batches_fitted(spec, chunks.sizes)
+    batch_size = spec.train.optimization.batch_size
+    hyper_batch = spec.train.hyper.batch_size or batch_size  # None: the parameter steps' batch size
+    check_batches_fit(chunks.sizes, batch_size, hyper_batch, ("--batch-size", "--hyper-batch-size"))
     scale = max(weight_decay_scales(chunks.sizes))
-    if not math.isfinite(args.weight_decay * scale):
+    weight_decay = spec.train.optimization.weight_decay
+    if not math.isfinite(weight_decay * scale):
         raise PartitionArgumentError(
-            f"--weight-decay {args.weight_decay} times partition 1's scale {scale:.3g} (N/|D_1|) is not finite; "
+            f"--weight-decay {weight_decay} times partition 1's scale {scale:.3g} (N/|D_1|) is not finite; "
             "choose a smaller --weight-decay"
         )
-    return args, config
+    return spec
 
 
-def _default_batches_fitted(args: argparse.Namespace, chunk_sizes: list[int]) -> argparse.Namespace:
-    """``args`` with ``--batch-size`` / ``--hyper-batch-size`` lowered to the examples they are drawn from where
-    they were left at defaults larger than that (a small folder), one warning each; ``args`` itself if none was."""
+def _default_batches_fitted(spec: JobSpec, chunk_sizes: list[int]) -> JobSpec:
+    """``spec`` with ``--batch-size`` / ``--hyper-batch-size`` lowered to the examples they are drawn from where
+    they were left at defaults larger than that (a small folder), one warning each; ``spec`` itself if none was."""
     defaults = train_defaults()
     parameter, hyper = batch_pools(chunk_sizes)
     pools = {"batch_size": (parameter, "partition 1's parameter steps draw from")}
-    if hyper is not None and args.hyper_batch_size is not None:
+    if hyper is not None and spec.train.hyper.batch_size is not None:
         pools["hyper_batch_size"] = (hyper, "hyperparameter steps draw from")
     lowered = {}
     for name, ((k, examples), what) in pools.items():
-        value = getattr(args, name)
+        value = spec.value(name)
         if value == defaults[name] and value > examples:
             option = "--" + name.replace("_", "-")
             warnings.warn(
@@ -316,4 +339,4 @@ def _default_batches_fitted(args: argparse.Namespace, chunk_sizes: list[int]) ->
                 stacklevel=2,
             )
             lowered[name] = examples
-    return argparse.Namespace(**{**vars(args), **lowered}) if lowered else args
+    return spec.replace(**lowered) if lowered else spec

@@ -17,17 +17,15 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ..choices import ASSIGNMENTS, DEFAULTS
 from ..datasets.registry import dataset_names
 from ..federated.config import FederatedConfig
-from ..kinds import partition_kinds
+from ..job_spec import JobSpec, default_shares_text, partitions_help, schemes
 from ..settings import Field
 from ..train_config import TrainConfig
 from .argparsing import (
     Parser,
     add_setting,
     add_settings,
-    default_shares_text,
     int_at_least,
     path,
     path_text,
@@ -47,18 +45,6 @@ EPILOG = (
     "`partition-fx train` alone runs the main job: timm's resnet10t learns affine augmentation on rotdigits "
     "(a few minutes on 2 CPU cores). `partition-fx COMMAND --help` lists a command's options and defaults."
 )
-DEFAULT_MODEL = "resnet10t"
-"""``--model`` of ``train``, ``convert`` and ``describe``."""
-DEFAULT_PROPORTIONS = (0.8, 0.1, 0.1)
-"""``--proportions`` when it is not given and ``--partitions`` is 3 (the default); other counts get equal shares."""
-DEVICES = ("auto", "cpu", "cuda")
-"""``--device`` of ``train``: ``auto`` is CUDA when it is available here, else the CPU."""
-DATASETS = dataset_names(task="images", on_disk=False)
-"""The bundled datasets ``train`` accepts by name (besides an image folder's path and ``NAME:DIR``): the image
-datasets registered (``partition_fx.datasets.registry``) when the command line was imported."""
-DISK_DATASETS = dataset_names(task="images", on_disk=True)
-"""The datasets ``train`` reads from a copy on the user's disk, as ``--data NAME:DIR``."""
-
 COMMANDS = {
     "train": (
         "train a model with learned hyperparameters and export it (the main job)",
@@ -103,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``partition-fx`` parser with its commands: ``train``, ``convert``, ``describe``, ``export``,
     ``federated`` and ``predict``.
 
-    ``--proportions`` is None when not given: :func:`partition_fx.cli.job.partitionify_from_args` reads that
+    ``--proportions`` is None when not given: :func:`partition_fx.cli.job.partitionify_with` reads that
     as 0.8,0.1,0.1 with 3 partitions and equal shares with any other number.
 
     >>> args = build_parser().parse_args(["describe", "--model", "fixup_resnet8"])
@@ -124,25 +110,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+JOB_GROUPS = {
+    "model": ("model", "checkpoint"),
+    "data": ("data", "image_size", "channels"),
+    "partitioning": ("partitions", "proportions", "scheme", "default", "assignments"),
+    "recipe": ("recipe",),
+    "learned hyperparameters": ("augment", "samples", "test_time_samples", "fix", "init", "fix_from"),
+    "running": ("device",),
+}
+"""The option group of each field of ``JobSpec`` in ``train``'s help (each group in the fields' order)."""
+FIXED_RANGES = ("fix", "init", "fix_from")
+"""``JobSpec`` fields whose options exclude each other: the ranges are fixed, started, or read from a run."""
+JOB_OPTION_TYPES: dict[str, Any] = {
+    "proportions": proportions,
+    "test_time_samples": int_at_least(0),
+    "fix": range_values,
+    "init": range_start,
+    "fix_from": path_text,
+}
+"""How the options of ``JobSpec`` fields that are not plain ints or strings read their text (``argparsing``)."""
+
+
+def _add_job_option(group: Any, keyword: str, **overrides: Any) -> None:
+    """The option of the ``JobSpec`` field ``keyword``, generated from its declaration (``add_setting``)."""
+    field = JobSpec.keywords()[keyword]
+    if keyword in JOB_OPTION_TYPES:
+        overrides = {"type": JOB_OPTION_TYPES[keyword], **overrides}
+    add_setting(group, field, **overrides)
+
+
 def _add_model_options(parser: argparse.ArgumentParser, *, classes: bool) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        metavar="NAME",
-        help="a timm model name (the shipped FixUp/WRN models included; a plain name such as resnet18 is timm's), "
-        "or torchvision:NAME for one of torchvision's classifiers, e.g. torchvision:mobilenet_v3_small "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--checkpoint",
-        default=None,
-        metavar="FILE",
-        help="local weights file (a safetensors or torch state dict) to start from; nothing is downloaded. A "
-        "classifier for another number of classes is re-initialised and the stem adapted to other input channels "
-        "(one warning line names the tensors); a checkpoint of another architecture is refused "
-        "(default: none, the model's own initialisation)",
-    )
+    for keyword in JOB_GROUPS["model"]:
+        _add_job_option(group, keyword)
     if classes:
         group.add_argument(
             "--num-classes", type=int_at_least(1), default=10, metavar="N", help="classifier outputs (default: 10)"
@@ -153,30 +153,12 @@ def _add_partition_options(parser: argparse.ArgumentParser, *, with_seed: bool =
     """The conversion's options; ``train`` takes ``--seed`` from its training configuration instead (it seeds
     the layout and the run)."""
     group = parser.add_argument_group("partitioning")
-    _add_shares(
-        group, "partitions", "each partition's share of the parameters and the data, C numbers summing to 1",
-        DEFAULT_PROPORTIONS,
-    )  # fmt: skip
-    schemes = [kind for kind in partition_kinds() if kind.scheme]  # partition_fx.kinds: the registered schemes
-    group.add_argument(
-        "--scheme",
-        default="random",
-        choices=[kind.name for kind in schemes],
-        help="; ".join(f"{kind.name}: {kind.description}" for kind in schemes) + " (default: %(default)s)",
-    )
-    group.add_argument(
-        "--default",
-        default="init",
-        choices=DEFAULTS,
-        help="the values a subnetwork uses for partitions it does not train: the initial weights, zeros, or "
-        "values regenerated from the seed (default: %(default)s)",
-    )
-    group.add_argument(
-        "--assignments",
-        default="stored",
-        choices=ASSIGNMENTS,
-        help="store each tensor's partition layout index or regenerate it from the seed (default: %(default)s)",
-    )
+    for keyword in JOB_GROUPS["partitioning"]:
+        if keyword == "scheme":  # the schemes registered now (partition_fx.kinds), a plugin's included
+            described = "; ".join(f"{name}: {description}" for name, description in schemes().items())
+            _add_job_option(group, keyword, choices=list(schemes()), help=f"{described} (default: %(default)s)")
+        else:
+            _add_job_option(group, keyword)
     if with_seed:
         group.add_argument(
             "--seed", type=seed, default=0, metavar="N", help="seeds the partition layout (default: %(default)s)"
@@ -276,93 +258,35 @@ def _add_predict(predict: argparse.ArgumentParser) -> None:
 
 
 def _add_train(train: Parser) -> None:
+    """``train``'s options: those of ``JobSpec`` and ``TrainConfig``, generated from their fields, and those that
+    say how to run and where to write (no report records them: ``cli.runs.RUN_CONTROL``)."""
+    train.expand = expand_recipe
     _add_model_options(train, classes=False)
     data = train.add_argument_group("data")
-    data.add_argument(
-        "--data",
-        default="rotdigits",
-        metavar="NAME|NAME:DIR|FOLDER",
-        help=f"{' or '.join(DATASETS)} (bundled); NAME:DIR for your copy of {', '.join(DISK_DATASETS)} in DIR "
-        "(read by torchvision; rot*: each image turned by a fixed random angle); or an image folder laid out as "
-        "FOLDER/<class>/<image> or FOLDER/{train,test}/<class>/<image>. Nothing is downloaded (default: %(default)s)",
-    )
-    data.add_argument(
-        "--image-size",
-        type=int,
-        default=None,
-        metavar="PIXELS",
-        help="images are resized to this square (default: the data's own size: 28 for digits, rotdigits, MNIST "
-        "and Fashion-MNIST, 32 for CIFAR and SVHN; an image folder's images must then share one size)",
-    )
-    data.add_argument(
-        "--channels", type=int, default=None, metavar="N", help="image channels (default: the data's own)"
-    )
+    for keyword in JOB_GROUPS["data"]:
+        _add_job_option(data, keyword)
     _add_partition_options(train, with_seed=False)
-    train.expand = expand_recipe
-    train.add_argument_group("recipe").add_argument(
-        "--recipe",
-        default=None,
+    recipes = "; ".join(f"{r.name}: {r.description} = {r.text}" for r in RECIPES.values())
+    recipe = JobSpec.keywords()["recipe"].option
+    _add_job_option(
+        train.add_argument_group("recipe"),
+        "recipe",
         choices=list(RECIPES),
-        metavar="NAME",
-        help="start from the options of one of the paper's experiments; options given override them. "
-        + "; ".join(f"{r.name}: {r.description} = {r.text}" for r in RECIPES.values())
-        + " (default: none)",
+        help=f"{recipe.help}. {recipes} (default: {recipe.default_text})",
     )
     hyper = train.add_argument_group("learned hyperparameters")
-    hyper.add_argument(
-        "--augment",
-        choices=["affine", "none"],
-        default="affine",
-        help="learn the ranges of an affine augmentation, or learn nothing (default: %(default)s)",
-    )
-    hyper.add_argument(
-        "--samples", type=int, default=4, metavar="S", help="augmentation samples per example (default: %(default)s)"
-    )
-    hyper.add_argument(
-        "--test-time-samples",
-        type=int_at_least(0),
-        default=8,
-        metavar="K",
-        help="also report the exported model's test scores averaged over K fixed transforms of the learned "
-        "augmentation (test-time averaging, the predictor the LML scores; report.json: averaged_test_accuracy); "
-        "0: not (default: %(default)s)",
-    )
-    fixed = hyper.add_mutually_exclusive_group()
-    fixed.add_argument(
-        "--fix",
-        type=range_values,
-        default=None,
-        metavar="NAME=VALUE[,...]",
-        help="fix the augmentation's ranges at these values, every other at 0, and learn nothing: training with a "
-        "chosen augmentation, e.g. --partitions 1 --fix rotation=3.1416 (default: none, the ranges are learned)",
-    )
-    fixed.add_argument(
-        "--init",
-        type=range_start,
-        default=None,
-        metavar="NAME=VALUE[,...]",
-        help="start the learned ranges at these values, every other at 0 (within the learning bounds: rotation "
-        "pi, translations 1, scales and shear log 2), or every range at its bound (--init bounds) (default: every "
-        "range at 0, the paper's start)",
-    )
-    fixed.add_argument(
-        "--fix-from",
-        type=path_text,
-        default=None,
-        metavar="RUN",
-        help="--fix every range that the finished `partition-fx train` run RUN learned (default: none)",
-    )
+    fixed = None
+    for keyword in JOB_GROUPS["learned hyperparameters"]:
+        if keyword in FIXED_RANGES and fixed is None:
+            fixed = hyper.add_mutually_exclusive_group()
+        _add_job_option(fixed if keyword in FIXED_RANGES else hyper, keyword)
     groups = {"learned hyperparameters": hyper, "training": train.add_argument_group("training")}
     groups["output"] = _add_output_options(
         train, "directory to write the run to (default: %(default)s)", Path("runs/train")
     )
     run = groups["running"] = train.add_argument_group("running")
-    run.add_argument(
-        "--device",
-        default="auto",
-        choices=DEVICES,
-        help="auto: CUDA when it is available, else the CPU (default: %(default)s)",
-    )
+    for keyword in JOB_GROUPS["running"]:
+        _add_job_option(run, keyword)
     run.add_argument(
         "--quiet", action="store_true", help="no progress bar (default: off: a bar is shown when stderr is a terminal)"
     )
@@ -455,20 +379,15 @@ def _add_federated(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_proportions(group: Any, field: Field) -> None:
-    """``--partitions`` and ``--proportions`` (``field``'s help): C and the shares, as ``train``'s."""
-    _add_shares(group, "partitions and chunks", field.option.help, DEFAULT_FEDERATED_PROPORTIONS)
-
-
-def _add_shares(group: Any, counted: str, shares: str, default: tuple[float, ...]) -> None:
-    """``--partitions`` (the number of ``counted``) and ``--proportions`` (``shares``, None when not given: the
-    ``default`` shares with their number of partitions, equal shares with any other)."""
+    """``federated``'s ``--partitions`` and ``--proportions`` (``field``'s help; None when not given: the paper's
+    chunk shares with 3 partitions, equal shares with any other, as ``train``'s)."""
+    counted, shares, default = "partitions and chunks", field.option.help, DEFAULT_FEDERATED_PROPORTIONS
     group.add_argument(
         "--partitions",
         type=int,
         default=len(default),
         metavar="C",
-        help=f"number of {counted} C, 1..255; without --proportions, any C but {len(default)} gets equal shares "
-        "(default: %(default)s)",
+        help=f"{partitions_help(counted, default)} (default: %(default)s)",
     )
     group.add_argument(
         "--proportions",

@@ -2,10 +2,9 @@
 
 A run directory is what a command writes to ``--out``: its ``report.json`` (``export.json`` for ``export``)
 names the ``command`` that wrote it, and ``--overwrite`` replaces nothing else. A training run's report holds
-its ``config`` (:func:`run_config`: the job's options, and ``"train"``: ``TrainConfig.to_dict()``), from which
-``export`` rebuilds the model and ``--resume`` continues the run with the same options; :func:`train_config` is
-the :class:`TrainConfig` the options give and :func:`args_from_config` the options a recorded configuration
-reads back as.
+its ``config``, its :class:`~partition_fx.job_spec.JobSpec`'s ``to_dict()``, from which ``export`` rebuilds the
+model and ``--resume`` continues the run with the same options: :func:`job_spec` is the spec the command line
+asks for, and :func:`read_spec` the spec a recorded configuration reads back as.
 
 No torch here: the command line checks ``--out`` and ``--resume`` before it loads torch.
 """
@@ -21,8 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._io import remove_path, staging_directory, swap_in
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, earlier_version, first_names
+from ..job_spec import JobSpec
 from ..settings import MissingSettings, SettingError, SettingTypeError
-from ..train_config import RUN_FILE, TrainConfig
+from ..train_config import RUN_FILE
 from .parser import COMMANDS, train_defaults
 
 if TYPE_CHECKING:
@@ -279,10 +279,9 @@ def read_json(run: Path, name: str, option: str) -> Any:
         raise PartitionError(f"{option} {str(run)!r}: {name} cannot be read ({e})") from None
 
 
-def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace]:
-    """The report of the training run in ``run`` and the ``train`` options its ``config`` reads back as
-    (:func:`args_from_config`), refusing a directory ``partition-fx train`` did not write and a
-    configuration this version does not read.
+def read_run(run: Path, option: str) -> tuple[dict[str, Any], JobSpec]:
+    """The report of the training run in ``run`` and the job its ``config`` reads back as (:func:`read_spec`),
+    refusing a directory ``partition-fx train`` did not write and a configuration this version does not read.
 
     >>> import tempfile
     >>> read_run(Path(tempfile.mkdtemp()), "--run")
@@ -297,7 +296,7 @@ def read_run(run: Path, option: str) -> tuple[dict[str, Any], argparse.Namespace
             f"{option} {str(run)!r}: report.json holds no training configuration; pass the --out directory of "
             "`partition-fx train`"
         )
-    return report, args_from_config(config, f"{option} {str(run)!r}: report.json")
+    return report, read_spec(config, f"{option} {str(run)!r}: report.json")
 
 
 def learned_ranges(run: Path, option: str = "--fix-from") -> dict[str, float]:
@@ -312,20 +311,20 @@ def learned_ranges(run: Path, option: str = "--fix-from") -> dict[str, float]:
     """
     from ..choices import AFFINE_GENERATORS
 
-    report, args = read_run(run, option)
+    report, spec = read_run(run, option)
     if report.get("status") != "completed":
         raise PartitionError(
             f"{option} {str(run)!r}: that run is {report.get('status', 'not completed')}, not completed; its ranges "
             "are not final (resume it with --resume first)"
         )
     ranges = report.get("hyperparameters")
-    if args.augment != "affine" or not isinstance(ranges, dict) or not set(ranges) <= set(AFFINE_GENERATORS):
+    if spec.augment != "affine" or not isinstance(ranges, dict) or not set(ranges) <= set(AFFINE_GENERATORS):
         raise PartitionError(f"{option} {str(run)!r}: that run learned no augmentation ranges (--augment none)")
     return {name: float(value) for name, value in ranges.items()}
 
 
-def training_run(run: Path, option: str, which: str) -> tuple[argparse.Namespace, Path]:
-    """The ``train`` options a training run's configuration reads back as, and its ``which`` checkpoint file:
+def training_run(run: Path, option: str, which: str) -> tuple[JobSpec, Path]:
+    """The job a training run's configuration reads back as, and its ``which`` checkpoint file:
     from a ``partition-fx train`` run (``report.json``, ``checkpoint/WHICH.safetensors``) or a Python run's
     ``checkpoint_dir`` (``run.json``, ``WHICH.safetensors``), refusing a Python run the command cannot rebuild
     with the reason.
@@ -347,21 +346,22 @@ def training_run(run: Path, option: str, which: str) -> tuple[argparse.Namespace
                 f"{option} {str(run)!r}: the command cannot rebuild this Python run ({why or 'no configuration'}); "
                 "export it from Python with export_subnetwork(pmodel) after training.load_checkpoint"
             )
-        return args_from_config(config, f"{option} {str(run)!r}: {RUN_FILE}"), run / f"{which}.safetensors"
+        return read_spec(config, f"{option} {str(run)!r}: {RUN_FILE}"), run / f"{which}.safetensors"
     raise PartitionError(
         f"{option} {str(run)!r} is not a training run: it needs report.json and checkpoint/{which}.safetensors "
         f"(written by `partition-fx train`), or {RUN_FILE} and {which}.safetensors (by fit(..., checkpoint_dir=...))"
     )
 
 
-def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
-    """``--resume RUN``: the run's own configuration (from its report), refusing options that contradict it.
+def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool]:
+    """``--resume RUN``: the run's own job (from its report), refusing options that contradict it, and whether
+    to keep its resume state once it completes (``--keep-resume`` now, or when the run started).
 
     Options left at their defaults take the run's values (``--device`` included: the run's as asked).
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import parse_train
-    >>> resumed_args(parse_train(["--resume", tempfile.mkdtemp()]))
+    >>> resumed_spec(parse_train(["--resume", tempfile.mkdtemp()]))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: --resume '...': no report.json there; pass the --out directory of ...
@@ -371,46 +371,39 @@ def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
         raise PartitionError(
             f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
         )
-    report, saved_args = read_run(run, "--resume")
+    report, spec = read_run(run, "--resume")
     if report.get("status") == "completed":
         raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
     defaults = train_defaults()
     configured = [key for key in defaults if key not in RUN_CONTROL]
     given = {key: getattr(args, key) for key in configured if getattr(args, key) != defaults[key]}
+    saved = {key: spec.value(key) for key in given}
     if args.out != defaults["out"] and args.out != run:
-        given["out"] = args.out
-    saved = {**vars(saved_args), "out": run}
-    conflicts = [key for key, value in given.items() if value != saved.get(key)]
+        given["out"], saved["out"] = args.out, run
+    conflicts = [key for key, value in given.items() if value != saved[key]]
     if conflicts:
-        options = ", ".join(
-            f"--{key.replace('_', '-')} {given[key]} (the run has {saved.get(key)})" for key in conflicts
-        )
+        options = ", ".join(f"--{key.replace('_', '-')} {given[key]} (the run has {saved[key]})" for key in conflicts)
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
-    keep_resume = args.keep_resume or bool(report.get("keep_resume"))  # asked for when the run started, or now
-    controls = {key: getattr(args, key) for key in RUN_CONTROL if key not in ("out", "overwrite")}
-    return argparse.Namespace(**{**saved, **controls, "overwrite": False, "keep_resume": keep_resume})
+    return spec, args.keep_resume or bool(report.get("keep_resume"))  # asked for when the run started, or now
 
 
-def starting_report(
-    args: argparse.Namespace, proportions: tuple[float, ...], data: DatasetSplits, device: str
-) -> dict[str, Any]:
-    """The report a run starts with (``"status": "running"``): its configuration, its data, and where it runs
+def starting_report(spec: JobSpec, data: DatasetSplits, device: str, keep_resume: bool) -> dict[str, Any]:
+    """The report a run starts with (``"status": "running"``): its job, its data, and where it runs
     (``device``: the device ``--device`` resolved to; ``torch``: the version).
 
     >>> from partition_fx.cli.parser import parse_train
     >>> from partition_fx.datasets import digits
-    >>> report = starting_report(parse_train([]), (0.8, 0.1, 0.1), digits(size=8), "cpu")
+    >>> report = starting_report(job_spec(parse_train([])), digits(size=8), "cpu", False)
     >>> report["command"], report["status"], report["config"]["device"], report["device"], report["data"]["train"]
     ('train', 'running', 'auto', 'cpu', 1438)
     """
     import torch
 
-    config = run_config(args, proportions)
     return {
         "command": "train",
         "status": "running",
-        "keep_resume": args.keep_resume,  # not configuration: a resumed run honours it without being asked again
-        "config": config,
+        "keep_resume": keep_resume,  # not configuration: a resumed run honours it without being asked again
+        "config": spec.to_dict(),
         "data": {"name": data.name, "train": len(data.train), "test": len(data.test), "classes": data.num_classes},
         "history": [],
         "torch": torch.__version__,
@@ -418,85 +411,55 @@ def starting_report(
     }
 
 
-# --- a run's configuration and the command line, both ways ---------------------------------------------------------
+# --- a run's job and the command line, both ways ---------------------------------------------------------------
 
 
 RUN_CONTROL = ("command", "out", "overwrite", "quiet", "keep_resume", "resume")
 """``train``'s options that say how to run and where to write, not what is trained: no report records them."""
 
 
-def command_line_keywords() -> list[str]:
-    """The training configuration's keywords that are ``train`` options (all but those the command sets)."""
-    return [f.keyword for f in TrainConfig.fields() if f.option.command_line]
-
-
-def job_keys() -> list[str]:
-    """``train``'s options that are neither the training configuration's nor :data:`RUN_CONTROL`: what the
-    command builds the model, data and augmentation from.
-
-    >>> job_keys()[:4]
-    ['model', 'checkpoint', 'data', 'image_size']
-    """
-    train = set(TrainConfig.keywords())
-    return [key for key in train_defaults() if key not in train and key not in RUN_CONTROL]
-
-
-def train_config(args: argparse.Namespace) -> TrainConfig:
-    """The training configuration ``train``'s options ask for (the recommended one with the options given, and
-    the defaults kept out of checkpoints: the command rebuilds its model to load them); a value it refuses is
-    named by its option.
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """The job ``train``'s options ask for (``args``, parsed): every option but :data:`RUN_CONTROL` is a field of
+    the spec or of its training configuration. A value the spec refuses is named by its option.
 
     >>> from partition_fx.cli.parser import parse_train
-    >>> train_config(parse_train(["--hyper-samples", "4"])).hyper.samples
+    >>> job_spec(parse_train(["--hyper-samples", "4"])).train.hyper.samples
     4
-    >>> train_config(parse_train(["--finetune-steps", "9", "--steps", "9"]))
+    >>> job_spec(parse_train(["--finetune-steps", "9", "--steps", "9"]))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionArgumentError: --finetune-steps must be less than --steps 9 (they are its last ...
     """
-    keywords = {keyword: getattr(args, keyword) for keyword in command_line_keywords()}
+    keywords = {f.keyword: getattr(args, f.keyword) for f in JobSpec.fields() if f.option.command_line}
     try:
-        return TrainConfig.recommended(**keywords, checkpoint_defaults=False)
+        return JobSpec.from_keywords(**keywords)
     except (SettingError, SettingTypeError) as e:
         kind = PartitionTypeError if isinstance(e, SettingTypeError) else PartitionArgumentError
         raise kind(f"{e.field.flag} {e.problem}") from None
 
 
-def run_config(args: argparse.Namespace, proportions: tuple[float, ...]) -> dict[str, Any]:
-    """The ``config`` a report records: the job's options (``proportions`` as resolved, ``device`` as asked)
-    and ``"train"``, the training configuration's ``to_dict()``.
+def read_spec(config: Any, source: str = "the run's config") -> JobSpec:
+    """The job a recorded ``config`` (``JobSpec.to_dict()``) reads back as; a configuration without a key this
+    version records, or with one it does not know, is refused naming ``source``.
 
     >>> from partition_fx.cli.parser import parse_train
-    >>> config = run_config(parse_train(["--steps", "8"]), (0.8, 0.1, 0.1))
-    >>> config["model"], config["train"]["optimization"]["steps"], config["train"]["runtime"]["seed"]
-    ('resnet10t', 8, 0)
+    >>> spec = job_spec(parse_train(["--hyper-lr", "0.1"]))
+    >>> read_spec(spec.to_dict()) == spec
+    True
+    >>> read_spec({**spec.to_dict(), "colour": "red"})
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: the run's config has unknown key(s) colour; it takes model, checkpoint, ...
     """
-    job = {key: getattr(args, key) for key in job_keys()}
-    return {**job, "proportions": list(proportions), "train": train_config(args).to_dict()}
-
-
-def args_from_config(config: dict[str, Any], source: str = "the run's config") -> argparse.Namespace:
-    """The ``train`` options a recorded ``config`` (:func:`run_config`) reads back as, every other option at its
-    default; a configuration without a key this version records, or with one it does not know, is refused.
-
-    >>> from partition_fx.cli.parser import parse_train
-    >>> args = args_from_config(run_config(parse_train(["--hyper-lr", "0.1"]), (0.8, 0.1, 0.1)))
-    >>> args.hyper_lr, args.proportions, args.out
-    (0.1, (0.8, 0.1, 0.1), PosixPath('runs/train'))
-    """
-    keys = job_keys()
-    missing = [f"config.{key}" for key in [*keys, "train"] if key not in config]
-    if missing:
-        raise PartitionError(earlier_version(source, ", ".join(missing)))
-    unknown = sorted(set(config) - {*keys, "train"})
+    known = [*JobSpec.job_fields(), "train"]
+    if not isinstance(config, dict):
+        raise PartitionError(earlier_version(source, "config"))
+    unknown = sorted(set(config) - set(known))
     if unknown:
-        raise PartitionError(f"{source} has unknown key(s) {', '.join(unknown)}; it takes {', '.join(keys)}, train")
+        raise PartitionError(f"{source} has unknown key(s) {', '.join(unknown)}; it takes {', '.join(known)}")
     try:
-        train = TrainConfig.from_dict(config["train"], where=f"{source}: train")
+        return JobSpec.from_dict(config, where=f"{source}: config")
     except MissingSettings as e:
-        raise PartitionError(earlier_version(source, ", ".join(f"config.train.{m}" for m in e.missing))) from None
+        raise PartitionError(earlier_version(source, ", ".join(f"config.{m}" for m in e.missing))) from None
     except PartitionError as e:
-        raise PartitionError(earlier_version(source, f"a training configuration this version reads: {e}")) from None
-    flat = {keyword: train.value(keyword) for keyword in command_line_keywords()}
-    job = {key: config[key] for key in keys}
-    return argparse.Namespace(**{**train_defaults(), **job, **flat, "proportions": tuple(config["proportions"])})
+        raise PartitionError(earlier_version(source, f"a configuration this version reads: {e}")) from None

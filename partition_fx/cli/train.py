@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from safetensors.torch import save_model
 from .._io import remove_directory, replace_file, write_json
 from ..errors import PartitionCheckpointError
 from ..export import export_subnetwork
+from ..job_spec import JobSpec
 from ..training import (
     FitResult,
     PartitionedTrainer,
@@ -46,10 +48,10 @@ from ..training import (
 )
 from ..training.lml import load_for_export
 from .checks import with_fixed_ranges
-from .job import TrainJob, initial_hyperparameters, job_from_args, model_record, resolve_device, write_onnx
+from .job import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
-from .runs import CHECKPOINT_STATES, check_out, prepare_out, read_run, resumed_args, starting_report
+from .runs import CHECKPOINT_STATES, check_out, job_spec, prepare_out, read_run, resumed_spec, starting_report
 
 LML_EXPLAINED = {
     "conditional_lml": "the evidence to compare hyperparameters and models by (nats, higher is better): "
@@ -74,6 +76,19 @@ FILES = {
 }
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``train`` runs its job and where it writes (the options of ``cli.runs.RUN_CONTROL``, which no report
+    records): ``out``, whether to ``overwrite`` it, ``quiet`` (no progress bar), ``keep_resume`` (keep
+    ``checkpoint/resume/`` once the run completes) and ``resume`` (continue the run in ``out``)."""
+
+    out: Path
+    overwrite: bool
+    quiet: bool
+    keep_resume: bool
+    resume: bool
+
+
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
     """The ``train`` command; returns the final report (also written to ``--out/report.json``).
 
@@ -88,33 +103,36 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     >>> report["status"], report["steps"], sorted(p.name for p in out.iterdir())[:2]
     ('completed', 2, ['checkpoint', 'hyperparameters.png'])
     """
-    resume_from = None
     if getattr(args, "resume", None) is not None:
-        args = resumed_args(args)
-        resume_from = args.out / "checkpoint" / "resume"
-    args = with_fixed_ranges(args)  # the report records the values --fix-from read
-    with torchrun_group(resolve_device(args.device)) as rank:
-        return _run(args, resume_from, writes=rank in (None, 0), rank=rank)
+        spec, keep_resume = resumed_spec(args)
+        options = RunOptions(args.resume, overwrite=False, quiet=args.quiet, keep_resume=keep_resume, resume=True)
+    else:
+        spec = job_spec(args)
+        options = RunOptions(args.out, args.overwrite, args.quiet, args.keep_resume, resume=False)
+    spec = with_fixed_ranges(spec)  # the report records the values --fix-from read
+    with torchrun_group(resolve_device(spec.device)) as rank:
+        return _run(spec, options, writes=rank in (None, 0), rank=rank)
 
 
-def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank: int | None) -> dict[str, Any]:
+def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> dict[str, Any]:
     """``run_train`` in one process of the launch: every process trains, the one that ``writes`` writes."""
-    out: Path = args.out
-    inputs = {"--data": args.data, "--checkpoint": args.checkpoint}
+    out = options.out
+    resume_from = out / "checkpoint" / "resume" if options.resume else None
+    inputs = {"--data": spec.data, "--checkpoint": spec.checkpoint}
     if resume_from is None:
-        check_out(out, args.overwrite, inputs)  # now, not after minutes of loading
+        check_out(out, options.overwrite, inputs)  # now, not after minutes of loading
     barrier(rank)  # every process has checked --out before rank 0 empties it
-    job = job_from_args(args)
+    job = build_job(spec)  # the job it trains (a default batch size may fit a small data set)
     if resume_from is None and writes:
-        prepare_out(out, args.overwrite, inputs)
+        prepare_out(out, options.overwrite, inputs)
     elif resume_from is not None and not resume_directory(resume_from).is_dir():  # as the trainer will find it
         raise PartitionCheckpointError(
             f"--resume {str(out)!r}: no checkpoint/resume/ there (the run stopped before its first evaluation, or "
             "completed without --keep-resume); train it again"
         )
     barrier(rank)
-    args = job.args  # the options it trains with (a default batch size may fit a small data set)
-    report = RunReport(out / "report.json", starting_report(args, job.pmodel.proportions, job.data, job.device), writes)
+    starting = starting_report(job.spec, job.data, job.device, options.keep_resume)
+    report = RunReport(out / "report.json", starting, writes)
     fields = report.fields
     fields["processes"] = processes(rank)
     initial = fields["initial_hyperparameters"] = initial_hyperparameters(job.hyper)  # also the plots' iteration 0
@@ -124,7 +142,7 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
         report.carry(read_run(out, "--resume")[0])
     started = time.perf_counter()
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
-        result = _fit(job, out, resume_from, report)
+        result = _fit(job, out, resume_from, report, options.quiet)
         fields.update(_results(job, result))
         best = out / "checkpoint" / "best.safetensors" if writes else None
         fields["highest_lml_state"] = highest_lml_state(job, result, best)
@@ -133,10 +151,10 @@ def _run(args: argparse.Namespace, resume_from: Path | None, writes: bool, rank:
     except BaseException as e:
         report.end(e, seconds=round(time.perf_counter() - started, 1))
         raise
-    kept = {"resume": "checkpoint/resume/"} if args.keep_resume else {}
+    kept = {"resume": "checkpoint/resume/"} if options.keep_resume else {}
     fields.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
     report.save()
-    if writes and not args.keep_resume:  # a completed run cannot be resumed: its optimiser state is dead weight
+    if writes and not options.keep_resume:  # a completed run cannot be resumed: its optimiser state is dead weight
         remove_directory(out / "checkpoint" / "resume")
     barrier(rank)  # the others return once rank 0's files are complete
     return fields
@@ -187,7 +205,7 @@ class RunReport(TrainingHook):
         self.save()
 
 
-def _fit(job: TrainJob, out: Path, resume_from: Path | None, report: RunReport) -> FitResult:
+def _fit(job: TrainJob, out: Path, resume_from: Path | None, report: RunReport, quiet: bool) -> FitResult:
     return fit(
         job.pmodel,
         job.data.train,
@@ -195,7 +213,7 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, report: RunReport) 
         hyper=job.hyper,
         callbacks=[report.after_checkpoint],  # after the trainer's hooks, which write the checkpoint
         checkpoint_dir=out / "checkpoint",
-        progress=None if not job.args.quiet else False,
+        progress=False if quiet else None,
         device=job.device,
         resume=resume_from,
         record_run=False,  # report.json records the run
@@ -237,7 +255,7 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
     """The report's results: the exported final model's test scores and the run's history."""
     exported = export_subnetwork(job.pmodel.cpu()).eval()
     accuracy, loglik = job.test_scores(exported)
-    averaged, averaged_loglik = job.averaged_test_scores(exported, job.args.test_time_samples)
+    averaged, averaged_loglik = job.averaged_test_scores(exported, job.spec.test_time_samples)
     scored = next(r for r in reversed(result.history) if r["lml"] is not None)  # the last LML estimate
     return {
         "test_accuracy": accuracy,

@@ -6,8 +6,9 @@ The command rebuilds a run as ``partition-fx train`` builds one: a model by name
 dataset by name (``datasets.load_dataset``), ``partitionify`` with the run's seed, and an
 ``AffineAugmentation`` or no input transform. Those record how they were built (``build_model`` on the model,
 which ``partitionify`` keeps as ``PartitionedModel.build``; ``load_dataset`` on each split as
-``partition_fx_source``), so a run made of them is written down in the command line's own terms (the
-``config`` of a ``train`` report: the job's options and ``"train"``, the ``TrainConfig``). A run the command
+``partition_fx_source``), so a run made of them is written down in the command line's own terms: a
+:class:`~partition_fx.job_spec.JobSpec`, as the ``config`` of a ``train`` report (every field this run does not
+decide at the command's default). A run the command
 cannot rebuild (another model or dataset, a custom transform, rules of a ``PartitionConfig``) gets
 ``config: null`` and the reason, which ``export`` reports.
 """
@@ -26,6 +27,7 @@ from .._io import write_json
 from .._validation import check_directory, check_flag
 from ..choices import AFFINE_GENERATORS
 from ..errors import PartitionArgumentError
+from ..job_spec import JobSpec
 from ..partitioned_model import PartitionedModel
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
@@ -74,27 +76,23 @@ def _command_config(
             f"partitionify's seed ({pmodel.seed}) is not fit's ({config.runtime.seed}), and the command seeds both "
             "with one --seed"
         )
-    return {
-        "recipe": None,  # a Python run's options are its own
-        "model": model["name"],
-        "checkpoint": None,  # the run's checkpoint replaces every weight (its defaults too, unless left out)
-        "data": data["data"],
-        "image_size": data["image_size"],
-        "channels": data["channels"],
-        "augment": "affine" if hyper is not None else "none",
-        "samples": hyper.num_samples if hyper is not None else 1,
-        "fix": hyper.hyperparameters() if fixed else None,
-        "fix_from": None,
-        "init": None,  # where learned ranges started does not change the trained checkpoint it rebuilds
-        "test_time_samples": 0,  # fit reports no test-time averaged scores
-        "partitions": pmodel.num_partitions,
-        "proportions": list(pmodel.proportions),
-        "scheme": pmodel.scheme,
-        "default": pmodel.default,
-        "assignments": pmodel.assignments,
-        "device": "auto",
-        "train": config.to_dict(),
-    }
+    return JobSpec(
+        model=model["name"],
+        checkpoint=None,  # the run's checkpoint replaces every weight (its defaults too, unless left out)
+        data=data["data"],
+        image_size=data["image_size"],
+        channels=data["channels"],
+        partitions=pmodel.num_partitions,
+        proportions=pmodel.proportions,
+        scheme=pmodel.scheme,
+        default=pmodel.default,
+        assignments=pmodel.assignments,
+        augment="affine" if hyper is not None else "none",
+        samples=hyper.num_samples if hyper is not None else 1,
+        test_time_samples=0,  # fit reports no test-time averaged scores
+        fix=hyper.hyperparameters() if fixed else None,  # where learned ranges started (init) does not matter
+        train=config,
+    ).to_dict()
 
 
 def _as_the_command_builds(hyper: AffineAugmentation) -> bool:
