@@ -9,9 +9,11 @@ digests, stdout, directory listings) is equal, with wall-clock and version field
 directory written ``<tmp>``. The resume jobs resume from the stored ``resume/`` directory (written by a run stopped
 early) and must finish equal to the stored uninterrupted run. A failure names the job and the first difference.
 
-The files were generated at commit e0df00f. A later change that alters a trajectory or an output on purpose
-regenerates them with ``python -m tests.golden.generate`` (from the repository root; ``--jobs NAME ...`` for some)
-and says in its commit message why they changed. Results are bit-exact only for one build of torch on one kind of
+The files were generated at commit e0df00f; ``cli_train_export``'s record again when hooks got state of their
+own (its report's history no longer carries ``partitioned_test_accuracy``; every tensor and other value
+unchanged). A later change that alters a trajectory or an output on purpose regenerates them with
+``python -m tests.golden.generate`` (from the repository root; ``--jobs NAME ...`` for some) and says in its
+commit message why they changed. Results are bit-exact only for one build of torch on one kind of
 CPU: where ``data/environment.json`` names another (torch, CPU capability, numpy, onnx, ...), the test skips.
 """
 

@@ -13,7 +13,7 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.train_config import TrainConfig
-from partition_fx.training import PartitionCheckpointError, fit
+from partition_fx.training import PartitionCheckpointError, TrainingHook, fit
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -71,6 +71,37 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, every_pa
     assert _without_seconds(resumed.history) == _without_seconds(expected.history)
     for (name, a), (_, b) in zip(reference.state_dict().items(), resumed_model.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+class _LossSum(TrainingHook):
+    """A hook with state of its own: the sum of the training losses of the evaluations it has seen."""
+
+    def __init__(self) -> None:
+        self.total, self.seen = 0.0, []
+
+    def after_evaluation(self, trainer, record, improved) -> None:
+        self.total += record["train_loss"]
+        self.seen.append(record["step"])
+
+    def state_dict(self) -> dict:
+        return {"total": self.total} if self.seen else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total = state["total"]
+
+
+def test_a_hook_s_own_state_survives_a_resume_and_two_hooks_may_not_share_a_state_key(tmp_path):
+    uninterrupted = _LossSum()
+    _fit(_pmodel(), 8, hooks=[uninterrupted])
+    stop_at_4 = lambda trainer, record: record["step"] == 4  # noqa: E731
+    _fit(_pmodel(), 8, checkpoint_dir=tmp_path, callbacks=[stop_at_4], hooks=[_LossSum()])
+    state = json.loads((tmp_path / "resume" / "state.json").read_text())
+    assert list(state["hooks"]) == ["_LossSum"] and state["hooks"]["_LossSum"]["total"] > 0
+    resumed = _LossSum()
+    _fit(_pmodel(), 8, resume=tmp_path / "resume", hooks=[resumed])
+    assert resumed.seen == [6, 8] and resumed.total == uninterrupted.total  # the evaluations at 2 and 4 carried over
+    with pytest.raises(PartitionArgumentError, match="two hooks hold state under the state_key '_LossSum'"):
+        _fit(_pmodel(), 2, checkpoint_dir=tmp_path / "two", hooks=[_LossSum(), _LossSum()])
 
 
 def test_resume_refuses_another_configuration_naming_the_difference(tmp_path):

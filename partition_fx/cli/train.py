@@ -142,8 +142,9 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
         report.carry(read_run(out, "--resume")[0])
     started = time.perf_counter()
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
-        result = _fit(job, out, resume_from, report, options.quiet)
-        fields.update(_results(job, result))
+        partitioned = PartitionedAccuracy(job)
+        result = _fit(job, out, resume_from, (partitioned, report), options.quiet)
+        fields.update(_results(job, result, partitioned))
         best = out / "checkpoint" / "best.safetensors" if writes else None
         fields["highest_lml_state"] = highest_lml_state(job, result, best)
         if writes:
@@ -205,7 +206,10 @@ class RunReport(TrainingHook):
         self.save()
 
 
-def _fit(job: TrainJob, out: Path, resume_from: Path | None, report: RunReport, quiet: bool) -> FitResult:
+def _fit(
+    job: TrainJob, out: Path, resume_from: Path | None, hooks: tuple[PartitionedAccuracy, RunReport], quiet: bool
+) -> FitResult:
+    report = hooks[1]
     return fit(
         job.pmodel,
         job.data.train,
@@ -217,42 +221,35 @@ def _fit(job: TrainJob, out: Path, resume_from: Path | None, report: RunReport, 
         device=job.device,
         resume=resume_from,
         record_run=False,  # report.json records the run
-        hooks=[PartitionedAccuracy(job), report],
+        hooks=hooks,
     )
 
 
 class PartitionedAccuracy(TrainingHook):
-    """When fine-tuning begins, the test accuracy of the partitioned model's final subnetwork as it stands (its
-    BatchNorm statistics recalibrated on a copy, as at the end of a run), kept in the last partitioned
-    evaluation's record as ``partitioned_test_accuracy``: it reaches the resume state with the run's next
-    checkpoint, and a run resumed from before that repeats this hook for the same weights."""
+    """When fine-tuning begins, the test :attr:`accuracy` of the partitioned model's final subnetwork as it stands
+    (its BatchNorm statistics recalibrated on a copy, as at the end of a run). It is the hook's state, so it
+    reaches the resume directory with the run's next checkpoint; a run resumed from before that repeats this
+    hook for the same weights."""
 
     def __init__(self, job: TrainJob) -> None:
         self.job = job
+        self.accuracy: float | None = None
 
     def before_finetuning(self, trainer: PartitionedTrainer) -> None:
         pmodel = copy.deepcopy(trainer.pmodel)
         recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device)
-        accuracy, _ = self.job.test_scores(export_subnetwork(pmodel.cpu()).eval())
-        trainer.history[-1]["partitioned_test_accuracy"] = accuracy
+        self.accuracy, _ = self.job.test_scores(export_subnetwork(pmodel.cpu()).eval())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.accuracy is None else {"accuracy": self.accuracy}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.accuracy = state["accuracy"]
 
 
-def partitioned_test_accuracy(history: list[dict[str, Any]], test_accuracy: float) -> float | None:
-    """The final subnetwork's test accuracy before fine-tuning: from the history, or ``test_accuracy`` when the run
-    did not fine-tune (the exported model is then the partitioned one).
-
-    >>> partitioned_test_accuracy([{"phase": "partitioned"}], 0.9)
-    0.9
-    >>> partitioned_test_accuracy([{"partitioned_test_accuracy": 0.8}, {"phase": "finetune"}], 0.9)
-    0.8
-    """
-    if not any(r.get("phase") == "finetune" for r in history):
-        return test_accuracy
-    return next((r["partitioned_test_accuracy"] for r in history if "partitioned_test_accuracy" in r), None)
-
-
-def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
-    """The report's results: the exported final model's test scores and the run's history."""
+def _results(job: TrainJob, result: FitResult, partitioned: PartitionedAccuracy) -> dict[str, Any]:
+    """The report's results: the exported final model's test scores (and, from ``partitioned``, its final
+    subnetwork's before fine-tuning: the same model when the run did not fine-tune) and the run's history."""
     exported = export_subnetwork(job.pmodel.cpu()).eval()
     accuracy, loglik = job.test_scores(exported)
     averaged, averaged_loglik = job.averaged_test_scores(exported, job.spec.test_time_samples)
@@ -262,7 +259,7 @@ def _results(job: TrainJob, result: FitResult) -> dict[str, Any]:
         "test_log_likelihood": loglik,
         "averaged_test_accuracy": averaged,
         "averaged_test_log_likelihood": averaged_loglik,
-        "partitioned_test_accuracy": partitioned_test_accuracy(result.history, accuracy),
+        "partitioned_test_accuracy": accuracy if result.finetune_start is None else partitioned.accuracy,
         "finetune_start": result.finetune_start,
         "conditional_lml": scored["conditional_lml"],
         "conditional_lml_per_example": scored["conditional_lml_per_example"],

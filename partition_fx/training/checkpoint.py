@@ -18,7 +18,8 @@ run bit for bit (its ``state_dict()``), in two files:
   best evaluation so far (``best/...``) and every random generator (``rng/torch``, ``rng/cuda/<i>``,
   ``rng/sampler``, ``rng/lml``);
 * ``state.json``: the step, the LML history, the best step, the optimisers' param groups and non-tensor
-  state, the LR scheduler's state, and a fingerprint of the configuration.
+  state, the LR scheduler's state, a fingerprint of the configuration, and ``hooks``: the states of the run's
+  hooks that hold one (``TrainingHook.state_dict``), by ``state_key`` (absent when none does).
 
 The hook that writes both during a run is ``training.trainer.CheckpointWriter``.
 """
@@ -344,6 +345,8 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
         "grad_scaler": state["grad_scaler"],
         "fingerprint": state["fingerprint"],
     }
+    if state["hooks"]:  # only when a hook holds state: the states of runs whose hooks hold none stay as they were
+        plain["hooks"] = state["hooks"]
     try:
         text = json.dumps(plain, indent=1)
     except TypeError as e:
@@ -412,6 +415,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
             **{key: plain[key] for key in ("scheduler", "hyper_scheduler", "finetune_start")},
             "grad_scaler": plain["grad_scaler"],  # fp16 runs' loss scale
+            "hooks": plain.get("hooks", {}),  # absent: no hook held state when it was saved
             "rng": {
                 "torch": tensors["rng/torch"],
                 "cuda": [cuda[str(i)] for i in range(len(cuda))],

@@ -226,16 +226,38 @@ Callback = Callable[["PartitionedTrainer", dict[str, Any]], "bool | None"]
 class TrainingHook:
     """Override any method; the trainer calls them in the order the hooks were added to ``trainer.hooks``.
 
+    A hook that holds state a resumed run needs keeps it itself: :meth:`state_dict` goes into the run's resume
+    directory with the trainer's own state, under the hook's :attr:`state_key`, and :meth:`load_state_dict`
+    gets it back when the run resumes, before :meth:`before_run`.
+
     Example::
 
         >>> class Count(TrainingHook):
-        ...     evaluations = 0
+        ...     def __init__(self):
+        ...         self.evaluations = 0
         ...     def after_evaluation(self, trainer, record, improved):
         ...         self.evaluations += 1
+        ...     def state_dict(self):
+        ...         return {"evaluations": self.evaluations}
+        ...     def load_state_dict(self, state):
+        ...         self.evaluations = state["evaluations"]
         >>> Count().before_run(None); Count().after_run(None, None)  # the other methods do nothing
-        >>> Count().should_stop(None, {})
-        False
+        >>> Count().should_stop(None, {}), Count().state_key
+        (False, 'Count')
     """
+
+    @property
+    def state_key(self) -> str:
+        """The name the hook's state is saved under: its class's name (override it to give two hooks of one
+        class that both hold state their own)."""
+        return type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs of this hook, as JSON-ready values; ``{}`` (the default): nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, when a run resumes from a state saved with it."""
 
     def before_run(self, trainer: PartitionedTrainer) -> None:
         """When the training loop starts, after a resumed run's state was loaded: from here on the run is under
@@ -793,7 +815,23 @@ class PartitionedTrainer:
                 "lml": self.evaluator.generator.get_state(),
             },
             "fingerprint": self.fingerprint(),
+            "hooks": self._hook_states(),
         }
+
+    def _hook_states(self) -> dict[str, dict[str, Any]]:
+        """The states of the hooks that hold one, by :attr:`TrainingHook.state_key`."""
+        states: dict[str, dict[str, Any]] = {}
+        for hook in self.hooks:
+            state = hook.state_dict()
+            if not state:
+                continue
+            if hook.state_key in states:
+                raise PartitionArgumentError(
+                    f"two hooks hold state under the state_key {hook.state_key!r}; give each its own (override "
+                    "TrainingHook.state_key)"
+                )
+            states[hook.state_key] = state
+        return states
 
     def load_state_dict(self, state: dict[str, Any], *, source: str = "the state") -> None:
         """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
@@ -813,6 +851,10 @@ class PartitionedTrainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.sampler.load_state_dict(state["rng"]["sampler"])
         self.evaluator.generator.set_state(state["rng"]["lml"])
+        saved = state.get("hooks", {})  # a state saved while no hook held any has none
+        for hook in self.hooks:
+            if hook.state_key in saved:
+                hook.load_state_dict(saved[hook.state_key])
         self.inputs.stop()  # the sampler and step are the loaded ones: read ahead from there
 
     def save_checkpoint(
