@@ -26,4 +26,19 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 """``torch.compile``'s modes, which ``compile=`` and ``--compile`` also take (True: ``"default"``)."""
 
 AFFINE_GENERATORS = ("translation_x", "translation_y", "rotation", "scale_x", "scale_y", "shear")
-"""The ranges of ``transforms.AffineAugmentation`` (its generators), by name: what ``--fix NAME=VALUE`` names."""
+"""The ranges of ``transforms.AffineAugmentation`` (its default generators), by name: what ``--fix NAME=VALUE``
+names."""
+
+AUGERINO_GENERATORS = ("translation_x", "translation_y", "rotation", "scale", "stretch", "shear")
+"""Augerino's generators (Benton et al. 2020): an isotropic ``scale`` and an aspect-ratio ``stretch`` instead of
+independent x and y zooms, so that a range of sizes can be learned without stretching every draw."""
+
+GENERATOR_SETS = {"xy": AFFINE_GENERATORS, "augerino": AUGERINO_GENERATORS}
+"""The named generator sets ``AffineAugmentation(generators=NAME)`` and ``--generators`` take."""
+
+RANGE_NAMES = tuple(dict.fromkeys(AFFINE_GENERATORS + AUGERINO_GENERATORS))
+"""Every range an ``AffineAugmentation`` may have, by name (``transforms.affine.GENERATORS``)."""
+
+AUGMENTATION_DRAWS = ("uniform", "stratified")
+"""How ``AffineAugmentation`` draws its S samples' coefficients: independently uniform, or stratified (each
+generator's S coefficients of an example fall one in each of S equal strata of [-1, 1]: a Latin hypercube)."""

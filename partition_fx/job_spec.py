@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import AFFINE_GENERATORS, ASSIGNMENTS, DEFAULTS
+from .choices import ASSIGNMENTS, AUGMENTATION_DRAWS, DEFAULTS, GENERATOR_SETS, RANGE_NAMES
 from .datasets.registry import dataset_names
 from .errors import PartitionArgumentError, PartitionTypeError
 from .kinds import partition_kinds
@@ -84,13 +84,13 @@ def _shares(name: str, value: Any) -> tuple[float, ...]:
 
 
 def _ranges(name: str, value: Any) -> dict[str, float]:
-    """Affine augmentation ranges by name (``choices.AFFINE_GENERATORS``), each a finite half-width >= 0."""
+    """Affine augmentation ranges by name (``choices.RANGE_NAMES``), each a finite half-width >= 0."""
     if not isinstance(value, dict):
         raise PartitionTypeError(f"{name} must be a dict of ranges by name, got {value!r}")
-    unknown = sorted(set(value) - set(AFFINE_GENERATORS))
+    unknown = sorted(set(value) - set(RANGE_NAMES))
     if unknown:
         raise PartitionArgumentError(
-            f"{name} has unknown range(s) {', '.join(unknown)}; the ranges are {', '.join(AFFINE_GENERATORS)}"
+            f"{name} has unknown range(s) {', '.join(unknown)}; the ranges are {', '.join(RANGE_NAMES)}"
         )
     for key, number in value.items():
         if isinstance(number, bool) or not isinstance(number, numbers.Real) or not 0 <= number < math.inf:
@@ -199,6 +199,20 @@ class JobSpec(Settings):
     )  # its choices and their options are the command line's (cli.recipes), which expands them before parsing
     augment: str = setting(
         "affine", "learn the ranges of an affine augmentation, or learn nothing", choices=AUGMENTATIONS
+    )
+    generators: str = setting(
+        "xy",
+        "the affine augmentation's ranges: xy = translation_x/y, rotation, scale_x, scale_y, shear; augerino = "
+        "translation_x/y, rotation, scale (both axes alike), stretch (the aspect ratio), shear",
+        choices=tuple(GENERATOR_SETS),
+        absent_means="xy",  # reports written before it existed all had these
+    )
+    draws: str = setting(
+        "uniform",
+        "how each example's augmentation samples are drawn: uniform (independently), or stratified (each range's "
+        "S samples one in each of S equal strata, a Latin hypercube: the same distribution, less variance)",
+        choices=AUGMENTATION_DRAWS,
+        absent_means="uniform",
     )
     samples: int = setting(4, "augmentation samples per example", minimum=1, metavar="S")
     test_time_samples: int = setting(

@@ -31,6 +31,9 @@ from .errors import PartitionArgumentError, PartitionTypeError
 
 S = TypeVar("S", bound="Settings")
 
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
+"""``Option.absent_means`` of a field every written configuration holds: one without it is refused."""
+
 
 @dataclass(frozen=True)
 class Option:
@@ -50,6 +53,7 @@ class Option:
     bool_values: tuple[Any, Any] | None = None
     maximum: float | None = None
     validator: Callable[[str, Any], Any] | None = None
+    absent_means: Any = REQUIRED
 
 
 def setting(default: Any, help: str, **option: Any) -> Any:
@@ -61,7 +65,9 @@ def setting(default: Any, help: str, **option: Any) -> Any:
     option, for an optional one such as ``--compile``; ``maximum``: the largest value, for an int or a float
     (floats then lie in [0, maximum], or (0, maximum] with ``positive``); ``validator``: a check in
     ``_validation``'s form, ``validator(name, value)`` returning the value as stored, run instead of the checks
-    of the field's type, for a value the other options cannot describe, such as proportions summing to 1).
+    of the field's type, for a value the other options cannot describe, such as proportions summing to 1;
+    ``absent_means``: for a field added after configurations were written without it, the value such a
+    configuration had, which ``from_dict`` reads a missing key as; every other missing key is refused).
 
     >>> @dataclass(frozen=True)
     ... class Loop(Settings):
@@ -169,21 +175,25 @@ class Settings:
         """The configuration ``to_dict`` wrote, exactly: an unknown key is refused with the known ones listed,
         and a missing one (:class:`MissingSettings`, naming every missing path) is never defaulted, so a
         configuration written by another version is not silently read as this one's defaults (build a
-        partial configuration with ``replace`` or the named constructors instead)."""
+        partial configuration with ``replace`` or the named constructors instead). The one exception is a field
+        declared with ``absent_means``: added later, its absence has one meaning, the value it stands for."""
         name = where or cls.__name__
         if not isinstance(values, dict):
             raise PartitionTypeError(f"{name} must be a dict, got {type(values).__name__}")
         unknown = _first_unknown(cls, values, name)  # at any depth, before anything is reported missing
         if unknown is not None:
             raise PartitionArgumentError(unknown)
-        missing = [".".join(f.path) for f in cls.fields() if not _has(values, f.path)]
+        missing = [
+            ".".join(f.path) for f in cls.fields() if not _has(values, f.path) and f.option.absent_means is REQUIRED
+        ]
         if missing:
             raise MissingSettings(name, missing)
         sections = cls.sections()
-        kwargs = {
-            key: sections[key].from_dict(value, where=f"{name}.{key}") if key in sections else value
+        kwargs = {f.path[-1]: f.option.absent_means for f in cls.fields(recurse=False) if f.path[-1] not in values}
+        kwargs.update(
+            (key, sections[key].from_dict(value, where=f"{name}.{key}") if key in sections else value)
             for key, value in values.items()
-        }
+        )
         return cls(**kwargs)
 
     @classmethod

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from partition_fx import partitionify
-from partition_fx.choices import AFFINE_GENERATORS
+from partition_fx.choices import AFFINE_GENERATORS, GENERATOR_SETS, RANGE_NAMES
 from partition_fx.cli import main
 from partition_fx.datasets import load_dataset
 from partition_fx.models import build_model
@@ -41,7 +41,9 @@ def _report(run) -> dict:
 
 
 def test_the_command_line_names_the_ranges_the_augmentation_has() -> None:
-    assert tuple(GENERATORS) == AFFINE_GENERATORS == AffineAugmentation().generators
+    assert tuple(GENERATORS) == RANGE_NAMES and AffineAugmentation().generators == AFFINE_GENERATORS
+    for name, generators in GENERATOR_SETS.items():
+        assert AffineAugmentation(generators=name).generators == generators and set(generators) <= set(RANGE_NAMES)
 
 
 def test_fix_trains_with_the_values_given_and_learns_nothing(tmp_path) -> None:
@@ -133,7 +135,7 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
     expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5, "shear": 0.25}
     assert job.hyper.hyperparameters() == expected and job.hyper.ranges.requires_grad  # learned from there
     assert train_job(TINY).hyper.hyperparameters() == dict.fromkeys(AFFINE_GENERATORS, 0.0)  # the paper's start
-    bounds = {name: _float32(value) for name, value in DEFAULT_MAX_RANGE.items()}
+    bounds = {name: _float32(DEFAULT_MAX_RANGE[name]) for name in AFFINE_GENERATORS}
     assert train_job([*TINY, "--init", "bounds"]).hyper.hyperparameters() == bounds
     run = tmp_path / "run"
     assert main(["train", *TINY, "--steps", "2", "--init", "rotation=1.5", "--out", str(run)]) == 0
@@ -142,3 +144,33 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
     assert report["initial_hyperparameters"] == {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5}
     assert report["hyperparameters"]["rotation"] != _float32(1.5)  # learned: it moved from its start
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+
+
+def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_path) -> None:
+    from partition_fx.cli.job import train_job
+
+    job = train_job([*TINY, "--generators", "augerino", "--draws", "stratified", "--init", "scale=0.3"])
+    assert job.hyper.generators == GENERATOR_SETS["augerino"] and job.hyper.draws == "stratified"
+    assert job.hyper.hyperparameters()["scale"] == _float32(0.3)
+    with pytest.raises(Exception, match=r"--init names scale, which --generators xy does not have .* augerino"):
+        train_job([*TINY, "--init", "scale=0.3"])
+    run = tmp_path / "fixed"
+    argv = ["--partitions", "1", "--generators", "augerino", "--fix", "stretch=0.2", "--out", str(run)]
+    assert main(["train", *TINY, *argv]) == 0
+    report = _report(run)
+    assert report["config"]["generators"] == "augerino" and report["config"]["draws"] == "uniform"
+    assert report["hyperparameters"] == dict.fromkeys(GENERATOR_SETS["augerino"], 0.0) | {"stretch": _float32(0.2)}
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+
+
+def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_set_drawn_uniformly() -> None:
+    from partition_fx.cli.parser import parse_train
+    from partition_fx.cli.runs import job_spec, read_spec
+
+    config = job_spec(parse_train([])).to_dict()
+    older = {key: value for key, value in config.items() if key not in ("generators", "draws")}
+    spec = read_spec(older)
+    assert (spec.generators, spec.draws) == ("xy", "uniform") and spec.to_dict() == config
+    without_steps = {**config, "train": {**config["train"], "optimization": {}}}
+    with pytest.raises(Exception, match="earlier development version"):  # any other missing key is still refused
+        read_spec(without_steps)

@@ -12,9 +12,9 @@ from torch import nn
 
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout, HyperparameterModule, InputMask
-from partition_fx.transforms.affine import DEFAULT_MAX_RANGE, GENERATORS
+from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
-ALL = tuple(GENERATORS)
+ALL = AffineAugmentation().generators  # the default set (choices.GENERATOR_SETS["xy"])
 FAST = settings(max_examples=15, deadline=None)
 
 
@@ -79,19 +79,60 @@ def test_rotation_matrix_is_the_explicit_rotation(theta) -> None:
     torch.testing.assert_close(matrix.detach(), expected, atol=2e-5, rtol=0)
 
 
-def test_other_generator_matrices() -> None:
+@pytest.mark.parametrize("generators", ["xy", "augerino"])
+def test_other_generator_matrices(generators) -> None:
     r = 0.4
-    aug = AffineAugmentation(init=r)
+    aug = AffineAugmentation(init=r, generators=generators)
     expected = {
         "translation_x": [[1, 0, r], [0, 1, 0]],
         "translation_y": [[1, 0, 0], [0, 1, r]],
         "scale_x": [[math.exp(r), 0, 0], [0, 1, 0]],
         "scale_y": [[1, 0, 0], [0, math.exp(r), 0]],
         "shear": [[math.cosh(r), math.sinh(r), 0], [math.sinh(r), math.cosh(r), 0]],
+        "scale": [[math.exp(r), 0, 0], [0, math.exp(r), 0]],  # both axes alike
+        "stretch": [[math.exp(r), 0, 0], [0, math.exp(-r), 0]],  # the aspect ratio alone: the area is kept
+        "rotation": [[math.cos(r), -math.sin(r), 0], [math.sin(r), math.cos(r), 0]],
     }
-    for name, matrix in expected.items():
-        eps = torch.tensor([1.0 if g == name else 0.0 for g in ALL])
-        torch.testing.assert_close(aug.transform_matrices(eps).detach(), torch.tensor(matrix), atol=2e-5, rtol=0)
+    assert set(aug.generators) <= set(expected)
+    for name in aug.generators:
+        eps = torch.tensor([1.0 if g == name else 0.0 for g in aug.generators])
+        matrix = torch.tensor(expected[name], dtype=torch.float32)
+        torch.testing.assert_close(aug.transform_matrices(eps).detach(), matrix, atol=2e-5, rtol=0)
+
+
+def test_augerino_s_scale_and_stretch_span_the_independent_zooms_with_the_aspect_ratio_apart() -> None:
+    """exp(a scale + b stretch) = exp((a + b) scale_x + (a - b) scale_y): the same maps, other coordinates."""
+    a, b = 0.3, -0.2
+    augerino = AffineAugmentation(generators=["scale", "stretch"], init={"scale": a, "stretch": b})
+    xy = AffineAugmentation(generators=["scale_x", "scale_y"], init={"scale_x": a + b, "scale_y": a - b})
+    ones = torch.ones(2)
+    torch.testing.assert_close(augerino.transform_matrices(ones), xy.transform_matrices(ones), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("samples", [1, 3, 8])
+def test_stratified_draws_put_one_coefficient_in_each_stratum_and_are_uniform(samples) -> None:
+    torch.manual_seed(0)
+    aug = AffineAugmentation(num_samples=samples, generators="augerino", draws="stratified")
+    eps = aug.draw(samples, 500, torch.zeros(1))
+    assert eps.shape == (samples, 500, 6) and bool(((eps >= -1) & (eps < 1)).all())
+    strata = ((eps + 1) / 2 * samples).floor().long()  # which of the S equal strata of [-1, 1]
+    assert torch.equal(strata.sort(dim=0).values, torch.arange(samples).view(-1, 1, 1).expand_as(strata))
+    # each coefficient alone is U[-1, 1]: deciles of the 500 * 6 * S values within sampling error
+    deciles = torch.histc(eps.flatten(), bins=10, min=-1, max=1) / eps.numel()
+    assert bool(((deciles - 0.1).abs() < 0.02).all()), deciles
+    # the order of the strata is random: over examples, each sample index falls in every stratum
+    assert samples == 1 or len(set(strata[0, :, 0].tolist())) == samples
+
+
+def test_stratified_samples_average_closer_to_the_expectation_than_uniform_ones() -> None:
+    """The mean over S samples of a smooth function of eps: Latin hypercube draws vary less than independent
+    ones (the variance reduction the hyperparameter step uses them for)."""
+    torch.manual_seed(0)
+    spreads = {}
+    for draws in ("uniform", "stratified"):
+        eps = AffineAugmentation(num_samples=8, generators=["rotation"], draws=draws).draw(8, 2000, torch.zeros(1))
+        spreads[draws] = float(torch.cos(eps * 2).mean(0).std())
+    assert spreads["stratified"] < spreads["uniform"] / 4, spreads
 
 
 @pytest.mark.parametrize("k", [1, -1, 2])
@@ -117,7 +158,7 @@ def test_gradient_reaches_every_range(init) -> None:
 
 
 def test_affine_init_from_learned_ranges_at_their_bounds() -> None:
-    learned = AffineAugmentation(num_samples=1, init=10.0, max_range={name: 1e3 for name in GENERATORS})
+    learned = AffineAugmentation(num_samples=1, init=10.0, max_range={name: 1e3 for name in ALL})
     clamped = AffineAugmentation(num_samples=1)
     with torch.no_grad():
         clamped.ranges.copy_(learned.ranges)

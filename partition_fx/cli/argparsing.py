@@ -166,7 +166,7 @@ def range_start(text: str) -> dict[str, float] | str:
 
 def range_values(text: str) -> dict[str, float]:
     """A ``type=`` for ``--fix``: comma-separated ``NAME=VALUE`` pairs, each an affine augmentation range
-    (``choices.AFFINE_GENERATORS``) and a finite half-width >= 0, each name once.
+    (``choices.RANGE_NAMES``) and a finite half-width >= 0, each name once.
 
     >>> range_values("rotation=3.1416,translation_x=0.1")
     {'rotation': 3.1416, 'translation_x': 0.1}
@@ -175,7 +175,7 @@ def range_values(text: str) -> dict[str, float]:
     ...
     argparse.ArgumentTypeError: unknown range 'rotaton' (did you mean rotation?); the ranges are translation_x, ...
     """
-    from ..choices import AFFINE_GENERATORS
+    from ..choices import RANGE_NAMES
 
     values: dict[str, float] = {}
     for pair in text.split(","):
@@ -183,12 +183,12 @@ def range_values(text: str) -> dict[str, float]:
         name = name.strip()
         if not equals:
             raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs separated by commas, got {pair!r}")
-        if name not in AFFINE_GENERATORS:
-            close = difflib.get_close_matches(name, AFFINE_GENERATORS, n=1)
+        if name not in RANGE_NAMES:
+            close = difflib.get_close_matches(name, RANGE_NAMES, n=1)
             raise argparse.ArgumentTypeError(
                 f"unknown range {name!r}"
                 + (f" (did you mean {close[0]}?)" if close else "")
-                + f"; the ranges are {', '.join(AFFINE_GENERATORS)}"
+                + f"; the ranges are {', '.join(RANGE_NAMES)}"
             )
         if name in values:
             raise argparse.ArgumentTypeError(f"{name} is given twice; give each range once")

@@ -67,6 +67,8 @@ def check_job(spec: JobSpec) -> None:
     if fixed is not None and spec.augment != "affine":
         option = "--fix" if spec.fix is not None else "--fix-from"
         raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {spec.augment}")
+    if spec.augment == "affine":
+        _check_range_names(spec, fixed)
     if spec.init is not None:
         _check_init(spec)
     if spec.augment == "affine" and fixed is None and spec.partitions < 2:
@@ -98,6 +100,22 @@ def check_job(spec: JobSpec) -> None:
             + "; pass one of those or an image folder laid out as FOLDER/<class>/<image> "
             "or FOLDER/{train,test}/<class>/<image>"
         )
+
+
+def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
+    """``--fix``/``--fix-from``/``--init``: only ranges the augmentation's ``--generators`` has."""
+    from ..choices import GENERATOR_SETS
+
+    has = GENERATOR_SETS[spec.generators]
+    started = dict(spec.init) if spec.init is not None and spec.init != "bounds" else {}
+    for option, ranges in (("--fix" if spec.fix is not None else "--fix-from", fixed or {}), ("--init", started)):
+        others = [name for name in ranges if name not in has]
+        if others:
+            fits = next((name for name, names in GENERATOR_SETS.items() if set(ranges) <= set(names)), None)
+            raise PartitionArgumentError(
+                f"{option} names {', '.join(others)}, which --generators {spec.generators} does not have (it has "
+                f"{', '.join(has)}); " + (f"pass --generators {fits}" if fits else f"name only {', '.join(has)}")
+            )
 
 
 def _check_init(spec: JobSpec) -> None:

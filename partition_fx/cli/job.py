@@ -228,9 +228,10 @@ def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
     """
     if spec.augment != "affine":
         return None
+    options = {"num_samples": spec.samples, "generators": spec.generators, "draws": spec.draws}
     if spec.fix is None:
-        return AffineAugmentation(num_samples=spec.samples, init=spec.init if spec.init is not None else 0.0)
-    return AffineAugmentation.fixed(spec.fix, num_samples=spec.samples)
+        return AffineAugmentation(init=spec.init if spec.init is not None else 0.0, **options)
+    return AffineAugmentation.fixed(spec.fix, **options)
 
 
 def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:

@@ -115,7 +115,16 @@ JOB_GROUPS = {
     "data": ("data", "image_size", "channels"),
     "partitioning": ("partitions", "proportions", "scheme", "default", "assignments"),
     "recipe": ("recipe",),
-    "learned hyperparameters": ("augment", "samples", "test_time_samples", "fix", "init", "fix_from"),
+    "learned hyperparameters": (
+        "augment",
+        "generators",
+        "draws",
+        "samples",
+        "test_time_samples",
+        "fix",
+        "init",
+        "fix_from",
+    ),
     "running": ("device",),
 }
 """The option group of each field of ``JobSpec`` in ``train``'s help (each group in the fields' order)."""

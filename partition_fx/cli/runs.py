@@ -309,7 +309,7 @@ def learned_ranges(run: Path, option: str = "--fix-from") -> dict[str, float]:
     ...
     partition_fx.errors.PartitionError: --fix-from '...': report.json cannot be read (...)
     """
-    from ..choices import AFFINE_GENERATORS
+    from ..choices import RANGE_NAMES
 
     report, spec = read_run(run, option)
     if report.get("status") != "completed":
@@ -318,7 +318,7 @@ def learned_ranges(run: Path, option: str = "--fix-from") -> dict[str, float]:
             "are not final (resume it with --resume first)"
         )
     ranges = report.get("hyperparameters")
-    if spec.augment != "affine" or not isinstance(ranges, dict) or not set(ranges) <= set(AFFINE_GENERATORS):
+    if spec.augment != "affine" or not isinstance(ranges, dict) or not set(ranges) <= set(RANGE_NAMES):
         raise PartitionError(f"{option} {str(run)!r}: that run learned no augmentation ranges (--augment none)")
     return {name: float(value) for name, value in ranges.items()}
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from .._io import write_json
 from .._validation import check_directory, check_flag
-from ..choices import AFFINE_GENERATORS
+from ..choices import GENERATOR_SETS
 from ..errors import PartitionArgumentError
 from ..job_spec import JobSpec
 from ..partitioned_model import PartitionedModel
@@ -88,6 +88,7 @@ def _command_config(
         default=pmodel.default,
         assignments=pmodel.assignments,
         augment="affine" if hyper is not None else "none",
+        **(_augmentation(hyper) if hyper is not None else {}),
         samples=hyper.num_samples if hyper is not None else 1,
         test_time_samples=0,  # fit reports no test-time averaged scores
         fix=hyper.hyperparameters() if fixed else None,  # where learned ranges started (init) does not matter
@@ -95,10 +96,17 @@ def _command_config(
     ).to_dict()
 
 
+def _augmentation(hyper: AffineAugmentation) -> dict[str, str]:
+    """The command's ``--generators`` and ``--draws`` that build ``hyper``'s."""
+    generators = next(name for name, names in GENERATOR_SETS.items() if names == hyper.generators)
+    return {"generators": generators, "draws": hyper.draws}
+
+
 def _as_the_command_builds(hyper: AffineAugmentation) -> bool:
     """Whether ``--augment affine`` builds ``hyper``: every generator, learned from any start within the default
     bounds, or fixed (``--fix``; the bounds of fixed ranges constrain nothing)."""
-    return hyper.generators == AFFINE_GENERATORS and (hyper.is_fixed or hyper.max_range == DEFAULT_MAX_RANGE)
+    defaults = {name: DEFAULT_MAX_RANGE[name] for name in hyper.generators}
+    return hyper.generators in GENERATOR_SETS.values() and (hyper.is_fixed or hyper.max_range == defaults)
 
 
 class RunRecordWriter(TrainingHook):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_choice, check_int, check_real
-from ..choices import AFFINE_GENERATORS
+from ..choices import AFFINE_GENERATORS, AUGMENTATION_DRAWS, GENERATOR_SETS, RANGE_NAMES
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -27,8 +28,11 @@ GENERATORS: dict[str, tuple[tuple[float, ...], ...]] = {
     "scale_x": ((1, 0, 0), (0, 0, 0), (0, 0, 0)),
     "scale_y": ((0, 0, 0), (0, 1, 0), (0, 0, 0)),
     "shear": ((0, 1, 0), (1, 0, 0), (0, 0, 0)),
+    # Augerino's pair in place of scale_x/scale_y: both axes zoomed alike, and the aspect ratio on its own.
+    "scale": ((1, 0, 0), (0, 1, 0), (0, 0, 0)),
+    "stretch": ((1, 0, 0), (0, -1, 0), (0, 0, 0)),
 }
-assert tuple(GENERATORS) == AFFINE_GENERATORS  # the command line names them without importing torch
+assert tuple(GENERATORS) == RANGE_NAMES  # the command line names them without importing torch
 
 # Default bounds on |range| enforced by ``constrain_``, in the coefficient units of GENERATORS.
 DEFAULT_MAX_RANGE: dict[str, float] = {
@@ -46,6 +50,9 @@ DEFAULT_MAX_RANGE: dict[str, float] = {
     # The symmetric shear generator stretches one diagonal by e^s and squeezes the other by e^-s;
     # bounded like the scales for the same reason.
     "shear": math.log(2.0),
+    "scale": math.log(2.0),
+    # The stretch is the shear turned by 45 degrees (x by e^s, y by e^-s): bounded as the shear.
+    "stretch": math.log(2.0),
 }
 
 PADDING_MODES = ("zeros", "border", "reflection")
@@ -66,6 +73,16 @@ class AffineAugmentation(HyperparameterModule):
     sample s of every example, and ``out[s * B + b]`` is sample s of example b. The trainer reshapes the
     model's outputs to [S, B, ...] and averages the per-sample likelihoods over S. In eval mode
     ``forward`` returns ``x`` itself (no augmentation, batch not expanded), so S = 1 there.
+
+    **Generators.** ``generators`` names the ranges: a sequence of names of ``GENERATORS``, or a named set of
+    ``choices.GENERATOR_SETS``: ``"xy"`` (the default: translations, rotation, independent x and y zooms,
+    shear) or ``"augerino"`` (Augerino's: an isotropic ``scale`` and a ``stretch`` of the aspect ratio in place
+    of the two zooms, which span the same maps but let the data keep one without the other).
+
+    **Draws.** ``draws="uniform"`` (the default) draws every coefficient independently; ``"stratified"`` draws
+    each generator's S coefficients of an example as a Latin hypercube: one in each of S equal strata of
+    [-1, 1], in a random order. Each coefficient is still uniform on [-1, 1], so the expected loss is the same;
+    its average over the S samples varies less.
 
     **Where learning starts.** ``init=0.0`` (the default, the paper's) starts every range at 0, a number starts
     every range there, a mapping the ranges it names (the others at 0), and ``init="bounds"`` every range at
@@ -90,15 +107,17 @@ class AffineAugmentation(HyperparameterModule):
     def __init__(
         self,
         num_samples: int = 8,
-        generators: Sequence[str] = AFFINE_GENERATORS,
+        generators: Sequence[str] | str = AFFINE_GENERATORS,
         init: float | Mapping[str, float] | str = 0.0,
         max_range: Mapping[str, float] | None = None,
         padding_mode: str = "zeros",
         align_corners: bool = False,
+        draws: str = "uniform",
     ) -> None:
         super().__init__()
         self.num_samples = _check_num_samples(num_samples)
         self.generators: tuple[str, ...] = _check_generators(generators)
+        self.draws = check_choice("draws", draws, AUGMENTATION_DRAWS)
         self.padding_mode = check_choice("padding_mode", padding_mode, PADDING_MODES)  # F.grid_sample's modes
         self.align_corners = bool(align_corners)
         bounds = {name: DEFAULT_MAX_RANGE[name] for name in self.generators}
@@ -130,11 +149,12 @@ class AffineAugmentation(HyperparameterModule):
         self._spread = 1.0  # forward draws eps from U[-spread, spread]; see widened()
 
     @classmethod
-    def fixed(cls, ranges: Mapping[str, float], num_samples: int = 8) -> AffineAugmentation:
+    def fixed(cls, ranges: Mapping[str, float], num_samples: int = 8, **options: Any) -> AffineAugmentation:
         """An augmentation whose ranges are fixed at ``ranges`` (every generator not named at 0) and are not
         learned (``self.ranges.requires_grad`` is False, so ``fit`` steps nothing): training with a chosen
         augmentation (appendix G's retraining; ``partition-fx train --fix``). A range may exceed its learning
         bound (``DEFAULT_MAX_RANGE``: rotation 3.1416 > pi): the bound of a fixed range is raised to hold it.
+        ``options``: the constructor's others (``generators``, ``draws``, ``padding_mode``, ``align_corners``).
 
         >>> aug = AffineAugmentation.fixed({"rotation": math.pi}, num_samples=2)
         >>> aug.hyperparameters()["rotation"] == float(torch.tensor(math.pi)), aug.ranges.requires_grad
@@ -147,7 +167,7 @@ class AffineAugmentation(HyperparameterModule):
         bounds = {
             name: max(DEFAULT_MAX_RANGE[name], abs(value)) for name, value in ranges.items() if name in GENERATORS
         }
-        augmentation = cls(num_samples=num_samples, init=dict(ranges), max_range=bounds)
+        augmentation = cls(num_samples=num_samples, init=dict(ranges), max_range=bounds, **options)
         augmentation.ranges.requires_grad_(False)
         return augmentation
 
@@ -165,11 +185,28 @@ class AffineAugmentation(HyperparameterModule):
         if not self.training:
             return x
         s = self.num_samples if num_samples is None else _check_num_samples(num_samples)
-        # Drawn on x's device and dtype from the global generator, so torch.manual_seed fixes the samples.
-        eps = torch.rand(s, x.shape[0], len(self.generators), device=x.device, dtype=x.dtype) * 2 - 1
+        eps = self.draw(s, x.shape[0], x)
         if self._spread != 1.0:
             eps = eps * self._spread
         return self.transform(x, eps)
+
+    def draw(self, num_samples: int, batch: int, like: torch.Tensor) -> torch.Tensor:
+        """Coefficients eps [S, B, G] in [-1, 1] for ``num_samples`` transforms of each of ``batch`` examples, as
+        ``draws`` says, on ``like``'s device and dtype, from the global generator (``torch.manual_seed`` fixes
+        them).
+
+        >>> aug = AffineAugmentation(generators=["rotation"], draws="stratified")
+        >>> eps = aug.draw(4, 1, torch.zeros(1))
+        >>> sorted(int(k) for k in ((eps.flatten() + 1) / 2 * 4).floor())  # one in each quarter of [-1, 1]
+        [0, 1, 2, 3]
+        """
+        shape = (num_samples, batch, len(self.generators))
+        uniform = torch.rand(shape, device=like.device, dtype=like.dtype)
+        if self.draws == "uniform":
+            return uniform * 2 - 1
+        # A random permutation of the strata per example and generator: the ranks of S more uniform draws.
+        strata = torch.rand(shape, device=like.device).argsort(dim=0).to(like.dtype)
+        return (strata + uniform) / num_samples * 2 - 1
 
     @contextlib.contextmanager
     def widened(self, factor: float) -> Iterator[None]:
@@ -239,9 +276,10 @@ class AffineAugmentation(HyperparameterModule):
         self.ranges.copy_(torch.clamp(self.ranges, -limits, limits))
 
     def extra_repr(self) -> str:
+        draws = "" if self.draws == "uniform" else f", draws={self.draws!r}"
         return (
             f"num_samples={self.num_samples}, generators={self.generators}, "
-            f"padding_mode={self.padding_mode!r}, align_corners={self.align_corners}"
+            f"padding_mode={self.padding_mode!r}, align_corners={self.align_corners}{draws}"
         )
 
 
@@ -281,10 +319,13 @@ def _check_num_samples(value: object) -> int:
     return check_int("num_samples", value, hint="; pass e.g. num_samples=8")
 
 
-def _check_generators(generators: Sequence[str]) -> tuple[str, ...]:
+def _check_generators(generators: Sequence[str] | str) -> tuple[str, ...]:
+    if isinstance(generators, str) and generators in GENERATOR_SETS:
+        return GENERATOR_SETS[generators]
     if isinstance(generators, str) or not isinstance(generators, Sequence) or len(generators) == 0:
         raise PartitionArgumentError(
-            f"generators must be a non-empty sequence of names from {tuple(GENERATORS)}, got {generators!r}"
+            f"generators must be a non-empty sequence of names from {tuple(GENERATORS)}, or one of the sets "
+            f"{', '.join(map(repr, GENERATOR_SETS))}, got {generators!r}"
         )
     unknown = [g for g in generators if g not in GENERATORS]
     if unknown:
