@@ -39,6 +39,10 @@ FINETUNE_SCHEDULES = ("continue", "restart")
 """The weights' learning rate when fine-tuning: the run's schedule carries on (the paper's single schedule), or
 it restarts at ``lr`` and anneals over the fine-tuning steps alone (a warm restart)."""
 ON_NONFINITE = ("raise", "skip")
+HYPER_NORMS = ("batch", "detached", "running")
+"""What BatchNorm normalises a hyperparameter step's batches with (``training.lml.hyper_step_norms``): their own
+statistics, through which the hyper-gradient also flows (the paper's networks have no BatchNorm); the same
+statistics held constant in the backward pass; or the running statistics of the parameter steps."""
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
@@ -121,6 +125,15 @@ class HyperStep(Settings):
         positive=True,
         metavar="F",
         fingerprint=True,
+    )
+    norm_statistics: str = setting(
+        "batch",
+        "what BatchNorm normalises a hyperparameter step's batches with: their own statistics, which the "
+        "hyper-gradient also flows through; the same held constant in the backward pass (detached); or the running "
+        "statistics of the parameter steps, which the step then leaves as they are (running)",
+        keyword="hyper_norm",
+        choices=HYPER_NORMS,
+        absent_means="batch",  # configurations written before it existed all stepped this way
     )
 
 
@@ -291,6 +304,14 @@ class TrainConfig(Settings):
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
 
     def check(self) -> None:
+        if self.runtime.fused and self.hyper.norm_statistics != "batch":
+            raise SettingError(
+                self.keywords()["hyper_norm"],
+                f"must be batch with --fused (one forward normalises the parameter and hyperparameter batches "
+                f"together), got {self.hyper.norm_statistics!r}",
+                f"must be 'batch' with fused=True (one forward normalises both steps' batches together), got "
+                f"{self.hyper.norm_statistics!r}",
+            )
         steps, finetune = self.optimization.steps, self.finetuning.steps
         if finetune is not None and finetune >= steps:
             fields = self.keywords()

@@ -40,6 +40,8 @@ def configs(draw: st.DrawFn) -> TrainConfig:
     keywords["steps"] = max(keywords["steps"], 1)
     if keywords["finetune_steps"] is not None:
         keywords["finetune_steps"] = min(keywords["finetune_steps"], keywords["steps"] - 1)
+    if keywords["fused"]:  # one forward normalises both steps' batches: only with their own statistics
+        keywords["hyper_norm"] = "batch"
     return TrainConfig.recommended(**keywords)
 
 

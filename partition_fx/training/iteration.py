@@ -24,7 +24,7 @@ from torch import nn
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from .data import BatchReader, HyperBatches, PartitionedSampler
-from .lml import forward_log_likelihood, hyper_loss, routed_losses
+from .lml import forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
 from .objective import Objective, running_norms
 from .stepping import DataParallel, Stepper
 
@@ -154,6 +154,7 @@ class TrainingSteps:
         data_parallel: DataParallel | None = None,
         hyper_samples: int | None = None,
         train_range_factor: float = 1.0,
+        hyper_norms: str = "batch",
     ) -> None:
         self.objective = objective
         self.pmodel = objective.pmodel
@@ -167,6 +168,8 @@ class TrainingSteps:
         """Augmentation samples per example in hyperparameter steps (None: the input transform's own number)."""
         self.train_range_factor = train_range_factor
         """Parameter steps draw the augmentation from its ranges times this (fine-tuning steps do not)."""
+        self.hyper_norms = hyper_norms
+        """What BatchNorm normalises hyperparameter steps' batches with (``lml.hyper_step_norms``)."""
         self.step = 0
         """Iterations done (``advance`` counts them); each step is recorded at it."""
         self._statistics_modules = running_norms(self.pmodel) if data_parallel is not None else []
@@ -206,7 +209,7 @@ class TrainingSteps:
         says what they score (``HyperEstimator.describe``). Returns the loss."""
         self.train_mode()
         local = [(weight, k, *self.local(indices)) for weight, k, indices in batches]
-        with self.stepper.precision.autocast():
+        with self.stepper.precision.autocast(), hyper_step_norms(self.pmodel, self.hyper_norms):
             loss = hyper_loss(
                 self.pmodel, self.likelihood, self.hyper, self.examples, local, self.device, self.hyper_samples
             )

@@ -104,6 +104,68 @@ def hyper_loss(
     return total
 
 
+def hyper_step_norms(model: nn.Module, statistics: str) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, what ``model``'s BatchNorm layers normalise a hyperparameter step's batches with
+    (``TrainConfig.hyper.norm_statistics``, ``train_config.HYPER_NORMS``): ``"batch"``, their own statistics as
+    in training (nothing changes); ``"detached"``, the same statistics, held constant in the backward pass, so
+    the hyper-gradient reaches psi through the predictions alone; ``"running"``, the running statistics
+    (the layers in eval mode, which also leaves those statistics as they are).
+
+    >>> bn = nn.BatchNorm1d(2)
+    >>> x = torch.randn(8, 2, requires_grad=True)
+    >>> with hyper_step_norms(bn, "detached"):
+    ...     y = bn(x)
+    >>> torch.allclose(y, nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True), atol=1e-6)
+    True
+    >>> y.sum().backward()  # the batch mean no longer depends on x: every input's gradient is weight / std
+    >>> torch.allclose(x.grad, (bn.weight / x.detach().var(0, unbiased=False).add(bn.eps).sqrt()).expand(8, 2))
+    True
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if statistics == "batch" or not norms:
+        return nullcontext()
+    if statistics == "running":
+        return _in_eval_mode([m for m in norms if m.track_running_stats])
+    return _hooked(norms, _detached_batch_statistics)
+
+
+@contextlib.contextmanager
+def _in_eval_mode(modules: list[nn.Module]) -> Iterator[None]:
+    modes = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
+@contextlib.contextmanager
+def _hooked(modules: list[nn.Module], hook: Callable[..., Any]) -> Iterator[None]:
+    handles = [m.register_forward_hook(hook) for m in modules]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _detached_batch_statistics(module: nn.modules.batchnorm._BatchNorm, inputs: tuple[Any, ...], output: Any) -> Any:
+    """A forward hook: BatchNorm's output normalised by the batch's statistics held constant (where the layer
+    normalises by its batch, in training mode or without running statistics; otherwise its output as it is)."""
+    if not (module.training or module.running_mean is None):
+        return None
+    x = inputs[0]
+    dims = [0, *range(2, x.dim())]
+    mean, var = x.mean(dims).detach(), x.var(dims, unbiased=False).detach()
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + module.eps)
+    if module.affine:
+        y = y * module.weight.view(shape) + module.bias.view(shape)
+    return y
+
+
 def _detached_likelihood(likelihood: Likelihood, outputs: torch.Tensor, targets: torch.Tensor, samples: int):
     """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
     detached = {name: p.detach() for name, p in likelihood.named_parameters()}

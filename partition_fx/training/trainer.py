@@ -496,6 +496,7 @@ class PartitionedTrainer:
             data_parallel=self.data_parallel,
             hyper_samples=self.hyper_samples,
             train_range_factor=hyper_step.train_range_factor if widens(self.hyper) else 1.0,
+            hyper_norms=hyper_step.norm_statistics,
         )
         self.evaluator = LMLEvaluator(
             self.objective,
