@@ -11,7 +11,13 @@ in some parts and fixed randomness in the others:
 * ``fixed_noise``: the augmentation noise fixed (torch seed), k and minibatch drawn (only the data left);
 * ``all``: every chunk 2..C (``hyper_chunks="all"``), 64 examples each, weighted;
 * ``s16``: the paper's with 16 augmentation samples;
-* ``all_s16_b16``: every chunk, 16 examples each, 16 samples (512 images, the cost of ``all``'s half).
+* ``all_s16_b16``: every chunk, 16 examples each, 16 samples (512 images, the cost of ``all``'s half): the
+  recommended step (``TrainConfig.recommended()``);
+* ``all_s16_b16_stratified``: the same with stratified augmentation draws (``draws="stratified"``: a Latin
+  hypercube over the 16 samples);
+* ``all_s16_b16_detached`` and ``all_s16_b16_running``: the recommended step with BatchNorm's batch statistics
+  held constant in the backward pass, or with its running statistics (``hyper_norm``): these two change the
+  gradient itself, not only its noise.
 
 For each: the mean and standard deviation of the rotation component over the draws, the signal-to-noise
 ratio |mean| / sd of ONE draw, and the images one draw puts through the network. The weights are those of
@@ -34,21 +40,30 @@ import torch
 from benchmarks import tables
 from benchmarks._common import RESULTS, header, paper_scheme, results, write_results
 
-ESTIMATORS = ("paper", "fixed_chunk", "fixed_batch", "fixed_noise", "all", "s16", "all_s16_b16")
+ESTIMATORS = (
+    "paper", "fixed_chunk", "fixed_batch", "fixed_noise", "all", "s16", "all_s16_b16", "all_s16_b16_stratified",
+    "all_s16_b16_detached", "all_s16_b16_running",
+)  # fmt: skip
+RECOMMENDED = "all_s16_b16"
+"""The estimator of the recommended step; those named ``RECOMMENDED_<variant>`` change one thing of it."""
 
 
-def _rotation_gradient(trainer: Any, batches: list[tuple[float, int, torch.Tensor]], samples: int | None) -> float:
-    """d/d(rotation range) of sum_k weight_k * mean NLL of chunk k's batch through subnetwork k-1."""
-    from partition_fx.training.lml import forward_log_likelihood
+def _rotation_gradient(
+    trainer: Any, batches: list[tuple[float, int, torch.Tensor]], samples: int | None, norms: str = "batch"
+) -> float:
+    """d/d(rotation range) of sum_k weight_k * mean NLL of chunk k's batch through subnetwork k-1, BatchNorm
+    normalising as ``norms`` says (``hyper_norm``)."""
+    from partition_fx.training.lml import forward_log_likelihood, hyper_step_norms
 
     ranges = trainer.hyper.ranges
     loss = 0.0
-    for weight, k, indices in batches:
-        x, y = trainer.examples.batch(indices, trainer.device)
-        log_likelihood = forward_log_likelihood(
-            trainer.pmodel, trainer.likelihood, x, y, k - 1, trainer.hyper, samples=samples
-        )
-        loss = loss + weight * -log_likelihood.mean()
+    with hyper_step_norms(trainer.pmodel, norms):
+        for weight, k, indices in batches:
+            x, y = trainer.examples.batch(indices, trainer.device)
+            log_likelihood = forward_log_likelihood(
+                trainer.pmodel, trainer.likelihood, x, y, k - 1, trainer.hyper, samples=samples
+            )
+            loss = loss + weight * -log_likelihood.mean()
     (grad,) = torch.autograd.grad(loss, ranges)
     return float(grad[trainer.hyper.generators.index("rotation")])
 
@@ -56,14 +71,16 @@ def _rotation_gradient(trainer: Any, batches: list[tuple[float, int, torch.Tenso
 def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.Generator) -> tuple[float, int]:
     """One gradient draw of ``estimator`` and the images it put through the network."""
     sampler = trainer.sampler
-    batch = 64 if estimator != "all_s16_b16" else 16
-    samples = 16 if estimator in ("s16", "all_s16_b16") else None
+    recommended = estimator.startswith(RECOMMENDED)
+    variant = estimator.removeprefix(RECOMMENDED).lstrip("_")
+    batch = 16 if recommended else 64
+    samples = 16 if estimator == "s16" or recommended else None
 
     def chunk_batch(k: int) -> torch.Tensor:
         pool = trainer.chunks.chunk(k)
         return pool[torch.randint(pool.numel(), (batch,), generator=generator)]
 
-    if estimator in ("all", "all_s16_b16"):
+    if estimator == "all" or recommended:
         batches = [(w, k, chunk_batch(k)) for w, k, _ in sampler.hyper_batches()]
     elif estimator == "fixed_batch":
         batches = [fixed["batch"]]
@@ -77,7 +94,9 @@ def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.G
     if estimator == "fixed_noise":
         torch.manual_seed(fixed["noise_seed"])
     images = sum(int(i.numel()) for _, _, i in batches) * (samples or trainer.hyper.num_samples)
-    return _rotation_gradient(trainer, batches, samples), images
+    trainer.hyper.draws = "stratified" if variant == "stratified" else "uniform"
+    norms = variant if variant in ("detached", "running") else "batch"
+    return _rotation_gradient(trainer, batches, samples, norms), images
 
 
 def main(argv: list[str] | None = None) -> dict:
