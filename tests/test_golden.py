@@ -9,15 +9,16 @@ digests, stdout, directory listings) is equal, with wall-clock and version field
 directory written ``<tmp>``. The resume jobs resume from the stored ``resume/`` directory (written by a run stopped
 early) and must finish equal to the stored uninterrupted run. A failure names the job and the first difference.
 
-The files were generated at commit e0df00f. ``cli_train_export``'s record was written again three times, each
-time with every tensor and every other value unchanged: when hooks got state of their own (its report's history
-no longer carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's
-config gains them at their defaults, ``xy`` and ``uniform``), and when ``hyper_norm`` joined the training
-configuration (``config.train.hyper.norm_statistics``: ``batch``). A later change that alters a trajectory or an
-output on purpose regenerates them with ``python -m tests.golden.generate`` (from the repository root; ``--jobs
-NAME ...`` for some) and says in its commit message why they changed. Results are bit-exact only for one build
-of torch on one kind of CPU: where ``data/environment.json`` names another (torch, CPU capability, numpy, onnx,
-...), the test skips.
+The files were generated at commit e0df00f. ``cli_train_export``'s record was written again four times, each time
+with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer
+carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's config gains
+them at their defaults, ``xy`` and ``uniform``), when ``hyper_norm`` joined the training configuration
+(``config.train.hyper.norm_statistics``: ``batch``), and when the summaries of ``train`` and ``export`` began to
+lead with the accuracy averaged over the augmentation (their stdout). A later change that alters a trajectory or an
+output on purpose regenerates them with ``python -m tests.golden.generate`` (from the repository root; ``--jobs NAME
+...`` for some) and says in its commit message why they changed. Results are bit-exact only for one build of torch
+on one kind of CPU: where ``data/environment.json`` names another (torch, CPU capability, numpy, onnx, ...), the
+test skips.
 """
 
 from __future__ import annotations
