@@ -26,6 +26,9 @@ NEAR_BOUNDS = "translation_x=1,translation_y=1,rotation=3.1415,scale_x=0.6931,sc
 """Every range 1e-4 or less below its bound (``--init bounds`` is the same start, to float32 rounding)."""
 HALF_BOUNDS = "translation_x=0.5,translation_y=0.5,rotation=1.5708,scale_x=0.3466,scale_y=0.3466,shear=0.3466"
 """Every range at (to 1e-4) half its bound."""
+WIDE = "rotation=3.14159,translation_x=0.25,translation_y=0.25,scale_x=0.2,scale_y=0.2,shear=0.2"
+"""Every range started away from 0 and none where it destroys the image: every angle (rotation keeps the content),
+an eighth of the image's width of shift, zooms and shear of about 20%."""
 ARMS = {
     "affine": ["--augment", "affine"],
     "none": ["--augment", "none"],
@@ -47,6 +50,10 @@ ARMS = {
     "bounds_narrow_restart": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--finetune-schedule", "restart"],
     "bounds_narrow_s6": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--hyper-samples", "6"],
     "oracle_restart": ["--partitions", "1", "--fix", "rotation=3.1416", "--finetune-schedule", "restart"],
+    # issue 43's first pilots: BatchNorm in the hyperparameter step, and every range started wide but content-keeping
+    "hyper_norm_detached": ["--hyper-norm", "detached"],
+    "hyper_norm_running": ["--hyper-norm", "running"],
+    "wide_narrow": ["--init", WIDE, "--train-range-factor", "0.75"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]
