@@ -39,6 +39,10 @@ GENERATOR_SETS = {"xy": AFFINE_GENERATORS, "augerino": AUGERINO_GENERATORS}
 RANGE_NAMES = tuple(dict.fromkeys(AFFINE_GENERATORS + AUGERINO_GENERATORS))
 """Every range an ``AffineAugmentation`` may have, by name (``transforms.affine.GENERATORS``)."""
 
+RANGE_STARTS = ("bounds", "wide")
+"""The named starts of learned ranges (``AffineAugmentation(init=NAME)``, ``--init NAME``): every range at its
+bound, or at a wide start that keeps the image (``transforms.affine.WIDE_START``)."""
+
 AUGMENTATION_DRAWS = ("uniform", "stratified")
 """How ``AffineAugmentation`` draws its S samples' coefficients: independently uniform, or stratified (each
 generator's S coefficients of an example fall one in each of S equal strata of [-1, 1]: a Latin hypercube)."""

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import ASSIGNMENTS, AUGMENTATION_DRAWS, DEFAULTS, GENERATOR_SETS, RANGE_NAMES
+from .choices import ASSIGNMENTS, AUGMENTATION_DRAWS, DEFAULTS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
 from .datasets.registry import dataset_names
 from .errors import PartitionArgumentError, PartitionTypeError
 from .kinds import partition_kinds
@@ -99,8 +99,8 @@ def _ranges(name: str, value: Any) -> dict[str, float]:
 
 
 def _range_start(name: str, value: Any) -> dict[str, float] | str:
-    """``init``: ``"bounds"`` (every range at its bound) or :func:`_ranges`."""
-    return value if value == "bounds" else _ranges(name, value)
+    """``init``: a named start (``choices.RANGE_STARTS``: ``"bounds"``, ``"wide"``) or :func:`_ranges`."""
+    return value if isinstance(value, str) and value in RANGE_STARTS else _ranges(name, value)
 
 
 def schemes() -> dict[str, str]:
@@ -234,7 +234,8 @@ class JobSpec(Settings):
     init: Mapping[str, float] | str | None = setting(
         None,
         "start the learned ranges at these values, every other at 0 (within the learning bounds: rotation pi, "
-        "translations 1, scales and shear log 2), or every range at its bound (--init bounds)",
+        "translations 1, scales and shear log 2), every range at its bound (--init bounds), or every range at a "
+        "wide start that keeps the image (--init wide: rotation pi, translations 0.25, the others 0.2)",
         metavar="NAME=VALUE[,...]",
         default_text="every range at 0, the paper's start",
         validator=_range_start,

@@ -174,3 +174,16 @@ def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_se
     without_steps = {**config, "train": {**config["train"], "optimization": {}}}
     with pytest.raises(Exception, match="earlier development version"):  # any other missing key is still refused
         read_spec(without_steps)
+
+
+@pytest.mark.parametrize("generators", list(GENERATOR_SETS))
+def test_the_wide_start_puts_every_range_at_its_wide_value_within_its_bound(generators) -> None:
+    from partition_fx.cli.job import train_job
+    from partition_fx.transforms.affine import WIDE_START
+
+    augmentation = AffineAugmentation(generators=generators, init="wide", max_range={"translation_x": 0.1})
+    expected = {name: _float32(WIDE_START[name]) for name in GENERATOR_SETS[generators]}
+    assert augmentation.hyperparameters() == expected | {"translation_x": _float32(0.1)}  # the bound is lower
+    assert augmentation.ranges.requires_grad and all(value > 0 for value in expected.values())  # none at 0
+    job = train_job([*TINY, "--generators", generators, "--init", "wide"])
+    assert job.hyper.hyperparameters() == expected and job.spec.init == "wide"

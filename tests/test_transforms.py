@@ -416,5 +416,5 @@ def test_init_bounds_starts_every_range_at_its_bound_and_a_bad_name_is_refused()
     aug = AffineAugmentation(init="bounds", max_range={"rotation": 1.0})
     expected = {name: float(torch.tensor(DEFAULT_MAX_RANGE[name])) for name in aug.generators} | {"rotation": 1.0}
     assert aug.hyperparameters() == expected and AffineAugmentation().hyperparameters()["rotation"] == 0.0
-    with pytest.raises(PartitionArgumentError, match=r"init must be one of \('bounds',\), got 'bound'"):
+    with pytest.raises(PartitionArgumentError, match=r"init must be one of \('bounds', 'wide'\), got 'bound'"):
         AffineAugmentation(init="bound")

@@ -156,12 +156,15 @@ def proportions(text: str) -> tuple[float, ...]:
 
 
 def range_start(text: str) -> dict[str, float] | str:
-    """A ``type=`` for ``--init``: ``bounds`` (every range at its bound), or :func:`range_values`' pairs.
+    """A ``type=`` for ``--init``: a named start (``bounds``, ``wide``: ``choices.RANGE_STARTS``), or
+    :func:`range_values`' pairs.
 
-    >>> range_start("bounds"), range_start("rotation=1.5")
-    ('bounds', {'rotation': 1.5})
+    >>> range_start("bounds"), range_start("wide"), range_start("rotation=1.5")
+    ('bounds', 'wide', {'rotation': 1.5})
     """
-    return "bounds" if text.strip() == "bounds" else range_values(text)
+    from ..choices import RANGE_STARTS
+
+    return text.strip() if text.strip() in RANGE_STARTS else range_values(text)
 
 
 def range_values(text: str) -> dict[str, float]:

@@ -107,7 +107,7 @@ def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
     from ..choices import GENERATOR_SETS
 
     has = GENERATOR_SETS[spec.generators]
-    started = dict(spec.init) if spec.init is not None and spec.init != "bounds" else {}
+    started = dict(spec.init) if spec.init is not None and not isinstance(spec.init, str) else {}
     for option, ranges in (("--fix" if spec.fix is not None else "--fix-from", fixed or {}), ("--init", started)):
         others = [name for name in ranges if name not in has]
         if others:
@@ -124,7 +124,7 @@ def _check_init(spec: JobSpec) -> None:
 
     if spec.augment != "affine":
         raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {spec.augment}")
-    if spec.init == "bounds":
+    if isinstance(spec.init, str):  # a named start, within the bounds by construction
         return
     for name, value in spec.init.items():  # type: ignore[union-attr]
         if value > DEFAULT_MAX_RANGE[name]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_choice, check_int, check_real
-from ..choices import AFFINE_GENERATORS, AUGMENTATION_DRAWS, GENERATOR_SETS, RANGE_NAMES
+from ..choices import AFFINE_GENERATORS, AUGMENTATION_DRAWS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
 from ..errors import PartitionArgumentError
 from .base import HyperparameterModule
 
@@ -55,6 +55,22 @@ DEFAULT_MAX_RANGE: dict[str, float] = {
     "stretch": math.log(2.0),
 }
 
+# ``init="wide"``: every range away from 0, where the LML's gradient is exactly 0 and a range leaves only by a
+# random walk, and none where the transform destroys the image, so that the evidence can shrink what the data does
+# not hold (issue 43; docs/benchmarks.md, "Issue 43's first pilots"). Every angle (a rotation keeps the content),
+# an eighth of the image's width of shift, zooms, stretch and shear of about 20%.
+WIDE_START: dict[str, float] = {
+    "translation_x": 0.25,
+    "translation_y": 0.25,
+    "rotation": math.pi,
+    "scale_x": 0.2,
+    "scale_y": 0.2,
+    "shear": 0.2,
+    "scale": 0.2,
+    "stretch": 0.2,
+}
+assert tuple(WIDE_START) == RANGE_NAMES
+
 PADDING_MODES = ("zeros", "border", "reflection")
 
 
@@ -85,10 +101,11 @@ class AffineAugmentation(HyperparameterModule):
     its average over the S samples varies less.
 
     **Where learning starts.** ``init=0.0`` (the default, the paper's) starts every range at 0, a number starts
-    every range there, a mapping the ranges it names (the others at 0), and ``init="bounds"`` every range at
-    its bound (``max_range``, default ``DEFAULT_MAX_RANGE``): the widest augmentation, for the LML to shrink
-    where the data does not hold it (with ``train_range_factor`` < 1 the subnetworks that score psi are trained
-    narrower than psi, which pulls such ranges down; ``docs/benchmarks.md`` measures both starts).
+    every range there, a mapping the ranges it names (the others at 0), ``init="bounds"`` every range at its
+    bound (``max_range``, default ``DEFAULT_MAX_RANGE``) and ``init="wide"`` every range at ``WIDE_START``
+    (within its bound): wide augmentation, for the LML to shrink where the data does not hold it (with
+    ``train_range_factor`` < 1 the subnetworks that score psi are trained narrower than psi, which pulls such
+    ranges down; ``docs/benchmarks.md`` measures these starts).
 
     Example::
 
@@ -124,8 +141,8 @@ class AffineAugmentation(HyperparameterModule):
         bounds.update(_check_per_generator(max_range or {}, self.generators, "max_range", positive=True))
         self.max_range: dict[str, float] = bounds
         if isinstance(init, str):
-            check_choice("init", init, ("bounds",))
-            start = dict(bounds)
+            check_choice("init", init, RANGE_STARTS)
+            start = dict(bounds) if init == "bounds" else {n: min(WIDE_START[n], bounds[n]) for n in self.generators}
         elif isinstance(init, Mapping):
             start = {name: 0.0 for name in self.generators}
             start.update(_check_per_generator(init, self.generators, "init", positive=False))
