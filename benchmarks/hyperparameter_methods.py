@@ -210,7 +210,8 @@ def _optuna(task: methods.Task, model: str, seed: int, budget: methods.Budget, t
     history = []
 
     def objective(trial: optuna.Trial) -> float:
-        ranges = {name: trial.suggest_float(name, 0.0, bound) for name, bound in methods.DEFAULT_MAX_RANGE.items()}
+        bounds = {name: methods.DEFAULT_MAX_RANGE[name] for name in methods.GENERATORS}
+        ranges = {name: trial.suggest_float(name, 0.0, bound) for name, bound in bounds.items()}
         run = methods.train_plain(task, model, seed, budget, augmentation=ranges, train_indices=train)
         accuracy, loglik = methods.evaluate(run["model"], task.data, x_all[validation], y_all[validation])
         history.append(

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
+from partition_fx.choices import AFFINE_GENERATORS
 from partition_fx.models import build_model
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
@@ -37,7 +38,7 @@ from partition_fx.training.optim import configured_factories
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
-GENERATORS = tuple(DEFAULT_MAX_RANGE)
+GENERATORS = AFFINE_GENERATORS  # AffineAugmentation's default ranges (DEFAULT_MAX_RANGE bounds every set's)
 PROPORTIONS = (0.8, 0.1, 0.1)
 # Augerino's published default regularisation strength (Benton et al. 2020, their training scripts); not
 # tuned here: tuning it needs a validation set, which is what the method claims to avoid.
