@@ -522,6 +522,11 @@ def test_gradients_reach_the_partitions_of_the_subnetwork_as_defined(case: Case)
     gradient of a loss w.r.t. part i is None for i > k and, for i <= k, the exported subnetwork's gradient of
     the same loss at the entries of partition i (random/node), that whole gradient (sum scales), or that
     gradient times the other parts 1..k (product scales)."""
+    # A LayerNorm or GroupNorm over single values outputs its bias whatever its input, so every gradient that
+    # reaches a layer before it is 0 plus float32 rounding of size ~1e-5 that differs between the two graphs
+    # (CI found one: 3.7e-5 against 0 at width 1): no tolerance on the gradient's scale separates that from a
+    # routing error, so such networks are left to the other tests of this file.
+    assume(not any(layer.norm in ("layer", "group") and single_value_groups(layer, case) for layer in case.spec.layers))
     pmodel = case.convert(build(case.spec, case.init_seed)).eval()
     perturb_partitions(pmodel, seed=case.init_seed % 1000)
     x = inputs(case)
