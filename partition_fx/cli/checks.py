@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._validation import check_concentration, check_num_partitions, check_proportions
+from ..choices import GENERATOR_SETS
 from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from ..job_spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
@@ -104,8 +105,6 @@ def check_job(spec: JobSpec) -> None:
 
 def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
     """``--fix``/``--fix-from``/``--init``: only ranges the augmentation's ``--generators`` has."""
-    from ..choices import GENERATOR_SETS
-
     has = GENERATOR_SETS[spec.generators]
     started = dict(spec.init) if spec.init is not None and not isinstance(spec.init, str) else {}
     for option, ranges in (("--fix" if spec.fix is not None else "--fix-from", fixed or {}), ("--init", started)):
