@@ -54,6 +54,8 @@ ARMS = {
     "hyper_norm_detached": ["--hyper-norm", "detached"],
     "hyper_norm_running": ["--hyper-norm", "running"],
     "wide_narrow": ["--init", WIDE, "--train-range-factor", "0.75"],
+    # the default before issue 43 made wide_narrow the default: every range from 0, parameter steps on the ranges
+    "zero_start": ["--init", "zero", "--train-range-factor", "1"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]

@@ -39,9 +39,10 @@ GENERATOR_SETS = {"xy": AFFINE_GENERATORS, "augerino": AUGERINO_GENERATORS}
 RANGE_NAMES = tuple(dict.fromkeys(AFFINE_GENERATORS + AUGERINO_GENERATORS))
 """Every range an ``AffineAugmentation`` may have, by name (``transforms.affine.GENERATORS``)."""
 
-RANGE_STARTS = ("bounds", "wide")
-"""The named starts of learned ranges (``AffineAugmentation(init=NAME)``, ``--init NAME``): every range at its
-bound, or at a wide start that keeps the image (``transforms.affine.WIDE_START``)."""
+RANGE_STARTS = ("wide", "zero", "bounds")
+"""The named starts of learned ranges (``AffineAugmentation(init=NAME)``, ``--init NAME``): every range at a wide
+start that keeps the image (``transforms.affine.WIDE_START``, the default), at 0 (the paper's start), or at its
+bound."""
 
 AUGMENTATION_DRAWS = ("uniform", "stratified")
 """How ``AffineAugmentation`` draws its S samples' coefficients: independently uniform, or stratified (each

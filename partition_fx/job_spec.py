@@ -99,7 +99,7 @@ def _ranges(name: str, value: Any) -> dict[str, float]:
 
 
 def _range_start(name: str, value: Any) -> dict[str, float] | str:
-    """``init``: a named start (``choices.RANGE_STARTS``: ``"bounds"``, ``"wide"``) or :func:`_ranges`."""
+    """``init``: a named start (``choices.RANGE_STARTS``: ``"wide"``, ``"zero"``, ``"bounds"``) or :func:`_ranges`."""
     return value if isinstance(value, str) and value in RANGE_STARTS else _ranges(name, value)
 
 
@@ -234,10 +234,11 @@ class JobSpec(Settings):
     init: Mapping[str, float] | str | None = setting(
         None,
         "start the learned ranges at these values, every other at 0 (within the learning bounds: rotation pi, "
-        "translations 1, scales and shear log 2), every range at its bound (--init bounds), or every range at a "
-        "wide start that keeps the image (--init wide: rotation pi, translations 0.25, the others 0.2)",
+        "translations 1, scales and shear log 2), every range at 0 (--init zero, the paper's start), at its bound "
+        "(--init bounds), or at a wide start that keeps the image (--init wide: rotation pi, translations 0.25, "
+        "the others 0.2)",
         metavar="NAME=VALUE[,...]",
-        default_text="every range at 0, the paper's start",
+        default_text="wide",  # None: the transform's own start, so that --augment none can refuse a given --init
         validator=_range_start,
     )
     fix_from: str | None = setting(

@@ -88,9 +88,11 @@ class HyperStep(Settings):
     draw of k, at C-1 times the cost. ``hyper_batch_size`` examples per chunk (None: ``batch_size``);
     ``hyper_samples`` augmentation samples per example (None: the transform's own ``num_samples``; ignored by
     a transform whose forward takes no ``num_samples``): more samples lower the hyper-gradient's variance.
-    ``train_range_factor`` F: partitioned training's parameter steps draw the augmentation from its ranges
-    times F (for a transform with ``widened``, such as ``AffineAugmentation``; ignored by others), so the
-    subnetworks that score psi were trained on augmentation narrower (F < 1) or wider than psi."""
+    ``train_range_factor`` F: while hyperparameters are learned, partitioned training's parameter steps draw the
+    augmentation from its ranges times F (for a transform with ``widened``, such as ``AffineAugmentation``;
+    ignored by others and by fixed ranges), so the subnetworks that score psi were trained on augmentation
+    narrower (F < 1, the default 0.75) or wider than psi: a range the data does not hold then costs evidence
+    that the weights do not absorb, and shrinks."""
 
     section_help = "learned hyperparameters"
     lr: float = setting(0.05, "Adam's learning rate on the hyperparameters", keyword="hyper_lr", positive=True,
@@ -118,9 +120,10 @@ class HyperStep(Settings):
     warmup_steps: int = setting(0, "iterations before the first hyperparameter step", minimum=0, metavar="N",
                                 fingerprint=True)  # fmt: skip
     train_range_factor: float = setting(
-        1.0,
-        "parameter steps of partitioned training draw the augmentation from its ranges times F (1: the ranges "
-        "themselves, the paper's; fine-tuning always uses them; ignored by a transform that cannot scale them)",
+        0.75,
+        "parameter steps of partitioned training draw the learned augmentation from its ranges times F (1: the "
+        "ranges themselves, the paper's; fine-tuning always uses them; ignored by fixed ranges and by a transform "
+        "that cannot scale them)",
         keyword="train_range_factor",
         positive=True,
         metavar="F",

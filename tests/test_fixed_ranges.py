@@ -134,7 +134,7 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
     job = train_job([*TINY, "--init", "rotation=1.5,shear=0.25"])
     expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5, "shear": 0.25}
     assert job.hyper.hyperparameters() == expected and job.hyper.ranges.requires_grad  # learned from there
-    assert train_job(TINY).hyper.hyperparameters() == dict.fromkeys(AFFINE_GENERATORS, 0.0)  # the paper's start
+    assert train_job([*TINY, "--init", "zero"]).hyper.hyperparameters() == dict.fromkeys(AFFINE_GENERATORS, 0.0)
     bounds = {name: _float32(DEFAULT_MAX_RANGE[name]) for name in AFFINE_GENERATORS}
     assert train_job([*TINY, "--init", "bounds"]).hyper.hyperparameters() == bounds
     run = tmp_path / "run"
@@ -187,3 +187,7 @@ def test_the_wide_start_puts_every_range_at_its_wide_value_within_its_bound(gene
     assert augmentation.ranges.requires_grad and all(value > 0 for value in expected.values())  # none at 0
     job = train_job([*TINY, "--generators", generators, "--init", "wide"])
     assert job.hyper.hyperparameters() == expected and job.spec.init == "wide"
+    default = train_job([*TINY, "--generators", generators])  # the default start
+    assert default.hyper.hyperparameters() == expected and default.spec.init is None
+    zero = train_job([*TINY, "--generators", generators, "--init", "zero"])  # the paper's
+    assert zero.hyper.hyperparameters() == dict.fromkeys(expected, 0.0)

@@ -412,9 +412,12 @@ def test_wide_ranges_under_autocast_give_the_fp32_transforms(dtype):
     )  # grid in bf16
 
 
-def test_init_bounds_starts_every_range_at_its_bound_and_a_bad_name_is_refused():
+def test_named_starts_put_every_range_at_its_bound_or_0_and_a_bad_name_is_refused():
     aug = AffineAugmentation(init="bounds", max_range={"rotation": 1.0})
     expected = {name: float(torch.tensor(DEFAULT_MAX_RANGE[name])) for name in aug.generators} | {"rotation": 1.0}
-    assert aug.hyperparameters() == expected and AffineAugmentation().hyperparameters()["rotation"] == 0.0
-    with pytest.raises(PartitionArgumentError, match=r"init must be one of \('bounds', 'wide'\), got 'bound'"):
+    assert aug.hyperparameters() == expected
+    zero = AffineAugmentation(init="zero")
+    assert zero.hyperparameters() == AffineAugmentation(init=0.0).hyperparameters() == dict.fromkeys(expected, 0.0)
+    assert AffineAugmentation().hyperparameters() == AffineAugmentation(init="wide").hyperparameters()  # the default
+    with pytest.raises(PartitionArgumentError, match=r"init must be one of \('wide', 'zero', 'bounds'\), got 'bound'"):
         AffineAugmentation(init="bound")

@@ -156,11 +156,11 @@ def proportions(text: str) -> tuple[float, ...]:
 
 
 def range_start(text: str) -> dict[str, float] | str:
-    """A ``type=`` for ``--init``: a named start (``bounds``, ``wide``: ``choices.RANGE_STARTS``), or
+    """A ``type=`` for ``--init``: a named start (``wide``, ``zero``, ``bounds``: ``choices.RANGE_STARTS``), or
     :func:`range_values`' pairs.
 
-    >>> range_start("bounds"), range_start("wide"), range_start("rotation=1.5")
-    ('bounds', 'wide', {'rotation': 1.5})
+    >>> range_start("zero"), range_start("wide"), range_start("rotation=1.5")
+    ('zero', 'wide', {'rotation': 1.5})
     """
     from ..choices import RANGE_STARTS
 

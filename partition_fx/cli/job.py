@@ -217,7 +217,8 @@ def build_job(spec: JobSpec, *, split: Split | None = None) -> TrainJob:
 
 
 def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
-    """``--augment``'s input transform: learned ranges from 0 (or ``--init``'s start), or those ``--fix`` fixes
+    """``--augment``'s input transform: learned ranges from ``--init``'s start (the transform's own, wide, without
+    one), or those ``--fix`` fixes
     (``--fix-from``'s once they are read: ``cli.checks.with_fixed_ranges``); None for ``--augment none``.
 
     >>> from partition_fx.job_spec import JobSpec
@@ -230,7 +231,7 @@ def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
         return None
     options = {"num_samples": spec.samples, "generators": spec.generators, "draws": spec.draws}
     if spec.fix is None:
-        return AffineAugmentation(init=spec.init if spec.init is not None else 0.0, **options)
+        return AffineAugmentation(**options) if spec.init is None else AffineAugmentation(init=spec.init, **options)
     return AffineAugmentation.fixed(spec.fix, **options)
 
 

@@ -470,7 +470,8 @@ class PartitionedTrainer:
             hyper_scheduler=components.hyper_scheduler,
             weight_decay_scaling=optimization.weight_decay_scaling,
         )
-        estimator = estimator_for(hyper_step.chunks) if self.hyper_optimizer is not None else None
+        learns = self.hyper_optimizer is not None
+        estimator = estimator_for(hyper_step.chunks) if learns else None
         every, warmup = hyper_step.every, hyper_step.warmup_steps
         self.iterations = Iterations(scheme, estimator, hyper_every=every, warmup_steps=warmup)
         """What each iteration does: the scheme's, with a hyperparameter step when due, or a fine-tuning step."""
@@ -495,7 +496,8 @@ class PartitionedTrainer:
             device=self.device,
             data_parallel=self.data_parallel,
             hyper_samples=self.hyper_samples,
-            train_range_factor=hyper_step.train_range_factor if widens(self.hyper) else 1.0,
+            # Fixed ranges are the augmentation chosen for the model: trained on as they are.
+            train_range_factor=hyper_step.train_range_factor if learns and widens(self.hyper) else 1.0,
             hyper_norms=hyper_step.norm_statistics,
         )
         self.evaluator = LMLEvaluator(

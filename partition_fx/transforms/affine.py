@@ -100,12 +100,12 @@ class AffineAugmentation(HyperparameterModule):
     [-1, 1], in a random order. Each coefficient is still uniform on [-1, 1], so the expected loss is the same;
     its average over the S samples varies less.
 
-    **Where learning starts.** ``init=0.0`` (the default, the paper's) starts every range at 0, a number starts
-    every range there, a mapping the ranges it names (the others at 0), ``init="bounds"`` every range at its
-    bound (``max_range``, default ``DEFAULT_MAX_RANGE``) and ``init="wide"`` every range at ``WIDE_START``
-    (within its bound): wide augmentation, for the LML to shrink where the data does not hold it (with
-    ``train_range_factor`` < 1 the subnetworks that score psi are trained narrower than psi, which pulls such
-    ranges down; ``docs/benchmarks.md`` measures these starts).
+    **Where learning starts.** ``init="wide"`` (the default) starts every range at ``WIDE_START`` (within its
+    bound): wide augmentation that keeps the image, for the LML to shrink where the data does not hold it (with
+    ``train_range_factor`` < 1, the default, the subnetworks that score psi are trained narrower than psi, which
+    pulls such ranges down). ``init="zero"`` (or ``0.0``, the paper's start) starts every range at 0, a number
+    every range there, a mapping the ranges it names (the others at 0) and ``init="bounds"`` every range at its
+    bound (``max_range``, default ``DEFAULT_MAX_RANGE``). ``docs/benchmarks.md`` measures these starts.
 
     Example::
 
@@ -125,7 +125,7 @@ class AffineAugmentation(HyperparameterModule):
         self,
         num_samples: int = 8,
         generators: Sequence[str] | str = AFFINE_GENERATORS,
-        init: float | Mapping[str, float] | str = 0.0,
+        init: float | Mapping[str, float] | str = "wide",
         max_range: Mapping[str, float] | None = None,
         padding_mode: str = "zeros",
         align_corners: bool = False,
@@ -142,7 +142,8 @@ class AffineAugmentation(HyperparameterModule):
         self.max_range: dict[str, float] = bounds
         if isinstance(init, str):
             check_choice("init", init, RANGE_STARTS)
-            start = dict(bounds) if init == "bounds" else {n: min(WIDE_START[n], bounds[n]) for n in self.generators}
+            named = {"bounds": bounds, "zero": dict.fromkeys(bounds, 0.0), "wide": WIDE_START}[init]
+            start = {name: min(named[name], bounds[name]) for name in self.generators}
         elif isinstance(init, Mapping):
             start = {name: 0.0 for name in self.generators}
             start.update(_check_per_generator(init, self.generators, "init", positive=False))
