@@ -161,6 +161,13 @@ def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_p
     assert report["config"]["generators"] == "augerino" and report["config"]["draws"] == "uniform"
     assert report["hyperparameters"] == dict.fromkeys(GENERATOR_SETS["augerino"], 0.0) | {"stretch": _float32(0.2)}
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+    # its checkpoint names its generators: the xy set, also six ranges, is refused with the fix
+    from partition_fx.training import load_checkpoint
+
+    pmodel = train_job([*TINY, *argv[:-2]]).pmodel
+    load_checkpoint(pmodel, run / "checkpoint" / "last.safetensors", hyper=AffineAugmentation(generators="augerino"))
+    with pytest.raises(Exception, match=r"of the generators .*scale, stretch.* build the augmentation with generators"):
+        load_checkpoint(pmodel, run / "checkpoint" / "last.safetensors", hyper=AffineAugmentation())
 
 
 def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_set_drawn_uniformly() -> None:

@@ -12,7 +12,9 @@ early) and must finish equal to the stored uninterrupted run. A failure names th
 The files were generated at commit e0df00f and every job's again when learned ranges began to start wide
 (``AffineAugmentation(init="wide")``) with parameter steps trained on 0.75 of them (``train_range_factor``): with
 those two defaults put back (``init="zero"``, ``train_range_factor=1.0``) every job still computed the earlier files
-bit for bit. Before that, ``cli_train_export``'s record was written again four times, each time
+bit for bit. The ``.safetensors`` files were written again when ``AffineAugmentation``'s state began to name its
+generators (``hyper/generator_ids``, added; every other tensor unchanged). Before that, ``cli_train_export``'s record
+was written again four times, each time
 with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer
 carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's config gains
 them at their defaults, ``xy`` and ``uniform``), when ``hyper_norm`` joined the training configuration

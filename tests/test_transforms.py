@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from partition_fx.errors import PartitionArgumentError
+from partition_fx.choices import RANGE_NAMES
+from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout, HyperparameterModule, InputMask
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
@@ -189,10 +190,6 @@ def test_affine_hyperparameters_are_plain_floats() -> None:
     assert all(type(v) is float for v in hp.values())
     assert hp == {"rotation": 0.25, "translation_x": 0.0}
     assert isinstance(aug, HyperparameterModule)
-
-
-def test_affine_state_dict_holds_only_ranges() -> None:
-    assert list(AffineAugmentation().state_dict()) == ["ranges"]
 
 
 def test_affine_is_deterministic_under_manual_seed() -> None:
@@ -410,6 +407,18 @@ def test_wide_ranges_under_autocast_give_the_fp32_transforms(dtype):
     assert torch.isfinite(mixed).all() and torch.allclose(
         mixed.float(), aug.transform(x, eps), atol=0.05
     )  # grid in bf16
+
+
+def test_a_state_of_other_generators_is_refused_and_one_written_before_they_were_saved_loads():
+    xy, augerino = AffineAugmentation(init=0.1), AffineAugmentation(generators="augerino", init=0.3)
+    assert xy.state_dict()["generator_ids"].tolist() == [RANGE_NAMES.index(name) for name in xy.generators]
+    expected = r"rotation, scale, stretch, shear: build the augmentation with generators='xy' \(--generators xy\)"
+    with pytest.raises(PartitionCheckpointError, match=expected):
+        augerino.load_state_dict(xy.state_dict())
+    assert augerino.hyperparameters()["scale"] == float(torch.tensor(0.3))  # nothing loaded
+    augerino.load_state_dict({"ranges": xy.ranges.detach()})  # an earlier checkpoint: ranges alone
+    assert augerino.hyperparameters()["scale"] == float(torch.tensor(0.1))
+    assert list(augerino.state_dict()) == ["ranges", "generator_ids"]
 
 
 def test_named_starts_put_every_range_at_its_bound_or_0_and_a_bad_name_is_refused():

@@ -13,7 +13,7 @@ from torch import nn
 
 from .._validation import check_choice, check_int, check_real
 from ..choices import AFFINE_GENERATORS, AUGMENTATION_DRAWS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
-from ..errors import PartitionArgumentError
+from ..errors import PartitionArgumentError, PartitionCheckpointError
 from .base import HyperparameterModule
 
 # Lie-algebra generators of the affine group as 3x3 homogeneous matrices in the normalised [-1, 1]
@@ -159,6 +159,9 @@ class AffineAugmentation(HyperparameterModule):
                     f"pass a smaller init or raise max_range={{{name!r}: ...}}"
                 )
         self.ranges = nn.Parameter(torch.tensor([start[name] for name in self.generators], dtype=torch.float32))
+        # Which generator each range belongs to (its index in RANGE_NAMES), saved beside the ranges: the xy and
+        # augerino sets both have six, so without it a checkpoint of one would load into the other without a word.
+        self.register_buffer("generator_ids", torch.tensor([RANGE_NAMES.index(name) for name in self.generators]))
         # Constants derived from the arguments, not state: non-persistent so checkpoints hold only ranges.
         matrices = torch.tensor([GENERATORS[name] for name in self.generators], dtype=torch.float32)
         self.register_buffer("generator_matrices", matrices, persistent=False)
@@ -188,6 +191,22 @@ class AffineAugmentation(HyperparameterModule):
         augmentation = cls(num_samples=num_samples, init=dict(ranges), max_range=bounds, **options)
         augmentation.ranges.requires_grad_(False)
         return augmentation
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """Refuse a state of other generators, with one message naming both sets; a state written before the
+        generators were saved (every such run used the xy set's order, or its own ``generators``) loads as before,
+        as ``nn.BatchNorm`` fills in a missing ``num_batches_tracked``."""
+        key = prefix + "generator_ids"
+        saved = state_dict.setdefault(key, self.generator_ids)
+        if isinstance(saved, torch.Tensor) and saved.tolist() != self.generator_ids.tolist():
+            theirs = [RANGE_NAMES[i] if 0 <= i < len(RANGE_NAMES) else f"#{i}" for i in saved.tolist()]
+            names = [name for name, members in GENERATOR_SETS.items() if list(members) == theirs]
+            fix = f"generators={names[0]!r} (--generators {names[0]})" if names else f"generators={theirs}"
+            raise PartitionCheckpointError(
+                f"the state's affine ranges are of the generators {', '.join(theirs)}, but this AffineAugmentation's "
+                f"are {', '.join(self.generators)}: build the augmentation with {fix} to load it"
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def is_fixed(self) -> bool:
