@@ -72,6 +72,27 @@ def learned_augmentation(result: Results) -> str:
     return markdown_table([*header, "training images", "time (s)"], body)
 
 
+def learned_augmentation_seeds(result: Results) -> str:
+    """One line per run: each target of issue 43 is a per-seed target, so the values behind each mean."""
+    header = ["data", "augmentation", "seed", "test accuracy", "averaged over 8", "rotation (rad)", "other ranges"]
+    body = []
+    for r in result["rows"]:
+        for i, seed in enumerate(r["seeds"]):
+            others = {k: v for k, v in r["ranges"][i].items() if k != "rotation"} if r["rotation"] else {}
+            body.append(
+                [
+                    r["data"],
+                    ARM_LABELS.get(r["augment"], r["augment"]),
+                    str(seed),
+                    f"{r['test_accuracy'][i]:.4f}",
+                    f"{r['averaged_test_accuracy'][i]:.4f}" if r.get("averaged_test_accuracy") else "-",
+                    f"{r['rotation'][i]:.2f}" if r["rotation"] else "-",
+                    ", ".join(f"{k} {v:.2f}" for k, v in others.items()) or "-",
+                ]
+            )
+    return markdown_table(header, body)
+
+
 def conversion(result: Results) -> str:
     body = [
         [
@@ -516,6 +537,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_estimators": hyper_estimators,
     "hyper_gradient_variance": hyper_gradient_variance,
     "learned_augmentation": learned_augmentation,
+    "learned_augmentation_seeds": learned_augmentation_seeds,
     "conversion": conversion,
     "step_time": step_time,
     "operator_counts": operator_counts,
