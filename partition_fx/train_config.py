@@ -337,8 +337,10 @@ class TrainConfig(Settings):
     @classmethod
     def paper(cls, **keywords: Any) -> TrainConfig:
         """The paper's hyperparameter step (appendix I.1): one chunk k ~ Cat(u_2..C) on a minibatch as large as
-        the parameter step's, every iteration, with the input transform's own samples; Adam 1e-3 on weights
-        and hyperparameters at a constant rate, batches of 128, no fine-tuning; with ``keywords`` changed.
+        the parameter step's, every iteration, with the input transform's own samples, parameter steps on the
+        ranges themselves; Adam 1e-3 on weights and hyperparameters at a constant rate, batches of 128, no
+        fine-tuning; with ``keywords`` changed. (The paper's ranges also start at 0: ``AffineAugmentation(init=
+        "zero")``.)
 
         >>> TrainConfig.paper(steps=10).hyper.every
         1
@@ -351,6 +353,7 @@ class TrainConfig(Settings):
             "hyper_chunks": "one",
             "hyper_samples": None,
             "hyper_batch_size": None,
+            "train_range_factor": 1.0,
             "finetune_steps": 0,
         }
         return cls().replace(**{**paper, **keywords})

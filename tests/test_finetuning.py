@@ -89,7 +89,7 @@ def test_train_range_factor_widens_parameter_steps_only(every_partition):
 
 def test_train_range_factor_leaves_fixed_ranges_as_they_are():
     """Fixed ranges are the augmentation chosen for the model (the oracle, ``--fix``): parameter steps train on them
-    whatever ``train_range_factor`` says, bit for bit; learned ranges are widened by the default factor."""
+    whatever ``train_range_factor`` says, bit for bit; learned ranges are widened by it."""
     weights = []
     for factor in (0.5, 1.0):
         trainer = _trainer(hyper=AffineAugmentation.fixed({"rotation": 0.4}, num_samples=2), train_range_factor=factor)
@@ -97,7 +97,8 @@ def test_train_range_factor_leaves_fixed_ranges_as_they_are():
         trainer.parameter_step()
         weights.append(_weights(trainer))
     assert all(torch.equal(a, b) for a, b in zip(*weights))
-    assert _trainer(hyper=AffineAugmentation(num_samples=2)).steps.train_range_factor == 0.75  # the default, learned
+    learned = _trainer(hyper=AffineAugmentation(num_samples=2), train_range_factor=0.5)
+    assert learned.steps.train_range_factor == 0.5  # learned ranges are widened
 
 
 def test_train_range_factor_needs_a_transform_that_widens():

@@ -104,6 +104,7 @@ def test_each_paper_recipe_runs_a_few_steps_on_files_in_the_real_format(copies, 
     assert config["recipe"] == recipe and config["image_size"] == 32 and config["proportions"] == [0.8, 0.1, 0.1]
     assert train["optimization"]["optimizer"] == "sgd" and train["optimization"]["momentum"] == 0.9
     assert train["optimization"]["steps"] == 3 and train["hyper"]["chunks"] == "one"
+    assert config["init"] == "zero" and train["hyper"]["train_range_factor"] == 1.0  # the paper's, not the defaults
     assert report["steps"] == 3 and 0.0 <= report["test_accuracy"] <= 1.0
     assert (out / "model.onnx").is_file()
 

@@ -155,6 +155,10 @@ def test_the_trainer_built_from_keywords_equals_the_one_built_from_a_configurati
     assert by_keywords.fingerprint() == by_config.fingerprint()
 
 
+def test_the_paper_s_step_trains_on_the_ranges_themselves() -> None:
+    assert TrainConfig.paper().hyper.train_range_factor == 1.0 and TrainConfig().hyper.train_range_factor == 0.75
+
+
 def _paper_rest() -> dict:
     paper = TrainConfig.paper().flat()
     return {k: v for k, v in paper.items() if k not in ("batch_size", "hyper_every")}
