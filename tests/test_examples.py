@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +69,13 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
     # but not one whose ranges started elsewhere (as an earlier default start would have): it is trained again
     path = tmp_path / "rotdigits_affine_s0" / "report.json"
     report = json.loads(path.read_text())
-    assert report["initial_hyperparameters"]["rotation"] == 0.0
+    wide = float(np.float32(math.pi))  # the default start (AffineAugmentation's WIDE_START)
+    assert report["initial_hyperparameters"]["rotation"] == wide
     path.write_text(
         json.dumps(report | {"initial_hyperparameters": {**report["initial_hyperparameters"], "rotation": 1.5}})
     )
     module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])
-    assert json.loads(path.read_text())["initial_hyperparameters"]["rotation"] == 0.0
+    assert json.loads(path.read_text())["initial_hyperparameters"]["rotation"] == wide
 
 
 def test_federated_benchmark_quick(tmp_path, capsys):
