@@ -8,7 +8,7 @@ directory that already holds a completed run of the same configuration is reused
 ``benchmarks/results/learned_augmentation.json``.
 
     python -m benchmarks.learned_augmentation [--seeds 0,1,2] [--configs rotdigits:affine,...]
-        [--runs runs/learned_augmentation] [--image-size N] [--quick]
+        [--runs runs/learned_augmentation] [--image-size N] [--device cuda] [--machine TEXT] [--quick]
 """
 
 from __future__ import annotations
@@ -56,6 +56,22 @@ ARMS = {
     "wide_narrow": ["--init", WIDE, "--train-range-factor", "0.75"],
     # the default before issue 43 made wide_narrow the default: every range from 0, parameter steps on the ranges
     "zero_start": ["--init", "zero", "--train-range-factor", "1"],
+    # issue 43's second round, each one change of the wide-start default: a cheaper hyperparameter step (6 or 4
+    # samples per example instead of 16, with stratified draws to make up the variance), the parameter steps'
+    # share of the ranges, the hyperparameter learning rate, and Augerino's generator set
+    "s6": ["--hyper-samples", "6"],
+    "s6_stratified": ["--hyper-samples", "6", "--draws", "stratified"],
+    "s4_stratified": ["--hyper-samples", "4", "--draws", "stratified"],
+    "factor_0.5": ["--train-range-factor", "0.5"],
+    "factor_0.9": ["--train-range-factor", "0.9"],
+    "augerino_generators": ["--generators", "augerino"],
+    "augerino_s6_stratified": ["--generators", "augerino", "--hyper-samples", "6", "--draws", "stratified"],
+    "factor_0.6": ["--train-range-factor", "0.6"],
+    "factor_0.5_s6": ["--train-range-factor", "0.5", "--hyper-samples", "6"],
+    "factor_0.5_s6_stratified": ["--train-range-factor", "0.5", "--hyper-samples", "6", "--draws", "stratified"],
+    "factor_0.5_b8s12": ["--train-range-factor", "0.5", "--hyper-batch-size", "8", "--hyper-samples", "12"],
+    "augerino_factor_0.5": ["--generators", "augerino", "--train-range-factor", "0.5"],
+    "augerino_zero_start": ["--generators", "augerino", "--init", "zero", "--train-range-factor", "1"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]
@@ -137,15 +153,22 @@ def main(argv: list[str] | None = None) -> dict:
         help="train at this size (default: the data's own); `scattered` was measured at 28, the default before "
         "image folders kept their own size (20 for write_scattered_digits' folder)",
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="train there (default: `partition-fx train`'s)")
+    parser.add_argument(
+        "--machine", help="where the runs under --runs were made, when not here (recorded as the results' machine)"
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     extra = QUICK if args.quick else []
     if args.image_size is not None:
         extra = [*extra, "--image-size", str(args.image_size)]
+    if args.device is not None:
+        extra = [*extra, "--device", args.device]
     configs = [_config(entry, seeds) for entry in args.configs.split(",")]
-    rows = []
+    rows, made = [], set()
     for data, augment, config_seeds in configs:
         reports = [run(data, augment, seed, args.runs, extra) for seed in config_seeds]
+        made.update((r["device"], r["torch"]) for r in reports)
         rotation = [r["hyperparameters"].get("rotation") for r in reports]
         rows.append(
             {
@@ -178,7 +201,11 @@ def main(argv: list[str] | None = None) -> dict:
             }
         )
 
-    result = results(header("learned_augmentation", quick=args.quick), {"configs": configs}, rows)
+    meta = header("learned_augmentation", quick=args.quick, machine=args.machine)
+    if args.machine is not None:  # the runs were made elsewhere: their reports say on what
+        meta["device"] = ", ".join(sorted({device for device, _ in made}))
+        meta["torch"] = ", ".join(sorted({torch for _, torch in made}))
+    result = results(meta, {"configs": configs}, rows)
     print(tables.learned_augmentation(result))
     if not args.quick:
         write_results(args.out, result)
