@@ -29,8 +29,8 @@ def run(dataset: str, steps: int, augment: bool, seed: int = 0, image_size: int 
     model = timm.create_model("resnet10t", num_classes=10, in_chans=1)
     pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=seed)
     augmentation = AffineAugmentation(num_samples=4) if augment else None
-    # the command's hyperparameter step (every chunk, 16 samples of 16 examples each, every 2nd iteration)
-    hyper_step = {"hyper_chunks": "all", "hyper_samples": 16, "hyper_batch_size": 16, "hyper_every": 2}
+    # the command's hyperparameter step (every chunk, 6 samples of 16 examples each, every 2nd iteration)
+    hyper_step = {"hyper_chunks": "all", "hyper_samples": 6, "hyper_batch_size": 16, "hyper_every": 2}
     result = fit(
         pmodel,
         data.train,

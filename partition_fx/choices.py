@@ -36,6 +36,16 @@ independent x and y zooms, so that a range of sizes can be learned without stret
 GENERATOR_SETS = {"xy": AFFINE_GENERATORS, "augerino": AUGERINO_GENERATORS}
 """The named generator sets ``AffineAugmentation(generators=NAME)`` and ``--generators`` take."""
 
+
+def generator_set_name(generators: tuple[str, ...] | list[str]) -> str | None:
+    """The name in ``GENERATOR_SETS`` of the set ``generators`` is, in its order; None for any other.
+
+    >>> generator_set_name(AUGERINO_GENERATORS), generator_set_name(["rotation"])
+    ('augerino', None)
+    """
+    return next((name for name, members in GENERATOR_SETS.items() if tuple(generators) == members), None)
+
+
 RANGE_NAMES = tuple(dict.fromkeys(AFFINE_GENERATORS + AUGERINO_GENERATORS))
 """Every range an ``AffineAugmentation`` may have, by name (``transforms.affine.GENERATORS``)."""
 

@@ -208,9 +208,10 @@ class JobSpec(Settings):
         absent_means="xy",  # reports written before it existed all had these
     )
     draws: str = setting(
-        "uniform",
-        "how each example's augmentation samples are drawn: uniform (independently), or stratified (each range's "
-        "S samples one in each of S equal strata, a Latin hypercube: the same distribution, less variance)",
+        "stratified",
+        "how each example's augmentation samples are drawn: stratified (each range's S samples one in each of S "
+        "equal strata, a Latin hypercube: the same distribution, less variance), or uniform (independently, the "
+        "paper's)",
         choices=AUGMENTATION_DRAWS,
         absent_means="uniform",
     )

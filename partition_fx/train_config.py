@@ -4,7 +4,7 @@ frozen, torch-free configuration with one set of defaults.
 ``fit(pmodel, data, hyper=..., steps=N, seed=S)`` and ``partition-fx train --steps N --seed S`` train with the
 same :meth:`TrainConfig.recommended` recipe; ``TrainConfig.paper()`` is the paper's exact hyperparameter step.
 Each field is declared once below (default, help, choices, bounds, whether a resumed run must match it), and
-from there come ``fit``'s keywords (``hyper_samples=16``), the command line's options (``--hyper-samples``),
+from there come ``fit``'s keywords (``hyper_samples=6``), the command line's options (``--hyper-samples``),
 the checks, ``to_dict``/``from_dict`` (what ``report.json``, a run's ``config.json`` and ``--resume`` hold)
 and the fields of the resume fingerprint.
 
@@ -13,7 +13,7 @@ likelihood, optimiser factories, hooks) and where it runs (device, checkpoint di
 
 >>> config = TrainConfig.recommended(steps=200, seed=3)
 >>> config.optimization.steps, config.hyper.samples, config.finetune_steps, config.eval_every
-(200, 16, 50, 20)
+(200, 6, 50, 20)
 >>> TrainConfig.from_dict(config.to_dict()) == config
 True
 """
@@ -91,7 +91,7 @@ class HyperStep(Settings):
     ``train_range_factor`` F: while hyperparameters are learned, partitioned training's parameter steps draw the
     augmentation from its ranges times F (for a transform with ``widened``, such as ``AffineAugmentation``;
     ignored by others and by fixed ranges), so the subnetworks that score psi were trained on augmentation
-    narrower (F < 1, the default 0.75) or wider than psi: a range the data does not hold then costs evidence
+    narrower (F < 1, the default 0.5) or wider than psi: a range the data does not hold then costs evidence
     that the weights do not absorb, and shrinks."""
 
     section_help = "learned hyperparameters"
@@ -107,7 +107,7 @@ class HyperStep(Settings):
         fingerprint=True,
     )
     samples: int | None = setting(
-        16,
+        6,
         "augmentation samples per example in hyperparameter steps, for an input transform that draws samples",
         keyword="hyper_samples",
         minimum=1,
@@ -120,7 +120,7 @@ class HyperStep(Settings):
     warmup_steps: int = setting(0, "iterations before the first hyperparameter step", minimum=0, metavar="N",
                                 fingerprint=True)  # fmt: skip
     train_range_factor: float = setting(
-        0.75,
+        0.5,
         "parameter steps of partitioned training draw the learned augmentation from its ranges times F (1: the "
         "ranges themselves, the paper's; fine-tuning always uses them; ignored by fixed ranges and by a transform "
         "that cannot scale them)",
@@ -329,9 +329,10 @@ class TrainConfig(Settings):
     @classmethod
     def recommended(cls, **keywords: Any) -> TrainConfig:
         """The recipe ``fit`` and ``partition-fx train`` default to (the defaults of every field), with
-        ``keywords`` changed: every chunk scored with 16 augmentation samples of 16 examples every 2nd
-        iteration, Adam 0.05 on the hyperparameters, Adam 1e-3 on the weights cosine-annealed to 1e-5, the last
-        quarter fine-tuning. The project's measurements chose it (``docs/benchmarks.md``)."""
+        ``keywords`` changed: every chunk scored with 6 augmentation samples of 16 examples every 2nd
+        iteration, Adam 0.05 on the hyperparameters, parameter steps on half the learned ranges, Adam 1e-3 on
+        the weights cosine-annealed to 1e-5, the last quarter fine-tuning. The project's measurements chose it
+        (``docs/benchmarks.md``)."""
         return cls().replace(**keywords)
 
     @classmethod
@@ -339,8 +340,8 @@ class TrainConfig(Settings):
         """The paper's hyperparameter step (appendix I.1): one chunk k ~ Cat(u_2..C) on a minibatch as large as
         the parameter step's, every iteration, with the input transform's own samples, parameter steps on the
         ranges themselves; Adam 1e-3 on weights and hyperparameters at a constant rate, batches of 128, no
-        fine-tuning; with ``keywords`` changed. (The paper's ranges also start at 0: ``AffineAugmentation(init=
-        "zero")``.)
+        fine-tuning; with ``keywords`` changed. (The paper's ranges also start at 0 and its samples are drawn
+        independently: ``AffineAugmentation(init="zero", draws="uniform")``.)
 
         >>> TrainConfig.paper(steps=10).hyper.every
         1

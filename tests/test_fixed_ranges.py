@@ -158,7 +158,7 @@ def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_p
     argv = ["--partitions", "1", "--generators", "augerino", "--fix", "stretch=0.2", "--out", str(run)]
     assert main(["train", *TINY, *argv]) == 0
     report = _report(run)
-    assert report["config"]["generators"] == "augerino" and report["config"]["draws"] == "uniform"
+    assert report["config"]["generators"] == "augerino" and report["config"]["draws"] == "stratified"
     assert report["hyperparameters"] == dict.fromkeys(GENERATOR_SETS["augerino"], 0.0) | {"stretch": _float32(0.2)}
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
     # its checkpoint names its generators: the xy set, also six ranges, is refused with the fix
@@ -177,7 +177,7 @@ def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_se
     config = job_spec(parse_train([])).to_dict()
     older = {key: value for key, value in config.items() if key not in ("generators", "draws")}
     spec = read_spec(older)
-    assert (spec.generators, spec.draws) == ("xy", "uniform") and spec.to_dict() == config
+    assert (spec.generators, spec.draws) == ("xy", "uniform") and spec.to_dict() == {**config, "draws": "uniform"}
     without_steps = {**config, "train": {**config["train"], "optimization": {}}}
     with pytest.raises(Exception, match="earlier development version"):  # any other missing key is still refused
         read_spec(without_steps)

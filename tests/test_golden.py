@@ -12,7 +12,10 @@ early) and must finish equal to the stored uninterrupted run. A failure names th
 The files were generated at commit e0df00f and every job's again when learned ranges began to start wide
 (``AffineAugmentation(init="wide")``) with parameter steps trained on 0.75 of them (``train_range_factor``): with
 those two defaults put back (``init="zero"``, ``train_range_factor=1.0``) every job still computed the earlier files
-bit for bit. The ``.safetensors`` files were written again when ``AffineAugmentation``'s state began to name its
+bit for bit. Every job's files were written again when the hyperparameter step was cut to the run (6
+augmentation samples instead of 16, drawn stratified, parameter steps on half the ranges instead of 0.75): with
+those three defaults put back every job still computed the earlier files bit for bit. The ``.safetensors`` files
+were written again when ``AffineAugmentation``'s state began to name its
 generators (``hyper/generator_ids``, added; every other tensor unchanged). Before that, ``cli_train_export``'s record
 was written again four times, each time
 with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer

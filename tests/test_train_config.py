@@ -156,7 +156,7 @@ def test_the_trainer_built_from_keywords_equals_the_one_built_from_a_configurati
 
 
 def test_the_paper_s_step_trains_on_the_ranges_themselves() -> None:
-    assert TrainConfig.paper().hyper.train_range_factor == 1.0 and TrainConfig().hyper.train_range_factor == 0.75
+    assert TrainConfig.paper().hyper.train_range_factor == 1.0 and TrainConfig().hyper.train_range_factor == 0.5
 
 
 def _paper_rest() -> dict:

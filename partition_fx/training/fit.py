@@ -25,7 +25,7 @@ from torch import nn
 
 from .._io import write_json
 from .._validation import check_directory, check_flag
-from ..choices import GENERATOR_SETS
+from ..choices import GENERATOR_SETS, generator_set_name
 from ..errors import PartitionArgumentError
 from ..job_spec import JobSpec
 from ..partitioned_model import PartitionedModel
@@ -98,8 +98,7 @@ def _command_config(
 
 def _augmentation(hyper: AffineAugmentation) -> dict[str, str]:
     """The command's ``--generators`` and ``--draws`` that build ``hyper``'s."""
-    generators = next(name for name, names in GENERATOR_SETS.items() if names == hyper.generators)
-    return {"generators": generators, "draws": hyper.draws}
+    return {"generators": generator_set_name(hyper.generators), "draws": hyper.draws}
 
 
 def _as_the_command_builds(hyper: AffineAugmentation) -> bool:

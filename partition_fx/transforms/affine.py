@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_choice, check_int, check_real
-from ..choices import AFFINE_GENERATORS, AUGMENTATION_DRAWS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
+from ..choices import (
+    AFFINE_GENERATORS,
+    AUGMENTATION_DRAWS,
+    GENERATOR_SETS,
+    RANGE_NAMES,
+    RANGE_STARTS,
+    generator_set_name,
+)
 from ..errors import PartitionArgumentError, PartitionCheckpointError
 from .base import HyperparameterModule
 
@@ -95,10 +102,10 @@ class AffineAugmentation(HyperparameterModule):
     shear) or ``"augerino"`` (Augerino's: an isotropic ``scale`` and a ``stretch`` of the aspect ratio in place
     of the two zooms, which span the same maps but let the data keep one without the other).
 
-    **Draws.** ``draws="uniform"`` (the default) draws every coefficient independently; ``"stratified"`` draws
-    each generator's S coefficients of an example as a Latin hypercube: one in each of S equal strata of
-    [-1, 1], in a random order. Each coefficient is still uniform on [-1, 1], so the expected loss is the same;
-    its average over the S samples varies less.
+    **Draws.** ``draws="stratified"`` (the default) draws each generator's S coefficients of an example as a
+    Latin hypercube: one in each of S equal strata of [-1, 1], in a random order. Each coefficient is still
+    uniform on [-1, 1], so the expected loss is the same; its average over the S samples varies less, which lets
+    the hyperparameter step use few samples. ``"uniform"`` (the paper's) draws every coefficient independently.
 
     **Where learning starts.** ``init="wide"`` (the default) starts every range at ``WIDE_START`` (within its
     bound): wide augmentation that keeps the image, for the LML to shrink where the data does not hold it (with
@@ -129,7 +136,7 @@ class AffineAugmentation(HyperparameterModule):
         max_range: Mapping[str, float] | None = None,
         padding_mode: str = "zeros",
         align_corners: bool = False,
-        draws: str = "uniform",
+        draws: str = "stratified",
     ) -> None:
         super().__init__()
         self.num_samples = _check_num_samples(num_samples)
@@ -200,8 +207,8 @@ class AffineAugmentation(HyperparameterModule):
         saved = state_dict.setdefault(key, self.generator_ids)
         if isinstance(saved, torch.Tensor) and saved.tolist() != self.generator_ids.tolist():
             theirs = [RANGE_NAMES[i] if 0 <= i < len(RANGE_NAMES) else f"#{i}" for i in saved.tolist()]
-            names = [name for name, members in GENERATOR_SETS.items() if list(members) == theirs]
-            fix = f"generators={names[0]!r} (--generators {names[0]})" if names else f"generators={theirs}"
+            name = generator_set_name(theirs)
+            fix = f"generators={name!r} (--generators {name})" if name else f"generators={theirs}"
             raise PartitionCheckpointError(
                 f"the state's affine ranges are of the generators {', '.join(theirs)}, but this AffineAugmentation's "
                 f"are {', '.join(self.generators)}: build the augmentation with {fix} to load it"
