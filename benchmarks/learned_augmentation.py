@@ -29,6 +29,9 @@ HALF_BOUNDS = "translation_x=0.5,translation_y=0.5,rotation=1.5708,scale_x=0.346
 WIDE = "rotation=3.14159,translation_x=0.25,translation_y=0.25,scale_x=0.2,scale_y=0.2,shear=0.2"
 """Every range started away from 0 and none where it destroys the image: every angle (rotation keeps the content),
 an eighth of the image's width of shift, zooms and shear of about 20%."""
+PREVIOUS_DEFAULT = ["--train-range-factor", "0.75", "--hyper-samples", "16", "--draws", "uniform"]
+"""Issue 43's first default, the options that the second one (``affine``) changed: parameter steps on 0.75 of the
+ranges, 16 augmentation samples per example drawn independently in the hyperparameter step."""
 ARMS = {
     "affine": ["--augment", "affine"],
     "none": ["--augment", "none"],
@@ -54,24 +57,51 @@ ARMS = {
     "hyper_norm_detached": ["--hyper-norm", "detached"],
     "hyper_norm_running": ["--hyper-norm", "running"],
     "wide_narrow": ["--init", WIDE, "--train-range-factor", "0.75"],
-    # the default before issue 43 made wide_narrow the default: every range from 0, parameter steps on the ranges
-    "zero_start": ["--init", "zero", "--train-range-factor", "1"],
-    # issue 43's second round, each one change of the wide-start default: a cheaper hyperparameter step (6 or 4
-    # samples per example instead of 16, with stratified draws to make up the variance), the parameter steps'
-    # share of the ranges, the hyperparameter learning rate, and Augerino's generator set
-    "s6": ["--hyper-samples", "6"],
-    "s6_stratified": ["--hyper-samples", "6", "--draws", "stratified"],
-    "s4_stratified": ["--hyper-samples", "4", "--draws", "stratified"],
-    "factor_0.5": ["--train-range-factor", "0.5"],
-    "factor_0.9": ["--train-range-factor", "0.9"],
-    "augerino_generators": ["--generators", "augerino"],
-    "augerino_s6_stratified": ["--generators", "augerino", "--hyper-samples", "6", "--draws", "stratified"],
-    "factor_0.6": ["--train-range-factor", "0.6"],
-    "factor_0.5_s6": ["--train-range-factor", "0.5", "--hyper-samples", "6"],
-    "factor_0.5_s6_stratified": ["--train-range-factor", "0.5", "--hyper-samples", "6", "--draws", "stratified"],
-    "factor_0.5_b8s12": ["--train-range-factor", "0.5", "--hyper-batch-size", "8", "--hyper-samples", "12"],
-    "augerino_factor_0.5": ["--generators", "augerino", "--train-range-factor", "0.5"],
-    "augerino_zero_start": ["--generators", "augerino", "--init", "zero", "--train-range-factor", "1"],
+    # issue 43's first default (every range wide, parameter steps on 0.75 of them, 16 uniform hyper samples), and the
+    # default before it (every range from 0, parameter steps on the ranges themselves)
+    "wide_0.75": PREVIOUS_DEFAULT,
+    "zero_start": [*PREVIOUS_DEFAULT, "--init", "zero", "--train-range-factor", "1"],
+    # issue 43's second round, each one change of wide_0.75 (`affine`, the default since, is factor_0.5 with 6
+    # stratified samples): a cheaper hyperparameter step (6 or 4 samples per example instead of 16, with or without
+    # stratified draws), the parameter steps' share of the ranges, the hyperparameter learning rate, Augerino's
+    # generator set, and combinations
+    "s6": [*PREVIOUS_DEFAULT, "--hyper-samples", "6"],
+    "s6_stratified": [*PREVIOUS_DEFAULT, "--hyper-samples", "6", "--draws", "stratified"],
+    "s4_stratified": [*PREVIOUS_DEFAULT, "--hyper-samples", "4", "--draws", "stratified"],
+    "factor_0.5": [*PREVIOUS_DEFAULT, "--train-range-factor", "0.5"],
+    "factor_0.6": [*PREVIOUS_DEFAULT, "--train-range-factor", "0.6"],
+    "factor_0.9": [*PREVIOUS_DEFAULT, "--train-range-factor", "0.9"],
+    "hyper_lr_0.1_wide": [*PREVIOUS_DEFAULT, "--hyper-lr", "0.1"],
+    "factor_0.5_s6": [*PREVIOUS_DEFAULT, "--train-range-factor", "0.5", "--hyper-samples", "6"],
+    "factor_0.5_b8s12": [
+        *PREVIOUS_DEFAULT,
+        "--train-range-factor",
+        "0.5",
+        "--hyper-batch-size",
+        "8",
+        "--hyper-samples",
+        "12",
+    ],
+    "augerino_generators": [*PREVIOUS_DEFAULT, "--generators", "augerino"],
+    "augerino_s6_stratified": [
+        *PREVIOUS_DEFAULT,
+        "--generators",
+        "augerino",
+        "--hyper-samples",
+        "6",
+        "--draws",
+        "stratified",
+    ],
+    "augerino_factor_0.5": [*PREVIOUS_DEFAULT, "--generators", "augerino", "--train-range-factor", "0.5"],
+    "augerino_zero_start": [
+        *PREVIOUS_DEFAULT,
+        "--generators",
+        "augerino",
+        "--init",
+        "zero",
+        "--train-range-factor",
+        "1",
+    ],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]

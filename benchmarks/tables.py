@@ -93,6 +93,32 @@ def learned_augmentation_seeds(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def learned_ranges_per_seed(result: Results) -> str:
+    """One line per arm, each seed's value in a cell: the learned ranges issue 43 sets targets for (the rotation on
+    rotdigits and digits; elsewhere translation x / y / the larger zoom), the plain and the averaged accuracy."""
+    header = ["data", "augmentation", "rotation, or translation x/y/zoom", "test accuracy", "averaged over 8"]
+    body = []
+    for r in result["rows"]:
+        if r["data"] in ("rotdigits", "digits"):
+            ranges = ", ".join(f"{value:.2f}" for value in r["rotation"])
+        else:
+            ranges = ", ".join(
+                f"{h.get('translation_x', 0):.2f}/{h.get('translation_y', 0):.2f}/"
+                f"{max(h.get(name, 0) for name in ('scale', 'scale_x', 'scale_y')):.2f}"
+                for h in r["ranges"]
+            )
+        body.append(
+            [
+                r["data"],
+                ARM_LABELS.get(r["augment"], r["augment"]),
+                ranges,
+                ", ".join(f"{a:.3f}" for a in r["test_accuracy"]),
+                ", ".join(f"{a:.3f}" for a in r["averaged_test_accuracy"]),
+            ]
+        )
+    return markdown_table(header, body)
+
+
 def conversion(result: Results) -> str:
     body = [
         [
