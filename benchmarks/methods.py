@@ -60,10 +60,14 @@ class Budget:
 
     def recipe(self, finetune_steps: int = 0) -> TrainConfig:
         """The recommended training configuration (what ``fit`` and `partition-fx train` default to, the
-        hyper-step estimator included), with this budget's iterations, batch and learning rates."""
+        hyper-step estimator included), with this budget's iterations, batch and learning rates, and the
+        hyperparameter step's examples per chunk scaled with the batch as the default job's (16 of 64): its
+        images then stay below the parameter steps' and the validation baseline's hyperparameter steps'."""
+        default = TrainConfig.recommended()
+        hyper_batch = self.batch_size * default.hyper.batch_size // default.optimization.batch_size
         return TrainConfig.recommended(
             steps=self.steps, batch_size=self.batch_size, lr=self.lr, hyper_lr=self.hyper_lr,
-            finetune_steps=finetune_steps,
+            hyper_batch_size=max(1, hyper_batch), finetune_steps=finetune_steps,
         )  # fmt: skip
 
     def finetune_steps(self) -> int:
