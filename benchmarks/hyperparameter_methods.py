@@ -45,7 +45,7 @@ Prints the tables and writes ``benchmarks/results/hyperparameter_methods.{json,m
 them.
 
     python -m benchmarks.hyperparameter_methods [--jobs 2] [--seeds 0,1,2,3,4] [--trials 20] [--steps 400]
-        [--pairs rotdigits:test_resnet,...] [--methods plain,partitioned,...] [--quick]
+        [--pairs rotdigits:test_resnet,...] [--methods plain,partitioned,...] [--init zero] [--quick]
 """
 
 from __future__ import annotations
@@ -236,9 +236,16 @@ def _optuna(task: methods.Task, model: str, seed: int, budget: methods.Budget, t
     return best | {"seconds": sum(t["seconds"] for t in history), "passes": totals}
 
 
+def _budget(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``methods.Budget`` fields the options set (``init`` only where not the default, so runs cached before it
+    existed are still found)."""
+    budget = QUICK if args.quick else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples}
+    return budget | ({"init": args.init} if args.init != methods.Budget.init else {})
+
+
 def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None = None) -> list[dict[str, Any]]:
     """Every run of the first phase (``results is None``) or the retraining phase (needs the first's)."""
-    budget = QUICK if args.quick else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples}
+    budget = _budget(args)
     jobs = []
 
     def job(method: str, task: str, model: str, seed: int, name: str | None = None, **extra: Any) -> None:
@@ -479,6 +486,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--samples", type=int, default=methods.Budget.samples)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument(
+        "--init", choices=("wide", "zero"), default=methods.Budget.init,
+        help="where every learning method's ranges start (zero: partitioned training's parameter steps then train on "
+        "the ranges themselves)",
+    )  # fmt: skip
+    parser.add_argument(
         "--test-time-samples",
         type=int,
         default=8,
@@ -523,9 +535,7 @@ def main(argv: list[str] | None = None) -> dict:
         datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in (min(written), max(written))
     ]
     config = {
-        "budget": QUICK
-        if args.quick
-        else {"steps": args.steps, "batch_size": args.batch_size, "samples": args.samples},
+        "budget": _budget(args),
         "image_size": args.image_size,
         "trials": args.trials,
         "test_time_samples": args.test_time_samples,

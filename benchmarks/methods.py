@@ -50,13 +50,16 @@ DIVERGED_FACTOR = 10.0
 
 @dataclass(frozen=True)
 class Budget:
-    """What every method gets: iterations, batch, augmentation samples and learning rates."""
+    """What every method gets: iterations, batch, augmentation samples, learning rates, and where learned
+    ranges start (``init``: ``AffineAugmentation``'s default, wide, or ``"zero"``, the paper's and Augerino's,
+    with the parameter steps of partitioned training then on the ranges themselves)."""
 
     steps: int = 400
     batch_size: int = 32
     samples: int = 2
     lr: float = 1e-3
     hyper_lr: float = 0.05
+    init: str = "wide"
 
     def recipe(self, finetune_steps: int = 0) -> TrainConfig:
         """The recommended training configuration (what ``fit`` and `partition-fx train` default to, the
@@ -65,9 +68,10 @@ class Budget:
         images then stay below the parameter steps' and the validation baseline's hyperparameter steps'."""
         default = TrainConfig.recommended()
         hyper_batch = self.batch_size * default.hyper.batch_size // default.optimization.batch_size
+        factor = {"train_range_factor": 1.0} if self.init == "zero" else {}
         return TrainConfig.recommended(
             steps=self.steps, batch_size=self.batch_size, lr=self.lr, hyper_lr=self.hyper_lr,
-            hyper_batch_size=max(1, hyper_batch), finetune_steps=finetune_steps,
+            hyper_batch_size=max(1, hyper_batch), finetune_steps=finetune_steps, **factor,
         )  # fmt: skip
 
     def finetune_steps(self) -> int:
@@ -224,9 +228,9 @@ def train_plain(
     if augmentation is not None or learn is not None:
         if learn is None:
             aug = AffineAugmentation.fixed(augmentation, num_samples=budget.samples)
-        else:  # the baselines start where partitioned training starts: AffineAugmentation's default
+        else:  # the baselines start where partitioned training starts
             unbounded = {name: 1e6 for name in GENERATORS} if learn == "augerino_unsafe" else None
-            aug = AffineAugmentation(num_samples=budget.samples, max_range=unbounded)
+            aug = AffineAugmentation(num_samples=budget.samples, max_range=unbounded, init=budget.init)
     model_optimizer, hyper_factory, schedule = configured_factories(budget.recipe())  # as fit builds them
     optimizer = model_optimizer(model.parameters())
     scheduler = schedule(optimizer)
@@ -308,7 +312,7 @@ def train_partitioned(
     """
     model = _model(task, model_name, seed)
     pmodel = partitionify(model, len(PROPORTIONS), PROPORTIONS, seed=seed)
-    aug = AffineAugmentation(num_samples=budget.samples)
+    aug = AffineAugmentation(num_samples=budget.samples, init=budget.init)
     counter = PassCounter(pmodel)
     outside = [0.0]
 
