@@ -28,6 +28,8 @@ PLACEHOLDER = re.compile(r"^(?P<indent>[ \t]*)\{\{table (?P<name>\w+) (?P<file>[
 COMPANIONS = {
     "hyperparameter_methods.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "hyperparameter_methods_long.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
+    "hyperparameter_methods_wide.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
+    "hyperparameter_methods_zero.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "model_selection.json": (tables.model_selection, tables.model_selection_candidates),
 }
 

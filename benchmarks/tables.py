@@ -564,6 +564,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_gradient_variance": hyper_gradient_variance,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
+    "learned_ranges_per_seed": learned_ranges_per_seed,
     "conversion": conversion,
     "step_time": step_time,
     "operator_counts": operator_counts,
