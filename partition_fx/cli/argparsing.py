@@ -39,6 +39,9 @@ class Parser(argparse.ArgumentParser):
         self.commands: dict[str, Parser] = {}
         self.expand: Callable[[list[str]], list[str]] | None = None
         """Rewrites the words before they are parsed (``train``: a ``--recipe``'s options put first)."""
+        self.defaults_from: Callable[[list[str]], dict[str, Any]] | None = None
+        """Sets the options' defaults from the words before they are parsed (``train``: a ``--config`` file's
+        values, which every option given then overrides); raises ``PartitionError`` for a file it refuses."""
 
     def add_command(self, subparsers: Any, name: str, **kwargs: Any) -> Parser:
         """``subparsers.add_parser(name, **kwargs)``, remembered for the refusals of unknown options."""
@@ -57,6 +60,13 @@ class Parser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         if self.expand is not None:
             args = self.expand(args)
+        if self.defaults_from is not None:
+            from ..errors import PartitionError
+
+            try:
+                self.set_defaults(**self.defaults_from(args))
+            except PartitionError as e:
+                self.error(str(e))
         for arg in args:
             option, equals, value = arg.partition("=")
             if arg.startswith("-") and equals and value == "--":  # argparse would drop it and store []

@@ -36,10 +36,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise PartitionError(f"--checkpoint {args.checkpoint!r} is not a file")
     if args.command == "train":
         if args.resume is not None:
+            if args.config is not None:
+                raise PartitionArgumentError(
+                    f"--resume continues {str(args.resume)!r} with its own configuration; drop --config "
+                    f"{str(args.config)!r}"
+                )
             check_job(resumed_spec(args)[0])
         else:
             check_job(job_spec(args))
-            check_out(args.out, args.overwrite, {"--data": args.data, "--checkpoint": args.checkpoint})
+            if not args.print_config:  # it writes nothing
+                check_out(args.out, args.overwrite, {"--data": args.data, "--checkpoint": args.checkpoint})
     elif args.command in ("convert", "describe"):
         checked_proportions(args.partitions, args.proportions)
         if args.command == "convert":

@@ -105,6 +105,11 @@ def _run(args: Any) -> None:
         from .convert import run_describe
 
         print(run_describe(args))
+    elif args.command == "train" and args.print_config:  # the job, as --config reads it; nothing trained
+        from .config_files import config_text
+        from .runs import job_spec, resumed_spec
+
+        print(config_text(resumed_spec(args)[0] if args.resume is not None else job_spec(args)), end="")
     elif args.command == "train":
         from .train import run_train
 

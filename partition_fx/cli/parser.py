@@ -34,6 +34,7 @@ from .argparsing import (
     range_values,
     seed,
 )
+from .config_files import config_defaults
 from .recipes import RECIPES
 from .recipes import expand as expand_recipe
 
@@ -270,6 +271,7 @@ def _add_train(train: Parser) -> None:
     """``train``'s options: those of ``JobSpec`` and ``TrainConfig``, generated from their fields, and those that
     say how to run and where to write (no report records them: ``cli.runs.RUN_CONTROL``)."""
     train.expand = expand_recipe
+    train.defaults_from = config_defaults
     _add_model_options(train, classes=False)
     data = train.add_argument_group("data")
     for keyword in JOB_GROUPS["data"]:
@@ -282,6 +284,21 @@ def _add_train(train: Parser) -> None:
         "recipe",
         choices=list(RECIPES),
         help=f"{recipe.help}. {recipes} (default: {recipe.default_text})",
+    )
+    configuration = train.add_argument_group("configuration file")
+    configuration.add_argument(
+        "--config",
+        type=path,
+        default=None,
+        metavar="FILE",
+        help="read the job from this YAML file (as --print-config writes it, or any part of it); every option given "
+        "on the command line overrides the file (default: none)",
+    )
+    configuration.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the whole job these options resolve to, as YAML for --config, and exit without training "
+        "(default: off)",
     )
     hyper = train.add_argument_group("learned hyperparameters")
     fixed = None

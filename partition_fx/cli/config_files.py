@@ -1,0 +1,118 @@
+"""Configuration files of ``partition-fx train``: ``--print-config`` writes the whole resolved job as YAML, and
+``--config FILE`` reads one back as the command's defaults, so that every option given on the command line
+overrides the file.
+
+A file holds the job as ``report.json`` records it under ``config`` (``JobSpec.to_dict()``): the job's own keys
+(``model``, ``data``, ``partitions``, ...) and the training configuration nested under ``train`` by section
+(``train: {optimization: {steps: 40}}``). It may hold any part of it: what it leaves out keeps the command's
+default. A key this version does not know is refused, naming the keys known at that level.
+
+>>> import tempfile
+>>> path = Path(tempfile.mkdtemp()) / "run.yaml"
+>>> _ = path.write_text("model: fixup_resnet8\\ntrain:\\n  optimization:\\n    steps: 40\\n")
+>>> defaults = config_defaults(["--config", str(path), "--steps", "10"])
+>>> defaults["model"], defaults["steps"], defaults["batch_size"]
+('fixup_resnet8', 40, 64)
+>>> config_defaults(["--steps", "10"])
+{}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import PartitionError
+from ..job_spec import JobSpec
+from ..settings import SettingError, SettingTypeError
+
+OPTION = "--config"
+
+
+def config_path(argv: list[str]) -> Path | None:
+    """The ``FILE`` of ``--config FILE`` (or ``--config=FILE``) in ``argv``; None without one (a ``--config``
+    without its value is left for the parser to refuse).
+
+    >>> config_path(["--steps", "3", "--config=run.yaml"]), config_path(["--steps", "3"])
+    (PosixPath('run.yaml'), None)
+    """
+    for i, word in enumerate(argv):
+        if word == OPTION and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if word.startswith(OPTION + "="):
+            return Path(word.partition("=")[2])
+    return None
+
+
+def read_config(path: Path) -> JobSpec:
+    """The job the configuration file ``path`` describes, every key it leaves out at the command's default; one
+    clear error for a missing or unreadable file, YAML that is not a mapping, an unknown key or a bad value."""
+    import yaml
+
+    where = f"{OPTION} {str(path)!r}"
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PartitionError(
+            f"{where}: cannot read it ({e.strerror}); pass a YAML file written by --print-config"
+        ) from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PartitionError(f"{where}: not valid YAML{line} ({getattr(e, 'problem', e)})") from None
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise PartitionError(
+            f"{where}: holds a {type(values).__name__}, not a mapping of options; write it with `partition-fx train "
+            "--print-config > FILE`"
+        )
+    merged = _merged(JobSpec.from_keywords().to_dict(), values, where, ())
+    try:
+        return JobSpec.from_dict(merged, where=where)
+    except (SettingError, SettingTypeError) as e:  # named by its place in the file, and by its option
+        field = JobSpec.keywords()[e.field.keyword]
+        raise PartitionError(f"{where}: {'.'.join(field.path)} {e.problem} (the option {field.flag})") from None
+
+
+def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` over ``defaults``, section by section; a key ``defaults`` lacks is refused."""
+    unknown = sorted(str(key) for key in values if key not in defaults)
+    if unknown:
+        at = ".".join(path) or "the top level"
+        raise PartitionError(f"{where}: unknown key(s) {', '.join(unknown)} at {at}; it takes {', '.join(defaults)}")
+    merged = dict(defaults)
+    for key, value in values.items():
+        section = defaults[key]
+        if isinstance(section, dict) and (key == "train" or bool(path)):  # a section of the training configuration
+            if not isinstance(value, dict):
+                raise PartitionError(
+                    f"{where}: {'.'.join((*path, key))} must be a mapping of its settings, got {value!r}"
+                )
+            merged[key] = _merged(section, value, where, (*path, key))
+        else:
+            merged[key] = value
+    return merged
+
+
+def config_defaults(argv: list[str]) -> dict[str, Any]:
+    """What ``--config FILE`` in ``argv`` makes the defaults of ``train``'s options: every command-line field of
+    the file's job by keyword (the parser's destination names); {} without ``--config``."""
+    path = config_path(argv)
+    if path is None:
+        return {}
+    spec = read_config(path)
+    return {f.keyword: spec.value(f.keyword) for f in JobSpec.fields() if f.option.command_line}
+
+
+def config_text(spec: JobSpec) -> str:
+    """``spec`` as the YAML ``--config`` reads: the whole job, every setting at its value.
+
+    >>> print(config_text(JobSpec.from_keywords(steps=40)).splitlines()[0])
+    model: resnet10t
+    """
+    import yaml
+
+    return yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=False)
