@@ -67,6 +67,19 @@ def test_options_given_override_the_file_and_a_partial_file_keeps_the_defaults(t
     assert printed["train"]["optimization"]["steps"] == 12 and printed["train"]["hyper"]["lr"] == 0.2
 
 
+def test_a_file_naming_a_recipe_fills_in_the_recipe_s_options(tmp_path, capsys) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("recipe: paper-cifar10-fixup8\ntrain:\n  optimization:\n    steps: 10\n")
+    printed = yaml.safe_load(_printed(["--config", str(path)], capsys))
+    expected = job_spec(parse_train(["--recipe", "paper-cifar10-fixup8", "--steps", "10"])).to_dict()
+    assert printed == json.loads(json.dumps(expected))
+    assert printed["model"] == "fixup_resnet8" and printed["train"]["optimization"]["batch_size"] == 250
+    path.write_text("recipe: paper-mnist\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(path)])
+    assert "recipe 'paper-mnist' is not one of paper-cifar10-fixup14" in capsys.readouterr().err
+
+
 def test_a_run_from_a_file_trains_the_model_of_the_same_run_from_flags(tmp_path, capsys) -> None:
     flags = [*TINY, "--proportions", "0.5,0.25,0.25", "--init", "rotation=1.0"]
     (tmp_path / "run.yaml").write_text(_printed(flags, capsys))

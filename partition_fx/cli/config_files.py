@@ -5,7 +5,8 @@ overrides the file.
 A file holds the job as ``report.json`` records it under ``config`` (``JobSpec.to_dict()``): the job's own keys
 (``model``, ``data``, ``partitions``, ...) and the training configuration nested under ``train`` by section
 (``train: {optimization: {steps: 40}}``). It may hold any part of it: what it leaves out keeps the command's
-default. A key this version does not know is refused, naming the keys known at that level.
+default, or that of the ``recipe`` it names. A key this version does not know is refused, naming the keys known at
+that level.
 
 >>> import tempfile
 >>> path = Path(tempfile.mkdtemp()) / "run.yaml"
@@ -69,12 +70,27 @@ def read_config(path: Path) -> JobSpec:
             f"{where}: holds a {type(values).__name__}, not a mapping of options; write it with `partition-fx train "
             "--print-config > FILE`"
         )
-    merged = _merged(JobSpec.from_keywords().to_dict(), values, where, ())
+    merged = _merged(_base(values.get("recipe"), where), values, where, ())
     try:
         return JobSpec.from_dict(merged, where=where)
     except (SettingError, SettingTypeError) as e:  # named by its place in the file, and by its option
         field = JobSpec.keywords()[e.field.keyword]
         raise PartitionError(f"{where}: {'.'.join(field.path)} {e.problem} (the option {field.flag})") from None
+
+
+def _base(recipe: Any, where: str) -> dict[str, Any]:
+    """What a file's keys fill in: the command's defaults, or those of the ``--recipe`` the file names (so that a
+    file holding only ``recipe: NAME`` and a few changes runs that recipe with them)."""
+    if recipe is None:
+        return JobSpec.from_keywords().to_dict()
+    from .parser import parse_train
+    from .recipes import RECIPES
+
+    if recipe not in RECIPES:
+        raise PartitionError(f"{where}: recipe {recipe!r} is not one of {', '.join(RECIPES)}")
+    from .runs import job_spec
+
+    return job_spec(parse_train(["--recipe", recipe])).to_dict()
 
 
 def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: tuple[str, ...]) -> dict[str, Any]:
