@@ -81,15 +81,14 @@ def read_config(path: Path) -> JobSpec:
 def _base(recipe: Any, where: str) -> dict[str, Any]:
     """What a file's keys fill in: the command's defaults, or those of the ``--recipe`` the file names (so that a
     file holding only ``recipe: NAME`` and a few changes runs that recipe with them)."""
-    if recipe is None:
-        return JobSpec.from_keywords().to_dict()
-    from .parser import parse_train
+    from .parser import parse_train  # the parser reads this module: imported when needed
     from .recipes import RECIPES
-
-    if recipe not in RECIPES:
-        raise PartitionError(f"{where}: recipe {recipe!r} is not one of {', '.join(RECIPES)}")
     from .runs import job_spec
 
+    if recipe is None:
+        return JobSpec.from_keywords().to_dict()
+    if recipe not in RECIPES:
+        raise PartitionError(f"{where}: recipe {recipe!r} is not one of {', '.join(RECIPES)}")
     return job_spec(parse_train(["--recipe", recipe])).to_dict()
 
 
