@@ -29,13 +29,23 @@ HALF_BOUNDS = "translation_x=0.5,translation_y=0.5,rotation=1.5708,scale_x=0.346
 WIDE = "rotation=3.14159,translation_x=0.25,translation_y=0.25,scale_x=0.2,scale_y=0.2,shear=0.2"
 """Every range started away from 0 and none where it destroys the image: every angle (rotation keeps the content),
 an eighth of the image's width of shift, zooms and shear of about 20%."""
-PREVIOUS_DEFAULT = ["--train-range-factor", "0.75", "--hyper-samples", "16", "--draws", "uniform"]
-"""Issue 43's first default, the options that the second one (``affine``) changed: parameter steps on 0.75 of the
-ranges, 16 augmentation samples per example drawn independently in the hyperparameter step."""
+SINGLE_COSINE = ["--finetune-fraction", "0.25", "--finetune-schedule", "continue"]
+"""Fine-tuning as every arm before issue 43's third default had it: the last quarter of the run, on the run's one
+cosine. The oracle and the other plain arms keep it (plain training's one schedule, as they were measured)."""
+SECOND_DEFAULT = SINGLE_COSINE
+"""Issue 43's second default, the options that the third one (``affine``) changed: fine-tuning the last 0.4 of the
+run at a restarted learning rate."""
+PREVIOUS_DEFAULT = ["--train-range-factor", "0.75", "--hyper-samples", "16", "--draws", "uniform", *SECOND_DEFAULT]
+"""Issue 43's first default, the options that the second one changed: parameter steps on 0.75 of the ranges, 16
+augmentation samples per example drawn independently in the hyperparameter step."""
+SCATTERED_TRUTH = "translation_x=0.3,translation_y=0.3,scale=0.3466"
+"""How ``write_scattered_digits``' folder was made, in Augerino's generators: shifts of 3 of 20 pixels, sides of
+7 to 14 pixels (isotropic zoom over log 2 / 2)."""
+WIDE_SCALE_0_35 = "translation_x=0.25,translation_y=0.25,rotation=3.14159,scale_x=0.35,scale_y=0.35,shear=0.2"
 ARMS = {
     "affine": ["--augment", "affine"],
-    "none": ["--augment", "none"],
-    "oracle": ["--partitions", "1", "--fix", "rotation=3.1416"],  # rotdigits' truth: full rotation
+    "none": ["--augment", "none", *SINGLE_COSINE],
+    "oracle": ["--partitions", "1", "--fix", "rotation=3.1416", *SINGLE_COSINE],  # rotdigits' truth: full rotation
     # issue 28's leads, each one change of the default job (docs/benchmarks.md: what each did)
     "hyper_lr_0.1": ["--hyper-lr", "0.1"],
     "init_pi": ["--init", "rotation=3.1415"],
@@ -52,7 +62,15 @@ ARMS = {
     "bounds_narrow": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75"],
     "bounds_narrow_restart": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--finetune-schedule", "restart"],
     "bounds_narrow_s6": ["--init", NEAR_BOUNDS, "--train-range-factor", "0.75", "--hyper-samples", "6"],
-    "oracle_restart": ["--partitions", "1", "--fix", "rotation=3.1416", "--finetune-schedule", "restart"],
+    "oracle_restart": [
+        "--partitions",
+        "1",
+        "--fix",
+        "rotation=3.1416",
+        *SINGLE_COSINE,
+        "--finetune-schedule",
+        "restart",
+    ],
     # issue 43's first pilots: BatchNorm in the hyperparameter step, and every range started wide but content-keeping
     "hyper_norm_detached": ["--hyper-norm", "detached"],
     "hyper_norm_running": ["--hyper-norm", "running"],
@@ -101,6 +119,25 @@ ARMS = {
         "zero",
         "--train-range-factor",
         "1",
+    ],
+    # issue 43's third round: fine-tuning's share of the run and its schedule (``affine``, the default since, is
+    # finetune_0.4 restarted), every partition at once, plain training without augmentation, and on `scattered`
+    # the truth (with and without its zoom) and the zoom started at the truth
+    "second_default": SECOND_DEFAULT,
+    "finetune_restart": [*SECOND_DEFAULT, "--finetune-schedule", "restart"],
+    "finetune_0.4": [*SECOND_DEFAULT, "--finetune-fraction", "0.4"],
+    "every_partition": [*SECOND_DEFAULT, "--every-partition"],
+    "plain": ["--partitions", "1", "--augment", "none", *SINGLE_COSINE],
+    "oracle_scattered": ["--partitions", "1", "--generators", "augerino", "--fix", SCATTERED_TRUTH, *SINGLE_COSINE],
+    "oracle_scattered_no_scale": [
+        *("--partitions", "1", "--generators", "augerino", "--fix", "translation_x=0.3,translation_y=0.3"),
+        *SINGLE_COSINE,
+    ],
+    "scale_start_0.35": [*SECOND_DEFAULT, "--init", WIDE_SCALE_0_35],
+    "augerino_scale_start_0.35": [
+        *SECOND_DEFAULT,
+        *("--generators", "augerino"),
+        *("--init", "translation_x=0.25,translation_y=0.25,rotation=3.14159,scale=0.35,stretch=0.2,shear=0.2"),
     ],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
@@ -198,6 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows, made = [], set()
     for data, augment, config_seeds in configs:
         reports = [run(data, augment, seed, args.runs, extra) for seed in config_seeds]
+        learned = bool(reports[0]["hyperparameters"])  # not an arm of --augment none
         made.update((r["device"], r["torch"]) for r in reports)
         rotation = [r["hyperparameters"].get("rotation") for r in reports]
         rows.append(
@@ -212,14 +250,14 @@ def main(argv: list[str] | None = None) -> dict:
                 "rotation_trajectory": [
                     [(e["step"], e["hyperparameters"].get("rotation")) for e in r["history"]] for r in reports
                 ]
-                if augment != "none"
+                if learned
                 else None,
                 "lml": [r["lml"] for r in reports],
-                "rotation": rotation if augment != "none" else None,
+                "rotation": rotation if learned else None,
                 "other_ranges_max": [
                     max(v for k, v in r["hyperparameters"].items() if k != "rotation") for r in reports
                 ]
-                if augment != "none"
+                if learned
                 else None,
                 "seconds": [r["seconds"] for r in reports],
                 "training_images": [

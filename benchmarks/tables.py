@@ -99,7 +99,9 @@ def learned_ranges_per_seed(result: Results) -> str:
     header = ["data", "augmentation", "rotation, or translation x/y/zoom", "test accuracy", "averaged over 8"]
     body = []
     for r in result["rows"]:
-        if r["data"] in ("rotdigits", "digits"):
+        if not r["rotation"]:  # nothing learned (C=1, or --augment none)
+            ranges = "-"
+        elif r["data"] in ("rotdigits", "digits"):
             ranges = ", ".join(f"{value:.2f}" for value in r["rotation"])
         else:
             ranges = ", ".join(
@@ -113,7 +115,7 @@ def learned_ranges_per_seed(result: Results) -> str:
                 ARM_LABELS.get(r["augment"], r["augment"]),
                 ranges,
                 ", ".join(f"{a:.3f}" for a in r["test_accuracy"]),
-                ", ".join(f"{a:.3f}" for a in r["averaged_test_accuracy"]),
+                ", ".join(f"{a:.3f}" if a is not None else "-" for a in r["averaged_test_accuracy"]),
             ]
         )
     return markdown_table(header, body)

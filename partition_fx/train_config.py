@@ -13,7 +13,7 @@ likelihood, optimiser factories, hooks) and where it runs (device, checkpoint di
 
 >>> config = TrainConfig.recommended(steps=200, seed=3)
 >>> config.optimization.steps, config.hyper.samples, config.finetune_steps, config.eval_every
-(200, 6, 50, 20)
+(200, 6, 80, 20)
 >>> TrainConfig.from_dict(config.to_dict()) == config
 True
 """
@@ -46,8 +46,6 @@ statistics held constant in the backward pass; or the running statistics of the 
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
-FINETUNE_FRACTION = 0.25
-"""Without ``finetune_steps``, this share of ``steps`` fine-tunes the final model."""
 
 
 @dataclass(frozen=True)
@@ -145,12 +143,13 @@ class FineTuning(Settings):
     """The last ``finetune_steps`` of the ``steps`` iterations fine-tune the final model (the paper's Table 2):
     psi is frozen, every weight of subnetwork C (all partitions, as exported) trains on ALL the data with the
     learned augmentation, the optimiser carries on, the weight decay is no longer scaled, and the LR schedule
-    carries on (``finetune_schedule="continue"``: one schedule spans both phases) or restarts at ``lr`` over the
-    fine-tuning steps (``"restart"``: the configured ``lr_schedule``, cosine to 1/100 of ``lr`` or constant).
+    restarts at ``lr`` over the fine-tuning steps (``finetune_schedule="restart"``, the default: the configured
+    ``lr_schedule``, cosine to 1/100 of ``lr`` or constant) or carries on (``"continue"``, the paper's: one
+    schedule spans both phases).
     No LML is estimated then (no subnetwork is unseen by a chunk any more): those evaluations record
     ``phase: "finetune"`` and the training loss. ``patience`` ends the partitioned phase
-    early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best state first. None: a
-    quarter of the steps; 0: partitioned training only."""
+    early (fine-tuning then runs to ``steps``); ``restore_best`` restores the best state first. ``steps`` None:
+    ``fraction`` of the run's steps; 0: partitioned training only."""
 
     section_help = "training"
     steps: int | None = setting(
@@ -160,10 +159,19 @@ class FineTuning(Settings):
         keyword="finetune_steps",
         minimum=0,
         metavar="N",
-        default_text=f"{FINETUNE_FRACTION:g} of --steps",
+        default_text="--finetune-fraction of --steps",
+    )
+    fraction: float = setting(
+        0.4,
+        "without --finetune-steps, this share of --steps fine-tunes the final model",
+        keyword="finetune_fraction",
+        maximum=1.0,
+        metavar="F",
+        # configurations written before the field existed fine-tuned a quarter of the run
+        absent_means=0.25,
     )
     schedule: str = setting(
-        "continue",
+        "restart",
         "the learning rate when fine-tuning begins: --lr-schedule carries on over --steps (continue), or restarts "
         "at --lr and anneals over the fine-tuning steps alone (restart)",
         keyword="finetune_schedule",
@@ -331,7 +339,8 @@ class TrainConfig(Settings):
         """The recipe ``fit`` and ``partition-fx train`` default to (the defaults of every field), with
         ``keywords`` changed: every chunk scored with 6 augmentation samples of 16 examples every 2nd
         iteration, Adam 0.05 on the hyperparameters, parameter steps on half the learned ranges, Adam 1e-3 on
-        the weights cosine-annealed to 1e-5, the last quarter fine-tuning. The project's measurements chose it
+        the weights cosine-annealed to 1e-5, the last 0.4 of the steps fine-tuning with the rate restarted.
+        The project's measurements chose it
         (``docs/benchmarks.md``)."""
         return cls().replace(**keywords)
 
@@ -340,7 +349,8 @@ class TrainConfig(Settings):
         """The paper's hyperparameter step (appendix I.1): one chunk k ~ Cat(u_2..C) on a minibatch as large as
         the parameter step's, every iteration, with the input transform's own samples, parameter steps on the
         ranges themselves; Adam 1e-3 on weights and hyperparameters at a constant rate, batches of 128, no
-        fine-tuning; with ``keywords`` changed. (The paper's ranges also start at 0 and its samples are drawn
+        fine-tuning (and one schedule over both phases when ``finetune_steps`` adds some); with ``keywords``
+        changed. (The paper's ranges also start at 0 and its samples are drawn
         independently: ``AffineAugmentation(init="zero", draws="uniform")``.)
 
         >>> TrainConfig.paper(steps=10).hyper.every
@@ -356,14 +366,15 @@ class TrainConfig(Settings):
             "hyper_batch_size": None,
             "train_range_factor": 1.0,
             "finetune_steps": 0,
+            "finetune_schedule": "continue",
         }
         return cls().replace(**{**paper, **keywords})
 
     @property
     def finetune_steps(self) -> int:
-        """The iterations that fine-tune: ``finetuning.steps``, or ``FINETUNE_FRACTION`` of the steps."""
+        """The iterations that fine-tune: ``finetuning.steps``, or ``finetuning.fraction`` of the steps."""
         steps = self.finetuning.steps
-        return steps if steps is not None else int(self.optimization.steps * FINETUNE_FRACTION)
+        return steps if steps is not None else int(self.optimization.steps * self.finetuning.fraction)
 
     @property
     def eval_every(self) -> int:

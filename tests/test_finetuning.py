@@ -22,6 +22,7 @@ from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
+from partition_fx.training.trainer import resolve
 from partition_fx.transforms import AffineAugmentation, InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -208,6 +209,11 @@ def test_a_restarted_constant_schedule_keeps_lr_and_a_users_scheduler_is_refused
     cosine = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=12)
     with pytest.raises(PartitionArgumentError, match="finetune_schedule='restart' restarts the configured lr_sched"):
         _trainer(scheduler=cosine, finetune_schedule="restart")
+    # restart is the recommended default: a user's scheduler spans both phases unless a configuration or the
+    # keyword asks for the restart (which the trainer then refuses, as above)
+    assert TrainConfig.recommended().finetuning.schedule == "restart"
+    assert resolve("fit", None, {"scheduler": cosine})[0].finetuning.schedule == "continue"
+    assert resolve("fit", TrainConfig.recommended(), {"scheduler": cosine})[0].finetuning.schedule == "restart"
 
 
 class _LearningRates(TrainingHook):

@@ -112,6 +112,8 @@ NON_POSITIVE = st.integers(max_value=0).map(str)
 NEGATIVE = st.integers(max_value=-1).map(str)
 NOT_POSITIVE_FLOAT = st.floats(max_value=0.0).map(repr) | st.sampled_from(["nan", "inf", "-inf", "1e400", "-1e400"])
 NOT_NON_NEGATIVE_FLOAT = st.floats(max_value=0.0, exclude_max=True).map(repr) | st.sampled_from(["nan", "inf", "1e400"])
+NOT_FRACTION = st.floats(max_value=0.0, exclude_max=True) | st.floats(min_value=1.0, exclude_min=True)
+NOT_FRACTION |= st.just(math.nan)
 
 
 def _not(*allowed: str) -> st.SearchStrategy[str]:
@@ -207,6 +209,8 @@ CLI_BAD: list[Bad] = [
     Bad("train", "--finetune-steps", NOT_INT, "type errors", ("--finetune-steps",)),
     Bad("train", "--finetune-steps", NEGATIVE, "out-of-range numbers", ("--finetune-steps",)),
     Bad("train", "--finetune-steps", st.integers(400, 10**30).map(str), "conflicting options", ("--finetune-steps",)),
+    Bad("train", "--finetune-fraction", NOT_FLOAT, "type errors", ("--finetune-fraction",)),
+    Bad("train", "--finetune-fraction", NOT_FRACTION.map(repr), "out-of-range numbers", ("--finetune-fraction",)),
     Bad("train", "--hyper-chunks", _not("one", "all"), "unknown choices", ("--hyper-chunks",)),
     Bad("train", "--hyper-samples", st.integers(10**12, 10**30).map(str), "huge numbers", ("--hyper-samples",)),
     *[
@@ -462,7 +466,7 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
     assert trainer.config.hyper.chunks == options["hyper-chunks"]
     assert trainer.sampler.hyper_batch_size == options["hyper-batch-size"]
     assert trainer.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)
-    assert trainer.config.finetune_steps == options["steps"] // 4
+    assert trainer.config.finetune_steps == int(options["steps"] * 0.4)  # the default --finetune-fraction
     assert (trainer.fused, trainer.every_partition) == (options["fused"], options["every-partition"])
     assert trainer.pmodel.num_partitions == options["partitions"] and min(trainer.chunks.sizes) >= 1
     assert all(math.isfinite(g["weight_decay"]) for g in trainer.optimizer.param_groups)
@@ -520,8 +524,9 @@ FIT_BAD: list[tuple[str, str, st.SearchStrategy[Any]]] = [
     *[(name, "type errors / out-of-range numbers", NOT_POSITIVE_INT) for name in
       ("hyper_batch_size", "eval_every", "eval_examples_per_chunk", "patience")],
     ("warmup_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.none()),
-    # None is TrainConfig's default for finetune_steps (a quarter of the steps), as the command's
+    # None is TrainConfig's default for finetune_steps (finetune_fraction of the steps), as the command's
     ("finetune_steps", "type errors / out-of-range numbers", NOT_NON_NEGATIVE_INT | st.integers(4, 10**6)),
+    ("finetune_fraction", "type errors / out-of-range numbers", NOT_FRACTION | st.booleans() | st.text(max_size=3)),
     ("hyper_samples", "type errors / out-of-range numbers", NOT_POSITIVE_INT),
     ("hyper_chunks", "unknown choices", _not("one", "all") | NOT_BOOL | st.none()),
     ("hyper_scheduler", "bad factories", st.one_of(st.integers(), st.text(max_size=3), st.just(lambda o: _NoStep()))),

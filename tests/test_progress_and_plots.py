@@ -94,7 +94,7 @@ def test_train_prints_a_line_per_evaluation_unless_quiet_and_writes_the_plots(tm
     err = capsys.readouterr().err
     assert [line.split(" | ")[0] for line in err.splitlines() if line.startswith("partition-fx: step")] == [
         "partition-fx: step 2/4",
-        "partition-fx: step 3/4",  # the last partitioned evaluation: fine-tuning begins (a quarter of --steps)
+        "partition-fx: step 3/4",  # the last partitioned evaluation: fine-tuning begins (int(0.4 x 4) = 1 step)
         "partition-fx: step 4/4",
     ]
     assert main(["train", *TINY, "--quiet", "--out", str(tmp_path / "quiet")]) == 0

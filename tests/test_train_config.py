@@ -30,7 +30,8 @@ def _value(field: Field) -> st.SearchStrategy:
         values = st.integers(min_value=int(option.minimum or 0), max_value=2**63 - 1 if option.seed else 10_000)
     else:
         low = 1e-12 if option.positive else 0.0
-        values = st.floats(min_value=low, max_value=1e6, allow_nan=False, allow_infinity=False)
+        high = option.maximum if option.maximum is not None else 1e6
+        values = st.floats(min_value=low, max_value=high, allow_nan=False, allow_infinity=False)
     return st.one_of(st.none(), values) if field.optional else values
 
 
@@ -157,6 +158,17 @@ def test_the_trainer_built_from_keywords_equals_the_one_built_from_a_configurati
 
 def test_the_paper_s_step_trains_on_the_ranges_themselves() -> None:
     assert TrainConfig.paper().hyper.train_range_factor == 1.0 and TrainConfig().hyper.train_range_factor == 0.5
+
+
+def test_fine_tuning_takes_its_fraction_of_the_run_and_an_older_configuration_a_quarter() -> None:
+    config = TrainConfig.recommended(steps=400)
+    assert config.finetune_steps == 160 and config.replace(finetune_fraction=0.0).finetune_steps == 0
+    assert config.replace(finetune_steps=7, finetune_fraction=0.9).finetune_steps == 7  # steps win
+    written_before = config.to_dict()
+    del written_before["finetuning"]["fraction"]
+    assert TrainConfig.from_dict(written_before).finetune_steps == 100
+    with pytest.raises(PartitionArgumentError, match="finetune_fraction"):
+        TrainConfig.recommended(finetune_fraction=1.5)
 
 
 def _paper_rest() -> dict:

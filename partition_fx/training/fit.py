@@ -174,7 +174,8 @@ def fit(
             configuration's Adam. The model optimiser gets one param group per partition, its weight decay
             scaled by ``weight_decay_scaling`` (see ``weight_decay_scales``).
         scheduler / hyper_scheduler: ``optimizer -> LR scheduler``, stepped after every parameter
-            (hyperparameter) step; ``scheduler`` replaces the configuration's ``lr_schedule``.
+            (hyperparameter) step; ``scheduler`` replaces the configuration's ``lr_schedule`` and, without
+            ``config`` or ``finetune_schedule``, spans fine-tuning too (``finetune_schedule="continue"``).
         chunks: ``DataChunks`` or a per-example chunk id (1..C, e.g. by client); default: a random split
             with the model's proportions, from ``seed``.
         callbacks: ``cb(trainer, record)`` after each evaluation; returning True stops training (a

@@ -183,6 +183,10 @@ def resolve(where: str, config: TrainConfig | None, keywords: dict[str, Any]) ->
             f"{where} got unknown argument(s) {', '.join(unknown)}; it takes {', '.join(sorted({*settings, *objects}))}"
         )
     changes = {k: v for k, v in keywords.items() if k in settings}
+    if config is None and keywords.get("scheduler") is not None:
+        # A scheduler factory of the user's replaces the recommended lr_schedule, which is what a restart
+        # restarts: unless a restart is asked for by name (and refused), the factory spans both phases.
+        changes.setdefault("finetune_schedule", "continue")
     config = (config if config is not None else TrainConfig.recommended()).replace(**changes)
     components = Components(**{k: v for k, v in keywords.items() if k in objects})
     if changes.get("hyper_samples") is not None:  # asked for by name: a transform must be able to take it
