@@ -251,10 +251,10 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
     def job(method: str, task: str, model: str, seed: int, name: str | None = None, **extra: Any) -> None:
         size = _image_size(args, task)
         path = args.runs / task / model / f"{name or method}_s{seed}.json"
-        if method.startswith("partitioned"):  # part of the cache key: runs of another estimator are not reused
-            recipe = methods.Budget(**budget).recipe()
-            keys = ("hyper_chunks", "hyper_samples", "hyper_batch_size", "hyper_every")
-            extra["estimator"] = {k: recipe.value(k) for k in keys}
+        # the whole recipe the run trains with is part of the cache key: a run of another default is not reused
+        planned = methods.Budget(**budget)
+        recipe = planned.recipe(planned.finetune_steps() if method.endswith("_finetuned") else 0)
+        extra["recipe"] = json.loads(json.dumps(recipe.to_dict()))
         jobs.append(
             {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
             | {"budget": budget, "test_time_samples": args.test_time_samples, "path": str(path), **extra}
