@@ -251,7 +251,8 @@ def finetuning_scheduler(
 
     >>> sgd = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "weight_decay": 0.5}], lr=0.1)
     >>> sgd.param_groups[0]["base_weight_decay"] = 0.1
-    >>> finetuning_scheduler(TrainConfig.recommended(steps=10), sgd, None, steps=2) is None
+    >>> carried_on = TrainConfig.recommended(steps=10, finetune_schedule="continue")
+    >>> finetuning_scheduler(carried_on, sgd, None, steps=2) is None
     True
     >>> sgd.param_groups[0]["weight_decay"]
     0.1
