@@ -31,6 +31,7 @@ COMPANIONS = {
     "hyperparameter_methods_wide.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "hyperparameter_methods_zero.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "hyperparameter_methods_round3.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
+    "hyperparameter_methods_round3_zero.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "model_selection.json": (tables.model_selection, tables.model_selection_candidates),
 }
 
