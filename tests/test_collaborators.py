@@ -140,7 +140,7 @@ def test_the_steps_train_partition_k_through_subnetwork_k_and_record_at_their_co
     two = pmodel.partition_parameters(2)
     want = torch.autograd.grad(nn.functional.cross_entropy(pmodel(x[idx], subnetwork=2), y[idx]), two)
     before = _snapshot(*two)
-    steps.parameter_step(2, idx)
+    steps.parameter_step(2, *steps.read(idx))
     for old, new, g in zip(before, two, want):
         torch.testing.assert_close(old - new, g)
     assert steps.step == 0
@@ -150,7 +150,7 @@ def test_the_steps_train_partition_k_through_subnetwork_k_and_record_at_their_co
     with pytest.raises(
         PartitionTrainingError, match=r"^step 2: non-finite loss nan in the parameter step of partition 1"
     ):
-        steps.parameter_step(1, idx)
+        steps.parameter_step(1, *steps.read(idx))
 
 
 # --- LMLEvaluator -----------------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ def test_the_training_state_round_trips_and_refuses_another_configuration():
 
     def train(n: int) -> None:
         for _ in range(n):
-            steps.parameter_step(*sampler.parameter_batch())
+            k, indices = sampler.parameter_batch()
+            steps.parameter_step(k, *steps.read(indices))
             steps.advance()
         torch.rand(1, generator=generator)
 

@@ -50,7 +50,13 @@ def test_finetune_pretrained_example(tmp_path, capsys):
     assert "verified in onnxruntime" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["rotation_invariance", "input_selection", "finetune_pretrained"])
+def test_own_loop_example(capsys):
+    found = _load("own_loop").main(["--quick"])
+    assert type(found["model"]).__name__ == "SmallCNN" and 0.0 <= found["test_accuracy"] <= 1.0
+    assert "rotation" in found["hyperparameters"] and "conditional" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["rotation_invariance", "input_selection", "finetune_pretrained", "own_loop"])
 def test_examples_document_how_to_run_them(name):
     text = (EXAMPLES / f"{name}.py").read_text()
     assert f"python examples/{name}.py" in text and "--quick" in text

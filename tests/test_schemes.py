@@ -237,12 +237,13 @@ def test_a_new_scheme_is_one_class_behind_the_interface():
 
         def draw(self, sampler, hyper):
             batches = hyper.draw(sampler) if hyper is not None else []
-            return Draw(torch.tensor([], dtype=torch.long), 1, batches, hyper.describe(batches) if batches else "")
+            what = hyper.describe(batches) if batches else ""
+            return Draw(torch.tensor([], dtype=torch.long), 1, batches, what, scheme=self)
 
-        def take(self, steps, draw):
+        def take(self, steps, draw, batch):
             steps.advance()
-            if draw.hyper:
-                steps.hyper_step(draw.hyper, draw.hyper_what)
+            if batch.hyper:
+                steps.hyper_step(batch.hyper, draw.hyper_what)
 
     trainer = _trainer(hyper_chunks="all")
     trainer.iterations.scheme = HyperOnly()

@@ -1,7 +1,8 @@
 """Partitioned training: learn hyperparameters in one run by the partitioned marginal likelihood.
 
 ``fit(pmodel, dataset, hyper=..., steps=...)`` is the one-liner; ``PartitionedTrainer`` exposes the steps;
-``load_checkpoint(pmodel, path)`` restores a run's checkpoint file without either.
+your own loop takes them on your ``DataLoader``'s batches with ``PartitionedBatchSampler`` and ``TrainingSteps``
+(``docs/loops.md``); ``load_checkpoint(pmodel, path)`` restores a run's checkpoint file without any of them.
 """
 
 from ..errors import PartitionCheckpointError
@@ -9,6 +10,7 @@ from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
 from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignment, split_into_chunks
 from .fit import fit
+from .iteration import Draw, IterationBatch, PartitionedBatchSampler, TrainingSteps
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
 from .lml import LMLEstimate, estimate_lml, evidence, recalibrate_norm_statistics
 from .metrics import evaluate_averaged, evaluate_classifier
@@ -23,17 +25,21 @@ __all__ = [
     "CheckpointWriter",
     "Components",
     "DataChunks",
+    "Draw",
     "Examples",
     "FitResult",
     "Gaussian",
+    "IterationBatch",
     "LMLEstimate",
     "Likelihood",
     "Objective",
     "PartitionCheckpointError",
+    "PartitionedBatchSampler",
     "PartitionedSampler",
     "PartitionedTrainer",
     "TrainConfig",
     "TrainingHook",
+    "TrainingSteps",
     "chunks_from_assignment",
     "estimate_lml",
     "evaluate_averaged",

@@ -15,17 +15,22 @@ expected gradient without the variance of drawing k (:class:`AllChunks`). The lo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.utils.data import Sampler
 
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
-from .data import BatchReader, HyperBatches, PartitionedSampler
-from .lml import forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
-from .objective import Objective, running_norms
+from ..train_config import TrainConfig
+from .data import BatchReader, DataChunks, HyperBatches, PartitionedSampler
+from .likelihoods import Categorical, Likelihood
+from .lml import HyperBatch, forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
+from .objective import Objective, running_norms, takes_num_samples, widens
+from .optim import OptimizerFactory, SchedulerFactory, build_optimizers, configured_factories, finetuning_scheduler
 from .stepping import DataParallel, Stepper
 
 # --- hyperparameter-gradient estimators ------------------------------------------------------------------------------
@@ -121,25 +126,35 @@ def estimator_for(chunks: str) -> HyperEstimator:
 # --- the steps -------------------------------------------------------------------------------------------------------
 
 
-class TrainingSteps:
-    """Each kind of step of partitioned training, on examples already drawn, and the count of iterations done
-    (``step``), of ``objective`` (the model, input transform and likelihood). Every step puts the model and
-    input transform in training mode, takes this process's share of the minibatch (``data_parallel``), runs
-    its forwards under the stepper's precision and hands the losses and the parameters they train to
-    ``stepper``, recorded at ``step``.
+@dataclass(frozen=True)
+class IterationBatch:
+    """One iteration's examples as tensors, this process's share: the parameter (or fine-tuning) examples
+    ``parameter`` = ``(x, y)`` and the ``partitions`` they train (as :attr:`Draw.partitions`, an int, one per
+    example of this share, or None), and the hyperparameter step's batches ``hyper`` = ``[(weight, k, x, y)]``."""
 
-    Example::
+    partitions: int | torch.Tensor | None
+    parameter: tuple[torch.Tensor, torch.Tensor]
+    hyper: list[HyperBatch] = field(default_factory=list)
+
+
+class TrainingSteps:
+    """Each kind of step of partitioned training, on examples given as tensors, and the count of iterations done
+    (``step``), of ``objective`` (the model, input transform and likelihood). Every step puts the model and
+    input transform in training mode, runs its forwards under the stepper's precision and hands the losses and
+    the parameters they train to ``stepper``, recorded at ``step``.
+
+    :meth:`take` runs a whole iteration drawn by a scheme (a :class:`Draw`): on the rows of ``x, y`` a user's
+    ``DataLoader`` read for it (``PartitionedBatchSampler``), or, without them, on the rows read from
+    ``examples`` (this process's share of them, ``data_parallel``): the trainer's way.
+
+    Example (your own loop; ``docs/loops.md`` has the whole of it)::
 
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import Categorical
+        >>> from partition_fx.training import split_into_chunks
         >>> pmodel = partitionify(nn.Linear(3, 2), 2)
-        >>> from partition_fx.training.data import Examples
-        >>> from partition_fx.training.objective import Objective
-        >>> objective = Objective(pmodel, None, Categorical())
-        >>> examples = Examples((torch.randn(10, 3), torch.zeros(10).long()))
-        >>> stepper = Stepper(torch.optim.SGD(pmodel.parameters(), lr=0.1), objective=objective)
-        >>> steps = TrainingSteps(objective, examples, stepper)
-        >>> loss = steps.parameter_step(2, torch.tensor([0, 1, 2]))
+        >>> steps = TrainingSteps.create(pmodel, split_into_chunks(100, pmodel.proportions))
+        >>> loss = steps.parameter_step(2, torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
         >>> steps.advance(); steps.step, loss.shape
         (1, torch.Size([]))
     """
@@ -147,7 +162,7 @@ class TrainingSteps:
     def __init__(
         self,
         objective: Objective,
-        examples: BatchReader,
+        examples: BatchReader | None,
         stepper: Stepper,
         *,
         device: torch.device | None = None,
@@ -155,12 +170,14 @@ class TrainingSteps:
         hyper_samples: int | None = None,
         train_range_factor: float = 1.0,
         hyper_norms: str = "batch",
+        config: TrainConfig | None = None,
     ) -> None:
         self.objective = objective
         self.pmodel = objective.pmodel
         self.likelihood = objective.likelihood
         self.hyper = objective.hyper
         self.examples = examples
+        """What :meth:`read` reads examples from by their indices (None: the steps get tensors only)."""
         self.stepper = stepper
         self.device = device
         self.data_parallel = data_parallel
@@ -172,7 +189,92 @@ class TrainingSteps:
         """What BatchNorm normalises hyperparameter steps' batches with (``lml.hyper_step_norms``)."""
         self.step = 0
         """Iterations done (``advance`` counts them); each step is recorded at it."""
+        self.config = config
+        """The recipe of the run (``create``'s): with it, :meth:`take` begins fine-tuning by itself."""
+        self.finetuning = False
+        """Whether :meth:`begin_finetuning` has run."""
         self._statistics_modules = running_norms(self.pmodel) if data_parallel is not None else []
+
+    @classmethod
+    def create(
+        cls,
+        pmodel: PartitionedModel,
+        chunks: DataChunks,
+        *,
+        hyper: nn.Module | None = None,
+        likelihood: Likelihood | None = None,
+        config: TrainConfig | None = None,
+        optimizer: OptimizerFactory | None = None,
+        hyper_optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        device: torch.device | None = None,
+    ) -> TrainingSteps:
+        """The steps of your own loop, as ``fit`` builds them for ``config`` (default ``TrainConfig()``): the
+        weights of ``pmodel`` by its optimiser (Adam ``lr``, weight decay scaled per partition by the sizes of
+        the data ``chunks``; ``optimizer=`` a factory of your own, as ``fit`` takes) and LR schedule
+        (``scheduler=``), psi (the input transform ``hyper``'s and the model's hyperparameter modules') by
+        Adam ``hyper_lr`` (``hyper_optimizer=``), ``likelihood`` (default ``Categorical()``), and the
+        hyperparameter step's samples, range factor and BatchNorm treatment. When :meth:`take` meets the first
+        fine-tuning iteration it calls :meth:`begin_finetuning`. The modules stay where they are; ``device``
+        is where :meth:`take` puts the examples (None: where they come).
+
+        >>> from partition_fx import partitionify
+        >>> from partition_fx.training import split_into_chunks
+        >>> pmodel = partitionify(nn.Linear(3, 2), 2)
+        >>> steps = TrainingSteps.create(pmodel, split_into_chunks(10, pmodel.proportions))
+        >>> type(steps.likelihood).__name__, type(steps.stepper.optimizer).__name__, steps.stepper.hyper_optimizer
+        ('Categorical', 'Adam', None)
+        """
+        config = config if config is not None else TrainConfig()
+        objective = Objective(pmodel, hyper, likelihood if likelihood is not None else Categorical())
+        hyperparameters = objective.hyperparameters()
+        if hyperparameters and pmodel.num_partitions < 2:
+            raise PartitionArgumentError(
+                "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
+                "partitionify the model with 2 or more partitions"
+            )
+        if chunks.num_chunks != pmodel.num_partitions:
+            raise PartitionArgumentError(
+                f"the data is split into {chunks.num_chunks} chunks but the model has {pmodel.num_partitions} "
+                "partitions: split it with split_into_chunks(len(dataset), pmodel.proportions)"
+            )
+        configured = configured_factories(config)
+        built = build_optimizers(
+            pmodel,
+            chunks.sizes,
+            hyperparameters,
+            optimizer=optimizer or configured[0],
+            hyper_optimizer=hyper_optimizer or configured[1],
+            scheduler=scheduler or configured[2],
+            weight_decay_scaling=config.optimization.weight_decay_scaling,
+        )
+        stepper = Stepper(built.optimizer, built.hyper_optimizer, objective=objective, scheduler=built.scheduler)
+        learns = built.hyper_optimizer is not None
+        return cls(
+            objective,
+            None,
+            stepper,
+            device=device,
+            hyper_samples=config.hyper.samples if takes_num_samples(hyper) else None,
+            # Fixed ranges are the augmentation chosen for the model: trained on as they are.
+            train_range_factor=config.hyper.train_range_factor if learns and widens(hyper) else 1.0,
+            hyper_norms=config.hyper.norm_statistics,
+            config=config,
+        )
+
+    def begin_finetuning(self) -> None:
+        """End partitioned training (your own loop's; the trainer has its own, which also restores the best
+        state): the weight decay returns to the unscaled one and the LR schedule carries on or restarts over the
+        remaining ``config`` steps (``optim.finetuning_scheduler``). :meth:`take` calls it at the first
+        fine-tuning iteration when the steps have a ``config``."""
+        if self.config is None:
+            raise PartitionArgumentError(
+                "begin_finetuning needs the steps' config: build them with TrainingSteps.create"
+            )
+        remaining = self.config.optimization.steps - self.step
+        stepper = self.stepper
+        stepper.scheduler = finetuning_scheduler(self.config, stepper.optimizer, stepper.scheduler, remaining)
+        self.finetuning = True
 
     def advance(self) -> None:
         """Count an iteration as done."""
@@ -193,10 +295,65 @@ class TrainingSteps:
         """This process's share of a global minibatch (all of it without data parallelism)."""
         return tensors if self.data_parallel is None else self.data_parallel.shard(*tensors)
 
-    def parameter_step(self, k: int, indices: torch.Tensor) -> torch.Tensor:
-        """Train partition k on the examples ``indices`` (of D_1:k) through subnetwork k; returns the loss."""
+    def read(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)``: this process's share of the examples ``indices``, read from :attr:`examples`."""
+        if self.examples is None:
+            raise PartitionArgumentError(
+                "these training steps were given no examples to read by index: pass the iteration's batch, "
+                "steps.take(draw, x, y), or build them with examples="
+            )
+        return self.examples.batch(*self.local(indices), self.device)
+
+    def local_indices(self, draw: Draw) -> torch.Tensor:
+        """The indices of the rows this process reads for ``draw``: its share of each batch, in the order of
+        :meth:`Draw.reads`, in one tensor (what :meth:`take` reads in one batch)."""
+        return torch.cat([self.local(indices)[0] for indices in draw.reads()])
+
+    def take(self, draw: Draw, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> None:
+        """The steps of the iteration ``draw``: a fine-tuning step when ``draw.partitions`` is None, else those
+        of the scheme that drew it (``draw.scheme``). ``x, y`` are its rows, in the order of
+        :meth:`Draw.reads` (what a ``DataLoader`` on a ``PartitionedBatchSampler`` yields for it); without them
+        they are read from :attr:`examples` (:meth:`local_indices`)."""
+        if x is None or y is None:
+            if x is not None or y is not None:
+                raise PartitionArgumentError("pass both x and y of the iteration's batch, or neither")
+            if self.examples is None:
+                self.read(draw.indices)  # raises the message that says what to pass
+            x, y = self.examples.batch(self.local_indices(draw), self.device)  # type: ignore[union-attr]
+        else:
+            x, y = x.to(self.device) if self.device is not None else x, y
+            y = y.to(self.device) if self.device is not None else y
+        batch = self._split(draw, x, y)
+        if draw.partitions is None and self.config is not None and not self.finetuning:
+            self.begin_finetuning()
+        if draw.partitions is None:
+            self.finetune_step(*batch.parameter)
+            self.advance()
+        elif draw.scheme is None:
+            raise PartitionArgumentError(
+                "this draw names no scheme to take it: a scheme's draw() builds it with scheme=self"
+            )
+        else:
+            draw.scheme.take(self, draw, batch)
+
+    def _split(self, draw: Draw, x: torch.Tensor, y: torch.Tensor) -> IterationBatch:
+        sizes = [self.local(indices)[0].numel() for indices in draw.reads()]
+        if x.shape[0] != sum(sizes) or y.shape[0] != sum(sizes):
+            raise PartitionArgumentError(
+                f"the iteration's batch has {x.shape[0]} inputs and {y.shape[0]} targets, but its draw reads "
+                f"{sum(sizes)} examples ({' + '.join(map(str, sizes))}, in the order of draw.reads()): build the "
+                "DataLoader with batch_sampler=PartitionedBatchSampler(...), and no drop_last or shuffling"
+            )
+        xs, ys = x.split(sizes), y.split(sizes)
+        partitions = draw.partitions
+        if isinstance(partitions, torch.Tensor):
+            partitions = self.local(partitions)[0]
+        hyper = [(weight, k, xh, yh) for (weight, k, _), xh, yh in zip(draw.hyper, xs[1:], ys[1:])]
+        return IterationBatch(partitions, (xs[0], ys[0]), hyper)
+
+    def parameter_step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Train partition k on the examples ``x, y`` (of D_1:k) through subnetwork k; returns the loss."""
         self.train_mode()
-        x, y = self.examples.batch(*self.local(indices), self.device)
         with self.stepper.precision.autocast():
             loss = -forward_log_likelihood(
                 self.pmodel, self.likelihood, x, y, k, self.hyper, transform_grad=False, widen=self.train_range_factor
@@ -204,36 +361,43 @@ class TrainingSteps:
         what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
         return self.stepper.step(loss, None, self.pmodel.partition_parameters(k), what, self.step)
 
-    def hyper_step(self, batches: HyperBatches, description: str) -> torch.Tensor:
-        """Step psi on the ``(weight, k, indices)`` batches (chunk k through subnetwork k-1); ``description``
+    def hyper_step(self, batches: Sequence[HyperBatch], description: str) -> torch.Tensor:
+        """Step psi on the ``(weight, k, x, y)`` batches (chunk k through subnetwork k-1); ``description``
         says what they score (``HyperEstimator.describe``). Returns the loss."""
         self.train_mode()
-        local = [(weight, k, *self.local(indices)) for weight, k, indices in batches]
         with self.stepper.precision.autocast(), hyper_step_norms(self.pmodel, self.hyper_norms):
-            loss = hyper_loss(
-                self.pmodel, self.likelihood, self.hyper, self.examples, local, self.device, self.hyper_samples
-            )
+            loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples)
         return self.stepper.step(None, loss, [], f"hyperparameter step ({description})", self.step)
 
-    def every_partition_step(self, ks: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        """A parameter step in which example ``indices[i]`` trains partition ``ks[i]`` through subnetwork
-        ``ks[i]``: one forward and one backward, every partition drawn updated. Returns the loss."""
-        loss, _ = self._routed_losses(ks, indices, [])
-        params, drawn = self.parameters_of(ks)
+    def every_partition_step(
+        self, ks: torch.Tensor, x: torch.Tensor, y: torch.Tensor, drawn: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A parameter step in which example ``x[i]`` trains partition ``ks[i]`` through subnetwork ``ks[i]``:
+        one forward and one backward, every partition drawn updated. ``drawn``: the partitions of the whole
+        (global) minibatch, whose parameters every process steps alike (default: ``ks``). Returns the loss."""
+        loss, _ = self._routed_losses(ks, (x, y), [])
+        params, drawn = self.parameters_of(ks if drawn is None else drawn)
         return self.stepper.step(loss, None, params, f"parameter step of partitions {drawn}", self.step)
 
-    def fused_step(self, ks: torch.Tensor, indices: torch.Tensor, hyper_batches: HyperBatches) -> torch.Tensor:
-        """The parameter examples (as :meth:`every_partition_step`) and the hyperparameter batches (as
-        :meth:`hyper_step`; none: a parameter step only) in ONE forward and ONE backward. Returns the summed loss."""
-        loss, hyper_loss = self._routed_losses(ks, indices, hyper_batches)
-        params, drawn = self.parameters_of(ks)
+    def fused_step(
+        self,
+        ks: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hyper_batches: Sequence[HyperBatch],
+        drawn: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The parameter examples (as :meth:`every_partition_step`, ``drawn`` as there) and the hyperparameter
+        batches (as :meth:`hyper_step`; none: a parameter step only) in ONE forward and ONE backward. Returns
+        the summed loss."""
+        loss, hyper_loss = self._routed_losses(ks, (x, y), hyper_batches)
+        params, drawn = self.parameters_of(ks if drawn is None else drawn)
         return self.stepper.step(loss, hyper_loss, params, f"fused iteration (partitions {drawn})", self.step)
 
-    def finetune_step(self, indices: torch.Tensor) -> torch.Tensor:
-        """Train every weight of the final subnetwork C on the examples ``indices`` (any chunk), with the input
+    def finetune_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Train every weight of the final subnetwork C on the examples ``x, y`` (any chunk), with the input
         transform's psi fixed; returns the loss."""
         self.train_mode()
-        x, y = self.examples.batch(*self.local(indices), self.device)
         final = self.pmodel.num_partitions
         with self.stepper.precision.autocast():
             loss = -forward_log_likelihood(
@@ -248,16 +412,13 @@ class TrainingSteps:
         return [p for k in drawn for p in self.pmodel.partition_parameters(int(k))], drawn
 
     def _routed_losses(
-        self, ks: torch.Tensor, indices: torch.Tensor, hyper: HyperBatches
+        self, ks: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor], hyper: Sequence[HyperBatch]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The parameter loss and (if ``hyper`` lists batches) the hyperparameter loss in one forward."""
         self.train_mode()
-        ks, indices = self.local(ks, indices)
-        batch = self.examples.batch(indices, self.device)
-        hyper_batches = [(w, k, *self.examples.batch(*self.local(i), self.device)) for w, k, i in hyper]
         with self.stepper.precision.autocast():
             return routed_losses(
-                self.pmodel, self.likelihood, self.hyper, ks, batch, hyper_batches, self.hyper_samples,
+                self.pmodel, self.likelihood, self.hyper, ks, batch, hyper, self.hyper_samples,
                 self.train_range_factor,
             )  # fmt: skip
 
@@ -270,7 +431,8 @@ class Draw:
     """What one iteration draws from the sampler, as plain data, before any of its steps runs: the parameter
     (or fine-tuning) examples ``indices``; ``partitions``, the partition they train (an int, the paper's k; a
     tensor: one per example; None: a fine-tuning step, every partition); and the hyperparameter step's
-    ``hyper`` batches (empty when none is due), which ``hyper_what`` describes in messages.
+    ``hyper`` batches (empty when none is due), which ``hyper_what`` describes in messages; and the ``scheme``
+    that drew it, whose steps take it (``TrainingSteps.take``; None for a fine-tuning step's).
 
     The draws come from the sampler's own generator and nothing else, so drawing an iteration whole before
     taking its steps is drawing it as the steps go, and replaying draws on a copy of the sampler says what the
@@ -285,6 +447,7 @@ class Draw:
     partitions: int | torch.Tensor | None
     hyper: HyperBatches = field(default_factory=list)
     hyper_what: str = ""
+    scheme: IterationScheme | None = field(default=None, compare=False, repr=False)
 
     def reads(self) -> list[torch.Tensor]:
         """The index batches the iteration's steps read, in the order they read them."""
@@ -298,8 +461,9 @@ class IterationScheme(ABC):
 
     ``draw`` gets the ``sampler`` (every draw, in the order that makes a run reproducible) and the
     hyperparameter estimator, or None when no hyperparameter step is due in this iteration; it draws nothing
-    else. ``take`` gets the ``steps`` (losses through the right subnetworks and the optimiser steps;
-    ``steps.step`` is the number of iterations done) and calls ``steps.advance()`` exactly once, when the
+    else, and names itself as the draw's ``scheme``. ``take`` gets the ``steps`` (losses through the right
+    subnetworks and the optimiser steps; ``steps.step`` is the number of iterations done) and the ``batch`` of
+    tensors read for the draw (an :class:`IterationBatch`), and calls ``steps.advance()`` exactly once, when the
     iteration's parameter update is done: a hyperparameter step taken after that is recorded (and reported, if
     it fails) as the next step's.
 
@@ -310,13 +474,12 @@ class IterationScheme(ABC):
         >>> class FirstPartitionOnly(IterationScheme):
         ...     name = "first-only"
         ...     def draw(self, sampler, hyper):
-        ...         return Draw(sampler.parameter_batch()[1], 1)
-        ...     def take(self, steps, draw):
-        ...         steps.parameter_step(1, draw.indices)
+        ...         return Draw(sampler.parameter_batch(k=1)[1], 1, scheme=self)
+        ...     def take(self, steps, draw, batch):
+        ...         steps.parameter_step(1, *batch.parameter)
         ...         steps.advance()
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (torch.randn(32, 4), torch.zeros(32)))
-        >>> scheme = FirstPartitionOnly()
-        >>> scheme.take(trainer.steps, scheme.draw(trainer.sampler, None))
+        >>> trainer.steps.take(FirstPartitionOnly().draw(trainer.sampler, None))
         >>> trainer.step
         1
     """
@@ -333,8 +496,8 @@ class IterationScheme(ABC):
         unless it is None."""
 
     @abstractmethod
-    def take(self, steps: TrainingSteps, draw: Draw) -> None:
-        """One iteration's steps on ``draw``."""
+    def take(self, steps: TrainingSteps, draw: Draw, batch: IterationBatch) -> None:
+        """One iteration's steps on ``draw``, whose examples are ``batch``."""
 
 
 def _hyper_draw(sampler: PartitionedSampler, hyper: HyperEstimator | None) -> tuple[HyperBatches, str]:
@@ -354,7 +517,7 @@ class Alternating(IterationScheme):
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import PartitionedTrainer
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (torch.randn(32, 4), torch.zeros(32)))
-        >>> Alternating().take(trainer.steps, Alternating().draw(trainer.sampler, None))
+        >>> trainer.steps.take(Alternating().draw(trainer.sampler, None))
         >>> trainer.step, len(trainer.stepper.pending_losses()[0])
         (1, 1)
     """
@@ -363,20 +526,20 @@ class Alternating(IterationScheme):
 
     def draw(self, sampler: PartitionedSampler, hyper: HyperEstimator | None) -> Draw:
         partitions, indices = self.parameter_examples(sampler)
-        return Draw(indices, partitions, *_hyper_draw(sampler, hyper))
+        return Draw(indices, partitions, *_hyper_draw(sampler, hyper), scheme=self)
 
     def parameter_examples(self, sampler: PartitionedSampler) -> tuple[int | torch.Tensor, torch.Tensor]:
         """The parameter examples and the partition they train: one k for the minibatch."""
         return sampler.parameter_batch()
 
-    def take(self, steps: TrainingSteps, draw: Draw) -> None:
-        if isinstance(draw.partitions, torch.Tensor):
-            steps.every_partition_step(draw.partitions, draw.indices)
+    def take(self, steps: TrainingSteps, draw: Draw, batch: IterationBatch) -> None:
+        if isinstance(batch.partitions, torch.Tensor):
+            steps.every_partition_step(batch.partitions, *batch.parameter, drawn=draw.partitions)  # type: ignore[arg-type]
         else:
-            steps.parameter_step(draw.partitions, draw.indices)  # type: ignore[arg-type]
+            steps.parameter_step(batch.partitions, *batch.parameter)  # type: ignore[arg-type]
         steps.advance()
-        if draw.hyper:
-            steps.hyper_step(draw.hyper, draw.hyper_what)
+        if batch.hyper:
+            steps.hyper_step(batch.hyper, draw.hyper_what)
 
 
 class EveryPartition(Alternating):
@@ -389,7 +552,7 @@ class EveryPartition(Alternating):
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import PartitionedTrainer
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 3), (torch.randn(60, 4), torch.zeros(60)))
-        >>> EveryPartition().take(trainer.steps, EveryPartition().draw(trainer.sampler, None))
+        >>> trainer.steps.take(EveryPartition().draw(trainer.sampler, None))
         >>> trainer.step
         1
     """
@@ -411,7 +574,7 @@ class Fused(IterationScheme):
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import PartitionedTrainer
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (torch.randn(32, 4), torch.zeros(32)))
-        >>> Fused().take(trainer.steps, Fused().draw(trainer.sampler, None))
+        >>> trainer.steps.take(Fused().draw(trainer.sampler, None))
         >>> trainer.step
         1
     """
@@ -429,15 +592,15 @@ class Fused(IterationScheme):
 
     def draw(self, sampler: PartitionedSampler, hyper: HyperEstimator | None) -> Draw:
         ks, indices = self.parameter_examples(sampler)
-        return Draw(indices, ks, *_hyper_draw(sampler, hyper))
+        return Draw(indices, ks, *_hyper_draw(sampler, hyper), scheme=self)
 
     def parameter_examples(self, sampler: PartitionedSampler) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ks, indices)``: the parameter examples and the partition each trains (here all the same k)."""
         k, indices = sampler.parameter_batch()
         return torch.full((indices.numel(),), k), indices
 
-    def take(self, steps: TrainingSteps, draw: Draw) -> None:
-        steps.fused_step(draw.partitions, draw.indices, draw.hyper)  # type: ignore[arg-type]
+    def take(self, steps: TrainingSteps, draw: Draw, batch: IterationBatch) -> None:
+        steps.fused_step(batch.partitions, *batch.parameter, batch.hyper, drawn=draw.partitions)  # type: ignore[arg-type]
         steps.advance()
 
 
@@ -449,7 +612,7 @@ class FusedEveryPartition(Fused):
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import PartitionedTrainer
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 3), (torch.randn(60, 4), torch.zeros(60)))
-        >>> FusedEveryPartition().take(trainer.steps, FusedEveryPartition().draw(trainer.sampler, None))
+        >>> trainer.steps.take(FusedEveryPartition().draw(trainer.sampler, None))
         >>> trainer.step
         1
     """
@@ -479,7 +642,7 @@ class Iterations:
         >>> iterations = Iterations(Alternating(), OneChunk(), hyper_every=2, warmup_steps=0)
         >>> [iterations.hyper_due(step) for step in (1, 2, 3, 4)]
         [False, True, False, True]
-        >>> iterations.take(trainer.steps, iterations.draw(trainer.sampler, 1, finetuning=False))
+        >>> trainer.steps.take(iterations.draw(trainer.sampler, 1, finetuning=False))
         >>> trainer.step
         1
     """
@@ -511,13 +674,82 @@ class Iterations:
             return Draw(sampler.finetune_batch(), None)
         return self.scheme.draw(sampler, self.estimator_for(step))
 
-    def take(self, steps: TrainingSteps, draw: Draw) -> None:
-        """The steps of an iteration drawn by :meth:`draw`."""
-        if draw.partitions is None:
-            steps.finetune_step(draw.indices)
-            steps.advance()
-        else:
-            self.scheme.take(steps, draw)
+    @classmethod
+    def configured(cls, config: TrainConfig, learns: bool) -> Iterations:
+        """The iterations ``config`` describes (its scheme, hyperparameter estimator, ``hyper_every`` and
+        ``warmup_steps``), with hyperparameter steps only if the run ``learns`` some.
+
+        >>> Iterations.configured(TrainConfig(), learns=True).estimator.name
+        'all'
+        """
+        hyper = config.hyper
+        return cls(
+            scheme_for(config.runtime.fused, config.runtime.every_partition),
+            estimator_for(hyper.chunks) if learns else None,
+            hyper_every=hyper.every,
+            warmup_steps=hyper.warmup_steps,
+        )
+
+
+class PartitionedBatchSampler(Sampler[list[int]]):
+    """The examples of a partitioned training run for your own ``DataLoader``: ``DataLoader(dataset,
+    batch_sampler=PartitionedBatchSampler(chunks, config))`` yields one batch per iteration, the rows of
+    :meth:`Draw.reads` one after another (the parameter step's, then each hyperparameter batch's), and
+    :meth:`draws` yields the :class:`Draw` of each, so that ``steps.take(draw, x, y)`` (``TrainingSteps``)
+    knows which rows train which partition and which score psi.
+
+    The iterations are ``config``'s (``TrainConfig``, default ``TrainConfig()``, what ``fit`` trains with): its
+    ``steps``, ``batch_size``, hyperparameter step (``hyper_every``, ``hyper_chunks``, ``hyper_batch_size``,
+    ``warmup_steps``; none with ``hyperparameters=False``), scheme (``fused``, ``every_partition``), the last
+    ``finetune_steps`` fine-tuning on all the data, and ``seed``: the draws of ``fit`` with that configuration,
+    iteration for iteration. Every pass over the sampler draws the same run again, from iteration ``start`` + 1
+    (a resumed loop's). ``chunks`` are the examples' split into the model's C chunks (``split_into_chunks``).
+
+    >>> from partition_fx.training import split_into_chunks
+    >>> config = TrainConfig.recommended(steps=4, batch_size=3, hyper_batch_size=2, hyper_every=2, seed=0)
+    >>> batches = PartitionedBatchSampler(split_into_chunks(20, (0.5, 0.5)), config)
+    >>> [len(indices) for indices in batches]  # 3 parameter examples, + 2 of chunk 2 every 2nd iteration
+    [3, 5, 3, 3]
+    >>> [draw.partitions for draw in batches.draws()][-1] is None  # the last 0.4: fine-tuning
+    True
+    """
+
+    def __init__(
+        self, chunks: DataChunks, config: TrainConfig | None = None, *, hyperparameters: bool = True, start: int = 0
+    ) -> None:
+        super().__init__()
+        self.chunks = chunks
+        self.config = config if config is not None else TrainConfig()
+        if hyperparameters and chunks.num_chunks < 2:
+            raise PartitionArgumentError(
+                "learning hyperparameters needs at least 2 chunks (chunk k is scored by subnetwork k-1): split "
+                "the data into the model's num_partitions >= 2 chunks, or pass hyperparameters=False"
+            )
+        self.iterations = Iterations.configured(self.config, learns=hyperparameters)
+        steps = self.config.optimization.steps
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= steps:
+            raise PartitionArgumentError(f"start must be the iterations done, an int in 0..{steps}; got {start!r}")
+        self.start = start
+        self.finetune_from = steps - self.config.finetune_steps
+        """Iterations after this one fine-tune."""
+
+    def __len__(self) -> int:
+        return self.config.optimization.steps - self.start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for draw in self.draws():
+            yield torch.cat(draw.reads()).tolist()
+
+    def draws(self) -> Iterator[Draw]:
+        """The :class:`Draw` of each iteration after ``start``, in order: what each batch of :meth:`__iter__` is."""
+        optimization = self.config.optimization
+        sampler = PartitionedSampler(
+            self.chunks, optimization.batch_size, self.config.hyper.batch_size, self.config.runtime.seed
+        )
+        for step in range(1, optimization.steps + 1):
+            draw = self.iterations.draw(sampler, step, finetuning=step > self.finetune_from)
+            if step > self.start:
+                yield draw
 
 
 def scheme_for(fused: bool, every_partition: bool) -> IterationScheme:

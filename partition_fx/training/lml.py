@@ -22,7 +22,7 @@ from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, needs_recalibration
-from .data import BatchReader, DataChunks, Examples
+from .data import DataChunks, Examples
 from .likelihoods import Likelihood
 from .objective import Objective, running_norms
 from .stepping import Precision
@@ -70,33 +70,33 @@ def forward_log_likelihood(
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
+HyperBatch = tuple[float, int, torch.Tensor, torch.Tensor]
+"""``(weight, k, x, y)``: examples of chunk k, scored by subnetwork k-1, their mean loss weighted by ``weight``."""
+
+
 def hyper_loss(
     pmodel: PartitionedModel,
     likelihood: Likelihood,
     hyper: nn.Module | None,
-    examples: BatchReader,
-    batches: Sequence[tuple[float, int, torch.Tensor]],
-    device: torch.device | None = None,
+    batches: Sequence[HyperBatch],
     samples: int | None = None,
 ) -> torch.Tensor:
-    """A hyperparameter step's loss: the sum over ``(weight, k, indices)`` of weight times the mean negative
+    """A hyperparameter step's loss: the sum over ``(weight, k, x, y)`` of weight times the mean negative
     log-likelihood of those examples of chunk k through subnetwork k-1, each chunk in its own forward (so
     BatchNorm statistics are those of one subnetwork), with ``samples`` augmentation samples per example.
 
     >>> from partition_fx import partitionify
     >>> from partition_fx.training import Categorical
-    >>> examples = Examples((torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])))
+    >>> x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])
     >>> pmodel, likelihood = partitionify(nn.Linear(3, 2), 3), Categorical()
-    >>> batches = [(0.5, 2, torch.tensor([2, 3])), (0.5, 3, torch.tensor([4]))]
-    >>> total = hyper_loss(pmodel, likelihood, None, examples, batches)
-    >>> a = -likelihood(pmodel(examples.tensors[0][2:4], subnetwork=1), torch.tensor([0, 1])).mean()
-    >>> b = -likelihood(pmodel(examples.tensors[0][4:5], subnetwork=2), torch.tensor([0])).mean()
+    >>> total = hyper_loss(pmodel, likelihood, None, [(0.5, 2, x[2:4], y[2:4]), (0.5, 3, x[4:5], y[4:5])])
+    >>> a = -likelihood(pmodel(x[2:4], subnetwork=1), y[2:4]).mean()
+    >>> b = -likelihood(pmodel(x[4:5], subnetwork=2), y[4:5]).mean()
     >>> torch.allclose(total, 0.5 * a + 0.5 * b)
     True
     """
     total: torch.Tensor | None = None
-    for weight, k, indices in batches:
-        x, y = examples.batch(indices, device)
+    for weight, k, x, y in batches:
         term = -weight * forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper, samples=samples).mean()
         total = term if total is None else total + term
     if total is None:
@@ -172,10 +172,6 @@ def _detached_likelihood(likelihood: Likelihood, outputs: torch.Tensor, targets:
     """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
     detached = {name: p.detach() for name, p in likelihood.named_parameters()}
     return torch.func.functional_call(likelihood, detached, (outputs, targets, samples))
-
-
-HyperBatch = tuple[float, int, torch.Tensor, torch.Tensor]
-"""``(weight, k, x, y)``: examples of chunk k, scored by subnetwork k-1, their mean loss weighted by ``weight``."""
 
 
 def routed_losses(

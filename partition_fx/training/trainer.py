@@ -32,10 +32,27 @@ from ..errors import PartitionArgumentError, PartitionCheckpointError, Partition
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .checkpoint import differences, save_training_state
-from .data import DataChunks, Examples, PartitionedSampler, StepInputs, default_workers, planned_batches, resolve_chunks
-from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, estimator_for, scheme_for
+from .data import (
+    DataChunks,
+    Examples,
+    HyperBatches,
+    PartitionedSampler,
+    StepInputs,
+    default_workers,
+    planned_batches,
+    resolve_chunks,
+)
+from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, scheme_for
 from .likelihoods import Likelihood, resolve_likelihood
-from .lml import LMLEstimate, LMLEvaluator, evidence, lml_fields, recalibrate_norm_statistics, recalibrated_states
+from .lml import (
+    HyperBatch,
+    LMLEstimate,
+    LMLEvaluator,
+    evidence,
+    lml_fields,
+    recalibrate_norm_statistics,
+    recalibrated_states,
+)
 from .objective import ModuleStates, Objective, takes_num_samples, widens
 from .optim import (
     OptimizerFactory,
@@ -475,9 +492,7 @@ class PartitionedTrainer:
             weight_decay_scaling=optimization.weight_decay_scaling,
         )
         learns = self.hyper_optimizer is not None
-        estimator = estimator_for(hyper_step.chunks) if learns else None
-        every, warmup = hyper_step.every, hyper_step.warmup_steps
-        self.iterations = Iterations(scheme, estimator, hyper_every=every, warmup_steps=warmup)
+        self.iterations = Iterations.configured(config, learns)
         """What each iteration does: the scheme's, with a hyperparameter step when due, or a fine-tuning step."""
         on_cpu = self.device is None or self.device.type == "cpu"
         self.stepper = Stepper(
@@ -554,7 +569,7 @@ class PartitionedTrainer:
         if indices is None:
             k, indices = self.sampler.parameter_batch(k)
         k = check_given_partition("parameter_step", k)
-        return k, self.steps.parameter_step(k, indices)
+        return k, self.steps.parameter_step(k, *self.steps.read(indices))
 
     def hyper_step(self, k: int | None = None, indices: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
         """Step psi on ``indices`` of chunk D_k through subnetwork k-1, k in 2..C (default: drawn by the sampler, as
@@ -564,14 +579,17 @@ class PartitionedTrainer:
             k, indices = self.sampler.hyper_batch(k)
         k = check_given_partition("hyper_step", k)
         batches = [(1.0, k, indices)]
-        return k, self.steps.hyper_step(batches, OneChunk().describe(batches))
+        return k, self.steps.hyper_step(self._read_hyper(batches), OneChunk().describe(batches))
 
     def hyper_step_all_chunks(self) -> torch.Tensor:
         """Step psi on a minibatch of EVERY chunk D_k (k in 2..C) through its subnetwork k-1, weighted by the
         probabilities ``hyper_step`` draws them with (:class:`AllChunks`, ``hyper_chunks="all"``); returns the loss."""
         self._check_hyperparameters()
         batches = AllChunks().draw(self.sampler)
-        return self.steps.hyper_step(batches, AllChunks().describe(batches))
+        return self.steps.hyper_step(self._read_hyper(batches), AllChunks().describe(batches))
+
+    def _read_hyper(self, batches: HyperBatches) -> list[HyperBatch]:
+        return [(weight, k, *self.steps.read(indices)) for weight, k, indices in batches]
 
     def _check_hyperparameters(self) -> None:
         if self.hyper_optimizer is None:
@@ -582,15 +600,16 @@ class PartitionedTrainer:
         or both in one forward and one backward with ``fused=True``), the hyperparameter step by the configured
         estimator; in the fine-tuning phase, a ``finetune_step`` (``self.iterations``)."""
         iterations, finetuning = self.iterations, self.finetuning
-        upcoming = lambda sampler, step: iterations.draw(sampler, step, finetuning).reads()  # noqa: E731
-        self.inputs.start(lambda: planned_batches(upcoming, self.sampler, self.step, self.steps.local))
-        iterations.take(self.steps, iterations.draw(self.sampler, self.step + 1, finetuning))
+        steps = self.steps
+        upcoming = lambda sampler, step: [steps.local_indices(iterations.draw(sampler, step, finetuning))]  # noqa: E731
+        self.inputs.start(lambda: planned_batches(upcoming, self.sampler, self.step))
+        steps.take(iterations.draw(self.sampler, self.step + 1, finetuning))
 
     def fused_iteration(self) -> None:
         """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
         one: the parameter step and (when due) the hyperparameter step in ONE forward and ONE backward."""
         fused = scheme_for(fused=True, every_partition=self.every_partition)
-        fused.take(self.steps, fused.draw(self.sampler, self.iterations.estimator_for(self.step + 1)))
+        self.steps.take(fused.draw(self.sampler, self.iterations.estimator_for(self.step + 1)))
 
     # --- the fine-tuning phase ---------------------------------------------------------------------
 
@@ -623,7 +642,8 @@ class PartitionedTrainer:
     def finetune_step(self, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Train every weight of the final subnetwork C on a minibatch of all the data (default: drawn by the
         sampler), with the input transform's psi fixed; returns the loss."""
-        return self.steps.finetune_step(indices if indices is not None else self.sampler.finetune_batch())
+        indices = indices if indices is not None else self.sampler.finetune_batch()
+        return self.steps.finetune_step(*self.steps.read(indices))
 
     # --- evaluation ------------------------------------------------------------------------------
 
