@@ -57,3 +57,6 @@ bound."""
 AUGMENTATION_DRAWS = ("uniform", "stratified")
 """How ``AffineAugmentation`` draws its S samples' coefficients: independently uniform, or stratified (each
 generator's S coefficients of an example fall one in each of S equal strata of [-1, 1]: a Latin hypercube)."""
+
+TRACKERS = ("tensorboard", "mlflow", "csv")
+"""The experiment trackers ``--log`` names (``training.tracking``)."""

@@ -115,6 +115,21 @@ def int_at_least(minimum: int) -> Any:
     return parse
 
 
+def trackers(text: str) -> tuple[str, ...]:
+    """A ``type=`` for ``--log``: trackers by name, comma-separated.
+
+    >>> trackers("csv,tensorboard")
+    ('csv', 'tensorboard')
+    """
+    from ..choices import TRACKERS
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in TRACKERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: name trackers among {', '.join(TRACKERS)}, comma-separated")
+    return tuple(dict.fromkeys(names))
+
+
 def seed(text: str) -> int:
     """A ``type=`` for seeds: an int in 0..2**63-1.
 

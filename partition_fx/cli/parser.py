@@ -33,6 +33,7 @@ from .argparsing import (
     range_start,
     range_values,
     seed,
+    trackers,
 )
 from .config_files import config_defaults
 from .recipes import RECIPES
@@ -309,6 +310,15 @@ def _add_train(train: Parser) -> None:
     groups = {"learned hyperparameters": hyper, "training": train.add_argument_group("training")}
     groups["output"] = _add_output_options(
         train, "directory to write the run to (default: %(default)s)", Path("runs/train")
+    )
+    groups["output"].add_argument(
+        "--log",
+        type=trackers,
+        default=None,
+        metavar="TRACKERS",
+        help="also log the configuration and every evaluation (LMLs, losses, learning rates, hyperparameters) and "
+        "the test accuracy to tensorboard (--out/tensorboard/), mlflow ($MLFLOW_TRACKING_URI, else --out/mlruns) "
+        "and/or csv (--out/metrics.csv), comma-separated (default: none)",
     )
     run = groups["running"] = train.add_argument_group("running")
     for keyword in JOB_GROUPS["running"]:

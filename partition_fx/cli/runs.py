@@ -414,7 +414,7 @@ def starting_report(spec: JobSpec, data: DatasetSplits, device: str, keep_resume
 # --- a run's job and the command line, both ways ---------------------------------------------------------------
 
 
-RUN_CONTROL = ("command", "out", "overwrite", "quiet", "keep_resume", "resume", "config", "print_config")
+RUN_CONTROL = ("command", "out", "overwrite", "quiet", "keep_resume", "resume", "config", "print_config", "log")
 """``train``'s options that say how to run and where to write, not what is trained: no report records them."""
 
 

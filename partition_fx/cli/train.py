@@ -47,6 +47,7 @@ from ..training import (
     resume_directory,
 )
 from ..training.lml import load_for_export
+from ..training.tracking import require, trackers_for
 from .checks import with_fixed_ranges
 from .job import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
@@ -68,6 +69,15 @@ LML_EXPLAINED = {
 }
 """How ``report.json`` explains its LML fields (written into every report, as ``lml_explained``)."""
 
+TEST_METRICS = (
+    "test_accuracy",
+    "averaged_test_accuracy",
+    "test_log_likelihood",
+    "averaged_test_log_likelihood",
+    "partitioned_test_accuracy",
+)
+"""What the trackers of ``--log`` get of the exported model's test results, at the run's last step."""
+
 FILES = {
     "model": "model.safetensors",
     "onnx": "model.onnx",
@@ -80,13 +90,15 @@ FILES = {
 class RunOptions:
     """How ``train`` runs its job and where it writes (the options of ``cli.runs.RUN_CONTROL``, which no report
     records): ``out``, whether to ``overwrite`` it, ``quiet`` (no progress bar), ``keep_resume`` (keep
-    ``checkpoint/resume/`` once the run completes) and ``resume`` (continue the run in ``out``)."""
+    ``checkpoint/resume/`` once the run completes), ``resume`` (continue the run in ``out``) and the trackers to
+    ``log`` to (``training.tracking``)."""
 
     out: Path
     overwrite: bool
     quiet: bool
     keep_resume: bool
     resume: bool
+    log: tuple[str, ...] = ()
 
 
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,10 +117,12 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     """
     if getattr(args, "resume", None) is not None:
         spec, keep_resume = resumed_spec(args)
-        options = RunOptions(args.resume, overwrite=False, quiet=args.quiet, keep_resume=keep_resume, resume=True)
+        options = RunOptions(
+            args.resume, overwrite=False, quiet=args.quiet, keep_resume=keep_resume, resume=True, log=args.log or ()
+        )
     else:
         spec = job_spec(args)
-        options = RunOptions(args.out, args.overwrite, args.quiet, args.keep_resume, resume=False)
+        options = RunOptions(args.out, args.overwrite, args.quiet, args.keep_resume, resume=False, log=args.log or ())
     spec = with_fixed_ranges(spec)  # the report records the values --fix-from read
     with torchrun_group(resolve_device(spec.device)) as rank:
         return _run(spec, options, writes=rank in (None, 0), rank=rank)
@@ -119,6 +133,8 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
     out = options.out
     resume_from = out / "checkpoint" / "resume" if options.resume else None
     inputs = {"--data": spec.data, "--checkpoint": spec.checkpoint}
+    for backend in options.log:  # a missing extra is refused now, before anything is written
+        require(backend)
     if resume_from is None:
         check_out(out, options.overwrite, inputs)  # now, not after minutes of loading
     barrier(rank)  # every process has checked --out before rank 0 empties it
@@ -140,11 +156,18 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
         report.begin()
     else:  # the run's record so far stays as it is until the resumed run is under way
         report.carry(read_run(out, "--resume")[0])
+    # the trackers start with the run and log the job's fields as parameters (the training configuration is the
+    # trainer's own); only the process that writes logs
+    job_fields = {key: value for key, value in spec.to_dict().items() if key != "train"}
+    trackers = trackers_for(list(options.log), out, {"job": job_fields}) if writes else []
     started = time.perf_counter()
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
         partitioned = PartitionedAccuracy(job)
-        result = _fit(job, out, resume_from, (partitioned, report), options.quiet)
+        result = _fit(job, out, resume_from, (partitioned, report, *trackers), options.quiet)
         fields.update(_results(job, result, partitioned))
+        test = {key: fields[key] for key in TEST_METRICS if fields.get(key) is not None}
+        for tracker in trackers:
+            tracker.log_metrics(result.steps, test)
         best = out / "checkpoint" / "best.safetensors" if writes else None
         fields["highest_lml_state"] = highest_lml_state(job, result, best)
         if writes:
@@ -152,6 +175,9 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
     except BaseException as e:
         report.end(e, seconds=round(time.perf_counter() - started, 1))
         raise
+    finally:
+        for tracker in trackers:
+            tracker.close()
     kept = {"resume": "checkpoint/resume/"} if options.keep_resume else {}
     fields.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
     report.save()
@@ -206,10 +232,8 @@ class RunReport(TrainingHook):
         self.save()
 
 
-def _fit(
-    job: TrainJob, out: Path, resume_from: Path | None, hooks: tuple[PartitionedAccuracy, RunReport], quiet: bool
-) -> FitResult:
-    report = hooks[1]
+def _fit(job: TrainJob, out: Path, resume_from: Path | None, hooks: tuple[TrainingHook, ...], quiet: bool) -> FitResult:
+    report = next(hook for hook in hooks if isinstance(hook, RunReport))
     return fit(
         job.pmodel,
         job.data.train,

@@ -16,9 +16,11 @@ from .lml import LMLEstimate, estimate_lml, evidence, recalibrate_norm_statistic
 from .metrics import evaluate_averaged, evaluate_classifier
 from .objective import Objective
 from .optim import partition_optimizer, weight_decay_scales
+from .tracking import CSVTracker, MLflowTracker, TensorBoardTracker, Tracker
 from .trainer import CallbackHook, CheckpointWriter, Components, FitResult, PartitionedTrainer, TrainingHook
 
 __all__ = [
+    "CSVTracker",
     "CallableLikelihood",
     "CallbackHook",
     "Categorical",
@@ -32,11 +34,14 @@ __all__ = [
     "IterationBatch",
     "LMLEstimate",
     "Likelihood",
+    "MLflowTracker",
     "Objective",
     "PartitionCheckpointError",
     "PartitionedBatchSampler",
     "PartitionedSampler",
     "PartitionedTrainer",
+    "TensorBoardTracker",
+    "Tracker",
     "TrainConfig",
     "TrainingHook",
     "TrainingSteps",
