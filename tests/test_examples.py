@@ -56,7 +56,16 @@ def test_own_loop_example(capsys):
     assert "rotation" in found["hyperparameters"] and "conditional" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["rotation_invariance", "input_selection", "finetune_pretrained", "own_loop"])
+def test_lightning_fit_example(tmp_path, capsys):
+    pytest.importorskip("lightning", reason="the lightning extra: pip install 'partition-fx[lightning]'")
+    found = _load("lightning_fit").main(["--quick", "--out", str(tmp_path)])
+    assert 0.0 <= found["test_accuracy"] <= 1.0 and "rotation" in found["hyperparameters"]
+    assert "conditional_lml" in found["metrics"].read_text() and "test accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name", ["rotation_invariance", "input_selection", "finetune_pretrained", "own_loop", "lightning_fit"]
+)
 def test_examples_document_how_to_run_them(name):
     text = (EXAMPLES / f"{name}.py").read_text()
     assert f"python examples/{name}.py" in text and "--quick" in text

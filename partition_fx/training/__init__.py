@@ -12,7 +12,7 @@ from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignme
 from .fit import fit
 from .iteration import Draw, IterationBatch, PartitionedBatchSampler, TrainingSteps
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
-from .lml import LMLEstimate, estimate_lml, evidence, recalibrate_norm_statistics
+from .lml import LMLEstimate, LMLEvaluator, estimate_lml, evidence, recalibrate_norm_statistics
 from .metrics import evaluate_averaged, evaluate_classifier
 from .objective import Objective
 from .optim import partition_optimizer, weight_decay_scales
@@ -33,6 +33,7 @@ __all__ = [
     "Gaussian",
     "IterationBatch",
     "LMLEstimate",
+    "LMLEvaluator",
     "Likelihood",
     "MLflowTracker",
     "Objective",

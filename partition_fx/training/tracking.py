@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..choices import TRACKERS
 from ..errors import PartitionArgumentError
 from .trainer import FitResult, TrainingHook
@@ -38,19 +40,19 @@ def require(backend: str) -> None:
         )
 
 
-def evaluation_metrics(trainer: PartitionedTrainer, record: Mapping[str, Any]) -> dict[str, float]:
+def evaluation_metrics(
+    record: Mapping[str, Any], optimizer: torch.optim.Optimizer, hyper_optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, float]:
     """One evaluation's numbers by name: ``conditional_lml``, ``lml``, their per-example values, ``lml_chunk_k``
-    (k = 1..C), ``train_loss``, ``hyper_loss``, ``lr`` and ``hyper_lr`` (the optimisers' current rates),
+    (k = 1..C), ``train_loss``, ``hyper_loss``, ``lr`` and ``hyper_lr`` (``optimizer``'s and ``hyper_optimizer``'s
+    current rates),
     ``finetuning`` (1 in that phase) and ``hyper/NAME`` for every hyperparameter (``hyper/NAME/i`` for each
     entry of a vector one). What the record leaves out (no LML in fine-tuning) is left out.
 
-    >>> import torch
-    >>> from partition_fx import partitionify
-    >>> from partition_fx.training import PartitionedTrainer
-    >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(2, 2), 2), (torch.randn(8, 2), torch.zeros(8)))
+    >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     >>> record = {"lml": -3.0, "conditional_lml": -1.0, "lml_per_chunk": [-2.0, -1.0], "phase": "partitioned",
     ...           "train_loss": 0.5, "hyper_loss": None, "hyperparameters": {"mask": [0.5, 1.0]}}
-    >>> sorted(evaluation_metrics(trainer, record))  # doctest: +NORMALIZE_WHITESPACE
+    >>> sorted(evaluation_metrics(record, sgd))  # doctest: +NORMALIZE_WHITESPACE
     ['conditional_lml', 'finetuning', 'hyper/mask/0', 'hyper/mask/1', 'lml', 'lml_chunk_1', 'lml_chunk_2', 'lr',
      'train_loss']
     """
@@ -58,9 +60,9 @@ def evaluation_metrics(trainer: PartitionedTrainer, record: Mapping[str, Any]) -
     metrics = {key: float(record[key]) for key in keys if record.get(key) is not None}
     for k, value in enumerate(record.get("lml_per_chunk") or [], start=1):
         metrics[f"lml_chunk_{k}"] = float(value)
-    metrics["lr"] = float(trainer.optimizer.param_groups[0]["lr"])
-    if trainer.hyper_optimizer is not None:
-        metrics["hyper_lr"] = float(trainer.hyper_optimizer.param_groups[0]["lr"])
+    metrics["lr"] = float(optimizer.param_groups[0]["lr"])
+    if hyper_optimizer is not None:
+        metrics["hyper_lr"] = float(hyper_optimizer.param_groups[0]["lr"])
     metrics["finetuning"] = float(record.get("phase") == "finetune")
     for name, value in (record.get("hyperparameters") or {}).items():
         if isinstance(value, (list, tuple)):
@@ -120,7 +122,7 @@ class Tracker(TrainingHook):
             self._write_params(flat_params({**self.params, "train": trainer.config.to_dict()}))
 
     def after_evaluation(self, trainer: PartitionedTrainer, record: dict[str, Any], improved: bool) -> None:
-        self.log_metrics(record["step"], evaluation_metrics(trainer, record))
+        self.log_metrics(record["step"], evaluation_metrics(record, trainer.optimizer, trainer.hyper_optimizer))
 
     def after_run(self, trainer: PartitionedTrainer, result: FitResult) -> None:
         self.log_metrics(result.steps, run_metrics(result))

@@ -1,0 +1,200 @@
+"""Partitioned training as a ``lightning.LightningModule`` (the ``lightning`` extra): a stock ``lightning.Trainer``
+fits it on your dataset, with Lightning's loggers, callbacks and checkpoints, and it exports the final model.
+
+The module runs the pieces of your own loop (``docs/loops.md``): its ``train_dataloader`` reads your dataset
+through a ``PartitionedBatchSampler`` (one batch per iteration, one epoch per run) and each ``training_step`` takes
+the iteration's steps (``TrainingSteps.take``) with manual optimisation. With the same ``TrainConfig`` it trains
+what ``fit`` trains, bit for bit on one CPU process (tested).
+
+Not supported, and refused in one line that says what works instead:
+
+- several processes (``devices > 1``, DDP and its relatives). A partitioned step leaves most parameters unused, and
+  which ones changes every iteration, so DDP's reducer cannot synchronise it. ``fit`` under ``torchrun`` trains
+  data-parallel exactly. (The strategies that spawn their processes, ``ddp_spawn``, fail before the module can say
+  so: a ``PartitionedModel`` does not survive pickling into the new processes.)
+- Lightning's mixed precision. Use ``TrainConfig(precision=...)`` with ``fit``.
+- Resuming a run from a Lightning checkpoint. Lightning restores neither torch's generator nor the phase of the
+  run. A checkpoint still loads for export (``load_from_checkpoint``), and ``fit(checkpoint_dir=..., resume=...)``
+  resumes bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..errors import PartitionArgumentError
+from ..export import export_subnetwork
+from ..partitioned_model import PartitionedModel
+from ..train_config import TrainConfig
+from ..training.data import Examples, split_into_chunks
+from ..training.iteration import PartitionedBatchSampler, TrainingSteps
+from ..training.likelihoods import Likelihood
+from ..training.lml import LMLEvaluator, recalibrate_norm_statistics
+from ..training.tracking import evaluation_metrics
+
+try:
+    import lightning as L
+except ModuleNotFoundError:  # pragma: no cover (the extra is installed where the tests run)
+    raise ModuleNotFoundError(
+        "partition_fx.integrations.lightning needs lightning: pip install 'partition-fx[lightning]'"
+    ) from None
+
+
+class PartitionedLightningModule(L.LightningModule):
+    """``pmodel`` trained on ``dataset`` by partitioned training, learning the hyperparameters of ``hyper`` (and of
+    the model's hyperparameter modules), as ``config`` says (default ``TrainConfig()``, ``fit``'s recipe): fit it
+    with ``lightning.Trainer(max_epochs=1)`` (one epoch is the whole run, ``config``'s ``steps``).
+
+    It logs, through the trainer's loggers at each evaluation (every ``config.eval_every`` iterations), what
+    ``partition-fx train --log`` logs: the conditional and full LML, the LML per chunk, the losses, the
+    learning rates and every hyperparameter by name (``training.tracking.evaluation_metrics``). Lightning's
+    checkpoints hold the model, the input transform and the optimisers. At the run's last iteration BatchNorm's
+    statistics are recalibrated for the final subnetwork; :meth:`export` is then the final model as a plain module.
+
+    Example::
+
+        >>> import lightning
+        >>> from partition_fx import partitionify
+        >>> x = torch.randn(64, 4); y = (x[:, 0] > 0).long()
+        >>> pmodel = partitionify(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), 2)
+        >>> config = TrainConfig.recommended(steps=6, batch_size=8)
+        >>> module = PartitionedLightningModule(pmodel, torch.utils.data.TensorDataset(x, y), config=config)
+        >>> trainer = lightning.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+        ...                             enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(module)
+        >>> trainer.global_step, type(module.export()).__name__
+        (6, 'Sequential')
+    """
+
+    def __init__(
+        self,
+        pmodel: PartitionedModel,
+        dataset: Any,
+        *,
+        hyper: nn.Module | None = None,
+        likelihood: Likelihood | None = None,
+        config: TrainConfig | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(pmodel, PartitionedModel):
+            raise PartitionArgumentError(
+                f"PartitionedLightningModule needs a PartitionedModel (from partitionify(model)), got "
+                f"{type(pmodel).__name__}"
+            )
+        self.config = config if config is not None else TrainConfig()
+        self.pmodel = pmodel
+        self.hyper = hyper
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.chunks = split_into_chunks(len(dataset), pmodel.proportions, seed=self.config.runtime.seed)
+        self.steps = TrainingSteps.create(pmodel, self.chunks, hyper=hyper, likelihood=likelihood, config=self.config)
+        self.likelihood = self.steps.likelihood
+        evaluation = self.config.evaluation
+        self.evaluator = LMLEvaluator(
+            self.steps.objective,
+            Examples(dataset),
+            self.chunks,
+            batch_size=evaluation.batch_size,
+            max_examples_per_chunk=evaluation.examples_per_chunk,
+            seed=self.config.runtime.seed + 1,  # fit's: not the sampler's stream
+        )
+        """The LML estimates, as fit's: their noise from a generator of their own."""
+        self.automatic_optimization = False  # the steps step their own optimisers
+        self._draws: Any = None
+        self._batches: PartitionedBatchSampler | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The final subnetwork C's outputs (what :meth:`export` returns as a plain module)."""
+        return self.pmodel(x)
+
+    # --- what Lightning asks for -------------------------------------------------------------------------------
+
+    def configure_optimizers(self) -> Any:
+        stepper = self.steps.stepper
+        optimizers = [o for o in (stepper.optimizer, stepper.hyper_optimizer) if o is not None]
+        if stepper.scheduler is None:
+            return optimizers
+        # returned so that checkpoints hold its state; with manual optimisation Lightning never steps it
+        return optimizers, [stepper.scheduler]
+
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        processes = trainer.num_devices * trainer.num_nodes
+        if processes > 1:
+            raise PartitionArgumentError(
+                f"PartitionedLightningModule trains in one process, not {processes}: a partitioned step "
+                "leaves most parameters unused (which ones changes every iteration), which DDP cannot synchronise; "
+                "use lightning.Trainer(devices=1), or fit() under torchrun, which trains data-parallel exactly"
+            )
+        if str(trainer.precision) not in ("32-true", "32"):
+            raise PartitionArgumentError(
+                f"PartitionedLightningModule takes its steps in fp32, not Lightning's precision "
+                f"{trainer.precision!r}: use lightning.Trainer(precision='32-true'), or fit(precision='bf16') "
+                "for mixed precision"
+            )
+
+    def train_dataloader(self) -> DataLoader:
+        learns = self.steps.stepper.hyper_optimizer is not None
+        self._batches = PartitionedBatchSampler(self.chunks, self.config, hyperparameters=learns)
+        # the loader's own generator for its workers' seed: torch's global one draws the augmentation, as in fit
+        return DataLoader(
+            self.dataset, batch_sampler=self._batches, num_workers=self.num_workers, generator=torch.Generator()
+        )
+
+    def on_train_start(self) -> None:
+        if self.trainer.global_step > 0 or self.steps.step > 0:
+            raise PartitionArgumentError(
+                "a PartitionedLightningModule cannot resume a run (Lightning restores neither torch's generator "
+                "nor the run's phase): train it from the start, load the checkpoint with load_from_checkpoint to "
+                "export it, or resume with fit(checkpoint_dir=..., resume=...)"
+            )
+        torch.manual_seed(self.config.runtime.seed)  # as fit seeds it: the augmentation's and dropout's draws
+        # the weights' steps through Lightning's wrapper of their optimiser, which counts trainer.global_step
+        wrapped = self.optimizers(use_pl_optimizer=True)
+        self.steps.stepper.optimizer = wrapped[0] if isinstance(wrapped, list) else wrapped  # type: ignore[assignment]
+        assert self._batches is not None
+        self._draws = iter(self._batches.draws())
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.steps.take(next(self._draws), x, y)
+        step, end = self.steps.step, self.config.optimization.steps
+        if step % self.config.eval_every == 0 or step == end:
+            self._log_evaluation()
+        if step >= end:
+            # the end of the run, before the epoch's end, where Lightning's checkpoints are written: they then hold
+            # the final model as export() returns it
+            recalibrate_norm_statistics(self.pmodel, Examples(self.dataset))
+            self.trainer.should_stop = True  # one epoch is the run; a second would draw it again
+
+    # --- the final model ---------------------------------------------------------------------------------------
+
+    def export(self) -> nn.Module:
+        """The final subnetwork as a new module of the original model's class (``export_subnetwork``)."""
+        return export_subnetwork(self.pmodel)
+
+    def _log_evaluation(self) -> None:
+        """The LML (not in fine-tuning, where every subnetwork has seen every chunk) and the losses since the
+        last evaluation, logged as ``partition-fx train --log`` logs them."""
+        stepper = self.steps.stepper
+        losses, hyper_losses = stepper.pending_losses()
+        stepper.clear_losses()
+        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+        record: dict[str, Any] = {
+            "phase": "finetune" if self.steps.finetuning else "partitioned",
+            "train_loss": mean(losses),
+            "hyper_loss": mean(hyper_losses),
+            "hyperparameters": self.steps.objective.hyperparameter_values(),
+        }
+        if not self.steps.finetuning:
+            estimate = self.evaluator.estimate()
+            record.update(lml=estimate.total, lml_per_chunk=estimate.per_chunk, conditional_lml=estimate.conditional)
+        metrics = evaluation_metrics(record, stepper.optimizer, stepper.hyper_optimizer)
+        # to the loggers directly, at the iteration's number: self.log would log only every log_every_n_steps
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.steps.step)
