@@ -483,6 +483,29 @@ def model_selection_candidates(result: Results) -> str:
     return markdown_table([*header, "test RMSE partitioned", "seconds partitioned", "seconds plain + Laplace"], body)
 
 
+def search_by_lml(result: Results) -> str:
+    """Per arm: each seed's pick, and the test accuracy and log-likelihood of the pick retrained on all the data
+    (mean ± sd over seeds), with the search's wall time."""
+    rows = result["rows"]
+    body = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        group = [r for r in rows if r["arm"] == arm]
+        picks = "; ".join(
+            f"lr {r['pick']['lr']:.2g}, wd {r['pick']['weight_decay']:.1g}, width {r['pick']['width']}" for r in group
+        )
+        body.append(
+            [
+                arm,
+                mean_sd([r["test_accuracy"] for r in group], ".3f"),
+                mean_sd([r["test_log_likelihood"] for r in group], ".3f"),
+                mean_sd([r["search_seconds"] for r in group], ".0f"),
+                picks,
+            ]
+        )
+    header = ["search scored by", "test accuracy (retrained pick)", "test log-likelihood", "search s", "picks per seed"]
+    return markdown_table(header, body)
+
+
 def results_markdown(result: Results, *tables: Callable[[Results], str]) -> str:
     """A results file's Markdown companion (``NAME.md`` beside ``NAME.json``): provenance, then the tables."""
     return "\n\n".join([provenance(result["meta"]), *(table(result) for table in tables)]) + "\n"
@@ -582,4 +605,5 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "hyperparameter_methods_long": hyperparameter_methods_long,
     "model_selection": model_selection,
     "model_selection_candidates": model_selection_candidates,
+    "search_by_lml": search_by_lml,
 }

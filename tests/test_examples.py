@@ -63,8 +63,22 @@ def test_lightning_fit_example(tmp_path, capsys):
     assert "conditional_lml" in found["metrics"].read_text() and "test accuracy" in capsys.readouterr().out
 
 
+def test_optuna_search_example(capsys):
+    found = _load("optuna_search").main(["--quick"])
+    assert found["trials"] == 3 and sorted(found["best_params"]) == ["lr", "weight_decay", "width"]
+    assert 0.0 <= found["test_accuracy"] <= 1.0 and "best conditional LML" in capsys.readouterr().out
+
+
+def test_search_by_lml_benchmark_quick(capsys):
+    result = _benchmark("search_by_lml").main(["--quick", "--seeds", "0"])
+    assert [r["arm"] for r in result["rows"]] == ["lml", "validation", "default"]
+    assert all(len(r["trials"]) == 3 for r in result["rows"][:2])
+    assert "| lml |" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
-    "name", ["rotation_invariance", "input_selection", "finetune_pretrained", "own_loop", "lightning_fit"]
+    "name",
+    ["rotation_invariance", "input_selection", "finetune_pretrained", "own_loop", "lightning_fit", "optuna_search"],
 )
 def test_examples_document_how_to_run_them(name):
     text = (EXAMPLES / f"{name}.py").read_text()
