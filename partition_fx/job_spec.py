@@ -193,10 +193,10 @@ class JobSpec(Settings):
     )
     recipe: str | None = setting(
         None,
-        "start from the options of one of the paper's experiments; options given override them",
+        "start from one of the paper's experiments; a --config file's values and the options given override it",
         metavar="NAME",
         default_text="none",
-    )  # its choices and their options are the command line's (cli.recipes), which expands them before parsing
+    )  # its choices and their values are the command line's (cli.recipes: YAML files read as its defaults)
     augment: str = setting(
         "affine", "learn the ranges of an affine augmentation, or learn nothing", choices=AUGMENTATIONS
     )

@@ -143,3 +143,14 @@ def test_print_config_writes_nothing_and_ignores_an_existing_out(tmp_path, capsy
     printed = _printed(["--out", str(tmp_path / "taken")], capsys)
     assert yaml.safe_load(printed)["model"] == "resnet10t"
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["mine.txt"]
+
+
+def test_a_recipe_a_file_and_the_command_line_override_each_other_in_that_order(tmp_path):
+    """The recipe's values are the defaults, the --config file's override them, the options given override both."""
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  optimization:\n    steps: 7\n    momentum: 0.5\n")
+    argv = ["--recipe", "paper-cifar10-fixup8", "--config", str(path), "--lr", "0.2"]
+    spec = job_spec(parse_train(argv))
+    optimization = spec.train.optimization
+    assert (spec.model, spec.recipe, optimization.optimizer) == ("fixup_resnet8", "paper-cifar10-fixup8", "sgd")
+    assert (optimization.steps, optimization.momentum, optimization.lr) == (7, 0.5, 0.2)

@@ -109,15 +109,23 @@ def test_each_paper_recipe_runs_a_few_steps_on_files_in_the_real_format(copies, 
     assert (out / "model.onnx").is_file()
 
 
-def test_the_data_page_lists_every_dataset_and_every_recipe_with_its_options() -> None:
+def test_the_data_page_lists_every_dataset_and_every_recipe_with_its_settings() -> None:
+    """Each recipe file is the page's appendix I.4 options plus its model, iterations and fine-tuning: the job it
+    runs is the job those options give on the command line."""
+    import re
     from pathlib import Path
 
-    from partition_fx.cli.recipes import CIFAR_OPTIONS
+    from partition_fx.cli.runs import job_spec
 
     page = (Path(__file__).parents[1] / "docs" / "data.md").read_text()
     for name, spec in STANDARD_DATASETS.items():
         assert f"`{name}:DIR`, `rot{name}:DIR`" in page and f"torchvision.datasets.{spec.torchvision_class}" in page
-    assert " ".join(CIFAR_OPTIONS) in page
+    cifar = re.search(r"As options: `([^`]*)`", page, re.S)[1].split()
     for recipe in RECIPES.values():
-        own = recipe.options[: recipe.options.index("--image-size")]
-        assert f"| `{recipe.name}` | {recipe.description} | `{' '.join(own)}` |" in page
+        assert f"| `{recipe.name}` | {recipe.description} | [`partition_fx/{recipe.file}`]" in page
+        train = recipe.values["train"]
+        own = ["--model", recipe.values["model"], "--steps", str(train["optimization"]["steps"])]
+        own += ["--finetune-steps", str(train["finetuning"]["steps"])]
+        own += ["--finetune-schedule", train["finetuning"]["schedule"]] if "schedule" in train["finetuning"] else []
+        from_flags = job_spec(parse_train([*cifar, *own])).to_dict()
+        assert job_spec(parse_train(["--recipe", recipe.name])).to_dict() == {**from_flags, "recipe": recipe.name}

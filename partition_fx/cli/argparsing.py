@@ -37,11 +37,10 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands: dict[str, Parser] = {}
-        self.expand: Callable[[list[str]], list[str]] | None = None
-        """Rewrites the words before they are parsed (``train``: a ``--recipe``'s options put first)."""
         self.defaults_from: Callable[[list[str]], dict[str, Any]] | None = None
-        """Sets the options' defaults from the words before they are parsed (``train``: a ``--config`` file's
-        values, which every option given then overrides); raises ``PartitionError`` for a file it refuses."""
+        """Sets the options' defaults from the words before they are parsed (``train``: a ``--recipe``'s and a
+        ``--config`` file's values, which every option given then overrides); raises ``PartitionError`` for a file
+        it refuses."""
 
     def add_command(self, subparsers: Any, name: str, **kwargs: Any) -> Parser:
         """``subparsers.add_parser(name, **kwargs)``, remembered for the refusals of unknown options."""
@@ -58,8 +57,6 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         args = list(sys.argv[1:] if args is None else args)
-        if self.expand is not None:
-            args = self.expand(args)
         if self.defaults_from is not None:
             from ..errors import PartitionError
 

@@ -1,6 +1,6 @@
 """Configuration files of ``partition-fx train``: ``--print-config`` writes the whole resolved job as YAML, and
 ``--config FILE`` reads one back as the command's defaults, so that every option given on the command line
-overrides the file.
+overrides the file. A ``--recipe`` (``cli.recipes``, itself such a file) is read the same way, under both.
 
 A file holds the job as ``report.json`` records it under ``config`` (``JobSpec.to_dict()``): the job's own keys
 (``model``, ``data``, ``partitions``, ...) and the training configuration nested under ``train`` by section
@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import PartitionError
 from ..job_spec import JobSpec
 from ..settings import SettingError, SettingTypeError
+from .recipes import RECIPES, recipe_name
 
 OPTION = "--config"
 
@@ -45,9 +46,10 @@ def config_path(argv: list[str]) -> Path | None:
     return None
 
 
-def read_config(path: Path) -> JobSpec:
-    """The job the configuration file ``path`` describes, every key it leaves out at the command's default; one
-    clear error for a missing or unreadable file, YAML that is not a mapping, an unknown key or a bad value."""
+def read_config(path: Path, recipe: str | None = None) -> JobSpec:
+    """The job the configuration file ``path`` describes, every key it leaves out at the command's default (or at
+    the ``recipe``'s: the one given on the command line, else the one the file names); one clear error for a
+    missing or unreadable file, YAML that is not a mapping, an unknown key or a bad value."""
     import yaml
 
     where = f"{OPTION} {str(path)!r}"
@@ -70,7 +72,9 @@ def read_config(path: Path) -> JobSpec:
             f"{where}: holds a {type(values).__name__}, not a mapping of options; write it with `partition-fx train "
             "--print-config > FILE`"
         )
-    merged = _merged(_base(values.get("recipe"), where), values, where, ())
+    merged = _merged(_base(recipe or values.get("recipe"), where), values, where, ())
+    if recipe is not None:  # the command line's recipe, over the one the file names
+        merged["recipe"] = recipe
     try:
         return JobSpec.from_dict(merged, where=where)
     except (SettingError, SettingTypeError) as e:  # named by its place in the file, and by its option
@@ -79,17 +83,20 @@ def read_config(path: Path) -> JobSpec:
 
 
 def _base(recipe: Any, where: str) -> dict[str, Any]:
-    """What a file's keys fill in: the command's defaults, or those of the ``--recipe`` the file names (so that a
-    file holding only ``recipe: NAME`` and a few changes runs that recipe with them)."""
-    from .parser import parse_train  # the parser reads this module: imported when needed
-    from .recipes import RECIPES
-    from .runs import job_spec
-
+    """What a file's keys fill in: the command's defaults, or those of the ``--recipe`` named (so that a file
+    holding only ``recipe: NAME`` and a few changes runs that recipe with them)."""
+    defaults = JobSpec.from_keywords().to_dict()
     if recipe is None:
-        return JobSpec.from_keywords().to_dict()
+        return defaults
     if recipe not in RECIPES:
         raise PartitionError(f"{where}: recipe {recipe!r} is not one of {', '.join(RECIPES)}")
-    return job_spec(parse_train(["--recipe", recipe])).to_dict()
+    where = f"--recipe {recipe} (partition_fx/{RECIPES[recipe].file})"
+    merged = _merged(defaults, RECIPES[recipe].values, where, ())
+    merged["recipe"] = recipe
+    try:
+        return JobSpec.from_dict(merged, where=where).to_dict()
+    except (SettingError, SettingTypeError) as e:
+        raise PartitionError(f"{where}: {e.problem}") from None
 
 
 def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: tuple[str, ...]) -> dict[str, Any]:
@@ -113,12 +120,17 @@ def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: 
 
 
 def config_defaults(argv: list[str]) -> dict[str, Any]:
-    """What ``--config FILE`` in ``argv`` makes the defaults of ``train``'s options: every command-line field of
-    the file's job by keyword (the parser's destination names); {} without ``--config``."""
-    path = config_path(argv)
-    if path is None:
+    """What ``--recipe NAME`` and ``--config FILE`` in ``argv`` make the defaults of ``train``'s options: every
+    command-line field of the job they describe (the file's values over the recipe's) by keyword (the parser's
+    destination names); {} with neither (an unknown recipe is left for the parser to refuse)."""
+    path, recipe = config_path(argv), recipe_name(argv)
+    recipe = recipe if recipe in RECIPES else None
+    if path is not None:
+        spec = read_config(path, recipe)
+    elif recipe is not None:
+        spec = JobSpec.from_dict(_base(recipe, f"--recipe {recipe}"))
+    else:
         return {}
-    spec = read_config(path)
     return {f.keyword: spec.value(f.keyword) for f in JobSpec.fields() if f.option.command_line}
 
 

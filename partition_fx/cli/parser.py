@@ -37,7 +37,6 @@ from .argparsing import (
 )
 from .config_files import config_defaults
 from .recipes import RECIPES
-from .recipes import expand as expand_recipe
 
 DESCRIPTION = (
     "Learn hyperparameters (augmentation ranges, dropout rates, input masks) in one training run, without a "
@@ -271,20 +270,20 @@ def _add_predict(predict: argparse.ArgumentParser) -> None:
 def _add_train(train: Parser) -> None:
     """``train``'s options: those of ``JobSpec`` and ``TrainConfig``, generated from their fields, and those that
     say how to run and where to write (no report records them: ``cli.runs.RUN_CONTROL``)."""
-    train.expand = expand_recipe
     train.defaults_from = config_defaults
     _add_model_options(train, classes=False)
     data = train.add_argument_group("data")
     for keyword in JOB_GROUPS["data"]:
         _add_job_option(data, keyword)
     _add_partition_options(train, with_seed=False)
-    recipes = "; ".join(f"{r.name}: {r.description} = {r.text}" for r in RECIPES.values())
     recipe = JobSpec.keywords()["recipe"].option
     _add_job_option(
         train.add_argument_group("recipe"),
         "recipe",
         choices=list(RECIPES),
-        help=f"{recipe.help}. {recipes} (default: {recipe.default_text})",
+        metavar="NAME",
+        help=f"{recipe.help}: {', '.join(RECIPES)} (the files partition_fx/recipes/NAME.yaml; `--recipe NAME "
+        f"--print-config` shows the whole job one runs) (default: {recipe.default_text})",
     )
     configuration = train.add_argument_group("configuration file")
     configuration.add_argument(
