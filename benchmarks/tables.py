@@ -503,7 +503,28 @@ def search_by_lml(result: Results) -> str:
             ]
         )
     header = ["search scored by", "test accuracy (retrained pick)", "test log-likelihood", "search s", "picks per seed"]
-    return markdown_table(header, body)
+    return markdown_table(header, body) + "\n\n" + _search_agreement(rows)
+
+
+def _search_agreement(rows: list[dict[str, Any]]) -> str:
+    """How alike the two scores rank the configurations: over the trials both studies ran with the same
+    parameters (TPE's seeded start, and on while its picks agree), Spearman's rank correlation of the LML and the
+    validation log-likelihood, and whether the two studies picked the same configuration."""
+    from scipy.stats import spearmanr
+
+    lines = []
+    for seed in sorted({r["seed"] for r in rows}):
+        by_arm = {r["arm"]: r for r in rows if r["seed"] == seed}
+        if "lml" not in by_arm or "validation" not in by_arm:
+            continue
+        lml, validation = by_arm["lml"]["trials"], by_arm["validation"]["trials"]
+        shared = next((i for i, (a, b) in enumerate(zip(lml, validation)) if a["params"] != b["params"]), len(lml))
+        rho = spearmanr([t["score"] for t in lml[:shared]], [t["score"] for t in validation[:shared]])[0]
+        same = by_arm["lml"]["pick"] == by_arm["validation"]["pick"]
+        lines.append(
+            f"seed {seed}: {shared} shared trials, rank correlation {rho:.2f}, {'same' if same else 'other'} pick"
+        )
+    return "Agreement of the two scores: " + "; ".join(lines) + "."
 
 
 def results_markdown(result: Results, *tables: Callable[[Results], str]) -> str:
