@@ -286,16 +286,18 @@ def test_a_groupnorm_model_trains_federated_and_batchnorm_is_refused(tmp_path, c
 
 def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys, caplog) -> None:
     pytest.importorskip("flwr", reason=FLOWER)
+    import csv
     import json
 
     from partition_fx.cli import main
 
     out = tmp_path / "fed"
     argv = ["federated", "--clients", "6", "--rounds", "2", "--image-size", "8", "--evaluate-every", "1",
-            "--samples", "2", "--test-samples", "2"]  # fmt: skip
+            "--samples", "2", "--test-samples", "2", "--log", "csv"]  # fmt: skip
     assert main([*argv, "--quiet", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "history.json", "model.safetensors", "report.json"]
+    written = ["curves.png", "history.json", "metrics.csv", "model.safetensors", "params.csv", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == written
     assert report["rounds"] == 2 and 0 <= report["test_accuracy"] <= 1 and 0 <= report["baseline"]["test_accuracy"] <= 1
     assert report["mean_last_accuracy"] == pytest.approx(
         sum(p["test-accuracy"] for p in report["curves"]["partitioned"]) / 2
@@ -315,6 +317,15 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys,
     assert [k for k in report["hyperparameters"] if k.endswith(".p")] == dropout
     assert report["hyperparameters"].keys() == report["baseline"]["hyperparameters"].keys()
     assert report["baseline"]["hyperparameters"]["rotation"] == 0 < report["hyperparameters"]["rotation"]
+    # --log csv: every evaluated round of both runs, by name, and the configuration
+    with open(out / "metrics.csv", newline="") as f:
+        logged = {(int(r["step"]), r["name"]): float(r["value"]) for r in csv.DictReader(f)}
+    for arm in ("partitioned", "baseline"):
+        for point in report["curves"][arm]:
+            assert logged[(point["round"], f"{arm}/test_accuracy")] == point["test-accuracy"]
+            assert logged[(point["round"], f"{arm}/hyper/rotation")] == point["hyperparameters"]["rotation"]
+    with open(out / "params.csv", newline="") as f:
+        assert dict(csv.reader(f))["federated.rounds"] == "2"
     history = json.loads((out / "history.json").read_text())
     assert [len(history[arm]["client_train_metrics"]["2"]) for arm in ("partitioned", "baseline")] == [6, 6]
     printed = capsys.readouterr()
@@ -523,3 +534,23 @@ def test_flwr_run_starts_the_shipped_app_with_client_sampling_and_a_failing_clie
         assert failed >= 1 and trained >= 2 and failed + trained == 4, (r, failed, trained)
         assert {c["client"] for c in history["client_train_metrics"][r]}.isdisjoint({0.0, 1.0})
     assert set(history["federated_evaluation"]) == {"1", "2", "3"}
+
+
+def test_federated_print_config_and_config_file_round_trip(tmp_path, capsys) -> None:
+    """``--print-config`` writes the whole run; ``--config`` reads it back as the defaults, options given override
+    it, and a key the run does not have is refused naming the known ones."""
+    from partition_fx.cli import main
+    from partition_fx.cli.checks import check_federated_options, federated_config
+    from partition_fx.cli.parser import build_parser
+
+    assert main(["federated", "--rounds", "7", "--proportions", "0.6,0.4", "--partitions", "2", "--print-config"]) == 0
+    path = tmp_path / "fed.yaml"
+    path.write_text(capsys.readouterr().out)
+    args = build_parser().parse_args(["federated", "--config", str(path), "--alpha", "0.5"])
+    config = federated_config(args, check_federated_options(args))
+    assert (config.rounds, config.proportions, config.alpha) == (7, (0.6, 0.4), 0.5)
+    path.write_text("roundz: 3\n")
+    with pytest.raises(SystemExit) as refused:
+        main(["federated", "--config", str(path), "--print-config"])
+    assert refused.value.code == 2
+    assert "unknown key(s) roundz at the top level; it takes data, image_size" in capsys.readouterr().err

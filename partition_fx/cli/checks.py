@@ -54,7 +54,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_export(args)
     elif args.command == "federated":
         check_federated_options(args)
-        check_out(args.out, args.overwrite, {})
+        if not args.print_config:  # it writes nothing
+            check_out(args.out, args.overwrite, {})
     elif args.command == "predict":
         check_predict(args)
 

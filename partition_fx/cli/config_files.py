@@ -50,9 +50,23 @@ def read_config(path: Path, recipe: str | None = None) -> JobSpec:
     """The job the configuration file ``path`` describes, every key it leaves out at the command's default (or at
     the ``recipe``'s: the one given on the command line, else the one the file names); one clear error for a
     missing or unreadable file, YAML that is not a mapping, an unknown key or a bad value."""
+    where = f"{OPTION} {str(path)!r}"
+    values = _read_mapping(path, where, "train")
+    merged = _merged(_base(recipe or values.get("recipe"), where), values, where, ())
+    if recipe is not None:  # the command line's recipe, over the one the file names
+        merged["recipe"] = recipe
+    try:
+        return JobSpec.from_dict(merged, where=where)
+    except (SettingError, SettingTypeError) as e:  # named by its place in the file, and by its option
+        field = JobSpec.keywords()[e.field.keyword]
+        raise PartitionError(f"{where}: {'.'.join(field.path)} {e.problem} (the option {field.flag})") from None
+
+
+def _read_mapping(path: Path, where: str, command: str) -> dict[str, Any]:
+    """The YAML mapping in ``path``; one clear error for a missing or unreadable file, YAML that is not valid or
+    not a mapping (named as ``where``, with the ``command`` that writes such a file)."""
     import yaml
 
-    where = f"{OPTION} {str(path)!r}"
     try:
         text = path.read_text()
     except OSError as e:
@@ -69,17 +83,10 @@ def read_config(path: Path, recipe: str | None = None) -> JobSpec:
         values = {}
     if not isinstance(values, dict):
         raise PartitionError(
-            f"{where}: holds a {type(values).__name__}, not a mapping of options; write it with `partition-fx train "
-            "--print-config > FILE`"
+            f"{where}: holds a {type(values).__name__}, not a mapping of options; write it with `partition-fx "
+            f"{command} --print-config > FILE`"
         )
-    merged = _merged(_base(recipe or values.get("recipe"), where), values, where, ())
-    if recipe is not None:  # the command line's recipe, over the one the file names
-        merged["recipe"] = recipe
-    try:
-        return JobSpec.from_dict(merged, where=where)
-    except (SettingError, SettingTypeError) as e:  # named by its place in the file, and by its option
-        field = JobSpec.keywords()[e.field.keyword]
-        raise PartitionError(f"{where}: {'.'.join(field.path)} {e.problem} (the option {field.flag})") from None
+    return values
 
 
 def _base(recipe: Any, where: str) -> dict[str, Any]:
@@ -143,3 +150,48 @@ def config_text(spec: JobSpec) -> str:
     import yaml
 
     return yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def federated_defaults(argv: list[str]) -> dict[str, Any]:
+    """What ``--config FILE`` in ``argv`` makes the defaults of ``federated``'s options: the values the file
+    gives (any part of what ``federated --print-config`` writes), checked as the ``FederatedConfig`` they make
+    with the others at their defaults; {} without ``--config``. A key this version does not know is refused,
+    naming the known ones.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "fed.yaml"
+    >>> _ = path.write_text("rounds: 7\\nproportions: [0.5, 0.5]\\n")
+    >>> federated_defaults(["--config", str(path)])
+    {'rounds': 7, 'proportions': (0.5, 0.5), 'partitions': 2}
+    """
+    from ..federated.config import FederatedConfig
+
+    path = config_path(argv)
+    if path is None:
+        return {}
+    where = f"{OPTION} {str(path)!r}"
+    values = _read_mapping(path, where, "federated")
+    merged = _merged(FederatedConfig().to_dict(), values, where, ())
+    try:
+        config = FederatedConfig.from_dict(merged, where=where)
+    except (SettingError, SettingTypeError) as e:
+        raise PartitionError(f"{where}: {e.field.keyword} {e.problem} (the option {e.field.flag})") from None
+    # --proportions and --partitions are the command's own options (cli.parser._add_proportions)
+    options = {f.keyword for f in FederatedConfig.fields() if f.option.command_line} | {"proportions"}
+    defaults = {key: getattr(config, key) for key in values if key in options}
+    if "proportions" in defaults:
+        defaults["partitions"] = len(config.proportions)
+    return defaults
+
+
+def federated_config_text(config: Any) -> str:
+    """A ``FederatedConfig`` as the YAML ``federated --config`` reads: every setting at its value.
+
+    >>> from partition_fx.federated.config import FederatedConfig
+    >>> federated_config_text(FederatedConfig(rounds=4)).splitlines()[:2]
+    ['data: rotdigits', 'image_size: 16']
+    """
+    import yaml
+
+    values = {key: list(value) if isinstance(value, tuple) else value for key, value in config.to_dict().items()}
+    return yaml.safe_dump(values, sort_keys=False, default_flow_style=False)

@@ -116,6 +116,11 @@ def _run(args: Any) -> None:
         report = run_train(args)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the launch
             _print_train(report, args.resume if args.resume is not None else args.out)
+    elif args.command == "federated" and args.print_config:  # the run, as --config reads it; nothing trained
+        from .checks import check_federated_options, federated_config
+        from .config_files import federated_config_text
+
+        print(federated_config_text(federated_config(args, check_federated_options(args))), end="")
     elif args.command == "federated":
         from .federated import run_federated_command
 

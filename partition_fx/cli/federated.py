@@ -37,8 +37,11 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     check_out(args.out, args.overwrite, {})
     from ..federated.flower import import_flower, run_flower
     from ..federated.job import federated_model, load_federated_data, plan_clients
+    from ..training.tracking import require
 
     import_flower()  # refused now, with the way to install it, if the extra is missing
+    for backend in args.log or ():  # so is a tracker's
+        require(backend)
     data = load_federated_data(config)
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
     federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
@@ -46,7 +49,29 @@ def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
     runs = {"partitioned": run_flower(config), "baseline": run_flower(config.baseline())}
     report = _report(config, plan, runs)
     write_run(args.out, args.overwrite, {}, lambda staging: _write(staging, report, runs))  # all files, or none
+    if args.log:
+        _log_rounds(list(args.log), args.out, config, runs)
     return report
+
+
+def _log_rounds(backends: list[str], out: Path, config: Any, runs: dict[str, Any]) -> None:
+    """Each evaluated round of both runs (``partitioned/...``, ``baseline/...``) to the trackers ``--log``
+    names, in ``out`` once the run's files are written; the configuration as their parameters."""
+    from ..training.tracking import trackers_for
+
+    for tracker in trackers_for(backends, out, {"federated": config.to_dict()}):
+        with tracker:
+            tracker.log_params()
+            for arm, run in runs.items():
+                for point in run.curve:
+                    metrics = {
+                        f"{arm}/test_accuracy": point["test-accuracy"],
+                        f"{arm}/test_accuracy_averaged": point["test-accuracy-averaged"],
+                        f"{arm}/test_nll": point["test-nll"],
+                        f"{arm}/bytes": float(point["bytes"]),
+                    }
+                    metrics.update({f"{arm}/hyper/{k}": v for k, v in point["hyperparameters"].items()})
+                    tracker.log_metrics(point["round"], metrics)
 
 
 def _summary(run: Any) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from .argparsing import (
     seed,
     trackers,
 )
-from .config_files import config_defaults
+from .config_files import config_defaults, federated_defaults
 from .recipes import RECIPES
 
 DESCRIPTION = (
@@ -411,6 +411,32 @@ def _add_federated(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no progress (default: off: Flower's log of every round on stderr)",
     )
+    output.add_argument(
+        "--log",
+        type=trackers,
+        default=None,
+        metavar="TRACKERS",
+        help="also log the configuration and every evaluated round of both runs (test accuracy, NLL, traffic, "
+        "hyperparameters) to tensorboard (--out/tensorboard/), mlflow ($MLFLOW_TRACKING_URI, else --out/mlruns) "
+        "and/or csv (--out/metrics.csv), comma-separated (default: none)",
+    )
+    configuration = parser.add_argument_group("configuration file")
+    configuration.add_argument(
+        "--config",
+        type=path,
+        default=None,
+        metavar="FILE",
+        help="read the run from this YAML file (as --print-config writes it, or any part of it); every option given "
+        "on the command line overrides the file (default: none)",
+    )
+    configuration.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the whole run these options resolve to, as YAML for --config, and exit without training "
+        "(default: off)",
+    )
+    if isinstance(parser, Parser):
+        parser.defaults_from = federated_defaults
 
 
 def _add_proportions(group: Any, field: Field) -> None:

@@ -118,8 +118,13 @@ class Tracker(TrainingHook):
 
     def before_run(self, trainer: PartitionedTrainer) -> None:
         self.active = trainer.data_parallel is None or trainer.data_parallel.is_writer
+        self.log_params({"train": trainer.config.to_dict()})
+
+    def log_params(self, params: Mapping[str, Any] | None = None) -> None:
+        """Write the tracker's ``params`` and ``params`` given here, flattened (nothing in a process that does not
+        write)."""
         if self.active:
-            self._write_params(flat_params({**self.params, "train": trainer.config.to_dict()}))
+            self._write_params(flat_params({**self.params, **(params or {})}))
 
     def after_evaluation(self, trainer: PartitionedTrainer, record: dict[str, Any], improved: bool) -> None:
         self.log_metrics(record["step"], evaluation_metrics(record, trainer.optimizer, trainer.hyper_optimizer))
