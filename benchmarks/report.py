@@ -33,6 +33,8 @@ COMPANIONS = {
     "hyperparameter_methods_round3.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "hyperparameter_methods_round3_zero.json": (tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     "model_selection.json": (tables.model_selection, tables.model_selection_candidates),
+    "search_by_lml.json": (tables.search_by_lml,),
+    "search_by_lml_small.json": (tables.search_by_lml,),
 }
 
 
