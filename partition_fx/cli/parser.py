@@ -184,6 +184,37 @@ def _add_output_options(parser: argparse.ArgumentParser, out: str, default: Path
     return group
 
 
+def _add_configuration_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--config FILE`` and ``--print-config``, of the command's ``what`` ("job", "run")."""
+    configuration = parser.add_argument_group("configuration file")
+    configuration.add_argument(
+        "--config",
+        type=path,
+        default=None,
+        metavar="FILE",
+        help=f"read the {what} from this YAML file (as --print-config writes it, or any part of it); every option "
+        "given on the command line overrides the file (default: none)",
+    )
+    configuration.add_argument(
+        "--print-config",
+        action="store_true",
+        help=f"print the whole {what} these options resolve to, as YAML for --config, and exit without training "
+        "(default: off)",
+    )
+
+
+def _add_log_option(group: Any, logged: str) -> None:
+    """``--log TRACKERS``: the configuration and what is ``logged``, to the experiment trackers named."""
+    group.add_argument(
+        "--log",
+        type=trackers,
+        default=None,
+        metavar="TRACKERS",
+        help=f"also log the configuration and {logged} to tensorboard (--out/tensorboard/), mlflow "
+        "($MLFLOW_TRACKING_URI, else --out/mlruns) and/or csv (--out/metrics.csv), comma-separated (default: none)",
+    )
+
+
 def _add_convert(convert: argparse.ArgumentParser) -> None:
     _add_model_options(convert, classes=True)
     _add_partition_options(convert)
@@ -285,21 +316,7 @@ def _add_train(train: Parser) -> None:
         help=f"{recipe.help}: {', '.join(RECIPES)} (the files partition_fx/recipes/NAME.yaml; `--recipe NAME "
         f"--print-config` shows the whole job one runs) (default: {recipe.default_text})",
     )
-    configuration = train.add_argument_group("configuration file")
-    configuration.add_argument(
-        "--config",
-        type=path,
-        default=None,
-        metavar="FILE",
-        help="read the job from this YAML file (as --print-config writes it, or any part of it); every option given "
-        "on the command line overrides the file (default: none)",
-    )
-    configuration.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the whole job these options resolve to, as YAML for --config, and exit without training "
-        "(default: off)",
-    )
+    _add_configuration_options(train, "job")
     hyper = train.add_argument_group("learned hyperparameters")
     fixed = None
     for keyword in JOB_GROUPS["learned hyperparameters"]:
@@ -310,14 +327,8 @@ def _add_train(train: Parser) -> None:
     groups["output"] = _add_output_options(
         train, "directory to write the run to (default: %(default)s)", Path("runs/train")
     )
-    groups["output"].add_argument(
-        "--log",
-        type=trackers,
-        default=None,
-        metavar="TRACKERS",
-        help="also log the configuration and every evaluation (LMLs, losses, learning rates, hyperparameters) and "
-        "the test accuracy to tensorboard (--out/tensorboard/), mlflow ($MLFLOW_TRACKING_URI, else --out/mlruns) "
-        "and/or csv (--out/metrics.csv), comma-separated (default: none)",
+    _add_log_option(
+        groups["output"], "every evaluation (LMLs, losses, learning rates, hyperparameters) and the test accuracy"
     )
     run = groups["running"] = train.add_argument_group("running")
     for keyword in JOB_GROUPS["running"]:
@@ -411,30 +422,8 @@ def _add_federated(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no progress (default: off: Flower's log of every round on stderr)",
     )
-    output.add_argument(
-        "--log",
-        type=trackers,
-        default=None,
-        metavar="TRACKERS",
-        help="also log the configuration and every evaluated round of both runs (test accuracy, NLL, traffic, "
-        "hyperparameters) to tensorboard (--out/tensorboard/), mlflow ($MLFLOW_TRACKING_URI, else --out/mlruns) "
-        "and/or csv (--out/metrics.csv), comma-separated (default: none)",
-    )
-    configuration = parser.add_argument_group("configuration file")
-    configuration.add_argument(
-        "--config",
-        type=path,
-        default=None,
-        metavar="FILE",
-        help="read the run from this YAML file (as --print-config writes it, or any part of it); every option given "
-        "on the command line overrides the file (default: none)",
-    )
-    configuration.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the whole run these options resolve to, as YAML for --config, and exit without training "
-        "(default: off)",
-    )
+    _add_log_option(output, "every evaluated round of both runs (test accuracy, NLL, traffic, hyperparameters)")
+    _add_configuration_options(parser, "run")
     if isinstance(parser, Parser):
         parser.defaults_from = federated_defaults
 
