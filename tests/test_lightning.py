@@ -99,3 +99,26 @@ def test_two_processes_are_refused_naming_what_works():
     )
     with pytest.raises(PartitionArgumentError, match=r"trains in one process, not 2: .* or fit\(\) under torchrun"):
         module.setup("fit")
+
+
+class _Digits(lightning.LightningDataModule):
+    def setup(self, stage):
+        self.train_set = _data()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.train_set, batch_size=5, shuffle=True)
+
+
+def test_a_datamodules_training_set_trains_what_the_dataset_trains():
+    """A LightningDataModule gives its training set; handing it (or a loader) to trainer.fit instead is refused:
+    its own sampling would replace the partitioned one."""
+    modules = []
+    for data in (_data(), _Digits()):
+        module = PartitionedLightningModule(_pmodel(), data, hyper=AffineAugmentation(num_samples=2), config=CONFIG)
+        lightning.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, **QUIET).fit(module)
+        modules.append(module)
+    for a, b in zip(modules[0].pmodel.state_dict().values(), modules[1].pmodel.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    trainer = lightning.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, **QUIET)
+    with pytest.raises(PartitionArgumentError, match=r"without train_dataloaders= or datamodule="):
+        trainer.fit(_module(), datamodule=_Digits())

@@ -47,7 +47,10 @@ except ModuleNotFoundError:  # pragma: no cover (the extra is installed where th
 class PartitionedLightningModule(L.LightningModule):
     """``pmodel`` trained on ``dataset`` by partitioned training, learning the hyperparameters of ``hyper`` (and of
     the model's hyperparameter modules), as ``config`` says (default ``TrainConfig()``, ``fit``'s recipe): fit it
-    with ``lightning.Trainer(max_epochs=1)`` (one epoch is the whole run, ``config``'s ``steps``).
+    with ``lightning.Trainer(max_epochs=1)`` (one epoch is the whole run, ``config``'s ``steps``). ``dataset`` is a
+    map-style dataset of ``(input, target)`` pairs, or a ``LightningDataModule`` whose training set
+    (``setup("fit")``, then ``train_dataloader().dataset``) is read through the partitioned sampler (its own
+    batch size and sampling are not used).
 
     It logs, through the trainer's loggers at each evaluation (every ``config.eval_every`` iterations), what
     ``partition-fx train --log`` logs: the conditional and full LML, the LML per chunk, the losses, the
@@ -89,6 +92,10 @@ class PartitionedLightningModule(L.LightningModule):
         self.config = config if config is not None else TrainConfig()
         self.pmodel = pmodel
         self.hyper = hyper
+        if isinstance(dataset, L.LightningDataModule):  # its training set, read through the partitioned sampler
+            dataset.prepare_data()
+            dataset.setup("fit")
+            dataset = dataset.train_dataloader().dataset
         self.dataset = dataset
         self.num_workers = num_workers
         self.chunks = split_into_chunks(len(dataset), pmodel.proportions, seed=self.config.runtime.seed)
@@ -147,6 +154,12 @@ class PartitionedLightningModule(L.LightningModule):
         )
 
     def on_train_start(self) -> None:
+        if self._batches is None or self.trainer.train_dataloader.batch_sampler is not self._batches:
+            raise PartitionArgumentError(
+                "the batches of a PartitionedLightningModule are drawn by its partitioned sampler: give the dataset "
+                "or LightningDataModule to PartitionedLightningModule(pmodel, data), and call trainer.fit(module) "
+                "without train_dataloaders= or datamodule="
+            )
         if self.trainer.global_step > 0 or self.steps.step > 0:
             raise PartitionArgumentError(
                 "a PartitionedLightningModule cannot resume a run (Lightning restores neither torch's generator "
