@@ -297,12 +297,15 @@ class TrainingSteps:
 
     def read(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x, y)``: this process's share of the examples ``indices``, read from :attr:`examples`."""
+        return self._reader().batch(*self.local(indices), self.device)
+
+    def _reader(self) -> BatchReader:
         if self.examples is None:
             raise PartitionArgumentError(
                 "these training steps were given no examples to read by index: pass the iteration's batch, "
                 "steps.take(draw, x, y), or build them with examples="
             )
-        return self.examples.batch(*self.local(indices), self.device)
+        return self.examples
 
     def local_indices(self, draw: Draw) -> torch.Tensor:
         """The indices of the rows this process reads for ``draw``: its share of each batch, in the order of
@@ -317,12 +320,9 @@ class TrainingSteps:
         if x is None or y is None:
             if x is not None or y is not None:
                 raise PartitionArgumentError("pass both x and y of the iteration's batch, or neither")
-            if self.examples is None:
-                self.read(draw.indices)  # raises the message that says what to pass
-            x, y = self.examples.batch(self.local_indices(draw), self.device)  # type: ignore[union-attr]
-        else:
-            x, y = x.to(self.device) if self.device is not None else x, y
-            y = y.to(self.device) if self.device is not None else y
+            x, y = self._reader().batch(self.local_indices(draw), self.device)
+        elif self.device is not None:
+            x, y = x.to(self.device), y.to(self.device)
         batch = self._split(draw, x, y)
         if draw.partitions is None and self.config is not None and not self.finetuning:
             self.begin_finetuning()
