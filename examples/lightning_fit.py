@@ -5,7 +5,8 @@ checkpoints.
 angles) by the partitioned marginal likelihood, with no validation set. Lightning's ``CSVLogger`` records the LML
 and every learned range at each evaluation, and ``ModelCheckpoint`` keeps the last state. The final model is
 exported as a plain timm ResNet and scored on the test split. It trains what ``fit`` trains with the same
-``TrainConfig`` (``docs/loops.md``). Install the extra first: ``pip install -e '.[lightning]'``.
+``TrainConfig`` and ``restore_best=False`` (``docs/loops.md``). Install the extra first:
+``pip install -e '.[lightning]'``.
 
     python examples/lightning_fit.py          # 1500 iterations of 64 digits at 16 px
     python examples/lightning_fit.py --quick  # a smoke run

@@ -5,7 +5,7 @@ partitioned marginal likelihood, with no validation set: a ``PartitionedBatchSam
 iteration's examples, ``TrainingSteps.take`` runs the iteration's steps on them (a parameter step of one
 partition, a hyperparameter step every 2nd iteration, the last 0.4 fine-tuning the final model), and the loop
 estimates the LML, recalibrates BatchNorm and exports the final model as a plain instance of the CNN's class.
-It trains exactly what ``fit(pmodel, dataset, config, hyper=augment)`` trains (``docs/loops.md``).
+It trains exactly what ``fit`` trains with that configuration and ``restore_best=False`` (``docs/loops.md``).
 
     python examples/own_loop.py          # 1500 iterations of 64 digits at 16 px
     python examples/own_loop.py --quick  # a smoke run

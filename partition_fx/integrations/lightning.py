@@ -4,7 +4,8 @@ fits it on your dataset, with Lightning's loggers, callbacks and checkpoints, an
 The module runs the pieces of your own loop (``docs/loops.md``): its ``train_dataloader`` reads your dataset
 through a ``PartitionedBatchSampler`` (one batch per iteration, one epoch per run) and each ``training_step`` takes
 the iteration's steps (``TrainingSteps.take``) with manual optimisation. With the same ``TrainConfig`` it trains
-what ``fit`` trains, bit for bit on one CPU process (tested).
+what ``fit`` trains, bit for bit on one CPU process (tested), when that configuration has ``restore_best=False``:
+``fit`` returns to the best state by the LML before fine-tuning, the module carries on from the last.
 
 Not supported, and refused in one line that says what works instead:
 
