@@ -265,9 +265,8 @@ def test_a_step_given_its_partition_alone_draws_that_partitions_data():
     x, y = _data(96)
     trainer = PartitionedTrainer(_pmodel(), (x, y), PAPER, hyper=InputMask(6), batch_size=8, seed=3)
     read: list[torch.Tensor] = []
-    parameter_step, hyper_step = trainer.steps.parameter_step, trainer.steps.hyper_step
-    trainer.steps.parameter_step = lambda k, indices: read.append(indices) or parameter_step(k, indices)
-    trainer.steps.hyper_step = lambda batches, what: read.extend(i for *_, i in batches) or hyper_step(batches, what)
+    reader = trainer.steps.read  # every example a step trains or scores on is read by its index here
+    trainer.steps.read = lambda indices: read.append(indices) or reader(indices)
     for k in (1, 2, 3):
         read.clear()
         for _ in range(20):
