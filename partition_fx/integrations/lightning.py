@@ -34,7 +34,7 @@ from ..train_config import TrainConfig
 from ..training.data import Examples, split_into_chunks
 from ..training.iteration import PartitionedBatchSampler, TrainingSteps
 from ..training.likelihoods import Likelihood
-from ..training.lml import LMLEvaluator, recalibrate_norm_statistics
+from ..training.lml import LMLEvaluator, lml_fields, recalibrate_norm_statistics
 from ..training.tracking import evaluation_metrics
 
 try:
@@ -206,8 +206,7 @@ class PartitionedLightningModule(L.LightningModule):
             "hyperparameters": self.steps.objective.hyperparameter_values(),
         }
         if not self.steps.finetuning:
-            estimate = self.evaluator.estimate()
-            record.update(lml=estimate.total, lml_per_chunk=estimate.per_chunk, conditional_lml=estimate.conditional)
+            record.update(lml_fields(self.evaluator.estimate(), scored=sum(self.chunks.sizes[1:])))
         metrics = evaluation_metrics(record, stepper.optimizer, stepper.hyper_optimizer)
         # to the loggers directly, at the iteration's number: self.log would log only every log_every_n_steps
         for logger in self.loggers:

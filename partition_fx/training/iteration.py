@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -137,6 +137,31 @@ class IterationBatch:
     hyper: list[HyperBatch] = field(default_factory=list)
 
 
+def check_learnable(pmodel: PartitionedModel, hyperparameters: Sequence[nn.Parameter]) -> None:
+    """Refuse to learn ``hyperparameters`` with a model of one partition: chunk k is scored by subnetwork k-1."""
+    if hyperparameters and pmodel.num_partitions < 2:
+        raise PartitionArgumentError(
+            "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
+            "partitionify the model with 2 or more partitions"
+        )
+
+
+def configured_step_keywords(config: TrainConfig, hyper: nn.Module | None, learns: bool) -> dict[str, Any]:
+    """What ``config`` makes of the steps' hyperparameter-step settings for the input transform ``hyper``: its
+    samples (for a transform that takes ``num_samples``), the range factor of parameter steps (when the run
+    ``learns`` ranges the transform can scale) and the BatchNorm treatment; ``fit``'s and your loop's alike.
+
+    >>> configured_step_keywords(TrainConfig(), None, learns=False)
+    {'hyper_samples': None, 'train_range_factor': 1.0, 'hyper_norms': 'batch'}
+    """
+    return {
+        "hyper_samples": config.hyper.samples if takes_num_samples(hyper) else None,
+        # Fixed ranges are the augmentation chosen for the model: trained on as they are.
+        "train_range_factor": config.hyper.train_range_factor if learns and widens(hyper) else 1.0,
+        "hyper_norms": config.hyper.norm_statistics,
+    }
+
+
 class TrainingSteps:
     """Each kind of step of partitioned training, on examples given as tensors, and the count of iterations done
     (``step``), of ``objective`` (the model, input transform and likelihood). Every step puts the model and
@@ -228,11 +253,7 @@ class TrainingSteps:
         config = config if config is not None else TrainConfig()
         objective = Objective(pmodel, hyper, likelihood if likelihood is not None else Categorical())
         hyperparameters = objective.hyperparameters()
-        if hyperparameters and pmodel.num_partitions < 2:
-            raise PartitionArgumentError(
-                "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
-                "partitionify the model with 2 or more partitions"
-            )
+        check_learnable(pmodel, hyperparameters)
         if chunks.num_chunks != pmodel.num_partitions:
             raise PartitionArgumentError(
                 f"the data is split into {chunks.num_chunks} chunks but the model has {pmodel.num_partitions} "
@@ -250,17 +271,8 @@ class TrainingSteps:
         )
         stepper = Stepper(built.optimizer, built.hyper_optimizer, objective=objective, scheduler=built.scheduler)
         learns = built.hyper_optimizer is not None
-        return cls(
-            objective,
-            None,
-            stepper,
-            device=device,
-            hyper_samples=config.hyper.samples if takes_num_samples(hyper) else None,
-            # Fixed ranges are the augmentation chosen for the model: trained on as they are.
-            train_range_factor=config.hyper.train_range_factor if learns and widens(hyper) else 1.0,
-            hyper_norms=config.hyper.norm_statistics,
-            config=config,
-        )
+        keywords = configured_step_keywords(config, hyper, learns)
+        return cls(objective, None, stepper, device=device, config=config, **keywords)
 
     def begin_finetuning(self) -> None:
         """End partitioned training (your own loop's; the trainer has its own, which also restores the best

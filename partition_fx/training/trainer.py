@@ -42,7 +42,15 @@ from .data import (
     planned_batches,
     resolve_chunks,
 )
-from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, scheme_for
+from .iteration import (
+    AllChunks,
+    Iterations,
+    OneChunk,
+    TrainingSteps,
+    check_learnable,
+    configured_step_keywords,
+    scheme_for,
+)
 from .likelihoods import Likelihood, resolve_likelihood
 from .lml import (
     HyperBatch,
@@ -451,8 +459,6 @@ class PartitionedTrainer:
         self.fused = runtime.fused
         self.every_partition = runtime.every_partition
         self.seed = runtime.seed
-        self.hyper_samples = hyper_step.samples if takes_num_samples(self.hyper) else None
-        """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
         self.eval_batch_size = evaluation.batch_size
         self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]
         self.examples = Examples(dataset, workers=default_workers(runtime.workers, dataset), prefetch=runtime.prefetch)
@@ -472,11 +478,7 @@ class PartitionedTrainer:
         self.precision = Precision(runtime.precision, self.device)
         warn_about_shared_parameters(pmodel)
         self.hyperparameters_list = self.objective.hyperparameters()
-        if self.hyperparameters_list and pmodel.num_partitions < 2:
-            raise PartitionArgumentError(
-                "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
-                "partitionify the model with 2 or more partitions"
-            )
+        check_learnable(pmodel, self.hyperparameters_list)
         scheme = scheme_for(self.fused, self.every_partition)
         scheme.check(pmodel)
         check_finetune_schedule(config, components.scheduler)
@@ -514,10 +516,7 @@ class PartitionedTrainer:
             self.stepper,
             device=self.device,
             data_parallel=self.data_parallel,
-            hyper_samples=self.hyper_samples,
-            # Fixed ranges are the augmentation chosen for the model: trained on as they are.
-            train_range_factor=hyper_step.train_range_factor if learns and widens(self.hyper) else 1.0,
-            hyper_norms=hyper_step.norm_statistics,
+            **configured_step_keywords(config, self.hyper, learns),
         )
         self.evaluator = LMLEvaluator(
             self.objective,
@@ -552,6 +551,11 @@ class PartitionedTrainer:
     @step.setter
     def step(self, value: int) -> None:
         self.steps.step = value
+
+    @property
+    def hyper_samples(self) -> int | None:
+        """Augmentation samples per example in hyperparameter steps (None: the input transform's own)."""
+        return self.steps.hyper_samples
 
     @property
     def skipped_steps(self) -> int:
