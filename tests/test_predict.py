@@ -104,6 +104,17 @@ def test_predict_names_the_class_the_exported_model_and_its_onnx_twin_choose(run
     ]
 
 
+def test_a_16_bit_image_gets_the_prediction_of_its_8_bit_twin(run, tmp_path, capsys):
+    """PIL's own convert("L") clips 16-bit grey at 255: the dark image would read as a white blob."""
+    eight = run.parent / "shapes" / "dark" / "3.png"
+    sixteen = tmp_path / "dark16.png"
+    Image.fromarray(np.asarray(Image.open(eight)).astype(np.uint16) * 257).save(sixteen)
+    assert Image.open(sixteen).mode == "I;16"
+    for option, model in (("--run", run), ("--model", run / "model.onnx")):
+        first, second = _predict(capsys, option, str(model), str(eight), str(sixteen), "--top", "2")
+        assert first["top"] == second["top"]
+
+
 def test_onnx_files_name_their_input_images_and_their_output_logits_or_log_probs(run, averaged, capsys):
     for path, output in ((run / "model.onnx", "logits"), (averaged / "model.onnx", "log_probs")):
         graph = onnx.load(str(path)).graph

@@ -20,6 +20,7 @@ from .images import (
     DEFAULT_MEMORY_BUDGET,
     DecodedImages,
     ImagePreprocessing,
+    UndecodableImage,
     decode_pixels,
     decoded_bytes,
     empty_split,
@@ -27,6 +28,7 @@ from .images import (
     pixels_to_tensor,
     rotate_images,
     size_mismatch,
+    undecodable,
     unreadable_image,
 )
 from .sklearn_digits import raw_digits
@@ -81,11 +83,15 @@ def _check_two_classes(classes: list[str], where: str, how: str) -> None:
 
 
 def _header(path: Path) -> tuple[str, tuple[int, int]]:
-    """The PIL mode and (width, height) of the image at ``path`` (read from its header; nothing is decoded)."""
+    """The PIL mode and (width, height) of the image at ``path`` (read from its header; nothing is decoded); a mode
+    no decoding handles is refused naming the file (``images.undecodable``)."""
     from PIL import Image
 
     try:
         with Image.open(path) as img:
+            problem = undecodable(img)  # a mode no decoding scales to [0, 1]: refused now, not mid-run
+            if problem is not None:
+                raise UndecodableImage(problem)
             return img.mode, img.size
     except OSError as error:  # includes PIL.UnidentifiedImageError
         raise unreadable_image(path, error) from error

@@ -87,8 +87,9 @@ def to_tensor(image: Any, mode: str, size: int | tuple[int, int] | None) -> torc
 
 
 def decode_pixels(image: Any, mode: str, size: int | tuple[int, int] | None) -> np.ndarray:
-    """A PIL image's 8-bit pixels (H, W, C), converted to PIL ``mode`` and resized (:data:`RESAMPLE`) to ``size``
-    x ``size``, or to ``size = (width, height)``, if given and the image is not that size already.
+    """A PIL image's 8-bit pixels (H, W, C), converted to PIL ``mode`` (:func:`in_mode`: deeper pixels scaled to 8
+    bits, transparency over black) and resized (:data:`RESAMPLE`) to ``size`` x ``size``, or to ``size = (width,
+    height)``, if given and the image is not that size already.
 
     >>> from PIL import Image
     >>> decode_pixels(Image.new("RGB", (6, 4), "white"), "L", None).shape
@@ -96,12 +97,94 @@ def decode_pixels(image: Any, mode: str, size: int | tuple[int, int] | None) -> 
     """
     from PIL import Image
 
-    image = image.convert(mode)
+    image = in_mode(image, mode)
     target = (size, size) if isinstance(size, int) else size
     if target is not None and image.size != tuple(target):
         image = image.resize(tuple(target), Image.Resampling[RESAMPLE.upper()])
     array = np.array(image, dtype=np.uint8)  # a copy: PIL's buffer may be read-only
     return array[..., None] if array.ndim == 2 else array  # single-band modes have no channel axis
+
+
+class UndecodableImage(OSError):
+    """An image whose pixels :func:`in_mode` does not turn into 8-bit values (a float image has no fixed range, a
+    32-bit integer image no known bit depth, PIL cannot convert LAB): the message says what and how to fix it."""
+
+
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+"""PIL's modes of unsigned 16-bit grey pixels (a 16-bit greyscale PNG or TIFF opens as one of them)."""
+PREMULTIPLIED = {"La": "LA", "RGBa": "RGBA"}
+"""PIL's modes with premultiplied alpha, and the plain-alpha mode each converts to."""
+
+
+def bit_depth(image: Any) -> int | None:
+    """The bits per pixel of a 32-bit integer (PIL mode "I") image, where its file says: a PNG's "I" pixels are 16
+    bits, a TIFF's BitsPerSample tag gives its own (unsigned only); None when nothing says (an image made in
+    memory, a signed TIFF).
+
+    >>> from PIL import Image
+    >>> bit_depth(Image.new("I", (2, 2))) is None
+    True
+    """
+    if getattr(image, "format", None) == "PNG":
+        return 16
+    tags = getattr(image, "tag_v2", None)
+    if tags is not None and tags.get(339, 1) in (1, (1,)):  # SampleFormat 1: unsigned integers
+        bits = tags.get(258)
+        bits = bits[0] if isinstance(bits, tuple) else bits
+        return int(bits) if isinstance(bits, int) and 1 <= bits <= 32 else None
+    return None
+
+
+def undecodable(image: Any) -> str | None:
+    """Why :func:`in_mode` refuses ``image`` (from its mode and header; nothing is decoded), or None.
+
+    >>> from PIL import Image
+    >>> undecodable(Image.new("I;16", (2, 2))) is None, undecodable(Image.new("F", (2, 2)))[:40]
+    (True, '32-bit float pixels (PIL mode F) have no')
+    """
+    fix = "save it as an 8- or 16-bit PNG"
+    if image.mode == "F":
+        return f"32-bit float pixels (PIL mode F) have no fixed range to scale to [0, 1]; {fix}"
+    if image.mode == "I" and bit_depth(image) is None:
+        return f"32-bit integer pixels (PIL mode I) of no recorded bit depth cannot be scaled to [0, 1]; {fix}"
+    if image.mode == "LAB":
+        return f"PIL cannot convert LAB colour to RGB; {fix} in RGB"
+    return None
+
+
+def in_mode(image: Any, mode: str) -> Any:
+    """``image`` as an 8-bit PIL image of ``mode`` (one of :data:`PIL_MODES`), whatever mode PIL opened it in:
+    16-bit (and deeper integer) grey is scaled to 8 bits, never clipped (PIL's own ``convert("L")`` clips it at
+    255); palette transparency and premultiplied alpha become plain alpha; and where ``mode`` has no alpha
+    channel, transparent pixels are composited over black, the value that padding and rotation fill in. Every
+    other mode (bilevel, palette, CMYK, YCbCr, HSV, ...) is converted by PIL. Pixels it cannot scale are refused
+    (:func:`undecodable`, an :class:`UndecodableImage`).
+
+    >>> from PIL import Image
+    >>> grey16 = Image.fromarray(np.full((2, 2), 257 * 200, dtype=np.uint16))
+    >>> grey16.mode, in_mode(grey16, "L").getpixel((0, 0)), grey16.convert("L").getpixel((0, 0))
+    ('I;16', 200, 255)
+    >>> in_mode(Image.new("LA", (2, 2), (200, 0)), "L").getpixel((0, 0))  # transparent: black
+    0
+    """
+    from PIL import Image
+
+    problem = undecodable(image)
+    if problem is not None:
+        raise UndecodableImage(problem)
+    if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
+        bits = 16 if image.mode in SIXTEEN_BIT_MODES else bit_depth(image)
+        levels = float(2 ** (bits or 16) - 1)
+        values = np.asarray(image, dtype=np.float64).clip(0.0, levels)
+        image = Image.fromarray(np.rint(values * (255.0 / levels)).astype(np.uint8), mode="L")
+    elif image.mode in PREMULTIPLIED:
+        image = image.convert(PREMULTIPLIED[image.mode])
+    elif image.mode == "PA" or (image.mode == "P" and "transparency" in image.info):
+        image = image.convert("RGBA")
+    if image.mode in ("LA", "RGBA") and mode not in ("LA", "RGBA"):
+        black = Image.new("RGBA", image.size, (0, 0, 0, 255))
+        image = Image.alpha_composite(black, image.convert("RGBA"))
+    return image if image.mode == mode else image.convert(mode)
 
 
 def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
@@ -161,7 +244,8 @@ class ImagePreprocessing:
             "dtype": "float32",
             "layout": "NCHW",
             "steps": (
-                f"convert to PIL mode {self.mode}; resize to {self.width}x{self.height} (width x height, PIL "
+                f"convert to PIL mode {self.mode} (16-bit grey scaled to 8 bits, not clipped; transparent pixels "
+                f"over black where the mode has no alpha); resize to {self.width}x{self.height} (width x height, PIL "
                 f"{RESAMPLE}) unless it is that size; divide the 8-bit values by {PIXEL_SCALE:g} (inputs in [0, 1], "
                 f"no mean/std normalisation){repeat}; float32 {self.channels}x{self.height}x{self.width}, batched NCHW"
             ),
@@ -296,11 +380,14 @@ def size_mismatch(first: Any, first_size: tuple[int, int], path: Any, size: tupl
 
 
 def unreadable_image(path: Any, error: OSError) -> PartitionError:
-    """The refusal of a file PIL cannot read as an image (``error``: PIL's, e.g. ``UnidentifiedImageError``).
+    """The refusal of a file PIL cannot read as an image (``error``: PIL's, e.g. ``UnidentifiedImageError``), or
+    whose pixels cannot be decoded (an :class:`UndecodableImage`, which says how to fix it).
 
     >>> str(unreadable_image("a.txt", OSError("not an image")))
     'cannot read image a.txt: not an image; remove or replace the file'
     """
+    if isinstance(error, UndecodableImage):
+        return PartitionError(f"cannot decode image {path}: {error}")
     return PartitionError(f"cannot read image {path}: {error}; remove or replace the file")
 
 
