@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import argparse
 
-import optuna
 import torch
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.datasets import load_dataset
-from partition_fx.integrations.optuna import LMLObjective
 from partition_fx.training import TrainConfig, fit
+
+try:  # the optuna extra: one line naming its install, not a traceback
+    from partition_fx.integrations.optuna import LMLObjective
+except ImportError as missing:
+    raise SystemExit(f"optuna_search.py: {missing}") from None
+
+import optuna
 
 
 def mlp(width: int) -> nn.Module:

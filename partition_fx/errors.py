@@ -95,6 +95,11 @@ class PartitionNotImplementedError(PartitionError, NotImplementedError):
     ``HyperparameterModule.hyperparameters``); also a ``NotImplementedError``."""
 
 
+class PartitionDependencyError(PartitionError, ModuleNotFoundError):
+    """A feature needs an optional extra that is not installed; the message names the ``pip install``. Also a
+    ``ModuleNotFoundError``, what a failed import is."""
+
+
 class PartitionWarning(UserWarning):
     """Something partition-fx did differently from what was asked, said in one line: e.g. a pretrained
     checkpoint's classifier not loaded because the model has another number of classes."""

@@ -6,6 +6,9 @@ import importlib
 import importlib.util
 import json
 import math
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -56,11 +59,15 @@ def test_own_loop_example(capsys):
     assert "rotation" in found["hyperparameters"] and "conditional" in capsys.readouterr().out
 
 
-def test_lightning_fit_example(tmp_path, capsys):
+def test_lightning_fit_example(tmp_path, capsys, monkeypatch):
     pytest.importorskip("lightning", reason="the lightning extra: pip install 'partition-fx[lightning]'")
-    found = _load("lightning_fit").main(["--quick", "--out", str(tmp_path)])
+    found = _load("lightning_fit").main(["--quick", "--out", str(tmp_path / "out")])
     assert 0.0 <= found["test_accuracy"] <= 1.0 and "rotation" in found["hyperparameters"]
     assert "conditional_lml" in found["metrics"].read_text() and "test accuracy" in capsys.readouterr().out
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # without --out: nothing is left behind
+    assert _load("lightning_fit").main(["--quick"])["metrics"] is None
+    assert not any((tmp_path / "tmp").iterdir())
 
 
 def test_optuna_search_example(capsys):
@@ -248,3 +255,29 @@ def test_input_pipeline_benchmark_quick(capsys):
     assert [r["workers"] for r in pipeline] == [0, 1, 2] and all(r["images_per_second"] > 0 for r in pipeline)
     assert all(r["read_ahead_batches"] > 0 for r in pipeline if r["workers"] > 0)  # the plan matched the steps
     assert "images/s delivered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("example", "extra"), [("lightning_fit", "lightning"), ("optuna_search", "optuna")])
+def test_an_example_whose_extra_is_missing_says_how_to_install_it_in_one_line(example, extra):
+    script = str(EXAMPLES / f"{example}.py")
+    blocked = f"import sys, runpy; sys.modules[{extra!r}] = None; runpy.run_path({script!r}, run_name='__main__')"
+    ran = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1 and ran.stdout == ""
+    assert ran.stderr.strip() == (
+        f"{example}.py: partition_fx.integrations.{extra} needs {extra}, which is not installed: "
+        f"pip install 'partition-fx[{extra}]'"
+    )
+
+
+@pytest.mark.parametrize("extra", ["lightning", "optuna"])
+def test_an_integration_whose_extra_is_missing_raises_the_package_s_one_line_error(extra, monkeypatch):
+    from partition_fx.errors import PartitionDependencyError
+
+    monkeypatch.setitem(sys.modules, extra, None)
+    monkeypatch.delitem(sys.modules, f"partition_fx.integrations.{extra}", raising=False)
+    with pytest.raises(PartitionDependencyError) as missing:
+        importlib.import_module(f"partition_fx.integrations.{extra}")
+    assert isinstance(missing.value, ModuleNotFoundError) and str(missing.value).endswith(
+        f"pip install 'partition-fx[{extra}]'"
+    )
+    monkeypatch.delitem(sys.modules, f"partition_fx.integrations.{extra}", raising=False)

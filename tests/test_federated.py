@@ -384,7 +384,8 @@ def test_federated_without_flower_says_how_to_install_it(tmp_path, capsys, monke
     out = tmp_path / "never"
     assert main(["federated", "--clients", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert 'pip install -e ".[federated]"' in err and not out.exists()
+    assert "federated training needs flwr, which is not installed: pip install 'partition-fx[federated]'" in err
+    assert "\n" not in err.strip() and not out.exists()
 
 
 @pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf")])

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from ..errors import PartitionError
+from ..extras import import_extra
 from .config import FederatedConfig
 from .job import FederatedRun
 
@@ -22,13 +23,8 @@ def import_flower() -> Any:
     """Import Flower, or say how to install it (no telemetry from a simulation)."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # read at import: no network calls from a simulation
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    try:
-        import flwr
-    except ImportError:
-        raise PartitionError(
-            'federated training runs on Flower, which is not installed: pip install -e ".[federated]"'
-        ) from None
-    import flwr.simulation
+    flwr = import_extra("federated training", "flwr")  # one line naming the install, if Flower is missing
+    import_extra("federated training", "flwr.simulation")
 
     return flwr
 

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
+from ..extras import import_extra
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from ..training.data import Examples, split_into_chunks
@@ -37,12 +38,7 @@ from ..training.likelihoods import Likelihood
 from ..training.lml import LMLEvaluator, lml_fields, recalibrate_norm_statistics
 from ..training.tracking import evaluation_metrics
 
-try:
-    import lightning as L
-except ModuleNotFoundError:  # pragma: no cover (the extra is installed where the tests run)
-    raise ModuleNotFoundError(
-        "partition_fx.integrations.lightning needs lightning: pip install 'partition-fx[lightning]'"
-    ) from None
+L = import_extra("partition_fx.integrations.lightning", "lightning")  # one line naming the install, if missing
 
 
 class PartitionedLightningModule(L.LightningModule):
@@ -53,7 +49,7 @@ class PartitionedLightningModule(L.LightningModule):
     (``setup("fit")``, then ``train_dataloader().dataset``) is read through the partitioned sampler (its own
     batch size and sampling are not used).
 
-    It logs, through the trainer's loggers at each evaluation (every ``config.eval_every`` iterations), what
+    It logs, through the trainer's loggers at each evaluation (``config.evaluates_at``, as ``fit``), what
     ``partition-fx train --log`` logs: the conditional and full LML, the LML per chunk, the losses, the
     learning rates and every hyperparameter by name (``training.tracking.evaluation_metrics``). Lightning's
     checkpoints hold the model, the input transform and the optimisers. At the run's last iteration BatchNorm's
@@ -178,7 +174,7 @@ class PartitionedLightningModule(L.LightningModule):
         x, y = batch
         self.steps.take(next(self._draws), x, y)
         step, end = self.steps.step, self.config.optimization.steps
-        if step % self.config.eval_every == 0 or step == end:
+        if self.config.evaluates_at(step):
             self._log_evaluation()
         if step >= end:
             # the end of the run, before the epoch's end, where Lightning's checkpoints are written: they then hold

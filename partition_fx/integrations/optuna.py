@@ -16,17 +16,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import PartitionArgumentError
+from ..extras import import_extra
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from ..training.fit import fit
 from ..training.lml import evidence
 
-try:
-    import optuna
-except ModuleNotFoundError:  # pragma: no cover (the extra is installed where the tests run)
-    raise ModuleNotFoundError(
-        "partition_fx.integrations.optuna needs optuna: pip install 'partition-fx[optuna]'"
-    ) from None
+optuna = import_extra("partition_fx.integrations.optuna", "optuna")  # one line naming the install, if missing
 
 Build = Callable[["optuna.Trial"], tuple[PartitionedModel, Mapping[str, Any]]]
 """``build(trial) -> (pmodel, keywords)``: the trial's partitioned model and ``fit``'s keywords for it (``lr=``,
