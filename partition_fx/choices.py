@@ -60,3 +60,11 @@ generator's S coefficients of an example fall one in each of S equal strata of [
 
 TRACKERS = ("tensorboard", "mlflow", "csv")
 """The experiment trackers ``--log`` names (``training.tracking``)."""
+
+TRACKER_FILES = {
+    "tensorboard": ("tensorboard/",),
+    "mlflow": ("mlflow.db", "mlartifacts/"),
+    "csv": ("metrics.csv", "params.csv"),
+}
+"""What each tracker writes under a run directory (MLflow's local store only while ``MLFLOW_TRACKING_URI`` is not
+set); a directory ends in ``/``."""

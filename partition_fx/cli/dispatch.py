@@ -7,11 +7,14 @@ errors answer without them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +41,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
     try:
         check_arguments(args)  # before torch is imported: a refused value answers at once
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _terminate_as_interrupt():
             warnings.showwarning = _show_warning(warnings.showwarning)
             _run(args)
-    except KeyboardInterrupt:
-        print(f"partition-fx: interrupted{_how_to_continue(args)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = " by SIGTERM" if isinstance(e, Terminated) else ""
+        print(f"partition-fx: interrupted{how}{_how_to_continue(args)}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(e, Terminated) else 130
     except (PartitionError, NotImplementedError) as e:
         print(f"partition-fx: error: {e}", file=sys.stderr)
         return 2
@@ -56,6 +60,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``kill``, ``timeout``, Slurm and Kubernetes send to stop a job), raised where the command is, so
+    that it ends as an interrupt does: the last checkpoint kept, the report ``interrupted``, the way to continue
+    printed."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in this process while the command runs (a worker process forked
+    meanwhile ends as SIGTERM asks); the previous handler comes back after. Only the main thread can set one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    command = os.getpid()
+
+    def terminate(signum: int, frame: Any) -> None:
+        if os.getpid() != command:  # a forked worker inherited the handler: end it the default way
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _how_to_continue(args: Any) -> str:
@@ -106,10 +139,13 @@ def _run(args: Any) -> None:
 
         print(run_describe(args))
     elif args.command == "train" and args.print_config:  # the job, as --config reads it; nothing trained
+        from ..models import check_model_name
         from .config_files import config_text
         from .runs import job_spec, resumed_spec
 
-        print(config_text(resumed_spec(args)[0] if args.resume is not None else job_spec(args)), end="")
+        spec = resumed_spec(args)[0] if args.resume is not None else job_spec(args)
+        check_model_name(spec.model)  # a job that training would refuse is not printed as one
+        print(config_text(spec), end="")
     elif args.command == "train":
         from .train import run_train
 
@@ -126,13 +162,16 @@ def _run(args: Any) -> None:
 
         _print_federated(run_federated_command(args), args.out)
     elif args.command == "export":
-        from .export import run_export
+        from .export import export_directory, run_export
 
-        _print_export(run_export(args))
+        _print_export(run_export(args), export_directory(args))
     elif args.command == "predict":
-        from .predict import prediction_lines, run_predict
+        from .predict import prediction_lines, run_predict, unlike_lines
 
-        predictions = run_predict(args)
+        predictor, predictions = run_predict(args)
+        print(f"partition-fx: predicting with {predictor}", file=sys.stderr)
+        for line in unlike_lines(predictions):  # a warning, never a change of the answer
+            print(f"partition-fx: warning: {line}", file=sys.stderr)
         print(json.dumps(predictions, indent=2) if args.json else "\n".join(prediction_lines(predictions)))
     else:
         from .convert import run_convert
@@ -150,7 +189,11 @@ def _print_train(report: dict[str, Any], out: Path) -> None:
     print(_evidence(report))
     how = "fixed" if report["config"]["fix"] is not None else "learned"  # --fix, --fix-from: nothing learned
     print(f"{how} hyperparameters (ranges; rotation in radians): {learned}")
-    print(f"wrote {out}/: report.json, lml.png, hyperparameters.png, model.safetensors, model.onnx, checkpoint/")
+    logged = ", ".join(report["files"].get("trackers", []))  # what --log wrote under the run
+    print(
+        f"wrote {out}/: report.json, lml.png, hyperparameters.png, model.safetensors, model.onnx, checkpoint/"
+        + (f", {logged}" if logged else "")
+    )
 
 
 def _evidence(report: dict[str, Any]) -> str:
@@ -176,12 +219,13 @@ def _evidence(report: dict[str, Any]) -> str:
     )
 
 
-def _print_export(summary: dict[str, Any]) -> None:
+def _print_export(summary: dict[str, Any], out: Path) -> None:
     print(
         f"exported subnetwork {summary['subnetwork']} of {summary['run']} (step {summary['checkpoint_step']}): "
-        f"{_accuracy(summary, summary)}; wrote model.safetensors, "
-        "model.onnx" + (" (averaged)" if summary["averaged_test_accuracy"] is not None else "") + ", export.json"
+        f"{_accuracy(summary, summary)}"
     )
+    averaged = " (averaged)" if summary["averaged_test_accuracy"] is not None else ""
+    print(f"wrote {out}/: model.safetensors, model.onnx{averaged}, export.json")
 
 
 def _accuracy(scores: dict[str, Any], options: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._io import remove_path, staging_directory, swap_in
+from ..choices import TRACKER_FILES
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, earlier_version, first_names
 from ..job_spec import JobSpec
 from ..settings import MissingSettings, SettingError, SettingTypeError
@@ -44,6 +45,8 @@ CHECKPOINT_STATES = {
 }
 """What each of a training run's checkpoints holds (``export --which``), as its report and ``export.json`` say."""
 
+LOGGED = {name.rstrip("/"): None for files in TRACKER_FILES.values() for name in files} | {"mlruns": None}
+"""What ``--log`` writes in a run directory (and ``mlruns/``, the MLflow file store that earlier versions wrote)."""
 RUN_FILES: dict[str, dict[str, Any]] = {
     "train": {
         "report.json": None,
@@ -52,10 +55,11 @@ RUN_FILES: dict[str, dict[str, Any]] = {
         "model.safetensors": None,
         "model.onnx": None,
         "checkpoint": {"last.safetensors": None, "best.safetensors": None, "resume": None},
+        **LOGGED,
     },
     "export": {"export.json": None, "model.safetensors": None, "model.onnx": None},
     "convert": {"report.json": None, "model.safetensors": None, "model.onnx": None, "describe.txt": None},
-    "federated": {"report.json": None, "history.json": None, "curves.png": None, "model.safetensors": None},
+    "federated": {"report.json": None, "history.json": None, "curves.png": None, "model.safetensors": None, **LOGGED},
 }
 """What each command writes in its run directory, by name: a file, or a whole directory (None), or a directory
 of which only the named entries are the run's (a dict of the same form). ``--overwrite`` replaces these alone."""
@@ -353,9 +357,10 @@ def training_run(run: Path, option: str, which: str) -> tuple[JobSpec, Path]:
     )
 
 
-def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool]:
-    """``--resume RUN``: the run's own job (from its report), refusing options that contradict it, and whether
-    to keep its resume state once it completes (``--keep-resume`` now, or when the run started).
+def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool, tuple[str, ...]]:
+    """``--resume RUN``: the run's own job (from its report), refusing options that contradict it, whether
+    to keep its resume state once it completes (``--keep-resume`` now, or when the run started), and the trackers
+    it logs to (those ``--log`` named when it started, and any named now).
 
     Options left at their defaults take the run's values (``--device`` included: the run's as asked).
 
@@ -384,12 +389,17 @@ def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool]:
     if conflicts:
         options = ", ".join(f"--{key.replace('_', '-')} {given[key]} (the run has {saved[key]})" for key in conflicts)
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
-    return spec, args.keep_resume or bool(report.get("keep_resume"))  # asked for when the run started, or now
+    recorded = report.get("log") or []
+    trackers = tuple(dict.fromkeys([*recorded, *(args.log or ())]))  # as when the run started, and any added now
+    return spec, args.keep_resume or bool(report.get("keep_resume")), trackers  # asked for then, or now
 
 
-def starting_report(spec: JobSpec, data: DatasetSplits, device: str, keep_resume: bool) -> dict[str, Any]:
-    """The report a run starts with (``"status": "running"``): its job, its data, and where it runs
-    (``device``: the device ``--device`` resolved to; ``torch``: the version).
+def starting_report(
+    spec: JobSpec, data: DatasetSplits, device: str, keep_resume: bool, log: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The report a run starts with (``"status": "running"``): the ``version`` of partition-fx that wrote it, its
+    job, its data, where it runs (``device``: the device ``--device`` resolved to; ``torch``: the version) and the
+    trackers it ``log`` s to.
 
     >>> from partition_fx.cli.parser import parse_train
     >>> from partition_fx.datasets import digits
@@ -399,10 +409,14 @@ def starting_report(spec: JobSpec, data: DatasetSplits, device: str, keep_resume
     """
     import torch
 
+    from .. import __version__
+
     return {
         "command": "train",
+        "version": __version__,
         "status": "running",
         "keep_resume": keep_resume,  # not configuration: a resumed run honours it without being asked again
+        "log": list(log),  # nor are the trackers: a resumed run logs to them too
         "config": spec.to_dict(),
         "data": {"name": data.name, "train": len(data.train), "test": len(data.test), "classes": data.num_classes},
         "history": [],

@@ -47,7 +47,7 @@ from ..training import (
     resume_directory,
 )
 from ..training.lml import load_for_export
-from ..training.tracking import require, trackers_for
+from ..training.tracking import check_trackers, tracker_files, trackers_for
 from .checks import with_fixed_ranges
 from .job import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
@@ -116,9 +116,9 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     ('completed', 2, ['checkpoint', 'hyperparameters.png'])
     """
     if getattr(args, "resume", None) is not None:
-        spec, keep_resume = resumed_spec(args)
+        spec, keep_resume, log = resumed_spec(args)
         options = RunOptions(
-            args.resume, overwrite=False, quiet=args.quiet, keep_resume=keep_resume, resume=True, log=args.log or ()
+            args.resume, overwrite=False, quiet=args.quiet, keep_resume=keep_resume, resume=True, log=log
         )
     else:
         spec = job_spec(args)
@@ -133,8 +133,7 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
     out = options.out
     resume_from = out / "checkpoint" / "resume" if options.resume else None
     inputs = {"--data": spec.data, "--checkpoint": spec.checkpoint}
-    for backend in options.log:  # a missing extra is refused now, before anything is written
-        require(backend)
+    check_trackers(options.log)  # a missing extra or a store MLflow refuses: refused now, before anything is written
     if resume_from is None:
         check_out(out, options.overwrite, inputs)  # now, not after minutes of loading
     barrier(rank)  # every process has checked --out before rank 0 empties it
@@ -147,20 +146,21 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
             "completed without --keep-resume); train it again"
         )
     barrier(rank)
-    starting = starting_report(job.spec, job.data, job.device, options.keep_resume)
+    starting = starting_report(job.spec, job.data, job.device, options.keep_resume, options.log)
     report = RunReport(out / "report.json", starting, writes)
     fields = report.fields
     fields["processes"] = processes(rank)
     initial = fields["initial_hyperparameters"] = initial_hyperparameters(job.hyper)  # also the plots' iteration 0
+    # the trackers start with the run (a resumed run's continue where its last checkpoint was) and log the job's
+    # fields as parameters (the training configuration is the trainer's own); only the process that writes logs
+    job_fields = {key: value for key, value in job.spec.to_dict().items() if key != "train"}  # as the report's
+    trackers = trackers_for(list(options.log), out, {"job": job_fields}) if writes else []
     if resume_from is None:
         report.begin()
     else:  # the run's record so far stays as it is until the resumed run is under way
         report.carry(read_run(out, "--resume")[0])
-    # the trackers start with the run and log the job's fields as parameters (the training configuration is the
-    # trainer's own); only the process that writes logs
-    job_fields = {key: value for key, value in spec.to_dict().items() if key != "train"}
-    trackers = trackers_for(list(options.log), out, {"job": job_fields}) if writes else []
     started = time.perf_counter()
+    ending = "failed"
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
         partitioned = PartitionedAccuracy(job)
         result = _fit(job, out, resume_from, (partitioned, report, *trackers), options.quiet)
@@ -172,14 +172,19 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
         fields["highest_lml_state"] = highest_lml_state(job, result, best)
         if writes:
             _write_files(job, result, out, initial, fields)
+        ending = "completed"
     except BaseException as e:
+        ending = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         report.end(e, seconds=round(time.perf_counter() - started, 1))
         raise
     finally:
         for tracker in trackers:
-            tracker.close()
+            tracker.close(ending)
     kept = {"resume": "checkpoint/resume/"} if options.keep_resume else {}
-    fields.update(status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept})
+    logged = {"trackers": tracker_files(options.log, out)} if options.log else {}
+    fields.update(
+        status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept, **logged}
+    )
     report.save()
     if writes and not options.keep_resume:  # a completed run cannot be resumed: its optimiser state is dead weight
         remove_directory(out / "checkpoint" / "resume")
