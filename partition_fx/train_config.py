@@ -179,6 +179,10 @@ class FineTuning(Settings):
     )
 
 
+MIN_EVAL_EVERY = 20
+"""The fewest iterations between two LML estimates by default (``TrainConfig.eval_every``)."""
+
+
 @dataclass(frozen=True)
 class Evaluation(Settings):
     """When the LML is estimated (every ``eval_every`` iterations and at the last; at most
@@ -190,7 +194,8 @@ class Evaluation(Settings):
 
     section_help = "evaluation"
     every: int | None = setting(None, "estimate the LML and checkpoint every N iterations", keyword="eval_every",
-                                minimum=1, metavar="N", default_text="--steps/10, at least 1")  # fmt: skip
+                                minimum=1, metavar="N",
+                                default_text="--steps/10, at least 20; a shorter run: at its end")  # fmt: skip
     batch_size: int = setting(256, "examples per forward when estimating the LML", keyword="eval_batch_size",
                               minimum=1, metavar="N")  # fmt: skip
     examples_per_chunk: int | None = setting(
@@ -378,8 +383,29 @@ class TrainConfig(Settings):
 
     @property
     def eval_every(self) -> int:
-        """Iterations between LML estimates: ``evaluation.every``, or a tenth of the steps (at least 1)."""
-        return self.evaluation.every or max(1, self.optimization.steps // 10)
+        """Iterations between LML estimates: ``evaluation.every``, or a tenth of the steps but at least
+        :data:`MIN_EVAL_EVERY` apart (a shorter run estimates it at its end alone: one estimate passes every scored
+        example forward, which on CIFAR-10 costs more than such a run's training).
+
+        >>> TrainConfig.recommended(steps=400).eval_every, TrainConfig.recommended(steps=100).eval_every
+        (40, 20)
+        >>> TrainConfig.recommended(steps=10).eval_every, TrainConfig.recommended(steps=10, eval_every=1).eval_every
+        (10, 1)
+        """
+        steps = self.optimization.steps
+        return self.evaluation.every or max(steps // 10, min(steps, MIN_EVAL_EVERY))
+
+    def evaluates_at(self, step: int) -> bool:
+        """Whether the LML is estimated (and a run checkpointed) once ``step`` iterations are done: every
+        :attr:`eval_every`, at the last partitioned iteration (before fine-tuning begins) and at the end. ``fit``,
+        your own loop and the Lightning module evaluate at these steps.
+
+        >>> config = TrainConfig.recommended(steps=20)  # fine-tunes the last 8
+        >>> [step for step in range(1, 21) if config.evaluates_at(step)]
+        [12, 20]
+        """
+        steps, finetune = self.optimization.steps, self.finetune_steps
+        return step % self.eval_every == 0 or step == steps or (finetune > 0 and step == steps - finetune)
 
 
 __all__ = [

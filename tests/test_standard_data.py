@@ -124,8 +124,22 @@ def test_the_data_page_lists_every_dataset_and_every_recipe_with_its_settings() 
     for recipe in RECIPES.values():
         assert f"| `{recipe.name}` | {recipe.description} | [`partition_fx/{recipe.file}`]" in page
         train = recipe.values["train"]
-        own = ["--model", recipe.values["model"], "--steps", str(train["optimization"]["steps"])]
+        own = ["--model", recipe.values["model"], "--data", recipe.values["data"]]
+        own += ["--steps", str(train["optimization"]["steps"])]
         own += ["--finetune-steps", str(train["finetuning"]["steps"])]
         own += ["--finetune-schedule", train["finetuning"]["schedule"]] if "schedule" in train["finetuning"] else []
         from_flags = job_spec(parse_train([*cifar, *own])).to_dict()
         assert job_spec(parse_train(["--recipe", recipe.name])).to_dict() == {**from_flags, "recipe": recipe.name}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_a_recipe_alone_names_the_data_it_was_written_for(recipe, tmp_path, capsys) -> None:
+    data = RECIPES[recipe].values["data"]
+    assert data in ("cifar10", "rotcifar10") and data in RECIPES[recipe].description
+    assert main(["train", "--recipe", recipe, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"partition-fx: error: --recipe {recipe} was written for --data {data}, which reads your copy of the "
+        f"dataset: pass its folder as --data {data}:DIR (nothing is downloaded)"
+    )
+    assert not (tmp_path / "run").exists()

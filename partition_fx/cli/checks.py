@@ -43,7 +43,7 @@ def check_arguments(args: argparse.Namespace) -> None:
                 )
             check_job(resumed_spec(args)[0])
         else:
-            check_job(job_spec(args))
+            check_job(job_spec(args), printing=args.print_config)
             if not args.print_config:  # it writes nothing
                 check_out(args.out, args.overwrite, {"--data": args.data, "--checkpoint": args.checkpoint})
     elif args.command in ("convert", "describe"):
@@ -60,9 +60,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_predict(args)
 
 
-def check_job(spec: JobSpec) -> None:
+def check_job(spec: JobSpec, printing: bool = False) -> None:
     """What a job's fields do not check alone: its options together (``--partitions`` with ``--proportions``,
     the augmentation with ``--fix``/``--init``/``--partitions``) and ``--data``'s name, refusals naming the options.
+    ``printing`` (``--print-config``): a dataset read from disk may lack its folder (a recipe's job, printed to be
+    filled in).
 
     >>> from partition_fx.job_spec import JobSpec
     >>> check_job(JobSpec(partitions=1))
@@ -94,9 +96,11 @@ def check_job(spec: JobSpec) -> None:
     if not data:
         raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
     if data in DISK_DATASETS:
+        if printing:
+            return
+        written = f"--recipe {spec.recipe} was written for --data {data}, which" if spec.recipe else f"--data {data}"
         raise PartitionArgumentError(
-            f"--data {data} reads your copy of the dataset: pass its folder as --data {data}:DIR "
-            "(nothing is downloaded)"
+            f"{written} reads your copy of the dataset: pass its folder as --data {data}:DIR (nothing is downloaded)"
         )
     if data not in DATASETS and split_data_spec(data)[1] is None and not _is_folder(data):
         names = (*DATASETS, *DISK_DATASETS)
@@ -190,6 +194,10 @@ def check_export(args: argparse.Namespace) -> tuple[JobSpec, Path]:
 
 
 MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
+"""What using an exported model needs beyond its weights, written with it (``cli.job.model_record``)."""
+CHECKS_RECORD = ("input_statistics",)
+"""What a model record may hold beyond :data:`MODEL_RECORD` (earlier versions did not write it): the training
+images' statistics ``predict`` compares new images with."""
 """What ``train`` and ``export`` record with a model (``cli.job.model_record``), in ``report.json``,
 ``export.json`` and the ONNX file's metadata, and ``predict`` reads."""
 
@@ -258,7 +266,7 @@ def exported_model(run: Path, option: str) -> tuple[dict[str, Any], Path]:
             f"{where}: {name} lacks {', '.join(lacking)} (written by an earlier version of partition-fx, or from "
             f"data without them); {how} with this version"
         )
-    return {key: report[key] for key in MODEL_RECORD}, model
+    return {key: report[key] for key in (*MODEL_RECORD, *CHECKS_RECORD) if report.get(key) is not None}, model
 
 
 def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:

@@ -733,7 +733,7 @@ class PartitionedTrainer:
 
         show, write_lines = progress_outputs(plan.progress)
         evaluation = plan.config.evaluation
-        eval_every = plan.config.eval_every  # a tenth of the whole run's steps by default, also when resumed
+        eval_every = plan.config.eval_every  # of the whole run (TrainConfig.eval_every), also when resumed
         started = time.perf_counter()
         stopped_early = False
         end, switch = plan.end, plan.switch  # patience may move the switch to fine-tuning earlier
