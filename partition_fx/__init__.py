@@ -56,7 +56,9 @@ __all__ = [
     "fit",
     "partitionify",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The package's version (``pyproject.toml`` reads it from here): ``partition-fx --version``, and every
+``report.json`` and ``export.json`` records the one that wrote it."""
 
 _HOME = {
     "ParameterRule": "config",

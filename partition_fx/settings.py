@@ -315,7 +315,13 @@ def _checked(f: Field, value: Any) -> Any:
             return None
         raise SettingTypeError(f, f"must be {_expected(f)}, got None")
     if option.validator is not None:
-        return option.validator(f.key, value)
+        try:
+            return option.validator(f.key, value)
+        except (SettingError, SettingTypeError):
+            raise
+        except (PartitionArgumentError, PartitionTypeError) as e:  # "KEY problem": the field's own, so a
+            problem = str(e).removeprefix(f"{f.key} ")  # config file's refusal can name its place and option
+            raise (SettingTypeError if isinstance(e, TypeError) else SettingError)(f, problem) from None
     if f.kind is bool:
         if not isinstance(value, bool):
             raise SettingTypeError(f, f"must be True or False, got {value!r} ({type(value).__name__})")

@@ -118,6 +118,13 @@ def test_print_config_with_resume_prints_the_run_s_job_and_config_with_resume_is
             r"train.optimization.steps must be >= 1, got -3 \(the option --steps\)",
         ),
         ("draws: sobol\n", r"draws must be one of 'uniform', 'stratified', got 'sobol' \(the option --draws\)"),
+        ("", r"holds no settings \(the file is empty\); write one with `partition-fx train --print-config > FILE`"),
+        (
+            'proportions: "0.8,0.1,0.1"\n',
+            r"proportions must be a list of numbers, got '0.8,0.1,0.1' \(the option --proportions\)",
+        ),
+        ("steps: 40\n", r"unknown key\(s\) steps at the top level \(steps is train.optimization.steps\); it takes"),
+        ("train:\n  hyper_lr: 0.1\n", r"unknown key\(s\) hyper_lr at train \(hyper_lr is train.hyper.lr\); it takes"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys, text: str, message: str) -> None:
@@ -154,3 +161,9 @@ def test_a_recipe_a_file_and_the_command_line_override_each_other_in_that_order(
     optimization = spec.train.optimization
     assert (spec.model, spec.recipe, optimization.optimizer) == ("fixup_resnet8", "paper-cifar10-fixup8", "sgd")
     assert (optimization.steps, optimization.momentum, optimization.lr) == (7, 0.5, 0.2)
+
+
+def test_print_config_refuses_a_model_training_would_refuse(capsys) -> None:
+    assert main(["train", "--model", "resnet10", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "unknown model 'resnet10' (not in timm's registry); did you mean" in captured.err

@@ -13,6 +13,7 @@ import torch
 from disk_formats import write_image_folder
 from safetensors.torch import load_file
 
+import partition_fx
 from partition_fx.cli import main
 from partition_fx.datasets import digits
 from partition_fx.training import PartitionedTrainer
@@ -69,11 +70,26 @@ def test_export_command_rebuilds_the_run(run_dir, capsys):
     assert main(["export", "--run", str(run_dir), "--subnetwork", "2", "--out", str(out)]) == 0
     summary = json.loads((out / "export.json").read_text())
     assert summary["subnetwork"] == 2 and summary["checkpoint_step"] == 4
-    assert (out / "model.onnx").is_file() and "exported subnetwork 2" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    assert (out / "model.onnx").is_file() and "exported subnetwork 2" in printed[0]
+    assert printed[1] == f"wrote {out}/: model.safetensors, model.onnx, export.json"
     full = run_dir.parent / "exported_full"
     assert main(["export", "--run", str(run_dir), "--out", str(full)]) == 0
     report = json.loads((run_dir / "report.json").read_text())
     assert json.loads((full / "export.json").read_text())["test_accuracy"] == report["test_accuracy"]
+    assert main(["export", "--run", str(run_dir), "--test-time-samples", "2"]) == 0  # without --out: RUN/export
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {run_dir / 'export'}/: model.safetensors, model.onnx (averaged), export.json"
+    )
+    shutil.rmtree(run_dir / "export")  # the run directory as train left it, for the tests after this one
+    # every report says which version of partition-fx wrote it
+    assert report["version"] == summary["version"] == partition_fx.__version__
+
+
+def test_the_tool_says_its_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"partition-fx {partition_fx.__version__}\n"
 
 
 @pytest.mark.parametrize(

@@ -79,8 +79,11 @@ def _read_mapping(path: Path, where: str, command: str) -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         raise PartitionError(f"{where}: not valid YAML{line} ({getattr(e, 'problem', e)})") from None
-    if values is None:
-        values = {}
+    if values is None or values == {}:
+        raise PartitionError(
+            f"{where}: holds no settings (the file is empty); write one with `partition-fx {command} --print-config "
+            "> FILE`, or drop --config to run the defaults"
+        )
     if not isinstance(values, dict):
         raise PartitionError(
             f"{where}: holds a {type(values).__name__}, not a mapping of options; write it with `partition-fx "
@@ -107,11 +110,19 @@ def _base(recipe: Any, where: str) -> dict[str, Any]:
 
 
 def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: tuple[str, ...]) -> dict[str, Any]:
-    """``values`` over ``defaults``, section by section; a key ``defaults`` lacks is refused."""
+    """``values`` over ``defaults``, section by section; a key ``defaults`` lacks is refused, saying where a key of
+    the job that belongs elsewhere goes (``steps`` is ``train.optimization.steps``)."""
     unknown = sorted(str(key) for key in values if key not in defaults)
     if unknown:
         at = ".".join(path) or "the top level"
-        raise PartitionError(f"{where}: unknown key(s) {', '.join(unknown)} at {at}; it takes {', '.join(defaults)}")
+        places = _places()
+        moved = [
+            f"{key} is {'.'.join(places[key])}" for key in unknown if key in places and places[key] != (*path, key)
+        ]
+        hint = f" ({'; '.join(moved)})" if moved else ""
+        raise PartitionError(
+            f"{where}: unknown key(s) {', '.join(unknown)} at {at}{hint}; it takes {', '.join(defaults)}"
+        )
     merged = dict(defaults)
     for key, value in values.items():
         section = defaults[key]
@@ -124,6 +135,19 @@ def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: 
         else:
             merged[key] = value
     return merged
+
+
+def _places() -> dict[str, tuple[str, ...]]:
+    """Where each setting of a ``train`` configuration file goes, by its name and by its option's keyword
+    (``steps`` and ``lr``: ``train.optimization.*``; ``hyper_lr``: ``train.hyper.lr``).
+
+    >>> _places()["steps"], _places()["hyper_lr"]
+    (('train', 'optimization', 'steps'), ('train', 'hyper', 'lr'))
+    """
+    places: dict[str, tuple[str, ...]] = {}
+    for field in JobSpec.fields():
+        places.setdefault(field.path[-1], field.path)  # a name two sections share goes to the first
+    return {**places, **{field.keyword: field.path for field in JobSpec.fields()}}
 
 
 def config_defaults(argv: list[str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_model
 
+from .. import __version__
 from .._io import write_json
 from .._validation import check_fits_in_memory
 from ..datasets import normalized_digits
@@ -89,6 +90,7 @@ def _convert(
     sizes = [sum(p.numel() for p in pmodel.partition_parameters(k)) for k in range(1, args.partitions + 1)]
     report = {
         "command": "convert",
+        "version": __version__,
         "model": args.model,
         "checkpoint": args.checkpoint,
         "num_partitions": args.partitions,

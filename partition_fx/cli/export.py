@@ -28,6 +28,7 @@ from typing import Any
 
 from safetensors.torch import save_model
 
+from .. import __version__
 from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_subnetwork
@@ -36,7 +37,17 @@ from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .checks import check_export
 from .job import build_job, load_job_data, model_record, write_onnx
-from .runs import CHECKPOINT_STATES, write_run
+from .runs import CHECKPOINT_STATES, read_json, write_run
+
+
+def export_directory(args: argparse.Namespace) -> Path:
+    """Where ``export`` writes: ``--out``, else ``RUN/export``.
+
+    >>> from partition_fx.cli.parser import build_parser
+    >>> export_directory(build_parser().parse_args(["export", "--run", "runs/train"]))
+    PosixPath('runs/train/export')
+    """
+    return args.out if args.out is not None else args.run / "export"
 
 
 def run_export(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,7 +62,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     """
     run: Path = args.run
     spec, checkpoint = check_export(args)
-    out: Path = args.out if args.out is not None else run / "export"
+    out = export_directory(args)
     with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
         warnings.simplefilter("ignore", PartitionWarning)
         job = build_job(spec, split="test")
@@ -81,6 +92,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
     wrap = None if averaged is None else (lambda model: TestTimeAveraged(model, job.hyper, samples))
     summary = {
         "command": "export",
+        "version": __version__,
         "run": str(run),
         "checkpoint": str(checkpoint),
         "checkpoint_step": meta.get("step"),
@@ -94,7 +106,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         "averaged_test_accuracy": averaged,
         "averaged_test_log_likelihood": averaged_loglik,
         "files": {"model": "model.safetensors", "onnx": "model.onnx"},
-        **model_record(job, averaged=averaged is not None),
+        **model_record(job, averaged=averaged is not None, statistics=_recorded_statistics(run)),
     }
 
     def fill(staging: Path) -> None:
@@ -104,3 +116,10 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 
     write_run(out, args.overwrite, {"--run": run}, fill)  # a failed export leaves --out as it was
     return summary
+
+
+def _recorded_statistics(run: Path) -> dict[str, Any] | None:
+    """The statistics of the training images a ``train`` run recorded (None for a Python run, or one an earlier
+    version wrote: the export measures its test images instead)."""
+    report = read_json(run, "report.json", "--run") if (run / "report.json").is_file() else None
+    return report.get("input_statistics") if isinstance(report, dict) else None

@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from .._io import write_json
 from .checks import check_federated_options, federated_config
 from .runs import check_out, write_run
@@ -95,6 +96,7 @@ def _report(config: Any, plan: Any, runs: dict[str, Any]) -> dict[str, Any]:
     ours, base = runs["partitioned"], runs["baseline"]
     return {
         "command": "federated",
+        "version": __version__,
         "status": "completed",
         **_summary(ours),
         "last_evaluations": min(LAST_EVALUATIONS, len(ours.curve)),

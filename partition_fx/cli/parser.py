@@ -17,6 +17,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..datasets.registry import dataset_names
 from ..federated.config import FederatedConfig
 from ..job_spec import JobSpec, default_shares_text, partitions_help, schemes
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     (0.5, 0.5)
     """
     parser = Parser(prog="partition-fx", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"partition-fx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     adders = {
         "train": _add_train, "convert": _add_convert, "describe": _add_describe, "export": _add_export,

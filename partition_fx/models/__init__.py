@@ -9,7 +9,7 @@ input channels).
 """
 
 from .checkpoints import LoadedCheckpoint, load_checkpoint_into, read_checkpoint
-from .factory import build_model, similar_model_names
+from .factory import build_model, check_model_name, similar_model_names
 from .fixup import FixupResNet
 from .torchvision_models import TORCHVISION_PREFIX, build_torchvision_model, torchvision_model_names
 from .wrn import CifarWideResNet
@@ -21,6 +21,7 @@ __all__ = [
     "LoadedCheckpoint",
     "build_model",
     "build_torchvision_model",
+    "check_model_name",
     "load_checkpoint_into",
     "read_checkpoint",
     "similar_model_names",

@@ -111,15 +111,28 @@ def _forward_error(model: torch.nn.Module, in_chans: int, img_size: int) -> Exce
     return None
 
 
+def check_model_name(name: str) -> None:
+    """Refuse a ``name`` that :func:`build_model` does not know (not in timm's registry, or not one of
+    torchvision's classifiers with the ``torchvision:`` prefix), suggesting the closest names; nothing is built.
+
+    >>> check_model_name("resnet10t")
+    >>> check_model_name("torchvision:resnet19")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: unknown model 'torchvision:resnet19' (not one of torchvision's ...
+    """
+    if name.startswith(TORCHVISION_PREFIX):
+        if name[len(TORCHVISION_PREFIX) :] not in torchvision_model_names():
+            raise PartitionError(f"unknown model {name!r} (not one of torchvision's classifiers){_hint(name)}")
+    elif not timm.is_model(name):
+        raise PartitionError(f"unknown model {name!r} (not in timm's registry){_hint(name)}")
+
+
 def _architecture(name: str, num_classes: int, in_chans: int, img_size: int | None) -> torch.nn.Module:
     """The randomly initialised model ``name`` (timm's, or torchvision's with the prefix)."""
+    check_model_name(name)
     if name.startswith(TORCHVISION_PREFIX):
-        short = name[len(TORCHVISION_PREFIX) :]
-        if short not in torchvision_model_names():
-            raise PartitionError(f"unknown model {name!r} (not one of torchvision's classifiers){_hint(name)}")
-        return build_torchvision_model(short, num_classes, in_chans, img_size)
-    if not timm.is_model(name):
-        raise PartitionError(f"unknown model {name!r} (not in timm's registry){_hint(name)}")
+        return build_torchvision_model(name[len(TORCHVISION_PREFIX) :], num_classes, in_chans, img_size)
     kwargs: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
     if img_size is not None:
         try:  # transformers need the image size; most CNNs do not take the argument
