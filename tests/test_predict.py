@@ -242,3 +242,51 @@ def test_each_refusal_is_one_line(run, tmp_path, capsys, case):
     assert main(["predict", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("partition-fx: error: ") and "\n" not in err and fragment in err, err
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny ``train`` run on the bundled digits at 8x8 (its model need not be good: the images are what is
+    checked), and beside it every test digit as an 8-bit PNG."""
+    root = tmp_path_factory.mktemp("digits")
+    argv = ["--model", "fixup_resnet8", "--data", "digits", "--image-size", "8", "--steps", "2", "--batch-size", "8"]
+    assert main(["train", *argv, "--test-time-samples", "0", "--quiet", "--out", str(root / "run")]) == 0
+    for i, (x, _) in enumerate(digits(size=8).test):
+        Image.fromarray((x[0].numpy() * 255).round().astype(np.uint8)).save(root / f"test{i}.png")
+    return root / "run"
+
+
+def test_predict_warns_of_an_image_unlike_every_training_image_and_says_which_predictor_it_used(digits_run, capsys):
+    """Statistics recorded from the training images flag an inverted background, noise, unscaled values and a blank
+    page, which the model still answers with confidence; none of the held-out test digits is flagged."""
+    root = digits_run.parent
+    test_images = sorted(root.glob("test*.png"))
+    digit = np.asarray(Image.open(test_images[0]))
+    odd = {
+        "inverted.png": 255 - digit,
+        "noise.png": np.random.default_rng(0).integers(0, 256, digit.shape, dtype=np.uint8),
+        "unscaled.png": np.rint(digit / 255 * 16).astype(np.uint8),  # the raw 0..16 values of sklearn's digits
+        "blank.png": np.zeros_like(digit),
+    }
+    for name, pixels in odd.items():
+        Image.fromarray(pixels).save(root / name)
+    record = json.loads((digits_run / "report.json").read_text())["input_statistics"]
+    assert record["split"] == "train" and record["images"] == 1438 and record["brightness"][0] < record["brightness"][1]
+    for option, model in (("--run", digits_run), ("--model", digits_run / "model.onnx")):
+        capsys.readouterr()
+        assert main(["predict", option, str(model), *map(str, test_images), *(str(root / n) for n in odd)]) == 0
+        out, err = capsys.readouterr()
+        assert len(out.splitlines()) == len(test_images) + len(odd)  # every image still gets its answer
+        warned = [line for line in err.splitlines() if "looks unlike the training images" in line]
+        assert [line.split(" looks")[0].removeprefix("partition-fx: warning: ") for line in warned] == [
+            str(root / n) for n in odd
+        ]
+        predictor = {
+            "--run": f"{digits_run / 'model.safetensors'}, the plain exported model",
+            "--model": f"{model} in onnxruntime, the plain model",
+        }[option]
+        assert err.splitlines()[0] == f"partition-fx: predicting with {predictor}"
+    flagged = [
+        p for p in _predict(capsys, "--run", str(digits_run), *map(str, test_images)) if p["unlike_training_images"]
+    ]
+    assert flagged == []

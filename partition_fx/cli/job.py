@@ -18,6 +18,7 @@ import torch
 
 from .._validation import batch_pools, check_batches_fit, check_fits_in_memory
 from ..datasets import DatasetSplits, load_dataset, named_dataset
+from ..datasets.images import InputStatistics
 from ..datasets.splits import Split
 from ..errors import PartitionArgumentError, PartitionError, PartitionWarning
 from ..export import export_onnx
@@ -29,7 +30,7 @@ from ..train_config import TrainConfig
 from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
 from ..training.data import default_workers
 from ..transforms import AffineAugmentation
-from .checks import MODEL_RECORD, check_job, checked_proportions, proportions_text, with_fixed_ranges
+from .checks import CHECKS_RECORD, MODEL_RECORD, check_job, checked_proportions, proportions_text, with_fixed_ranges
 from .parser import parse_train, train_defaults
 from .runs import job_spec
 
@@ -82,13 +83,15 @@ ONNX_OUTPUTS = {False: "logits", True: "log_probs"}
 """Their output: the plain model's logits, or the test-time-averaged model's log-probabilities (by ``averaged``)."""
 
 
-def model_record(job: TrainJob, averaged: bool = False) -> dict[str, Any]:
+def model_record(job: TrainJob, averaged: bool = False, statistics: dict[str, Any] | None = None) -> dict[str, Any]:
     """What using the model ``job`` trains needs, beyond its weights: the ``classes`` in label order (its output i
     is ``classes[i]``), the ``preprocessing`` that makes an image one of its inputs (the data's
     :class:`~partition_fx.datasets.images.ImagePreprocessing`; None for a registered dataset without one), the
     ``architecture`` that rebuilds the module of ``model.safetensors`` (``partition_fx.models.build_model(model,
     num_classes, in_chans=in_chans, img_size=img_size)``, then ``safetensors.torch.load_model``), and the ONNX
-    file's ``onnx_names`` (its output ``log_probs`` when it is the test-time-``averaged`` model).
+    file's ``onnx_names`` (its output ``log_probs`` when it is the test-time-``averaged`` model), and the
+    ``input_statistics`` of the images it trains on (``datasets.images.InputStatistics``; ``statistics``, where the
+    training run recorded them already), which ``predict`` warns of an image unlike.
 
     >>> record = model_record(train_job(["--model", "fixup_resnet8", "--data", "digits", "--image-size", "8"]))
     >>> record["classes"][:3], record["preprocessing"]["mode"], record["onnx_names"]
@@ -108,7 +111,18 @@ def model_record(job: TrainJob, averaged: bool = False) -> dict[str, Any]:
             "img_size": data.input_shape[-1],
         },
         "onnx_names": {"input": ONNX_INPUT, "output": ONNX_OUTPUTS[averaged]},
+        "input_statistics": statistics if statistics is not None else _input_statistics(data),
     }
+
+
+def _input_statistics(data: DatasetSplits) -> dict[str, Any] | None:
+    """The statistics of the images a model trains on (``InputStatistics``; ``predict`` warns of an image unlike
+    them), from the training split, or from the test split where only that one is loaded (``export``: the same
+    distribution); None for data that are not images."""
+    if data.preprocessing is None:
+        return None
+    split, dataset = ("train", data.train) if len(data.train) else ("test", data.test)
+    return InputStatistics.of(dataset, split).to_dict()
 
 
 def write_onnx(pmodel: PartitionedModel, path: Path, job: TrainJob, record: dict[str, Any], **kwargs: Any) -> Path:
@@ -121,7 +135,7 @@ def write_onnx(pmodel: PartitionedModel, path: Path, job: TrainJob, record: dict
         (job.sample_inputs(),),
         input_names=[names["input"]],
         output_names=[names["output"]],
-        metadata={key: record[key] for key in MODEL_RECORD},
+        metadata={key: record[key] for key in (*MODEL_RECORD, *CHECKS_RECORD) if record.get(key) is not None},
         **kwargs,
     )
 

@@ -24,17 +24,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..datasets.images import ImagePreprocessing, unreadable_image
+from ..datasets.images import ImagePreprocessing, InputStatistics, unreadable_image
 from ..errors import PartitionError, first_line
-from .checks import MODEL_RECORD, check_predict
+from .checks import CHECKS_RECORD, MODEL_RECORD, check_predict
 
 BATCH_SIZE = 64
 """Images decoded and classified at a time."""
 
 
-def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The ``predict`` command: per image (in order), its path and its ``--top`` classes, most probable first, each
-    ``{"class": name, "index": i, "probability": p}``.
+def run_predict(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """The ``predict`` command: which predictor it used (the file, and whether it is the plain model or the
+    test-time-averaged one), and per image (in order) its path, its ``--top`` classes, most probable first, each
+    ``{"class": name, "index": i, "probability": p}``, and ``unlike_training_images``: why the image is unlike
+    every image the model trained on (``datasets.images.InputStatistics``), or None.
 
     >>> from partition_fx.cli.parser import build_parser
     >>> run_predict(build_parser().parse_args(["predict", "--run", "no/such/run", "no/such.png"]))
@@ -51,21 +53,29 @@ def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         source = f"--run {str(args.run)!r}"
     preprocessing = checked_record(record, source)
+    statistics = record.get("input_statistics")
+    statistics = InputStatistics.from_dict(statistics, source) if statistics is not None else None
+    averaged = record["onnx_names"]["output"] == "log_probs"
     if session is not None:
         classify = onnx_classifier(session, record["onnx_names"], source)
+        predictor = f"{model_file} in onnxruntime, " + (
+            "the model averaged over transforms of its learned augmentation" if averaged else "the plain model"
+        )
     else:
         classify = torch_classifier(record["architecture"], model_file, source)
+        predictor = f"{model_file}, the plain exported model"
     classes = record["classes"]
     top = min(args.top, len(classes))
     predictions = []
     for start in range(0, len(args.images), BATCH_SIZE):
         paths = args.images[start : start + BATCH_SIZE]
-        probabilities = classify(torch.stack([read_image(p, preprocessing) for p in paths]))
-        best = probabilities.topk(top, dim=1)
-        for path, values, indices in zip(paths, best.values.tolist(), best.indices.tolist()):
+        inputs = torch.stack([read_image(p, preprocessing) for p in paths])
+        best = classify(inputs).topk(top, dim=1)
+        for path, x, values, indices in zip(paths, inputs, best.values.tolist(), best.indices.tolist()):
             ranked = [{"class": classes[i], "index": i, "probability": p} for p, i in zip(values, indices)]
-            predictions.append({"image": str(path), "top": ranked})
-    return predictions
+            unlike = statistics.unlike(x) if statistics is not None else None
+            predictions.append({"image": str(path), "top": ranked, "unlike_training_images": unlike})
+    return predictor, predictions
 
 
 def read_image(path: str | Path, preprocessing: ImagePreprocessing) -> torch.Tensor:
@@ -171,9 +181,22 @@ def onnx_record(metadata: dict[str, str], source: str) -> dict[str, Any]:
             "(`partition-fx export --run RUN`) and pass its model.onnx"
         )
     try:
-        return {key: json.loads(metadata[key]) for key in MODEL_RECORD}
+        return {key: json.loads(metadata[key]) for key in (*MODEL_RECORD, *CHECKS_RECORD) if key in metadata}
     except json.JSONDecodeError as e:
         raise PartitionError(f"{source}: its metadata is not this version's JSON ({e})") from None
+
+
+def unlike_lines(predictions: Sequence[dict[str, Any]]) -> list[str]:
+    """A warning for each image unlike the training images: its prediction may be wrong, however confident.
+
+    >>> unlike_lines([{"image": "a.png", "unlike_training_images": "its brightness 0.89 is outside 0.08..0.17"}])
+    ['a.png looks unlike the training images (its brightness 0.89 is outside 0.08..0.17): its prediction may be wrong']
+    """
+    return [
+        f"{p['image']} looks unlike the training images ({p['unlike_training_images']}): its prediction may be wrong"
+        for p in predictions
+        if p.get("unlike_training_images")
+    ]
 
 
 def prediction_lines(predictions: Sequence[dict[str, Any]]) -> list[str]:

@@ -290,6 +290,97 @@ def _preprocessing_problem(cls: type[ImagePreprocessing], record: Any) -> tuple[
     return (f"{', '.join(differ)} differ from what this version decodes" if differ else ""), preprocessing
 
 
+STATISTICS = ("brightness", "contrast", "roughness")
+"""What :class:`InputStatistics` measures of each image: its mean value, its standard deviation, and the mean
+absolute difference between neighbouring pixels (high for noise, low for a blurred or upscaled image)."""
+
+
+def image_statistics(images: torch.Tensor) -> torch.Tensor:
+    """Each image's :data:`STATISTICS` (N, 3) of a batch (N, C, H, W) of decoded inputs.
+
+    >>> image_statistics(torch.ones(2, 1, 4, 4)).tolist()
+    [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    """
+    x = images.float()
+    across = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1) if x.shape[-1] > 1 else x.new_zeros(len(x))
+    down = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1) if x.shape[-2] > 1 else x.new_zeros(len(x))
+    flat = x.flatten(1)
+    return torch.stack([flat.mean(1), flat.std(1, correction=0), (across + down) / 2], dim=1)
+
+
+@dataclass(frozen=True)
+class InputStatistics:
+    """The range of each of :data:`STATISTICS` over a dataset's images (their 0.1% and 99.9% quantiles, widened by
+    :attr:`MARGIN` of the range on each side): what ``partition-fx predict`` compares a new image with, to warn when
+    it is unlike every image the model was trained on (an inverted background, noise, unscaled pixel values), where
+    the model would still answer with confidence. ``images``: how many it was measured on, from the ``split``.
+
+    >>> from partition_fx.datasets import digits
+    >>> statistics = InputStatistics.of(digits(size=16).train)
+    >>> statistics.unlike(digits(size=16).test[0][0]) is None
+    True
+    >>> statistics.unlike(1 - digits(size=16).test[0][0])  # an inverted digit
+    "its brightness 0.89 is outside the training images' 0.08..0.17"
+    """
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    images: int
+    split: str = "train"
+
+    MARGIN = 0.1
+    """The part of each statistic's range added on both of its sides: an image just beyond is not flagged."""
+    SAMPLE = 2000
+    """The most images measured (drawn at random, with a fixed seed, from a larger dataset)."""
+
+    @classmethod
+    def of(cls, dataset: Dataset, split: str = "train") -> InputStatistics:
+        """Measured on up to :attr:`SAMPLE` images of ``dataset`` (a ``TensorDataset`` or any map-style dataset of
+        ``(image, target)``)."""
+        count = len(dataset)  # type: ignore[arg-type]
+        if count == 0:
+            raise PartitionError(f"no images in the {split} split to measure")
+        rows = torch.randperm(count, generator=torch.Generator().manual_seed(0))[: cls.SAMPLE].sort().values
+        if isinstance(dataset, TensorDataset):
+            images = dataset.tensors[0][rows]
+        else:
+            images = torch.stack([dataset[int(i)][0] for i in rows])
+        values = image_statistics(images)
+        quantiles = torch.quantile(values.double(), torch.tensor([0.001, 0.999], dtype=torch.float64), dim=0)
+        margin = (quantiles[1] - quantiles[0]) * cls.MARGIN
+        low, high = (quantiles[0] - margin).tolist(), (quantiles[1] + margin).tolist()
+        return cls(tuple(round(v, 6) for v in low), tuple(round(v, 6) for v in high), len(rows), split)
+
+    def unlike(self, image: torch.Tensor) -> str | None:
+        """Why ``image`` (C, H, W, decoded as the dataset's) is unlike the dataset's images, or None when each
+        statistic is in its range."""
+        values = image_statistics(image[None])[0].tolist()
+        for name, value, low, high in zip(STATISTICS, values, self.low, self.high):
+            if not low <= value <= high:
+                return f"its {name} {value:.2f} is outside the training images' {max(low, 0.0):.2f}..{high:.2f}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record written with a model, each range by its statistic's name."""
+        ranges = {name: [low, high] for name, low, high in zip(STATISTICS, self.low, self.high)}
+        return {**ranges, "images": self.images, "split": self.split, "quantiles": [0.001, 0.999],
+                "margin": self.MARGIN}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, record: Any, source: str = "the record") -> InputStatistics:
+        """The statistics :meth:`to_dict` wrote; anything else is refused naming ``source``."""
+        try:
+            ranges = [tuple(float(v) for v in record[name]) for name in STATISTICS]
+            if not all(len(r) == 2 for r in ranges):
+                raise ValueError("each range is two numbers")
+            return cls(tuple(r[0] for r in ranges), tuple(r[1] for r in ranges), int(record["images"]),
+                       str(record["split"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise PartitionError(
+                f"{source}: its input_statistics record is not this version's ({e}); export the model again"
+            ) from None
+
+
 class ImageReader(Protocol):
     """Reads example ``i`` of a source as ``(PIL image, class)``; ``name(i)`` says what it is in an error (a
     file's path). Picklable, so that worker processes started by spawn or forkserver can hold it."""
