@@ -46,7 +46,7 @@ ARMS = {
     "affine": ["--augment", "affine"],
     "none": ["--augment", "none", *SINGLE_COSINE],
     "oracle": ["--partitions", "1", "--fix", "rotation=3.1416", *SINGLE_COSINE],  # rotdigits' truth: full rotation
-    # issue 28's leads, each one change of the default job (docs/benchmarks.md: what each did)
+    # issue 28's leads, each one change of the default job (docs/history.md: what each did)
     "hyper_lr_0.1": ["--hyper-lr", "0.1"],
     "init_pi": ["--init", "rotation=3.1415"],
     "init_half_pi": ["--init", "rotation=1.5708"],

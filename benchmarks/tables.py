@@ -1,8 +1,8 @@
 """The Markdown tables of every benchmark, rendered from its results object (:mod:`benchmarks._common`).
 
-The scripts print these tables and ``python -m benchmarks.report`` puts them into docs/benchmarks.md, so
-a table always shows what its results file holds. Pure Python: rendering needs neither torch nor the
-package.
+The scripts print these tables and ``python -m benchmarks.report`` puts them into docs/benchmarks.md and
+docs/history.md, so a table always shows what its results file holds. Pure Python: rendering needs neither torch
+nor the package.
 """
 
 from __future__ import annotations
@@ -327,18 +327,34 @@ def _accuracy(row: dict[str, Any]) -> str:
     return mean_sd(row["test_accuracy"], ".3f") + (f" ({averaged})" if averaged else "")
 
 
-def hyperparameter_methods(result: Results) -> str:
+def hyperparameter_methods(result: Results, *, leave_out: Callable[[str], bool] = lambda method: False) -> str:
     """Methods by (task, model): test accuracy (averaged over fixed transforms of the final ranges in
     parentheses, where measured), and the cost in images through the network relative to plain training (the
-    median over pairs; Optuna: its whole study)."""
+    median over pairs; Optuna: its whole study). Methods for which ``leave_out`` is true get no row."""
     rows = result["rows"]
     pairs = list(dict.fromkeys((r["task"], r["model"]) for r in rows))
     by = {(r["task"], r["model"], r["method"]): r for r in rows}
     body = [
         [METHOD_LABELS[method], *(_accuracy(by[task, model, method]) for task, model in pairs), _cost(rows, method)]
         for method in dict.fromkeys(r["method"] for r in rows)
+        if not leave_out(method)
     ]
     return markdown_table(["method", *(f"{task} / {model}" for task, model in pairs), "cost vs plain"], body)
+
+
+RECIPE_DEPENDENT_METHODS = ("partitioned", "retrain_partitioned", "validation_finetuned")
+"""Methods whose runs change with partitioned training's recipe: the partitioned arms, the plain run retrained
+with their ranges, and the validation split's fine-tuning, which takes as many iterations as partitioned
+training fine-tunes (``benchmarks.methods.Budget.finetune_steps``)."""
+
+
+def hyperparameter_methods_others(result: Results) -> str:
+    """:func:`hyperparameter_methods` without the methods of :data:`RECIPE_DEPENDENT_METHODS` (``partitioned``
+    also covers its fused and fine-tuned variants): the rows a change of partitioned training's default leaves as
+    they were, shown beside the re-run partitioned arms."""
+    return hyperparameter_methods(
+        result, leave_out=lambda method: method.startswith("partitioned") or method in RECIPE_DEPENDENT_METHODS
+    )
 
 
 def _zoom_range(hyperparameters: dict[str, float]) -> float:
@@ -622,6 +638,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "memory": memory,
     "input_pipeline": input_pipeline,
     "hyperparameter_methods": hyperparameter_methods,
+    "hyperparameter_methods_others": hyperparameter_methods_others,
     "hyperparameter_methods_runs": hyperparameter_methods_runs,
     "hyperparameter_methods_long": hyperparameter_methods_long,
     "model_selection": model_selection,

@@ -49,7 +49,9 @@ def test_16_bit_files_read_as_their_8_bit_twins(tmp_path):
     for name in ("grey16.png", "grey16.tif"):
         _grey16(pixels).save(tmp_path / name)
         for preprocessing in (ImagePreprocessing("L", 1, 6, 7), ImagePreprocessing("RGB", 3, 4, 5)):
-            assert torch.equal(read_image(tmp_path / name, preprocessing), read_image(tmp_path / "grey8.png", preprocessing))
+            assert torch.equal(
+                read_image(tmp_path / name, preprocessing), read_image(tmp_path / "grey8.png", preprocessing)
+            )
 
 
 def _alpha_over_black(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:

@@ -64,7 +64,7 @@ DEFAULT_MAX_RANGE: dict[str, float] = {
 
 # ``init="wide"``, the default: every range away from 0, where the LML's gradient is exactly 0 and a range leaves
 # only by a random walk, and none where the transform destroys the image, so that the evidence can shrink what the
-# data does not hold (issue 43; docs/benchmarks.md, "Issue 43: every range started wide"). Every angle (a rotation
+# data does not hold (docs/history.md, "The first wide default"). Every angle (a rotation
 # keeps the content), an eighth of the image's width of shift, zooms, stretch and shear of about 20%.
 WIDE_START: dict[str, float] = {
     "translation_x": 0.25,
