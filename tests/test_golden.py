@@ -16,7 +16,12 @@ bit for bit. Every job's files were written again when the hyperparameter step w
 augmentation samples instead of 16, drawn stratified, parameter steps on half the ranges instead of 0.75): with
 those three defaults put back every job still computed the earlier files bit for bit. The ``.safetensors`` files
 were written again when ``AffineAugmentation``'s state began to name its
-generators (``hyper/generator_ids``, added; every other tensor unchanged). Before that, ``cli_train_export``'s record
+generators (``hyper/generator_ids``, added; every other tensor unchanged). ``cli_train_export``'s record was
+edited by hand when reports began to record the trackers (``log``), the training images' ``input_statistics`` and
+the package ``version`` (stripped, as torch's), the preprocessing's ``steps`` began to say how deep and transparent
+images decode, and ``export``'s summary began to say where it wrote: those fields were added or rewritten on an
+AVX-512 machine (they do not depend on the CPU: the statistics are computed in float64 and rounded), every other
+value kept as the AVX2 machine wrote it. Before that, ``cli_train_export``'s record
 was written again four times, each time
 with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer
 carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's config gains

@@ -301,7 +301,7 @@ def image_statistics(images: torch.Tensor) -> torch.Tensor:
     >>> image_statistics(torch.ones(2, 1, 4, 4)).tolist()
     [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
     """
-    x = images.float()
+    x = images.double()  # in float64, so that the rounded ranges a model records are the same on every CPU
     across = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1) if x.shape[-1] > 1 else x.new_zeros(len(x))
     down = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1) if x.shape[-2] > 1 else x.new_zeros(len(x))
     flat = x.flatten(1)

@@ -62,10 +62,11 @@ GENERATED_AT = "e0df00f"
 DATA = Path(__file__).resolve().parent / "data"
 TMP = "<tmp>"
 """What the job's temporary directory becomes in records."""
-STRIPPED_KEYS = frozenset({"seconds", "conversion_seconds", "torch"})
+STRIPPED_KEYS = frozenset({"seconds", "conversion_seconds", "torch", "version"})
 """Keys dropped from every record, at any depth: wall-clock durations (``FitResult.seconds``, each evaluation's
-``seconds`` in histories, ``report.json``'s ``seconds`` and ``conversion_seconds``) and the torch version
-(``report.json``'s ``torch``; ``environment.json`` holds it)."""
+``seconds`` in histories, ``report.json``'s ``seconds`` and ``conversion_seconds``), the torch version
+(``report.json``'s ``torch``; ``environment.json`` holds it) and the package's (``version`` of reports and
+``export.json``)."""
 ENVIRONMENT_KEYS = ("torch", "cpu_capability", "numpy", "onnx", "pillow", "matplotlib", "safetensors")
 """What must be the same for the outputs to be bit for bit the same (the test skips where one differs)."""
 
