@@ -55,17 +55,17 @@ def _rotation_gradient(
     normalising as ``norms`` says (``hyper_norm``)."""
     from partition_fx.training.lml import forward_log_likelihood, hyper_step_norms
 
-    ranges = trainer.hyper.ranges
+    ranges = trainer.steps.hyper.ranges
     loss = 0.0
     with hyper_step_norms(trainer.pmodel, norms):
         for weight, k, indices in batches:
             x, y = trainer.examples.batch(indices, trainer.device)
             log_likelihood = forward_log_likelihood(
-                trainer.pmodel, trainer.likelihood, x, y, k - 1, trainer.hyper, samples=samples
+                trainer.pmodel, trainer.steps.likelihood, x, y, k - 1, trainer.steps.hyper, samples=samples
             )
             loss = loss + weight * -log_likelihood.mean()
     (grad,) = torch.autograd.grad(loss, ranges)
-    return float(grad[trainer.hyper.generators.index("rotation")])
+    return float(grad[trainer.steps.hyper.generators.index("rotation")])
 
 
 def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.Generator) -> tuple[float, int]:
@@ -93,8 +93,8 @@ def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.G
         batches = [(1.0, k, chunk_batch(k))]
     if estimator == "fixed_noise":
         torch.manual_seed(fixed["noise_seed"])
-    images = sum(int(i.numel()) for _, _, i in batches) * (samples or trainer.hyper.num_samples)
-    trainer.hyper.draws = "stratified" if variant == "stratified" else "uniform"
+    images = sum(int(i.numel()) for _, _, i in batches) * (samples or trainer.steps.hyper.num_samples)
+    trainer.steps.hyper.draws = "stratified" if variant == "stratified" else "uniform"
     norms = variant if variant in ("detached", "running") else "batch"
     return _rotation_gradient(trainer, batches, samples, norms), images
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
         trainer.run(progress=False)
     trained_seconds = time.perf_counter() - started
     trainer.pmodel.train()
-    trainer.hyper.train()
+    trainer.steps.hyper.train()
     generator = torch.Generator().manual_seed(args.seed + 100)
     fixed = {"batch": (1.0, 2, trainer.chunks.chunk(2)[:64]), "noise_seed": args.seed + 7}
     rows = []
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "draws": values,
             }
         )
-    rotation = trainer.hyperparameter_values()["rotation"]
+    rotation = trainer.steps.objective.hyperparameter_values()["rotation"]
     config = {"at": args.at, "draws": args.draws, "seed": args.seed, "rotation_at": rotation}
     payload = results(header("hyper_gradient_variance", quick=args.quick, device=args.device), config, rows)
     payload["config"]["trained_seconds"] = round(trained_seconds, 1)

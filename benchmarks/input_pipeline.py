@@ -80,13 +80,13 @@ def _trainer(data: Any, config: TrainConfig, model: str, workers: int) -> Partit
 def _count_reads(trainer: PartitionedTrainer) -> list[int]:
     """Count the examples the trainer's steps read: ``[images]``, reset by the caller."""
     count = [0]
-    read = trainer.inputs.batch
+    read = trainer.steps.examples.batch
 
     def counted(indices: torch.Tensor, device: torch.device | None = None):
         count[0] += indices.numel()
         return read(indices, device)
 
-    trainer.inputs.batch = counted  # type: ignore[method-assign]  # the steps read through trainer.inputs
+    trainer.steps.examples.batch = counted  # type: ignore[method-assign]  # the steps read through trainer.steps.examples
     return count
 
 
@@ -146,7 +146,7 @@ class StepArm:
         return self.reads[0], time.perf_counter() - start
 
     def close(self) -> None:
-        self.trainer.inputs.close()
+        self.trainer.steps.examples.close()
 
 
 def measure(args: argparse.Namespace, root: Path, config: TrainConfig) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def measure(args: argparse.Namespace, root: Path, config: TrainConfig) -> dict[s
                 streams[w] = StepArm(trainer)
                 arms.append(streams[w])
             else:
-                trainer.inputs.close()
+                trainer.steps.examples.close()
         pipe_rates: dict[int, list[float]] = {w: [] for w in workers}
         stream_rates: dict[int, list[float]] = {w: [] for w in streams}
         step_rates: list[float] = []
@@ -206,7 +206,7 @@ def measure(args: argparse.Namespace, root: Path, config: TrainConfig) -> dict[s
                     streamed_training_images_per_second=trained,
                     streamed_training_images_per_second_repeats=stream_rates[w],
                     streamed_training_vs_in_memory=trained / step_rate,
-                    streamed_training_read_ahead_batches=streams[w].trainer.inputs.read_ahead_batches,
+                    streamed_training_read_ahead_batches=streams[w].trainer.steps.examples.read_ahead_batches,
                 )
             rows.append(row)
         rows.append(
@@ -224,7 +224,7 @@ def measure(args: argparse.Namespace, root: Path, config: TrainConfig) -> dict[s
         return {
             "rows": rows,
             "train_images": len(streamed.train),
-            "hyper_samples": step.trainer.hyper_samples,
+            "hyper_samples": step.trainer.steps.hyper_samples,
             "hyper_batch_size": step.trainer.sampler.hyper_batch_size,
         }
     finally:

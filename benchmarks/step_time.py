@@ -114,8 +114,8 @@ def _setup(
         device=device, precision=precision, compile=compile or False,
     )  # fmt: skip
     fused = PartitionedTrainer(
-        pmodel, (x, y), hyper=trainer.hyper, batch_size=batch, optimizer=adam, hyper_optimizer=adam, device=device,
-        fused=True, precision=precision,
+        pmodel, (x, y), hyper=trainer.steps.hyper, batch_size=batch, optimizer=adam, hyper_optimizer=adam,
+        device=device, fused=True, precision=precision,
     )  # fmt: skip
     plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-4)
     if compile:

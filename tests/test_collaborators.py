@@ -211,7 +211,7 @@ def test_the_training_state_round_trips_and_refuses_another_configuration():
     x, y = _data()
     sgd = partial(torch.optim.SGD, lr=1.0)
     trainer = PartitionedTrainer(pmodel, (x, y), PAPER, batch_size=4, seed=0, optimizer=sgd)
-    steps, sampler, generator = trainer.steps, trainer.sampler, trainer.evaluator.generator
+    steps, sampler, generator = trainer.steps, trainer.sampler, trainer.steps.evaluator.generator
 
     def train(n: int) -> None:
         for _ in range(n):
@@ -222,7 +222,7 @@ def test_the_training_state_round_trips_and_refuses_another_configuration():
 
     train(3)
     assert trainer.record_evaluation({"step": 3, "lml": -2.0, "conditional_lml": -1.0})
-    assert trainer.best[:2] == (-1.0, 3)
+    assert (trainer.best.score, trainer.best.step) == (-1.0, 3)
     assert not trainer.record_evaluation({"step": 3, "lml": -2.5, "conditional_lml": -1.5})
     saved = copy.deepcopy(trainer.state_dict())
     expected_next = (sampler.parameter_batch(), torch.rand(1, generator=generator))
@@ -231,7 +231,7 @@ def test_the_training_state_round_trips_and_refuses_another_configuration():
     weights = _snapshot(*pmodel.parameters())
     train(4)
     trainer.load_state_dict(saved)
-    assert steps.step == 3 and len(trainer.history) == 2 and trainer.best[:2] == (-1.0, 3)
+    assert steps.step == 3 and len(trainer.history) == 2 and (trainer.best.score, trainer.best.step) == (-1.0, 3)
     assert all(torch.equal(a, b) for a, b in zip(weights, pmodel.parameters()))
     k, indices = sampler.parameter_batch()
     assert k == expected_next[0][0] and torch.equal(indices, expected_next[0][1])

@@ -31,10 +31,10 @@ def _sampler(seed: int = 0) -> PartitionedSampler:
 def test_the_all_chunks_hyper_gradient_is_the_weighted_sum_of_the_per_chunk_gradients():
     trainer = _trainer(hyper_chunks="all", hyper_samples=3)
     reference = _trainer()
-    before = trainer.hyper.ranges.detach().clone()
+    before = trainer.steps.hyper.ranges.detach().clone()
     state, rng = trainer.sampler.generator.get_state(), torch.get_rng_state()
     trainer.hyper_step_all_chunks()
-    got = before - trainer.hyper.ranges.detach()
+    got = before - trainer.steps.hyper.ranges.detach()
 
     reference.sampler.generator.set_state(state)
     torch.set_rng_state(rng)
@@ -47,9 +47,15 @@ def test_the_all_chunks_hyper_gradient_is_the_weighted_sum_of_the_per_chunk_grad
     x, y = reference.examples.tensors
     for weight, k, indices in batches:
         loss = -forward_log_likelihood(
-            reference.pmodel, reference.likelihood, x[indices], y[indices], k - 1, reference.hyper, samples=3
+            reference.pmodel,
+            reference.steps.likelihood,
+            x[indices],
+            y[indices],
+            k - 1,
+            reference.steps.hyper,
+            samples=3,
         ).mean()
-        want += weight * torch.autograd.grad(loss, reference.hyper.ranges)[0]
+        want += weight * torch.autograd.grad(loss, reference.steps.hyper.ranges)[0]
     torch.testing.assert_close(got, want)
     assert got.abs().sum() > 0
 

@@ -74,7 +74,8 @@ def _recalibrated_accuracy(run: Path, which: str, subnetwork: int | None = None)
     trainer = PartitionedTrainer(job.pmodel, job.data.train, job.config, hyper=job.hyper)
     trainer.load_checkpoint(run / "checkpoint" / f"{which}.safetensors")
     pmodel = copy.deepcopy(job.pmodel)
-    assert recalibrate_norm_statistics(pmodel, trainer.examples, subnetwork, batch_size=trainer.eval_batch_size) > 0
+    batch_size = trainer.config.evaluation.batch_size
+    assert recalibrate_norm_statistics(pmodel, trainer.examples, subnetwork, batch_size=batch_size) > 0
     return evaluate_classifier(export_subnetwork(pmodel, subnetwork).eval(), *job.data.test.tensors)[0]
 
 
@@ -198,7 +199,7 @@ def test_the_end_of_a_run_writes_best_recalibrated_on_a_copy(tmp_path, monkeypat
     trainer.load_checkpoint(best)
     loaded = copy.deepcopy(expected.state_dict())
     with torch.random.fork_rng():
-        recalibrate_norm_statistics(expected, trainer.examples, batch_size=trainer.eval_batch_size)
+        recalibrate_norm_statistics(expected, trainer.examples, batch_size=trainer.config.evaluation.batch_size)
     assert all(torch.equal(loaded[k], v) for k, v in expected.state_dict().items())
     if case == "restored best":  # the run returned the best state: best and last hold the same tensors
         trainer.load_checkpoint(last)

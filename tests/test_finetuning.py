@@ -46,7 +46,7 @@ def _weights(trainer):
 def test_hyper_samples_apply_to_hyperparameter_steps_only():
     trainer = _trainer(hyper_samples=5)
     seen = []
-    trainer.hyper.register_forward_hook(lambda m, args, out: seen.append(out.shape[0] // args[0].shape[0]))
+    trainer.steps.hyper.register_forward_hook(lambda m, args, out: seen.append(out.shape[0] // args[0].shape[0]))
     trainer.parameter_step()
     trainer.hyper_step()
     assert seen == [2, 5]
@@ -121,7 +121,7 @@ def test_the_hyper_scheduler_follows_hyperparameter_steps():
     trainer = _trainer(hyper_scheduler=scheduler, hyper_every=2)
     for _ in range(4):
         trainer.iteration()
-    assert trainer.hyper_optimizer.param_groups[0]["lr"] == 0.25  # two hyper steps in four iterations
+    assert trainer.steps.stepper.hyper_optimizer.param_groups[0]["lr"] == 0.25  # two hyper steps in four iterations
     assert trainer.optimizer.param_groups[0]["lr"] == 1.0
 
 
@@ -131,7 +131,7 @@ def test_the_hyper_scheduler_follows_hyperparameter_steps():
 def test_a_finetuning_step_trains_every_weight_on_all_data_through_the_final_subnetwork():
     trainer = _trainer()
     trainer.begin_finetuning()
-    ranges = trainer.hyper.ranges.detach().clone()
+    ranges = trainer.steps.hyper.ranges.detach().clone()
     indices = torch.arange(60)[::3]  # examples of every chunk
     assert all(any(int(i) in set(trainer.chunks.chunk(k).tolist()) for i in indices) for k in (1, 2, 3))
     before = _weights(trainer)
@@ -144,13 +144,13 @@ def test_a_finetuning_step_trains_every_weight_on_all_data_through_the_final_sub
     x, y = reference.examples.tensors
     params = [p for k in (1, 2, 3) for p in reference.pmodel.partition_parameters(k)]
     with torch.no_grad():
-        xs = reference.hyper(x[indices])
-    loss = -reference.likelihood(reference.pmodel(xs, subnetwork=3), y[indices], 2).mean()
+        xs = reference.steps.hyper(x[indices])
+    loss = -reference.steps.likelihood(reference.pmodel(xs, subnetwork=3), y[indices], 2).mean()
     want = torch.autograd.grad(loss, params)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert all(g.abs().sum() > 0 for g in got)  # every partition moved
-    assert torch.equal(trainer.hyper.ranges, ranges)  # psi did not
+    assert torch.equal(trainer.steps.hyper.ranges, ranges)  # psi did not
 
 
 def test_finetuning_draws_from_every_chunk_and_never_steps_psi():
@@ -180,7 +180,8 @@ def test_the_lr_schedule_spans_both_phases_and_weight_decay_is_no_longer_scaled(
     trainer.hooks.append(Record())
     trainer.run(12, finetune_steps=4, progress=False)
     assert lrs == [pytest.approx(0.1 * (1 + math.cos(math.pi * 8 / 12)) / 2)]
-    assert trainer.scheduler.last_epoch == 12 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+    assert trainer.steps.stepper.scheduler.last_epoch == 12
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
     assert {g["weight_decay"] for g in trainer.optimizer.param_groups} == {0.01}
 
 

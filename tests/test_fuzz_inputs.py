@@ -458,16 +458,17 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
     trainer = started["trainer"]
     assert trainer.config.optimization.steps == options["steps"] and trainer.step == 0
     assert trainer.config.eval_every == (options["eval-every"] or max(1, options["steps"] // 10))
-    assert trainer.sampler.batch_size == options["batch-size"] and trainer.seed == options["seed"]
+    assert trainer.sampler.batch_size == options["batch-size"] and trainer.config.runtime.seed == options["seed"]
     assert (trainer.iterations.hyper_every, trainer.iterations.warmup_steps) == (
         options["hyper-every"],
         options["warmup-steps"],
     )
     assert trainer.config.hyper.chunks == options["hyper-chunks"]
     assert trainer.sampler.hyper_batch_size == options["hyper-batch-size"]
-    assert trainer.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)
+    assert trainer.steps.hyper_samples == (options["hyper-samples"] if options["augment"] == "affine" else None)
     assert trainer.config.finetune_steps == int(options["steps"] * 0.4)  # the default --finetune-fraction
-    assert (trainer.fused, trainer.every_partition) == (options["fused"], options["every-partition"])
+    runtime = trainer.config.runtime
+    assert (runtime.fused, runtime.every_partition) == (options["fused"], options["every-partition"])
     assert trainer.pmodel.num_partitions == options["partitions"] and min(trainer.chunks.sizes) >= 1
     assert all(math.isfinite(g["weight_decay"]) for g in trainer.optimizer.param_groups)
 

@@ -55,7 +55,7 @@ def _trainer(data, workers: int, **keywords) -> PartitionedTrainer:
 def _same_runs(a: PartitionedTrainer, b: PartitionedTrainer) -> None:
     for (name, x), (_, y) in zip(a.pmodel.state_dict().items(), b.pmodel.state_dict().items()):
         assert torch.equal(x, y), name
-    assert a.hyperparameter_values() == b.hyperparameter_values()
+    assert a.steps.objective.hyperparameter_values() == b.steps.objective.hyperparameter_values()
     drop = lambda history: [{k: v for k, v in r.items() if k != "seconds"} for r in history]  # noqa: E731
     assert drop(a.history) == drop(b.history)
 
@@ -68,12 +68,12 @@ def test_a_run_reading_ahead_in_workers_equals_reading_in_the_training_process(f
         trainer = _trainer(data.train, workers)
         trainer.run(progress=False)
         runs[workers] = trainer
-    assert runs[0].inputs.read_ahead_batches == 0
+    assert runs[0].steps.examples.read_ahead_batches == 0
     for workers in (1, 2):
         _same_runs(runs[0], runs[workers])
         # every iteration's batch (its parameter and hyperparameter rows, read together) but the first after the
         # switch to fine-tuning came read ahead
-        assert runs[workers].inputs.read_ahead_batches >= 8 - 1
+        assert runs[workers].steps.examples.read_ahead_batches >= 8 - 1
     in_memory = _trainer(image_folder(folder, in_memory=True, seed=1).train, 0)
     in_memory.run(progress=False)
     _same_runs(runs[0], in_memory)  # decoded whole or one at a time: the same examples

@@ -97,14 +97,14 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_naming_the_step_partition
     skipping = PartitionedTrainer(partitionify(model, 3), (x, y), PAPER, batch_size=8, on_nonfinite="skip")
     before = [p.detach().clone() for p in skipping.pmodel.parameters()]
     skipping.parameter_step(2)
-    assert skipping.skipped_steps == 1
+    assert skipping.steps.stepper.skipped_steps == 1
     assert all(torch.equal(a, b) for a, b in zip(before, skipping.pmodel.parameters()))
     assert all(p.grad is None for p in skipping.pmodel.parameters())
     # Subnetwork 1 meets sqrt'(0) too: the second step is skipped as well, and nothing moves. (This was
     # ``isfinite(loss) or skipped_steps == 2``: the loss is computed before the step and always finite here, so
     # it held even with the non-finite gradients applied: a trainer that skipped only the first such step passed.)
     _, loss = skipping.parameter_step(1)
-    assert math.isfinite(loss) and skipping.skipped_steps == 2
+    assert math.isfinite(loss) and skipping.steps.stepper.skipped_steps == 2
     assert all(torch.equal(a, b) for a, b in zip(before, skipping.pmodel.parameters()))
     assert all(p.grad is None for p in skipping.pmodel.parameters())
 

@@ -16,7 +16,6 @@ from matplotlib.text import Text
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.cli.plots import (
-    NO_EVIDENCE,
     figure_curves,
     figure_hyperparameters,
     plot_curves,
@@ -24,6 +23,7 @@ from partition_fx.cli.plots import (
 )
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import fit
+from partition_fx.training.lml import NO_EVIDENCE
 from partition_fx.transforms import AffineAugmentation, InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning

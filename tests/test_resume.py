@@ -236,9 +236,9 @@ def test_the_best_state_is_saved_with_its_score_and_its_own_lmls(tmp_path):
 
     first = trainer()
     first.run(6, eval_every=2, progress=False)
-    best_step = first.best[1]
+    best_step = first.best.step
     record = next(r for r in first.history if r["step"] == best_step)
-    assert first.best[0] == record["conditional_lml"]
+    assert first.best.score == record["conditional_lml"]
     _, meta = read_checkpoint(tmp_path / "best.safetensors", {})
     assert (meta["step"], meta["lml"], meta["conditional_lml"]) == (best_step, record["lml"], record["conditional_lml"])
     state = tmp_path / "resume" / "state.json"

@@ -90,7 +90,7 @@ def test_best_is_a_link_to_last_and_the_final_last_holds_what_the_run_returned(t
 
     def linked(trainer: PartitionedTrainer, record: dict) -> None:
         last, best = tmp_path / "last.safetensors", tmp_path / "best.safetensors"
-        if trainer.best[1] == record["step"]:  # this evaluation improved: best is last, on disk once
+        if trainer.best.step == record["step"]:  # this evaluation improved: best is last, on disk once
             seen.append(os.path.samefile(last, best))
 
     pmodel = _pmodel(0)

@@ -59,7 +59,7 @@ def _trainer(fused: bool = False, every_partition: bool = False, scheme: str = "
 
 
 def _snapshot(trainer):
-    return [p.detach().clone() for p in _parts(trainer.pmodel)] + [trainer.hyper.logits.detach().clone()]
+    return [p.detach().clone() for p in _parts(trainer.pmodel)] + [trainer.steps.hyper.logits.detach().clone()]
 
 
 def _drawn_parameter_examples(sampler, every_partition: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +91,7 @@ def test_fused_iteration_gives_the_gradients_of_the_two_separate_steps(every_par
     fused.iteration()
     got = [b - a for a, b in zip(_snapshot(fused), before)]  # SGD with lr 1: the applied gradients
 
-    sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.hyper
+    sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.steps.hyper
     x, y = reference.examples.tensors
     ks, idx = _drawn_parameter_examples(sampler, every_partition)
     hyper_batches = sampler.hyper_batches() if hyper_chunks == "all" else [(1.0, *sampler.hyper_batch())]
@@ -151,23 +151,23 @@ def test_fused_iteration_keeps_the_parameter_loss_away_from_the_noise_scale():
         )  # fmt: skip
 
     fused = trainer(True)
-    before = fused.likelihood.log_scale.item()
+    before = fused.steps.likelihood.log_scale.item()
     fused.iteration()
-    applied = (before - fused.likelihood.log_scale.item()) / 0.01
+    applied = (before - fused.steps.likelihood.log_scale.item()) / 0.01
     reference = trainer(False)
     reference.sampler.parameter_batch()  # the fused iteration draws the parameter batch first
     kh, hidx = reference.sampler.hyper_batch()
     x, y = reference.examples.tensors
     out = reference.pmodel(x[hidx], subnetwork=kh - 1)
-    hyper_loss = -reference.likelihood(out, y[hidx]).mean()
-    (want,) = torch.autograd.grad(hyper_loss, reference.likelihood.log_scale)
+    hyper_loss = -reference.steps.likelihood(out, y[hidx]).mean()
+    (want,) = torch.autograd.grad(hyper_loss, reference.steps.likelihood.log_scale)
     assert applied == pytest.approx(want.item(), rel=1e-4)
 
 
 def _parameter_gradients(reference, ks: torch.Tensor, idx: torch.Tensor) -> list[torch.Tensor]:
     """The parameter step's definition: the mean over examples of each example's loss through its own
     subnetwork ks[i], differentiated w.r.t. that subnetwork's partition only."""
-    pmodel, mask = reference.pmodel, reference.hyper
+    pmodel, mask = reference.pmodel, reference.steps.hyper
     x, y = reference.examples.tensors
     params = _parts(pmodel)
     want = [torch.zeros_like(p) for p in params]
@@ -196,7 +196,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
     trainer.iteration()
     got = [b - a for a, b in zip(_snapshot(trainer), before)]  # SGD with lr 1: the applied gradients
 
-    sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.hyper
+    sampler, pmodel, mask = reference.sampler, reference.pmodel, reference.steps.hyper
     x, y = reference.examples.tensors
     ks, idx = _drawn_parameter_examples(sampler, every_partition)
     want = _parameter_gradients(reference, ks, idx)

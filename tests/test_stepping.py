@@ -160,7 +160,7 @@ def test_iterations_read_nothing_from_the_device_between_checks(fused) -> None:
         with _ValueReads() as counter:
             for _ in range(4):
                 trainer.iteration()
-        optimizers = (trainer.optimizer, trainer.hyper_optimizer)
+        optimizers = (trainer.optimizer, trainer.steps.stepper.hyper_optimizer)
         counts = {id(state["step"]) for o in optimizers for state in o.state.values() if "step" in state}
         return sum(id(t) not in counts for t in counter.read)
 
@@ -196,7 +196,7 @@ def test_mixed_precision_keeps_weights_and_optimiser_state_fp32_and_trains(preci
     later = float(trainer.parameter_step(3, torch.arange(16))[1])
     assert later < first
     if precision == "fp16":
-        assert 0 < trainer.precision.scaler.get_scale() <= 2.0**16
+        assert 0 < trainer.steps.stepper.precision.scaler.get_scale() <= 2.0**16
 
 
 def test_a_subnetwork_under_bf16_autocast_matches_its_export() -> None:
@@ -248,11 +248,11 @@ def test_an_fp16_run_resumes_exactly_with_its_loss_scale(tmp_path) -> None:
     for _ in range(3):
         first.iteration()
     state = copy.deepcopy(first.state_dict())
-    assert state["grad_scaler"]["scale"] == first.precision.scaler.get_scale()
+    assert state["grad_scaler"]["scale"] == first.steps.stepper.precision.scaler.get_scale()
     second = trainer()
     second.load_state_dict(state)
     for _ in range(3):
         second.iteration()
-    assert second.precision.scaler.get_scale() == whole.precision.scaler.get_scale()
+    assert second.steps.stepper.precision.scaler.get_scale() == whole.steps.stepper.precision.scaler.get_scale()
     a, b = whole.pmodel.state_dict(), second.pmodel.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

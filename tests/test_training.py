@@ -439,7 +439,8 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_pa
     poison["on"] = True
     before = _parts(trainer.pmodel)
     trainer.parameter_step()
-    assert trainer.skipped_steps == 1 and all(torch.equal(a, b) for a, b in zip(before, _parts(trainer.pmodel)))
+    assert trainer.steps.stepper.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, _parts(trainer.pmodel)))
 
 
 def test_fit_refuses_bad_input():
@@ -499,6 +500,6 @@ def test_the_best_state_is_chosen_by_the_conditional_lml():
     trainer = PartitionedTrainer(_pmodel(), _data(), PAPER, batch_size=16)
     trainer.estimate_lml = lambda: next(scripted)
     result = trainer.run(10, eval_every=5, progress=False)
-    assert trainer.best[1] == result.best_step == 10
+    assert trainer.best.step == result.best_step == 10
     assert (result.best_lml, result.best_conditional_lml) == (-22.0, -2.0)
     assert trainer.history[-1]["conditional_lml_per_example"] == -2.0 / sum(trainer.chunks.sizes[1:])

@@ -197,22 +197,23 @@ def _print_train(report: dict[str, Any], out: Path) -> None:
 
 
 def _evidence(report: dict[str, Any]) -> str:
-    """The run's evidence, the conditional LML first (``report.json``'s ``lml_explained`` says more).
+    """The run's evidence, the conditional LML (``training.lml.evidence``; ``report.json``'s ``lml_explained`` says
+    more), or, with one partition, that there is none (``training.lml.NO_EVIDENCE``).
 
     >>> print(_evidence({"conditional_lml": -29.3, "conditional_lml_per_example": -0.081, "lml": -2772.1,
     ...                  "lml_per_chunk": [-2742.8, -15.0, -14.3]}))
     evidence: conditional LML -29.3 nats (-0.081/example): chunks 2..3, each scored by a subnetwork not trained on it
     full LML -2772.1 nats, of which -2742.8 is chunk 1 scored by the untrained defaults (see report.json)
-    >>> print(_evidence({"conditional_lml_per_example": None, "lml": -2742.8}))
-    evidence: none with one partition (its LML, chunk 1 scored by the untrained defaults, says nothing about what ...
+    >>> print(_evidence({"conditional_lml": None, "lml": -2742.8}))
+    no evidence with one partition: its LML scores chunk 1 by the untrained defaults, which says nothing about ...
     """
-    if report["conditional_lml_per_example"] is None:  # one partition: no chunk but the first
-        return (
-            "evidence: none with one partition (its LML, chunk 1 scored by the untrained defaults, says nothing "
-            "about what was trained; compare such runs by test accuracy)"
-        )
+    from ..training.lml import NO_EVIDENCE, evidence
+
+    score = evidence(report)
+    if score is None:
+        return NO_EVIDENCE
     return (
-        f"evidence: conditional LML {report['conditional_lml']:.1f} nats "
+        f"evidence: conditional LML {score:.1f} nats "
         f"({report['conditional_lml_per_example']:.3f}/example): chunks 2..{len(report['lml_per_chunk'])}, each "
         f"scored by a subnetwork not trained on it\nfull LML {report['lml']:.1f} nats, of which "
         f"{report['lml_per_chunk'][0]:.1f} is chunk 1 scored by the untrained defaults (see report.json)"

@@ -54,11 +54,6 @@ SMALLEST_SPAN = 0.25
 """A small panel's y axis spans at least this share of its bound, so that noise of 0.01 near 0 stays small."""
 FINETUNING = "shaded: fine-tuning, ψ frozen, all data"
 """How the x-axis label names the shaded phase."""
-NO_EVIDENCE = (
-    "no evidence: with one partition no chunk is left for a trained subnetwork to score\n"
-    "(the LML is chunk 1 scored by the untrained defaults, whatever was trained)"
-)
-"""What the LML panel says for a run of one partition."""
 MAX_LEGEND = 8
 """Lines in one panel beyond which they are not named one by one (a mask's entries)."""
 
@@ -68,6 +63,8 @@ def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
     draw, and the panel says so) and the mean parameter / hyperparameter step losses since the previous
     evaluation (bottom), by iteration from 0."""
     from matplotlib.figure import Figure
+
+    from ..training.lml import NO_EVIDENCE
 
     fig = Figure(figsize=(7.0, 5.6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)

@@ -46,7 +46,7 @@ from ..training import (
     recalibrate_norm_statistics,
     resume_directory,
 )
-from ..training.lml import load_for_export
+from ..training.lml import EvaluationRecord, load_for_export
 from ..training.tracking import check_trackers, tracker_files, trackers_for
 from .checks import with_fixed_ranges
 from .job import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
@@ -220,7 +220,7 @@ class RunReport(TrainingHook):
             self.fields["history"] = trainer.history
             self.begin()
 
-    def after_checkpoint(self, trainer: PartitionedTrainer, record: dict[str, Any]) -> None:
+    def after_checkpoint(self, trainer: PartitionedTrainer, record: EvaluationRecord) -> None:
         """The run's callback: after each evaluation, once the trainer's hooks wrote its checkpoint."""
         self.fields.update(history=trainer.history, hyperparameters=record["hyperparameters"])
         if record["lml"] is not None:  # fine-tuning estimates none; the report keeps partitioned training's last
@@ -266,7 +266,8 @@ class PartitionedAccuracy(TrainingHook):
 
     def before_finetuning(self, trainer: PartitionedTrainer) -> None:
         pmodel = copy.deepcopy(trainer.pmodel)
-        recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=trainer.eval_batch_size, device=trainer.device)
+        batch_size = trainer.config.evaluation.batch_size
+        recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=batch_size, device=trainer.device)
         self.accuracy, _ = self.job.test_scores(export_subnetwork(pmodel.cpu()).eval())
 
     def state_dict(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ Not supported, and refused in one line that says what works instead:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from ..train_config import TrainConfig
 from ..training.data import Examples, split_into_chunks
 from ..training.iteration import PartitionedBatchSampler, TrainingSteps
 from ..training.likelihoods import Likelihood
-from ..training.lml import LMLEvaluator, lml_fields, recalibrate_norm_statistics
+from ..training.lml import evaluation_record, recalibrate_norm_statistics
 from ..training.tracking import evaluation_metrics
 
 L = import_extra("partition_fx.integrations.lightning", "lightning")  # one line naming the install, if missing
@@ -96,21 +97,15 @@ class PartitionedLightningModule(L.LightningModule):
         self.dataset = dataset
         self.num_workers = num_workers
         self.chunks = split_into_chunks(len(dataset), pmodel.proportions, seed=self.config.runtime.seed)
-        self.steps = TrainingSteps.create(pmodel, self.chunks, hyper=hyper, likelihood=likelihood, config=self.config)
-        self.likelihood = self.steps.likelihood
-        evaluation = self.config.evaluation
-        self.evaluator = LMLEvaluator(
-            self.steps.objective,
-            Examples(dataset),
-            self.chunks,
-            batch_size=evaluation.batch_size,
-            max_examples_per_chunk=evaluation.examples_per_chunk,
-            seed=self.config.runtime.seed + 1,  # fit's: not the sampler's stream
+        self.steps = TrainingSteps.create(
+            pmodel, self.chunks, hyper=hyper, likelihood=likelihood, config=self.config, scored=Examples(dataset)
         )
-        """The LML estimates, as fit's: their noise from a generator of their own."""
+        """What is trained, its optimisers and the LML estimates, assembled as ``fit``'s are."""
+        self.likelihood = self.steps.likelihood
         self.automatic_optimization = False  # the steps step their own optimisers
         self._draws: Any = None
         self._batches: PartitionedBatchSampler | None = None
+        self._started = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The final subnetwork C's outputs (what :meth:`export` returns as a plain module)."""
@@ -169,6 +164,7 @@ class PartitionedLightningModule(L.LightningModule):
         self.steps.stepper.optimizer = wrapped[0] if isinstance(wrapped, list) else wrapped  # type: ignore[assignment]
         assert self._batches is not None
         self._draws = iter(self._batches.draws())
+        self._started = time.perf_counter()
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
@@ -189,21 +185,16 @@ class PartitionedLightningModule(L.LightningModule):
         return export_subnetwork(self.pmodel)
 
     def _log_evaluation(self) -> None:
-        """The LML (not in fine-tuning, where every subnetwork has seen every chunk) and the losses since the
-        last evaluation, logged as ``partition-fx train --log`` logs them."""
-        stepper = self.steps.stepper
-        losses, hyper_losses = stepper.pending_losses()
+        """The evaluation record of ``fit`` (no LML in fine-tuning, where every subnetwork has seen every chunk),
+        logged as ``partition-fx train --log`` logs it."""
+        stepper, steps = self.steps.stepper, self.steps
+        losses = stepper.pending_losses()
         stepper.clear_losses()
-        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-        record: dict[str, Any] = {
-            "phase": "finetune" if self.steps.finetuning else "partitioned",
-            "train_loss": mean(losses),
-            "hyper_loss": mean(hyper_losses),
-            "hyperparameters": self.steps.objective.hyperparameter_values(),
-        }
-        if not self.steps.finetuning:
-            record.update(lml_fields(self.evaluator.estimate(), scored=sum(self.chunks.sizes[1:])))
+        estimate = None if steps.finetuning else steps.evaluator.estimate()  # type: ignore[union-attr]
+        values = steps.objective.hyperparameter_values()
+        seconds = time.perf_counter() - self._started
+        record = evaluation_record(steps.step, estimate, sum(self.chunks.sizes[1:]), losses, values, seconds)
         metrics = evaluation_metrics(record, stepper.optimizer, stepper.hyper_optimizer)
         # to the loggers directly, at the iteration's number: self.log would log only every log_every_n_steps
         for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.steps.step)
+            logger.log_metrics(metrics, step=steps.step)

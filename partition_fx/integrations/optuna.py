@@ -20,7 +20,7 @@ from ..extras import import_extra
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from ..training.fit import fit
-from ..training.lml import evidence
+from ..training.lml import NO_EVIDENCE, EvaluationRecord, evidence
 
 optuna = import_extra("partition_fx.integrations.optuna", "optuna")  # one line naming the install, if missing
 
@@ -44,7 +44,7 @@ class LMLPruning:
     def __init__(self, trial: optuna.Trial) -> None:
         self.trial = trial
 
-    def __call__(self, trainer: Any, record: dict[str, Any]) -> None:
+    def __call__(self, trainer: Any, record: EvaluationRecord) -> None:
         score = evidence(record)
         if score is None:
             return
@@ -95,9 +95,12 @@ class LMLObjective:
                 f"build(trial) must return (pmodel, fit keywords as a dict), got {type(built).__name__}"
             )
         pmodel, keywords = built
+        if isinstance(pmodel, PartitionedModel) and pmodel.num_partitions < 2:
+            raise PartitionArgumentError(f"LMLObjective scores a trial by its evidence; {NO_EVIDENCE}: build(trial) "
+                                         "must partition the model into 2 or more")  # fmt: skip
         callbacks = [LMLPruning(trial)] if self.pruning else []
         result = fit(pmodel, self.dataset, self.config, callbacks=callbacks, progress=False, **keywords)
-        score = result.conditional_lml if result.conditional_lml is not None else result.lml
+        score = evidence({"conditional_lml": result.conditional_lml, "lml": result.lml})
         trial.set_user_attr("lml", result.lml)
         trial.set_user_attr("hyperparameters", result.hyperparameters)
         trial.set_user_attr("best_step", result.best_step)

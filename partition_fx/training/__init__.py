@@ -8,18 +8,30 @@ your own loop takes them on your ``DataLoader``'s batches with ``PartitionedBatc
 from ..errors import PartitionCheckpointError
 from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
+from .components import Components
 from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignment, split_into_chunks
 from .fit import fit
+from .hooks import BestState, CallbackHook, CheckpointWriter, Patience, TrainingHook
 from .iteration import Draw, IterationBatch, PartitionedBatchSampler, TrainingSteps
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
-from .lml import LMLEstimate, LMLEvaluator, estimate_lml, evidence, recalibrate_norm_statistics
+from .lml import (
+    EvaluationRecord,
+    LMLEstimate,
+    LMLEvaluator,
+    Phase,
+    estimate_lml,
+    evaluation_record,
+    evidence,
+    recalibrate_norm_statistics,
+)
 from .metrics import evaluate_averaged, evaluate_classifier
 from .objective import Objective
 from .optim import partition_optimizer, weight_decay_scales
 from .tracking import CSVTracker, MLflowTracker, TensorBoardTracker, Tracker
-from .trainer import CallbackHook, CheckpointWriter, Components, FitResult, PartitionedTrainer, TrainingHook
+from .trainer import FitResult, PartitionedTrainer
 
 __all__ = [
+    "BestState",
     "CSVTracker",
     "CallableLikelihood",
     "CallbackHook",
@@ -28,6 +40,7 @@ __all__ = [
     "Components",
     "DataChunks",
     "Draw",
+    "EvaluationRecord",
     "Examples",
     "FitResult",
     "Gaussian",
@@ -41,6 +54,8 @@ __all__ = [
     "PartitionedBatchSampler",
     "PartitionedSampler",
     "PartitionedTrainer",
+    "Patience",
+    "Phase",
     "TensorBoardTracker",
     "Tracker",
     "TrainConfig",
@@ -50,6 +65,7 @@ __all__ = [
     "estimate_lml",
     "evaluate_averaged",
     "evaluate_classifier",
+    "evaluation_record",
     "evidence",
     "fit",
     "load_checkpoint",

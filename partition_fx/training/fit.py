@@ -33,7 +33,10 @@ from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
 from ..transforms.affine import DEFAULT_MAX_RANGE
 from .checkpoint import load_training_state
-from .trainer import Callback, FitResult, PartitionedTrainer, TrainingHook, check_run_arguments, resolve
+from .components import check_run_arguments, resolve
+from .hooks import Callback, TrainingHook
+from .lml import EvaluationRecord
+from .trainer import FitResult, PartitionedTrainer
 
 # --- run.json --------------------------------------------------------------------------------------------------------
 
@@ -128,11 +131,11 @@ class RunRecordWriter(TrainingHook):
         self.dataset = dataset
         self.written = False
 
-    def after_evaluation(self, trainer: PartitionedTrainer, record: dict[str, Any], improved: bool) -> None:
+    def after_evaluation(self, trainer: PartitionedTrainer, record: EvaluationRecord, improved: bool) -> None:
         parallel = trainer.data_parallel
         if not self.written and (parallel is None or parallel.is_writer):
             self.directory.mkdir(parents=True, exist_ok=True)
-            run = run_record(trainer.pmodel, self.dataset, trainer.hyper, trainer.config)
+            run = run_record(trainer.pmodel, self.dataset, trainer.steps.hyper, trainer.config)
             write_json(self.directory / RUN_FILE, run)
             self.written = True
 

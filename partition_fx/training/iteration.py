@@ -17,7 +17,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -26,12 +27,19 @@ from torch.utils.data import Sampler
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from .data import BatchReader, DataChunks, HyperBatches, PartitionedSampler
+from .data import BatchReader, DataChunks, Examples, HyperBatches, PartitionedSampler, StepInputs
 from .likelihoods import Categorical, Likelihood
-from .lml import HyperBatch, forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
+from .lml import HyperBatch, LMLEvaluator, forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
 from .objective import Objective, running_norms, takes_num_samples, widens
-from .optim import OptimizerFactory, SchedulerFactory, build_optimizers, configured_factories, finetuning_scheduler
-from .stepping import DataParallel, Stepper
+from .optim import (
+    OptimizerFactory,
+    SchedulerFactory,
+    build_optimizers,
+    check_finetune_schedule,
+    configured_factories,
+    finetuning_scheduler,
+)
+from .stepping import LAZY_CHECK_EVERY, DataParallel, Precision, Stepper, warn_about_shared_parameters
 
 # --- hyperparameter-gradient estimators ------------------------------------------------------------------------------
 
@@ -137,31 +145,6 @@ class IterationBatch:
     hyper: list[HyperBatch] = field(default_factory=list)
 
 
-def check_learnable(pmodel: PartitionedModel, hyperparameters: Sequence[nn.Parameter]) -> None:
-    """Refuse to learn ``hyperparameters`` with a model of one partition: chunk k is scored by subnetwork k-1."""
-    if hyperparameters and pmodel.num_partitions < 2:
-        raise PartitionArgumentError(
-            "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
-            "partitionify the model with 2 or more partitions"
-        )
-
-
-def configured_step_keywords(config: TrainConfig, hyper: nn.Module | None, learns: bool) -> dict[str, Any]:
-    """What ``config`` makes of the steps' hyperparameter-step settings for the input transform ``hyper``: its
-    samples (for a transform that takes ``num_samples``), the range factor of parameter steps (when the run
-    ``learns`` ranges the transform can scale) and the BatchNorm treatment; ``fit``'s and your loop's alike.
-
-    >>> configured_step_keywords(TrainConfig(), None, learns=False)
-    {'hyper_samples': None, 'train_range_factor': 1.0, 'hyper_norms': 'batch'}
-    """
-    return {
-        "hyper_samples": config.hyper.samples if takes_num_samples(hyper) else None,
-        # Fixed ranges are the augmentation chosen for the model: trained on as they are.
-        "train_range_factor": config.hyper.train_range_factor if learns and widens(hyper) else 1.0,
-        "hyper_norms": config.hyper.norm_statistics,
-    }
-
-
 class TrainingSteps:
     """Each kind of step of partitioned training, on examples given as tensors, and the count of iterations done
     (``step``), of ``objective`` (the model, input transform and likelihood). Every step puts the model and
@@ -196,13 +179,15 @@ class TrainingSteps:
         train_range_factor: float = 1.0,
         hyper_norms: str = "batch",
         config: TrainConfig | None = None,
+        evaluator: LMLEvaluator | None = None,
     ) -> None:
         self.objective = objective
         self.pmodel = objective.pmodel
         self.likelihood = objective.likelihood
         self.hyper = objective.hyper
         self.examples = examples
-        """What :meth:`read` reads examples from by their indices (None: the steps get tensors only)."""
+        """What :meth:`read` reads examples from by their indices (None: the steps get tensors only; the trainer's
+        are a ``StepInputs`` that reads them ahead)."""
         self.stepper = stepper
         self.device = device
         self.data_parallel = data_parallel
@@ -216,8 +201,11 @@ class TrainingSteps:
         """Iterations done (``advance`` counts them); each step is recorded at it."""
         self.config = config
         """The recipe of the run (``create``'s): with it, :meth:`take` begins fine-tuning by itself."""
+        self.evaluator = evaluator
+        """The LML estimate of :attr:`objective` on the examples ``create`` was given to score (None: not asked)."""
         self.finetuning = False
-        """Whether :meth:`begin_finetuning` has run."""
+        """Whether the run is in its fine-tuning phase (:meth:`begin_finetuning`): the one flag of the phase, which
+        the trainer reads too."""
         self._statistics_modules = running_norms(self.pmodel) if data_parallel is not None else []
 
     @classmethod
@@ -232,16 +220,28 @@ class TrainingSteps:
         optimizer: OptimizerFactory | None = None,
         hyper_optimizer: OptimizerFactory | None = None,
         scheduler: SchedulerFactory | None = None,
+        hyper_scheduler: SchedulerFactory | None = None,
         device: torch.device | None = None,
+        scored: Examples | None = None,
+        read_ahead: Examples | None = None,
+        data_parallel: DataParallel | None = None,
+        checkpoint_dir: Path | None = None,
     ) -> TrainingSteps:
-        """The steps of your own loop, as ``fit`` builds them for ``config`` (default ``TrainConfig()``): the
-        weights of ``pmodel`` by its optimiser (Adam ``lr``, weight decay scaled per partition by the sizes of
-        the data ``chunks``; ``optimizer=`` a factory of your own, as ``fit`` takes) and LR schedule
-        (``scheduler=``), psi (the input transform ``hyper``'s and the model's hyperparameter modules') by
-        Adam ``hyper_lr`` (``hyper_optimizer=``), ``likelihood`` (default ``Categorical()``), and the
-        hyperparameter step's samples, range factor and BatchNorm treatment. When :meth:`take` meets the first
-        fine-tuning iteration it calls :meth:`begin_finetuning`. The modules stay where they are; ``device``
-        is where :meth:`take` puts the examples (None: where they come).
+        """The steps of a run as ``config`` (default ``TrainConfig()``) says, the one place a run is assembled:
+        ``fit``'s trainer, your own loop and the Lightning module each get theirs here.
+
+        What is trained (``pmodel``, the input transform ``hyper``, ``likelihood``, default ``Categorical()``),
+        placed on ``device`` (None: where the model is; the examples :meth:`take` gets go there too) and compiled
+        as the configuration says; the weights' optimiser (Adam ``lr``, its weight decay scaled per partition by
+        the sizes of the data ``chunks``; ``optimizer=`` a factory of your own, as ``fit`` takes) and LR schedule
+        (``scheduler=``), psi (the input transform's and the model's hyperparameter modules') by Adam ``hyper_lr``
+        (``hyper_optimizer=``, ``hyper_scheduler=``), stepped under the configured precision with its non-finite
+        checks; and the hyperparameter step's samples, range factor and BatchNorm treatment. With ``scored``, the
+        LML evaluator on those examples (:attr:`evaluator`, seeded apart from the sampler); with ``read_ahead``,
+        the steps read their examples by index from it, ahead of time (the trainer's way); with ``data_parallel``,
+        every process starts from rank 0's modules and averages the gradients; ``checkpoint_dir`` is named in a
+        non-finite error. When :meth:`take` meets the first fine-tuning iteration it calls
+        :meth:`begin_finetuning`.
 
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import split_into_chunks
@@ -251,15 +251,34 @@ class TrainingSteps:
         ('Categorical', 'Adam', None)
         """
         config = config if config is not None else TrainConfig()
-        objective = Objective(pmodel, hyper, likelihood if likelihood is not None else Categorical())
-        hyperparameters = objective.hyperparameters()
-        check_learnable(pmodel, hyperparameters)
+        runtime = config.runtime
+        objective = Objective(
+            pmodel,
+            hyper,
+            likelihood if likelihood is not None else Categorical(),
+            checkpoint_defaults=config.checkpointing.defaults,
+        )
         if chunks.num_chunks != pmodel.num_partitions:
             raise PartitionArgumentError(
                 f"the data is split into {chunks.num_chunks} chunks but the model has {pmodel.num_partitions} "
                 "partitions: split it with split_into_chunks(len(dataset), pmodel.proportions)"
             )
-        configured = configured_factories(config)
+        device = objective.place(device)
+        if data_parallel is not None:
+            data_parallel.broadcast(list(objective.modules().values()))
+        if runtime.compile is not None:
+            pmodel.compile(mode=runtime.compile)
+        precision = Precision(runtime.precision, device)
+        warn_about_shared_parameters(pmodel)
+        hyperparameters = objective.hyperparameters()
+        if hyperparameters and pmodel.num_partitions < 2:
+            raise PartitionArgumentError(
+                "learning hyperparameters needs num_partitions >= 2 (chunk k is scored by subnetwork k-1); "
+                "partitionify the model with 2 or more partitions"
+            )
+        scheme_for(runtime.fused, runtime.every_partition).check(pmodel)
+        check_finetune_schedule(config, scheduler)
+        configured = configured_factories(config)  # unless a factory was given
         built = build_optimizers(
             pmodel,
             chunks.sizes,
@@ -267,23 +286,60 @@ class TrainingSteps:
             optimizer=optimizer or configured[0],
             hyper_optimizer=hyper_optimizer or configured[1],
             scheduler=scheduler or configured[2],
+            hyper_scheduler=hyper_scheduler,
             weight_decay_scaling=config.optimization.weight_decay_scaling,
         )
-        stepper = Stepper(built.optimizer, built.hyper_optimizer, objective=objective, scheduler=built.scheduler)
+        on_cpu = device is None or device.type == "cpu"
+        stepper = Stepper(
+            built.optimizer,
+            built.hyper_optimizer,
+            objective=objective,
+            scheduler=built.scheduler,
+            hyper_scheduler=built.hyper_scheduler,
+            precision=precision,
+            data_parallel=data_parallel,
+            # A read of the device costs nothing on the CPU: check every step there, lazily on an accelerator.
+            check_every=runtime.check_every or (1 if on_cpu else LAZY_CHECK_EVERY),
+            on_nonfinite=runtime.on_nonfinite,
+            checkpoint_dir=checkpoint_dir,
+        )
+        evaluator = None
+        if scored is not None:
+            evaluator = LMLEvaluator(
+                objective,
+                scored,
+                chunks,
+                batch_size=config.evaluation.batch_size,
+                max_examples_per_chunk=config.evaluation.examples_per_chunk,
+                seed=runtime.seed + 1,  # not the sampler's stream
+                device=device,
+                precision=precision,
+            )
         learns = built.hyper_optimizer is not None
-        keywords = configured_step_keywords(config, hyper, learns)
-        return cls(objective, None, stepper, device=device, config=config, **keywords)
+        return cls(
+            objective,
+            StepInputs(read_ahead, device) if read_ahead is not None else None,
+            stepper,
+            device=device,
+            data_parallel=data_parallel,
+            # Fixed ranges are the augmentation chosen for the model: trained on as they are.
+            hyper_samples=config.hyper.samples if takes_num_samples(hyper) else None,
+            train_range_factor=config.hyper.train_range_factor if learns and widens(hyper) else 1.0,
+            hyper_norms=config.hyper.norm_statistics,
+            config=config,
+            evaluator=evaluator,
+        )
 
-    def begin_finetuning(self) -> None:
-        """End partitioned training (your own loop's; the trainer has its own, which also restores the best
-        state): the weight decay returns to the unscaled one and the LR schedule carries on or restarts over the
-        remaining ``config`` steps (``optim.finetuning_scheduler``). :meth:`take` calls it at the first
-        fine-tuning iteration when the steps have a ``config``."""
+    def begin_finetuning(self, steps: int | None = None) -> None:
+        """End partitioned training, the one switch of the phase (the trainer's also restores the best state and
+        stops its read-ahead first): the weight decay returns to the unscaled one and the LR schedule carries on
+        or restarts over the next ``steps`` iterations (default: the rest of ``config``'s;
+        ``optim.finetuning_scheduler``). :meth:`take` calls it at the first fine-tuning iteration."""
         if self.config is None:
             raise PartitionArgumentError(
                 "begin_finetuning needs the steps' config: build them with TrainingSteps.create"
             )
-        remaining = self.config.optimization.steps - self.step
+        remaining = steps if steps is not None else self.config.optimization.steps - self.step
         stepper = self.stepper
         stepper.scheduler = finetuning_scheduler(self.config, stepper.optimizer, stepper.scheduler, remaining)
         self.finetuning = True
@@ -530,7 +586,7 @@ class Alternating(IterationScheme):
         >>> from partition_fx.training import PartitionedTrainer
         >>> trainer = PartitionedTrainer(partitionify(torch.nn.Linear(4, 2), 2), (torch.randn(32, 4), torch.zeros(32)))
         >>> trainer.steps.take(Alternating().draw(trainer.sampler, None))
-        >>> trainer.step, len(trainer.stepper.pending_losses()[0])
+        >>> trainer.step, len(trainer.steps.stepper.pending_losses()[0])
         (1, 1)
     """
 

@@ -12,8 +12,9 @@ import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -248,7 +249,67 @@ class LMLEstimate:
         return sum(self.per_chunk[1:])
 
 
-def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, object]:
+class Phase(str, Enum):
+    """The phase of a run an evaluation belongs to (a ``str``: records hold it as its value)."""
+
+    PARTITIONED = "partitioned"
+    """Partitioned training: the hyperparameters are learned and the LML is estimated."""
+    FINETUNE = "finetune"
+    """Fine-tuning the final subnetwork on all the data: every subnetwork has seen every chunk, no LML."""
+
+
+class EvaluationRecord(TypedDict):
+    """One evaluation of a run, as the trainer's ``history``, ``report.json``, every hook and callback and the
+    Lightning module's loggers get it (built by :func:`evaluation_record`; a plain dict, so JSON as it is).
+
+    The LML fields (:func:`lml_fields`) are None in fine-tuning; the conditional ones also with one partition.
+    """
+
+    step: int
+    phase: str
+    lml: float | None
+    lml_per_chunk: list[float] | None
+    lml_per_example: float | None
+    conditional_lml: float | None
+    conditional_lml_per_example: float | None
+    train_loss: float | None
+    """The mean parameter-step loss since the last evaluation (None: no step)."""
+    hyper_loss: float | None
+    """The mean hyperparameter-step loss since the last evaluation (None: no step)."""
+    hyperparameters: dict[str, Any]
+    seconds: float
+    """Since the run (or this part of a resumed run) began."""
+
+
+def evaluation_record(
+    step: int,
+    estimate: LMLEstimate | None,
+    scored: int,
+    losses: tuple[Sequence[float], Sequence[float]],
+    hyperparameters: dict[str, Any],
+    seconds: float,
+) -> EvaluationRecord:
+    """The record of the evaluation at ``step``: its phase (fine-tuning when there is no ``estimate``), the LML
+    fields of ``estimate`` (:func:`lml_fields`, ``scored`` examples in chunks 2..C), the mean parameter and
+    hyperparameter ``losses`` since the last one, the ``hyperparameters`` and the ``seconds`` elapsed.
+
+    >>> record = evaluation_record(4, None, 10, ([1.0, 3.0], []), {"rotation": 1.5}, 2.0)
+    >>> record["phase"], record["train_loss"], record["hyper_loss"], record["lml"]
+    ('finetune', 2.0, None, None)
+    """
+    mean = lambda values: float(sum(values) / len(values)) if values else None  # noqa: E731
+    return {
+        "step": step,
+        "phase": (Phase.PARTITIONED if estimate is not None else Phase.FINETUNE).value,  # a plain str, as JSON holds it
+        **lml_fields(estimate, scored),
+        "train_loss": mean(losses[0]),
+        "hyper_loss": mean(losses[1]),
+        "hyperparameters": hyperparameters,
+        "seconds": round(seconds, 3),
+    }  # type: ignore[typeddict-item]
+
+
+def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, Any]:
     """An evaluation record's LML fields: the full LML (total, per chunk, per example) and the conditional one
     (total, and per example over the ``scored`` examples of chunks 2..C). With one partition no chunk is scored
     by a subnetwork that trained on others: no conditional LML. All None in fine-tuning (``estimate`` None).
@@ -266,18 +327,26 @@ def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, object]:
     }
 
 
+NO_EVIDENCE = (
+    "no evidence with one partition: its LML scores chunk 1 by the untrained defaults, which says nothing about what "
+    "was trained (compare such runs by test accuracy)"
+)
+"""What a run of one partition has instead of evidence (:func:`evidence` is None; the command line and the plots
+say this)."""
+
+
 def evidence(record: Mapping[str, Any]) -> float | None:
-    """The LML an evaluation ``record`` is judged by, the one place this rule is written: the conditional LML
-    (chunks 2..C, each scored by a subnetwork that never saw it), or the full LML when there is none (C = 1,
-    where no subnetwork is scored on held-out data); None in fine-tuning, which estimates no LML. The best state
-    is the record with the highest; the progress shows it. The full LML adds chunk 1 scored by the untrained
-    subnetwork 0, which dominates it whatever was learned (docs/benchmarks.md).
+    """The number an evaluation ``record`` (or a ``FitResult``'s fields) is judged by, the one place this rule is
+    written: the conditional LML, log p(D_2..D_C | D_1, psi), chunks 2..C each scored by a subnetwork that never
+    saw it. None in fine-tuning, which estimates no LML, and with one partition (:data:`NO_EVIDENCE`): the full
+    LML adds chunk 1 scored by the untrained subnetwork 0, which dominates it whatever was learned
+    (docs/benchmarks.md), and with C = 1 it is nothing else. The best state is the record with the highest
+    evidence (the latest partitioned one when no record has any); the progress shows it.
 
     >>> evidence({"lml": -30.0, "conditional_lml": -10.0}), evidence({"lml": -30.0, "conditional_lml": None})
-    (-10.0, -30.0)
+    (-10.0, None)
     """
-    conditional = record.get("conditional_lml")
-    return conditional if conditional is not None else record.get("lml")
+    return record.get("conditional_lml")
 
 
 def estimate_lml(

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .lml import evidence
+from .lml import EvaluationRecord, evidence
 
 MAX_SHOWN = 6
 """Hyperparameters named in a line; the rest are counted (``+3 more``)."""
@@ -74,22 +74,22 @@ def _line(position: str, fields: list[str], elapsed: float, remaining: float | N
     return " | ".join([f"partition-fx: {position}", *fields, f"{clock(elapsed)} elapsed{left}"])
 
 
-def _evidence_text(record: dict[str, Any]) -> str | None:
-    """An evaluation's evidence (``training.lml.evidence``) as the progress shows it, named: the conditional
-    LML, or the full one with one partition; None in fine-tuning.
+def _evidence_text(record: EvaluationRecord) -> str | None:
+    """An evaluation's evidence (``training.lml.evidence``, the conditional LML) as the progress shows it; with one
+    partition, which has none, its full LML, said to be no evidence; None in fine-tuning.
 
     >>> _evidence_text({"lml": -9.0, "lml_per_example": -0.9, "conditional_lml": None})
-    'LML -9.0 (-0.900/example)'
+    'LML -9.0 (-0.900/example; one partition: no evidence)'
     """
     score = evidence(record)
-    if score is None:
-        return None
-    if record.get("conditional_lml") is not None:
+    if score is not None:
         return f"conditional LML {score:.1f} ({record['conditional_lml_per_example']:.3f}/example)"
-    return f"LML {score:.1f} ({record['lml_per_example']:.3f}/example)"
+    if record.get("lml") is None:
+        return None
+    return f"LML {record['lml']:.1f} ({record['lml_per_example']:.3f}/example; one partition: no evidence)"
 
 
-def progress_line(record: dict[str, Any], total: int, elapsed: float, remaining: float | None) -> str:
+def progress_line(record: EvaluationRecord, total: int, elapsed: float, remaining: float | None) -> str:
     """One evaluation as one line: step/total, the conditional LML (total and per example; the full LML when
     there is no conditional one, with one partition), train loss, hyperparameters, elapsed and estimated
     remaining time.
@@ -119,7 +119,7 @@ class ProgressLines:
         self.first, self.total = first, total
         self.started = time.perf_counter() if started is None else started  # a time.perf_counter() value
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: EvaluationRecord) -> None:
         elapsed = time.perf_counter() - self.started
         done = record["step"] - self.first
         remaining = elapsed / done * (self.total - record["step"]) if done > 0 else None

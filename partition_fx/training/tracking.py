@@ -29,10 +29,11 @@ from .._io import replace_file
 from ..choices import TRACKER_FILES, TRACKERS
 from ..errors import PartitionArgumentError, PartitionError, first_line
 from ..extras import require as require_extra
-from .trainer import FitResult, TrainingHook
+from .hooks import TrainingHook
+from .lml import EvaluationRecord
 
 if TYPE_CHECKING:
-    from .trainer import PartitionedTrainer
+    from .trainer import FitResult, PartitionedTrainer
 
 _MODULES = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}
 """What each backend imports (MLflow's local store is a SQLite database, through SQLAlchemy and Alembic)."""
@@ -198,8 +199,9 @@ class Tracker(TrainingHook):
             self._ensure_open()
             self._write_params(flat_params({**self.params, **(params or {})}))
 
-    def after_evaluation(self, trainer: PartitionedTrainer, record: dict[str, Any], improved: bool) -> None:
-        self.log_metrics(record["step"], evaluation_metrics(record, trainer.optimizer, trainer.hyper_optimizer))
+    def after_evaluation(self, trainer: PartitionedTrainer, record: EvaluationRecord, improved: bool) -> None:
+        stepper = trainer.steps.stepper
+        self.log_metrics(record["step"], evaluation_metrics(record, stepper.optimizer, stepper.hyper_optimizer))
 
     def after_run(self, trainer: PartitionedTrainer, result: FitResult) -> None:
         self.log_metrics(result.steps, run_metrics(result))
