@@ -59,7 +59,7 @@ def _rotation_gradient(
     loss = 0.0
     with hyper_step_norms(trainer.pmodel, norms):
         for weight, k, indices in batches:
-            x, y = trainer.examples.batch(indices, trainer.device)
+            x, y = trainer.examples.batch(indices, trainer.steps.device)
             log_likelihood = forward_log_likelihood(
                 trainer.pmodel, trainer.steps.likelihood, x, y, k - 1, trainer.steps.hyper, samples=samples
             )

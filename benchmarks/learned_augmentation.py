@@ -162,9 +162,9 @@ def _same_run(report: dict, argv: list[str]) -> bool:
     where this version starts them: the config records ``--init`` as given, so without the second check a run
     of an earlier default start would pass. Reports written before they recorded ``initial_hyperparameters``
     are judged by their config alone (every version until then started an unnamed ``--init`` at 0)."""
+    from partition_fx.cli.commands.train import job_spec
     from partition_fx.cli.job import build_augmentation, initial_hyperparameters
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import job_spec
 
     spec = job_spec(parse_train(argv)).replace(proportions=tuple(report["config"]["proportions"]))
     if report["config"] != json.loads(json.dumps(spec.to_dict())):

@@ -11,6 +11,8 @@ True
 
 from __future__ import annotations
 
+from enum import Enum
+
 DEFAULTS = ("init", "zero", "seed")
 """What ``partitionify(default=)`` and ``--default`` take: the values of partitions a subnetwork does not train
 (the initial values, zeros, or values regenerated from the seed)."""
@@ -68,3 +70,34 @@ TRACKER_FILES = {
 }
 """What each tracker writes under a run directory (MLflow's local store only while ``MLFLOW_TRACKING_URI`` is not
 set); a directory ends in ``/``."""
+
+
+class Phase(str, Enum):
+    """The phase of a run an evaluation belongs to (a ``str``: records hold it as its value)."""
+
+    PARTITIONED = "partitioned"
+    """Partitioned training: the hyperparameters are learned and the LML is estimated."""
+    FINETUNE = "finetune"
+    """Fine-tuning the final subnetwork on all the data: every subnetwork has seen every chunk, no LML."""
+
+
+class RunStatus(str, Enum):
+    """How far a run got, as its ``report.json`` says (``status``) and its trackers end it (a ``str``: reports
+    hold it as its value)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    """Stopped by Ctrl-C or SIGTERM: the last checkpoint kept; ``--resume`` continues it."""
+    FAILED = "failed"
+
+    @classmethod
+    def of(cls, error: BaseException | None) -> RunStatus:
+        """How a run that ended with ``error`` (None: none) ended.
+
+        >>> RunStatus.of(None).value, RunStatus.of(KeyboardInterrupt()).value, RunStatus.of(ValueError()).value
+        ('completed', 'interrupted', 'failed')
+        """
+        if error is None:
+            return cls.COMPLETED
+        return cls.INTERRUPTED if isinstance(error, KeyboardInterrupt) else cls.FAILED

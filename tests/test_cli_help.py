@@ -13,7 +13,8 @@ import textwrap
 import pytest
 
 from partition_fx.cli import build_parser, main
-from partition_fx.cli.parser import COMMANDS, DESCRIPTION
+from partition_fx.cli.commands import commands
+from partition_fx.cli.parser import DESCRIPTION
 
 REQUIRED = {"export": ["--run", "somewhere"], "predict": ["--run", "somewhere", "image.png"]}
 TINY = ["--model", "fixup_resnet8", "--image-size", "8", "--steps", "2", "--batch-size", "4", "--quiet"]
@@ -49,7 +50,7 @@ def usage_options(text: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])--[\w-]+", usage))
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(commands()))
 def test_every_option_of_every_command_has_help_and_shows_its_default_once(monkeypatch, capsys, command):
     text = help_text(monkeypatch, capsys, command)
     entries = option_entries(text)
@@ -78,7 +79,7 @@ def test_every_option_of_every_command_has_help_and_shows_its_default_once(monke
 def test_the_tool_and_every_command_have_a_description(monkeypatch, capsys):
     top = help_text(monkeypatch, capsys)
     assert DESCRIPTION in " ".join(top.split()) and "partition" in DESCRIPTION.lower()
-    for command, (summary, description) in COMMANDS.items():
+    for command, (summary, description) in ((c.name, (c.summary, c.description)) for c in commands().values()):
         assert re.search(rf"^\s+{command}\s+{re.escape(summary)}$", top, re.MULTILINE), f"{command}: no summary"
         text = help_text(monkeypatch, capsys, command)
         assert description and " ".join(text.split("\n\n")[1].split()) == description, f"{command}: no description"

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from partition_fx.cli import main
+from partition_fx.cli.commands.train import job_spec
 from partition_fx.cli.parser import parse_train
-from partition_fx.cli.runs import job_spec
 
 TINY = ["--model", "fixup_resnet8", "--image-size", "8", "--steps", "3", "--batch-size", "4", "--hyper-batch-size", "4"]
 TINY += ["--hyper-samples", "2", "--samples", "2", "--test-time-samples", "0", "--quiet"]

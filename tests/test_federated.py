@@ -5,6 +5,7 @@ on Flower's simulation engine against the same algorithm as a plain loop in this
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -254,7 +255,12 @@ def test_flower_runs_the_algorithm_of_the_plain_loop() -> None:
     config = _tiny(rounds=2, evaluate_every=1, seed=3)
     rounds = []
     flower = run_flower(config, on_round=lambda r, point: rounds.append((r, point)))
-    loop = simulate(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as Ray runs Flower's apps (OMP_NUM_THREADS=1): the last bits depend on it
+    try:
+        loop = simulate(config)
+    finally:
+        torch.set_num_threads(threads)
     for (name, got), want in zip(flower.model.pmodel.state_dict().items(), loop.model.pmodel.state_dict().values()):
         torch.testing.assert_close(got, want, msg=name)
     torch.testing.assert_close(flower.model.hyper.ranges, loop.model.hyper.ranges)
@@ -354,7 +360,7 @@ def test_federated_command_shows_flowers_round_log(tmp_path, caplog):
         (["--alpha", "0"], "--alpha 0.0: the Dirichlet concentration must be > 0"),
         (["--clients", "5000"], "--clients 5000: more clients than the"),
         (["--clients", "4"], "leave chunk 3 without a client"),
-        (["--proportions", "0.5,0.5"], "--proportions 0.5,0.5: give 3 positive shares"),
+        (["--proportions", "0.5,0.5"], "--partitions 3 --proportions 0.5,0.5: proportions has 2 entries"),
         (["--image-size", "10"], "--image-size must be a multiple of 4"),
     ],
 )
@@ -369,18 +375,10 @@ def test_bad_federated_input_is_one_clear_line_and_writes_nothing(tmp_path, caps
 
 
 def test_federated_without_flower_says_how_to_install_it(tmp_path, capsys, monkeypatch) -> None:
-    import builtins
-
     from partition_fx.cli import main
 
-    real_import = builtins.__import__
-
-    def no_flower(name, *args, **kwargs):
-        if name == "flwr" or name.startswith("flwr."):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_flower)
+    for name in ("flwr", "flwr.simulation"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
     out = tmp_path / "never"
     assert main(["federated", "--clients", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -393,7 +391,7 @@ def test_alpha_has_one_check_for_the_library_and_the_command_line(alpha) -> None
     """dirichlet_split, plan_clients (through it) and the command line refuse the same values by one check
     (``_validation.check_concentration``), the command line naming --alpha; inf too, which numpy turned into NaN
     probabilities."""
-    from partition_fx.cli.checks import check_federated_options
+    from partition_fx.cli.commands.federated import federated_config
     from partition_fx.cli.parser import build_parser
     from partition_fx.datasets import digits
     from partition_fx.federated.job import plan_clients
@@ -404,13 +402,13 @@ def test_alpha_has_one_check_for_the_library_and_the_command_line(alpha) -> None
         plan_clients(digits(size=8), 10, alpha, (0.7, 0.2, 0.1))
     args = build_parser().parse_args(["federated", f"--alpha={alpha}"])
     with pytest.raises(PartitionArgumentError, match="^" + re.escape(f"--alpha {alpha}: the Dirichlet concentration")):
-        check_federated_options(args)
+        federated_config(args)
 
 
 def test_federated_options_parse_and_default_as_trains(capsys) -> None:
     """--proportions and --seed go through the shared parsers (train's refusals), and --proportions left out
     means the default shares with 3 partitions and equal shares with any other, as train's help says."""
-    from partition_fx.cli.checks import check_federated_options
+    from partition_fx.cli.commands.federated import federated_config
     from partition_fx.cli.parser import build_parser
 
     for option, value, fragment in [
@@ -426,13 +424,13 @@ def test_federated_options_parse_and_default_as_trains(capsys) -> None:
     def parse(*argv: str):
         return build_parser().parse_args(["federated", *argv])
 
-    assert check_federated_options(parse()) == (0.7, 0.2, 0.1)
-    assert check_federated_options(parse("--partitions", "4")) == (0.25, 0.25, 0.25, 0.25)
-    assert check_federated_options(parse("--partitions", "2", "--proportions", "0.6,0.4")) == (0.6, 0.4)
+    assert federated_config(parse()).proportions == (0.7, 0.2, 0.1)
+    assert federated_config(parse("--partitions", "4")).proportions == (0.25, 0.25, 0.25, 0.25)
+    assert federated_config(parse("--partitions", "2", "--proportions", "0.6,0.4")).proportions == (0.6, 0.4)
     with pytest.raises(PartitionArgumentError, match=r"^--partitions 300: num_partitions must be <= 255"):
-        check_federated_options(parse("--partitions", "300"))
-    with pytest.raises(PartitionArgumentError, match=r"^--proportions 0\.9,0\.1,0\.0: give 3 positive shares"):
-        check_federated_options(parse("--proportions", "0.9,0.1,0"))
+        federated_config(parse("--partitions", "300"))
+    with pytest.raises(PartitionArgumentError, match=r"^--proportions must all be > 0 \(every chunk needs clients\)"):
+        federated_config(parse("--proportions", "0.9,0.1,0"))
     sub = build_parser()._subparsers._group_actions[0].choices["federated"]
     [proportions] = [a for a in sub._actions if a.dest == "proportions"]
     assert proportions.help.endswith(
@@ -541,17 +539,30 @@ def test_federated_print_config_and_config_file_round_trip(tmp_path, capsys) -> 
     """``--print-config`` writes the whole run; ``--config`` reads it back as the defaults, options given override
     it, and a key the run does not have is refused naming the known ones."""
     from partition_fx.cli import main
-    from partition_fx.cli.checks import check_federated_options, federated_config
+    from partition_fx.cli.commands.federated import federated_config
     from partition_fx.cli.parser import build_parser
 
     assert main(["federated", "--rounds", "7", "--proportions", "0.6,0.4", "--partitions", "2", "--print-config"]) == 0
     path = tmp_path / "fed.yaml"
     path.write_text(capsys.readouterr().out)
     args = build_parser().parse_args(["federated", "--config", str(path), "--alpha", "0.5"])
-    config = federated_config(args, check_federated_options(args))
+    config = federated_config(args)
     assert (config.rounds, config.proportions, config.alpha) == (7, (0.6, 0.4), 0.5)
     path.write_text("roundz: 3\n")
     with pytest.raises(SystemExit) as refused:
         main(["federated", "--config", str(path), "--print-config"])
     assert refused.value.code == 2
     assert "unknown key(s) roundz at the top level; it takes data, image_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", [4, 10, 6])
+def test_the_command_and_the_config_refuse_an_image_size_alike(size, capsys) -> None:
+    """One check: ``FederatedConfig``'s own, which the command's options go through (named by the option)."""
+    from partition_fx.cli import main
+    from partition_fx.federated.config import FederatedConfig
+    from partition_fx.settings import SettingError
+
+    with pytest.raises(SettingError) as refused:
+        FederatedConfig(image_size=size)
+    assert main(["federated", "--image-size", str(size), "--out", "never"]) == 2
+    assert capsys.readouterr().err.strip() == f"partition-fx: error: --image-size {refused.value.problem}"

@@ -171,8 +171,9 @@ def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_p
 
 
 def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_set_drawn_uniformly() -> None:
+    from partition_fx.cli.commands.train import job_spec
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import job_spec, read_spec
+    from partition_fx.cli.runs import read_spec
 
     config = job_spec(parse_train([])).to_dict()
     older = {key: value for key, value in config.items() if key not in ("generators", "draws")}

@@ -457,7 +457,10 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
         assert spec.value(key.replace("-", "_")) == expected, key
     trainer = started["trainer"]
     assert trainer.config.optimization.steps == options["steps"] and trainer.step == 0
-    assert trainer.config.eval_every == (options["eval-every"] or max(1, options["steps"] // 10))
+    # a tenth of the run, at least 20 iterations apart (at its end alone when shorter)
+    assert trainer.config.eval_every == (
+        options["eval-every"] or max(options["steps"] // 10, min(options["steps"], 20))
+    )
     assert trainer.sampler.batch_size == options["batch-size"] and trainer.config.runtime.seed == options["seed"]
     assert (trainer.iterations.hyper_every, trainer.iterations.warmup_steps) == (
         options["hyper-every"],

@@ -166,8 +166,9 @@ def _rewrite_checkpoint_metadata(path, drop: str) -> None:
 def test_state_checkpoint_and_report_from_an_earlier_development_version_are_refused_naming_what_they_lack(tmp_path):
     """Version 0.1.0 reads only what it writes: a field an earlier development version did not write is
     never defaulted; the state, checkpoint or report is refused with one message naming the file and the field."""
+    from partition_fx.cli.commands.train import job_spec
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import job_spec, read_run
+    from partition_fx.cli.runs import read_run
     from partition_fx.errors import PartitionError
     from partition_fx.training import load_checkpoint
 

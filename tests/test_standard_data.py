@@ -115,7 +115,7 @@ def test_the_data_page_lists_every_dataset_and_every_recipe_with_its_settings() 
     import re
     from pathlib import Path
 
-    from partition_fx.cli.runs import job_spec
+    from partition_fx.cli.commands.train import job_spec
 
     page = (Path(__file__).parents[1] / "docs" / "data.md").read_text()
     for name, spec in STANDARD_DATASETS.items():

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partition_fx import partitionify
+from partition_fx.cli.commands.train import RUN_CONTROL, job_spec
 from partition_fx.cli.parser import build_parser, parse_train, train_defaults
-from partition_fx.cli.runs import RUN_CONTROL, job_spec, read_spec
+from partition_fx.cli.runs import read_spec
 from partition_fx.errors import PartitionArgumentError, PartitionTypeError
 from partition_fx.settings import Field
 from partition_fx.train_config import TrainConfig

@@ -1,5 +1,6 @@
-"""Every check of the command line's options that needs no torch, in one place, run by :func:`check_arguments`
-before a command is imported: a refused value answers in a fraction of a second instead of after torch loads.
+"""The checks of a training job's options that need no torch and that more than one command or caller runs: a
+``JobSpec``'s options together (:func:`check_job`), the fixed ranges, and ``--partitions`` with ``--proportions``.
+A command's own checks are its declaration's (``cli.commands``).
 
 The commands run the same checks again where Python callers reach them without the command line
 (``cli.job.build_job`` for ``train_job`` and the benchmarks): nothing here is only a fast path.
@@ -7,57 +8,15 @@ The commands run the same checks again where Python callers reach them without t
 
 from __future__ import annotations
 
-import argparse
 import difflib
 from pathlib import Path
-from typing import Any
 
-from .._validation import check_concentration, check_num_partitions, check_proportions
+from .._validation import check_num_partitions, check_proportions
 from ..choices import GENERATOR_SETS
 from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from ..job_spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
-from ..settings import SettingError
-from .parser import DEFAULT_FEDERATED_PROPORTIONS
-from .runs import check_out, job_spec, learned_ranges, read_json, resumed_spec, training_run
-
-
-def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse what can be refused in ``args`` (a parsed command line) without torch: option ranges and
-    combinations, ``--out``, ``--run`` and ``--resume``; nothing is written.
-
-    >>> from partition_fx.cli.parser import build_parser
-    >>> check_arguments(build_parser().parse_args(["train", "--steps", "-5"]))
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionArgumentError: --steps must be >= 1, got -5
-    """
-    if getattr(args, "checkpoint", None) is not None and not Path(args.checkpoint).is_file():
-        raise PartitionError(f"--checkpoint {args.checkpoint!r} is not a file")
-    if args.command == "train":
-        if args.resume is not None:
-            if args.config is not None:
-                raise PartitionArgumentError(
-                    f"--resume continues {str(args.resume)!r} with its own configuration; drop --config "
-                    f"{str(args.config)!r}"
-                )
-            check_job(resumed_spec(args)[0])
-        else:
-            check_job(job_spec(args), printing=args.print_config)
-            if not args.print_config:  # it writes nothing
-                check_out(args.out, args.overwrite, {"--data": args.data, "--checkpoint": args.checkpoint})
-    elif args.command in ("convert", "describe"):
-        checked_proportions(args.partitions, args.proportions)
-        if args.command == "convert":
-            check_out(args.out, args.overwrite, {"--checkpoint": args.checkpoint})
-    elif args.command == "export":
-        check_export(args)
-    elif args.command == "federated":
-        check_federated_options(args)
-        if not args.print_config:  # it writes nothing
-            check_out(args.out, args.overwrite, {})
-    elif args.command == "predict":
-        check_predict(args)
+from .runs import learned_ranges
 
 
 def check_job(spec: JobSpec, printing: bool = False) -> None:
@@ -72,6 +31,7 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
     ...
     partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
     """
+    check_checkpoint(spec.checkpoint)
     checked_proportions(spec.partitions, spec.proportions)
     fixed = fixed_ranges(spec)
     if fixed is not None and spec.augment != "affine":
@@ -112,6 +72,18 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
             + "; pass one of those or an image folder laid out as FOLDER/<class>/<image> "
             "or FOLDER/{train,test}/<class>/<image>"
         )
+
+
+def check_checkpoint(checkpoint: str | None) -> None:
+    """Refuse a ``--checkpoint`` that is not a file.
+
+    >>> check_checkpoint("no/such.safetensors")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --checkpoint 'no/such.safetensors' is not a file
+    """
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise PartitionError(f"--checkpoint {checkpoint!r} is not a file")
 
 
 def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
@@ -168,158 +140,6 @@ def with_fixed_ranges(spec: JobSpec) -> JobSpec:
     {'rotation': 1.5}
     """
     return spec if spec.fix is not None or spec.fix_from is None else spec.replace(fix=fixed_ranges(spec))
-
-
-def check_export(args: argparse.Namespace) -> tuple[JobSpec, Path]:
-    """``export``'s ``--run`` (a training run with the chosen checkpoint: ``runs.training_run``), ``--subnetwork``
-    and ``--out``; returns the job the run's configuration reads back as, and the checkpoint.
-
-    >>> import tempfile
-    >>> from partition_fx.cli.parser import build_parser
-    >>> check_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp(), "--which", "best"]))
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and checkpoint/best...
-    """
-    run: Path = args.run
-    spec, checkpoint = training_run(run, "--run", args.which)
-    partitions = spec.partitions
-    if args.subnetwork is not None and not 0 <= args.subnetwork <= partitions:
-        raise PartitionArgumentError(
-            f"--subnetwork {args.subnetwork}: subnetwork must be in 0..{partitions} (0 = all defaults, "
-            f"{partitions} = final model)"
-        )
-    check_out(args.out if args.out is not None else run / "export", args.overwrite, {"--run": run})
-    return spec, checkpoint
-
-
-MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
-"""What using an exported model needs beyond its weights, written with it (``cli.job.model_record``)."""
-CHECKS_RECORD = ("input_statistics",)
-"""What a model record may hold beyond :data:`MODEL_RECORD` (earlier versions did not write it): the training
-images' statistics ``predict`` compares new images with."""
-"""What ``train`` and ``export`` record with a model (``cli.job.model_record``), in ``report.json``,
-``export.json`` and the ONNX file's metadata, and ``predict`` reads."""
-
-
-def check_predict(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Path]:
-    """``predict``'s images (each an existing file) and its model: ``--run``'s exported model and the record of its
-    classes and preprocessing (:func:`exported_model`), or ``--model``, a file (its metadata is read with it);
-    returns the record (None for ``--model``) and the model file.
-
-    >>> from partition_fx.cli.parser import build_parser
-    >>> check_predict(build_parser().parse_args(["predict", "--model", "no/such.onnx", "a.png"]))
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionError: image a.png does not exist
-    """
-    for image in args.images:
-        if not Path(image).is_file():
-            raise PartitionError(f"image {image} {'is not a file' if Path(image).exists() else 'does not exist'}")
-    if args.model is None:
-        return exported_model(args.run, "--run")
-    if not args.model.is_file():
-        raise PartitionError(
-            f"--model {str(args.model)!r} is not a file; pass the model.onnx that `partition-fx train` or `export` "
-            "wrote, or a run directory with --run"
-        )
-    return None, args.model
-
-
-def exported_model(run: Path, option: str) -> tuple[dict[str, Any], Path]:
-    """The record (:data:`MODEL_RECORD`, from ``export.json`` or ``report.json``) and the plain exported model
-    (``model.safetensors``) of a ``partition-fx export`` directory or a completed ``train`` run; anything else,
-    or a record an earlier version wrote, is refused saying what to do.
-
-    >>> import tempfile
-    >>> exported_model(Path(tempfile.mkdtemp()), "--run")
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionError: --run '...' is not a `partition-fx train` run or `export` directory ...
-    """
-    where = f"{option} {str(run)!r}"
-    name = next((n for n in ("export.json", "report.json") if (run / n).is_file()), None)
-    if name is None:
-        raise PartitionError(
-            f"{where} is not a `partition-fx train` run or `export` directory (no report.json or export.json "
-            "there); pass one, or an ONNX file with --model"
-        )
-    report = read_json(run, name, option)
-    command = report.get("command") if isinstance(report, dict) else None
-    if command not in ("train", "export"):
-        raise PartitionError(
-            f"{where}: {name} was not written by `partition-fx train` or `export` (command: {command!r}), so no "
-            "model trained on named classes is there; pass a train run or an export directory"
-        )
-    model = run / "model.safetensors"
-    if not model.is_file() and command == "export":
-        raise PartitionError(f"{where} has no model.safetensors (removed?); export the run again")
-    if not model.is_file():
-        raise PartitionError(
-            f"{where} has no exported model (model.safetensors): the run is {report.get('status', 'not completed')}; "
-            f"`partition-fx export --run {run}` exports its last checkpoint, then predict with --run {run / 'export'}"
-        )
-    lacking = [key for key in MODEL_RECORD if report.get(key) is None]
-    if lacking:
-        how = f"`partition-fx export --run {run}` exports it again" if command == "train" else "export the run again"
-        raise PartitionError(
-            f"{where}: {name} lacks {', '.join(lacking)} (written by an earlier version of partition-fx, or from "
-            f"data without them); {how} with this version"
-        )
-    return {key: report[key] for key in (*MODEL_RECORD, *CHECKS_RECORD) if report.get(key) is not None}, model
-
-
-def check_federated_options(args: argparse.Namespace) -> tuple[float, ...]:
-    """``federated``'s option ranges; returns its proportions (``--proportions``, else the default shares with 3
-    partitions and equal shares with any other, as ``train``'s).
-
-    >>> from partition_fx.cli.parser import build_parser
-    >>> check_federated_options(build_parser().parse_args(["federated"]))
-    (0.7, 0.2, 0.1)
-    >>> check_federated_options(build_parser().parse_args(["federated", "--partitions", "2"]))
-    (0.5, 0.5)
-    """
-    if args.partitions < 1:
-        raise PartitionArgumentError(f"--partitions must be >= 1, got {args.partitions}")
-    if args.image_size < 8 or args.image_size % 4:
-        raise PartitionArgumentError(
-            f"--image-size must be a multiple of 4 and >= 8 (two 2x2 poolings), got {args.image_size}"
-        )
-    check_concentration(args.alpha, option="--alpha")
-    shares = args.proportions
-    # Every chunk needs clients: a share must be positive, where train accepts an empty partition.
-    if shares is not None and (len(shares) != args.partitions or any(not p > 0 for p in shares)):
-        raise PartitionArgumentError(
-            f"--proportions {proportions_text(args.partitions, shares)}: give {args.partitions} positive shares "
-            f"summing to 1 (--partitions {args.partitions})"
-        )
-    num_partitions, shares = checked_proportions(args.partitions, shares, DEFAULT_FEDERATED_PROPORTIONS)
-    proportions = check_proportions(shares, num_partitions)
-    federated_config(args, proportions)  # the rest (the fractions, ...) as FederatedConfig checks them
-    return proportions
-
-
-def federated_config(args: argparse.Namespace, proportions: tuple[float, ...]) -> Any:
-    """The run's ``FederatedConfig`` from ``federated``'s options (each field from the option of its name; the
-    command's ``--out`` is its report's, not the server app's ``out``), its refusals naming the option.
-
-    >>> from partition_fx.cli.parser import build_parser
-    >>> federated_config(build_parser().parse_args(["federated", "--rounds", "100"]), (0.7, 0.2, 0.1)).hyper_lr_value
-    0.06
-    >>> federated_config(build_parser().parse_args(["federated", "--fraction-train", "0"]), (0.7, 0.2, 0.1))
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionArgumentError: --fraction-train must be in (0, 1], got 0.0
-    """
-    from ..federated.config import FederatedConfig
-
-    options = {f.keyword: getattr(args, f.keyword) for f in FederatedConfig.fields() if f.option.command_line}
-    try:
-        return FederatedConfig(proportions=proportions, **options)
-    except SettingError as e:  # named by its option: --fraction-train
-        raise PartitionArgumentError(f"{e.field.flag} {e.problem}") from None
-    except PartitionArgumentError as e:  # alpha's and rotation-init's own checks name the field
-        raise PartitionArgumentError(f"--{e}") from None
 
 
 def checked_proportions(

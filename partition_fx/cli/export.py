@@ -21,7 +21,6 @@ how many BatchNorm modules were recalibrated, 0 for none).
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,46 +34,37 @@ from ..export import export_subnetwork
 from ..training.checkpoint import norm_statistics
 from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
-from .checks import check_export
+from .commands.export import ExportRequest
 from .job import build_job, load_job_data, model_record, write_onnx
 from .runs import CHECKPOINT_STATES, read_json, write_run
 
 
-def export_directory(args: argparse.Namespace) -> Path:
-    """Where ``export`` writes: ``--out``, else ``RUN/export``.
-
-    >>> from partition_fx.cli.parser import build_parser
-    >>> export_directory(build_parser().parse_args(["export", "--run", "runs/train"]))
-    PosixPath('runs/train/export')
-    """
-    return args.out if args.out is not None else args.run / "export"
-
-
-def run_export(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``export`` command; returns the summary it also writes to ``--out/export.json``.
+def run_export(request: ExportRequest) -> dict[str, Any]:
+    """The ``export`` command (its ``request``, checked: ``cli.commands.export``); returns the summary it also
+    writes to ``out/export.json``.
 
     >>> import tempfile
     >>> from partition_fx.cli.parser import build_parser
-    >>> run_export(build_parser().parse_args(["export", "--run", tempfile.mkdtemp()]))
+    >>> from partition_fx.cli.commands import commands
+    >>> commands()["export"].options(build_parser().parse_args(["export", "--run", tempfile.mkdtemp()]))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: --run '...' is not a training run: it needs report.json and ...
     """
-    run: Path = args.run
-    spec, checkpoint = check_export(args)
-    out = export_directory(args)
+    run, spec, checkpoint, subnetwork = request.run, request.spec, request.checkpoint, request.subnetwork
     with warnings.catch_warnings():  # --checkpoint's report was train's: the run's checkpoint replaces every weight
         warnings.simplefilter("ignore", PartitionWarning)
         job = build_job(spec, split="test")
     pmodel = job.pmodel
-    if args.subnetwork is not None:
+    if subnetwork is not None:
         try:
-            pmodel.check_subnetwork(args.subnetwork)
+            pmodel.check_subnetwork(subnetwork)
         except PartitionArgumentError as e:
-            raise PartitionArgumentError(f"--subnetwork {args.subnetwork}: {e}") from None
-    if args.test_time_samples and job.hyper is None:
+            raise PartitionArgumentError(f"--subnetwork {subnetwork}: {e}") from None
+    samples = request.test_time_samples
+    if samples and job.hyper is None:
         raise PartitionArgumentError(
-            f"--test-time-samples {args.test_time_samples} averages over the run's learned augmentation, and {run} "
+            f"--test-time-samples {samples} averages over the run's learned augmentation, and {run} "
             "trained with --augment none; drop --test-time-samples"
         )
     meta, recalibrated = load_for_export(
@@ -83,11 +73,10 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         lambda: load_job_data(spec, split="train").train,
         checkpoint,
         job.config,
-        args.subnetwork,
+        subnetwork,
     )
-    exported = export_subnetwork(pmodel, args.subnetwork).eval()
+    exported = export_subnetwork(pmodel, subnetwork).eval()
     accuracy, loglik = job.test_scores(exported)
-    samples = args.test_time_samples
     averaged, averaged_loglik = job.averaged_test_scores(exported, samples)
     wrap = None if averaged is None else (lambda model: TestTimeAveraged(model, job.hyper, samples))
     summary = {
@@ -96,8 +85,8 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         "run": str(run),
         "checkpoint": str(checkpoint),
         "checkpoint_step": meta.get("step"),
-        "state": CHECKPOINT_STATES[args.which],
-        "subnetwork": args.subnetwork if args.subnetwork is not None else pmodel.num_partitions,
+        "state": CHECKPOINT_STATES[request.which],
+        "subnetwork": subnetwork if subnetwork is not None else pmodel.num_partitions,
         "norm_statistics": norm_statistics(meta),
         "recalibrated_norms": recalibrated,
         "test_accuracy": accuracy,
@@ -111,10 +100,10 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 
     def fill(staging: Path) -> None:
         save_model(exported, str(staging / "model.safetensors"))
-        write_onnx(pmodel, staging / "model.onnx", job, summary, subnetwork=args.subnetwork, wrap=wrap)
+        write_onnx(pmodel, staging / "model.onnx", job, summary, subnetwork=subnetwork, wrap=wrap)
         write_json(staging / "export.json", summary)
 
-    write_run(out, args.overwrite, {"--run": run}, fill)  # a failed export leaves --out as it was
+    write_run(request.out, request.overwrite, {"--run": run}, fill)  # a failed export leaves --out as it was
     return summary
 
 

@@ -14,44 +14,48 @@ against communicated bytes, appendix J.3) and ``model.safetensors`` (the exporte
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from .._io import write_json
-from .checks import check_federated_options, federated_config
-from .runs import check_out, write_run
+from ..choices import RunStatus
+from .commands.federated import FederatedRequest
+from .config_files import federated_config_text
+from .runs import write_run
 
 
-def run_federated_command(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``federated`` command; returns the report (also written to ``--out/report.json``).
+def run_federated_command(request: FederatedRequest) -> dict[str, Any] | str:
+    """The ``federated`` command (its ``request``, checked: ``cli.commands.federated``); returns the report (also
+    written to ``out/report.json``), or, with ``print_config``, the run as the YAML ``--config`` reads.
 
     >>> from partition_fx.cli.parser import build_parser
-    >>> run_federated_command(build_parser().parse_args(["federated", "--alpha", "0"]))
+    >>> from partition_fx.cli.commands import commands
+    >>> commands()["federated"].options(build_parser().parse_args(["federated", "--alpha", "0"]))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionArgumentError: --alpha 0.0: the Dirichlet concentration must be > 0 ...
     """
-    config = federated_config(args, check_federated_options(args))
-    check_out(args.out, args.overwrite, {})
+    config = request.config
+    if request.print_config:
+        return federated_config_text(config)
     from ..federated.flower import import_flower, run_flower
     from ..federated.job import federated_model, load_federated_data, plan_clients
     from ..training.tracking import require
 
     import_flower()  # refused now, with the way to install it, if the extra is missing
-    for backend in args.log or ():  # so is a tracker's
+    for backend in request.log:  # so is a tracker's
         require(backend)
     data = load_federated_data(config)
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
     federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
-    logging.getLogger("flwr").setLevel(logging.WARNING if args.quiet else logging.INFO)
+    logging.getLogger("flwr").setLevel(logging.WARNING if request.quiet else logging.INFO)
     runs = {"partitioned": run_flower(config), "baseline": run_flower(config.baseline())}
     report = _report(config, plan, runs)
-    write_run(args.out, args.overwrite, {}, lambda staging: _write(staging, report, runs))  # all files, or none
-    if args.log:
-        _log_rounds(list(args.log), args.out, config, runs)
+    write_run(request.out, request.overwrite, {}, lambda staging: _write(staging, report, runs))  # all, or none
+    if request.log:
+        _log_rounds(list(request.log), request.out, config, runs)
     return report
 
 
@@ -97,7 +101,7 @@ def _report(config: Any, plan: Any, runs: dict[str, Any]) -> dict[str, Any]:
     return {
         "command": "federated",
         "version": __version__,
-        "status": "completed",
+        "status": RunStatus.COMPLETED.value,
         **_summary(ours),
         "last_evaluations": min(LAST_EVALUATIONS, len(ours.curve)),
         "rounds": config.rounds,

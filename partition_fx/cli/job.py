@@ -30,9 +30,10 @@ from ..train_config import TrainConfig
 from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
 from ..training.data import default_workers
 from ..transforms import AffineAugmentation
-from .checks import CHECKS_RECORD, MODEL_RECORD, check_job, checked_proportions, proportions_text, with_fixed_ranges
+from .checks import check_job, checked_proportions, proportions_text, with_fixed_ranges
+from .commands.train import job_spec
 from .parser import parse_train, train_defaults
-from .runs import job_spec
+from .runs import CHECKS_RECORD, MODEL_RECORD
 
 
 @dataclass

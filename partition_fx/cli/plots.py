@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..choices import Phase
+
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not when the command line starts
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -163,7 +165,7 @@ def finetune_start(history: Sequence[Mapping[str, Any]]) -> int | None:
     """
     previous = None
     for r in history:
-        if r.get("phase") == "finetune":
+        if r.get("phase") == Phase.FINETUNE:
             return previous
         previous = r["step"]
     return None

@@ -15,9 +15,8 @@ the averaged model's log-probabilities. Nothing is written.
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +25,32 @@ import torch
 
 from ..datasets.images import ImagePreprocessing, InputStatistics, unreadable_image
 from ..errors import PartitionError, first_line
-from .checks import CHECKS_RECORD, MODEL_RECORD, check_predict
+from .commands.predict import PredictRequest
+from .runs import CHECKS_RECORD, MODEL_RECORD
 
 BATCH_SIZE = 64
 """Images decoded and classified at a time."""
 
 
-def run_predict(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
-    """The ``predict`` command: which predictor it used (the file, and whether it is the plain model or the
-    test-time-averaged one), and per image (in order) its path, its ``--top`` classes, most probable first, each
-    ``{"class": name, "index": i, "probability": p}``, and ``unlike_training_images``: why the image is unlike
-    every image the model trained on (``datasets.images.InputStatistics``), or None.
+def run_predict(request: PredictRequest) -> tuple[str, list[dict[str, Any]]]:
+    """The ``predict`` command (its ``request``, checked: ``cli.commands.predict``): which predictor it used (the
+    file, and whether it is the plain model or the test-time-averaged one), and per image (in order) its path, its
+    ``top`` classes, most probable first, each ``{"class": name, "index": i, "probability": p}``, and
+    ``unlike_training_images``: why the image is unlike every image the model trained on
+    (``datasets.images.InputStatistics``), or None.
 
     >>> from partition_fx.cli.parser import build_parser
-    >>> run_predict(build_parser().parse_args(["predict", "--run", "no/such/run", "no/such.png"]))
+    >>> from partition_fx.cli.commands import commands
+    >>> commands()["predict"].options(build_parser().parse_args(["predict", "--run", "no/such/run", "no/such.png"]))
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: image no/such.png does not exist
     """
-    record, model_file = check_predict(args)
+    record, model_file, source = request.record, request.model, request.source
     session = None
     if record is None:
-        source = f"--model {str(model_file)!r}"
         session = onnx_session(model_file, source)
         record = onnx_record(session.get_modelmeta().custom_metadata_map, source)
-    else:
-        source = f"--run {str(args.run)!r}"
     preprocessing = checked_record(record, source)
     statistics = record.get("input_statistics")
     statistics = InputStatistics.from_dict(statistics, source) if statistics is not None else None
@@ -65,10 +64,10 @@ def run_predict(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
         classify = torch_classifier(record["architecture"], model_file, source)
         predictor = f"{model_file}, the plain exported model"
     classes = record["classes"]
-    top = min(args.top, len(classes))
+    top = min(request.top, len(classes))
     predictions = []
-    for start in range(0, len(args.images), BATCH_SIZE):
-        paths = args.images[start : start + BATCH_SIZE]
+    for start in range(0, len(request.images), BATCH_SIZE):
+        paths = request.images[start : start + BATCH_SIZE]
         inputs = torch.stack([read_image(p, preprocessing) for p in paths])
         best = classify(inputs).topk(top, dim=1)
         for path, x, values, indices in zip(paths, inputs, best.values.tolist(), best.indices.tolist()):
@@ -184,27 +183,3 @@ def onnx_record(metadata: dict[str, str], source: str) -> dict[str, Any]:
         return {key: json.loads(metadata[key]) for key in (*MODEL_RECORD, *CHECKS_RECORD) if key in metadata}
     except json.JSONDecodeError as e:
         raise PartitionError(f"{source}: its metadata is not this version's JSON ({e})") from None
-
-
-def unlike_lines(predictions: Sequence[dict[str, Any]]) -> list[str]:
-    """A warning for each image unlike the training images: its prediction may be wrong, however confident.
-
-    >>> unlike_lines([{"image": "a.png", "unlike_training_images": "its brightness 0.89 is outside 0.08..0.17"}])
-    ['a.png looks unlike the training images (its brightness 0.89 is outside 0.08..0.17): its prediction may be wrong']
-    """
-    return [
-        f"{p['image']} looks unlike the training images ({p['unlike_training_images']}): its prediction may be wrong"
-        for p in predictions
-        if p.get("unlike_training_images")
-    ]
-
-
-def prediction_lines(predictions: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per image: its path, then each class with its probability, most probable first.
-
-    >>> prediction_lines([{"image": "a.png", "top": [{"class": "cat", "index": 0, "probability": 0.91234}]}])
-    ['a.png: cat 0.9123']
-    """
-    return [
-        f"{p['image']}: " + ", ".join(f"{c['class']} {c['probability']:.4f}" for c in p["top"]) for p in predictions
-    ]

@@ -11,7 +11,6 @@ No torch here: the command line checks ``--out`` and ``--resume`` before it load
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from collections.abc import Callable
@@ -19,12 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._io import remove_path, staging_directory, swap_in
-from ..choices import TRACKER_FILES
-from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, earlier_version, first_names
+from ..choices import TRACKER_FILES, RunStatus
+from ..errors import PartitionArgumentError, PartitionError, earlier_version, first_names
 from ..job_spec import JobSpec
-from ..settings import MissingSettings, SettingError, SettingTypeError
+from ..settings import MissingSettings
 from ..train_config import RUN_FILE
-from .parser import COMMANDS, train_defaults
 
 if TYPE_CHECKING:
     from ..datasets import DatasetSplits
@@ -47,22 +45,20 @@ CHECKPOINT_STATES = {
 
 LOGGED = {name.rstrip("/"): None for files in TRACKER_FILES.values() for name in files} | {"mlruns": None}
 """What ``--log`` writes in a run directory (and ``mlruns/``, the MLflow file store that earlier versions wrote)."""
-RUN_FILES: dict[str, dict[str, Any]] = {
-    "train": {
-        "report.json": None,
-        "lml.png": None,
-        "hyperparameters.png": None,
-        "model.safetensors": None,
-        "model.onnx": None,
-        "checkpoint": {"last.safetensors": None, "best.safetensors": None, "resume": None},
-        **LOGGED,
-    },
-    "export": {"export.json": None, "model.safetensors": None, "model.onnx": None},
-    "convert": {"report.json": None, "model.safetensors": None, "model.onnx": None, "describe.txt": None},
-    "federated": {"report.json": None, "history.json": None, "curves.png": None, "model.safetensors": None, **LOGGED},
-}
-"""What each command writes in its run directory, by name: a file, or a whole directory (None), or a directory
-of which only the named entries are the run's (a dict of the same form). ``--overwrite`` replaces these alone."""
+
+
+def run_files(command: str) -> dict[str, Any]:
+    """What ``command`` writes in its run directory (its declaration's ``files``: ``cli.commands``), by name: a
+    file, or a whole directory (None), or a directory of which only the named entries are the run's (a dict of the
+    same form). ``--overwrite`` replaces these alone.
+
+    >>> sorted(run_files("export"))
+    ['export.json', 'model.onnx', 'model.safetensors']
+    """
+    from .commands import commands
+
+    found = commands().get(command)
+    return found.files if found is not None else {}
 
 
 def run_commands(path: Path) -> list[str]:
@@ -78,16 +74,18 @@ def run_commands(path: Path) -> list[str]:
     >>> _ = (run / "report.json").write_text('{"command": ["train"]}'); run_commands(run)
     []
     """
-    commands = []
+    from .commands import commands
+
+    found = []
     for name in REPORTS:
         try:
             report = json.loads((path / name).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
         command = report.get("command") if isinstance(report, dict) else None
-        if isinstance(command, str) and command in COMMANDS:
-            commands.append(command)
-    return commands
+        if isinstance(command, str) and command in commands():
+            found.append(command)
+    return found
 
 
 def is_run_directory(path: Path) -> bool:
@@ -111,7 +109,7 @@ def _owns(files: dict[str, Any], name: str) -> tuple[bool, Any]:
 
 
 def foreign_entries(directory: Path, files: dict[str, Any], prefix: str = "") -> list[str]:
-    """The entries under ``directory`` that are not the run files ``files`` (as :data:`RUN_FILES` gives them),
+    """The entries under ``directory`` that are not the run files ``files`` (as :func:`run_files` gives them),
     relative to it, a directory with a trailing ``/``.
 
     >>> import tempfile
@@ -119,7 +117,7 @@ def foreign_entries(directory: Path, files: dict[str, Any], prefix: str = "") ->
     >>> for name in ("report.json", "notes.txt", "checkpoint/last.safetensors", "checkpoint/mine.pt"):
     ...     (run / name).parent.mkdir(exist_ok=True); _ = (run / name).write_text("")
     >>> (run / "export").mkdir()
-    >>> foreign_entries(run, RUN_FILES["train"])
+    >>> foreign_entries(run, run_files("train"))
     ['checkpoint/mine.pt', 'export/', 'notes.txt']
     """
     foreign = []
@@ -140,7 +138,7 @@ def _run_files(out: Path) -> dict[str, Any]:
     """The files the runs in ``out`` wrote, the union over its reports' commands."""
     files: dict[str, Any] = {}
     for command in run_commands(out):
-        files.update(RUN_FILES.get(command, {}))
+        files.update(run_files(command))
     return files
 
 
@@ -316,7 +314,7 @@ def learned_ranges(run: Path, option: str = "--fix-from") -> dict[str, float]:
     from ..choices import RANGE_NAMES
 
     report, spec = read_run(run, option)
-    if report.get("status") != "completed":
+    if report.get("status") != RunStatus.COMPLETED:
         raise PartitionError(
             f"{option} {str(run)!r}: that run is {report.get('status', 'not completed')}, not completed; its ranges "
             "are not final (resume it with --resume first)"
@@ -357,43 +355,6 @@ def training_run(run: Path, option: str, which: str) -> tuple[JobSpec, Path]:
     )
 
 
-def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool, tuple[str, ...]]:
-    """``--resume RUN``: the run's own job (from its report), refusing options that contradict it, whether
-    to keep its resume state once it completes (``--keep-resume`` now, or when the run started), and the trackers
-    it logs to (those ``--log`` named when it started, and any named now).
-
-    Options left at their defaults take the run's values (``--device`` included: the run's as asked).
-
-    >>> import tempfile
-    >>> from partition_fx.cli.parser import parse_train
-    >>> resumed_spec(parse_train(["--resume", tempfile.mkdtemp()]))
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionError: --resume '...': no report.json there; pass the --out directory of ...
-    """
-    run: Path = args.resume
-    if not (run / "report.json").is_file():
-        raise PartitionError(
-            f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
-        )
-    report, spec = read_run(run, "--resume")
-    if report.get("status") == "completed":
-        raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
-    defaults = train_defaults()
-    configured = [key for key in defaults if key not in RUN_CONTROL]
-    given = {key: getattr(args, key) for key in configured if getattr(args, key) != defaults[key]}
-    saved = {key: spec.value(key) for key in given}
-    if args.out != defaults["out"] and args.out != run:
-        given["out"], saved["out"] = args.out, run
-    conflicts = [key for key, value in given.items() if value != saved[key]]
-    if conflicts:
-        options = ", ".join(f"--{key.replace('_', '-')} {given[key]} (the run has {saved[key]})" for key in conflicts)
-        raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
-    recorded = report.get("log") or []
-    trackers = tuple(dict.fromkeys([*recorded, *(args.log or ())]))  # as when the run started, and any added now
-    return spec, args.keep_resume or bool(report.get("keep_resume")), trackers  # asked for then, or now
-
-
 def starting_report(
     spec: JobSpec, data: DatasetSplits, device: str, keep_resume: bool, log: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -401,9 +362,8 @@ def starting_report(
     job, its data, where it runs (``device``: the device ``--device`` resolved to; ``torch``: the version) and the
     trackers it ``log`` s to.
 
-    >>> from partition_fx.cli.parser import parse_train
     >>> from partition_fx.datasets import digits
-    >>> report = starting_report(job_spec(parse_train([])), digits(size=8), "cpu", False)
+    >>> report = starting_report(JobSpec.from_keywords(), digits(size=8), "cpu", False)
     >>> report["command"], report["status"], report["config"]["device"], report["device"], report["data"]["train"]
     ('train', 'running', 'auto', 'cpu', 1438)
     """
@@ -414,7 +374,7 @@ def starting_report(
     return {
         "command": "train",
         "version": __version__,
-        "status": "running",
+        "status": RunStatus.RUNNING.value,
         "keep_resume": keep_resume,  # not configuration: a resumed run honours it without being asked again
         "log": list(log),  # nor are the trackers: a resumed run logs to them too
         "config": spec.to_dict(),
@@ -425,39 +385,12 @@ def starting_report(
     }
 
 
-# --- a run's job and the command line, both ways ---------------------------------------------------------------
-
-
-RUN_CONTROL = ("command", "out", "overwrite", "quiet", "keep_resume", "resume", "config", "print_config", "log")
-"""``train``'s options that say how to run and where to write, not what is trained: no report records them."""
-
-
-def job_spec(args: argparse.Namespace) -> JobSpec:
-    """The job ``train``'s options ask for (``args``, parsed): every option but :data:`RUN_CONTROL` is a field of
-    the spec or of its training configuration. A value the spec refuses is named by its option.
-
-    >>> from partition_fx.cli.parser import parse_train
-    >>> job_spec(parse_train(["--hyper-samples", "4"])).train.hyper.samples
-    4
-    >>> job_spec(parse_train(["--finetune-steps", "9", "--steps", "9"]))
-    Traceback (most recent call last):
-    ...
-    partition_fx.errors.PartitionArgumentError: --finetune-steps must be less than --steps 9 (they are its last ...
-    """
-    keywords = {f.keyword: getattr(args, f.keyword) for f in JobSpec.fields() if f.option.command_line}
-    try:
-        return JobSpec.from_keywords(**keywords)
-    except (SettingError, SettingTypeError) as e:
-        kind = PartitionTypeError if isinstance(e, SettingTypeError) else PartitionArgumentError
-        raise kind(f"{e.field.flag} {e.problem}") from None
-
-
 def read_spec(config: Any, source: str = "the run's config") -> JobSpec:
     """The job a recorded ``config`` (``JobSpec.to_dict()``) reads back as; a configuration without a key this
     version records, or with one it does not know, is refused naming ``source``.
 
-    >>> from partition_fx.cli.parser import parse_train
-    >>> spec = job_spec(parse_train(["--hyper-lr", "0.1"]))
+    >>> from partition_fx.job_spec import JobSpec
+    >>> spec = JobSpec.from_keywords(hyper_lr=0.1)
     >>> read_spec(spec.to_dict()) == spec
     True
     >>> read_spec({**spec.to_dict(), "colour": "red"})
@@ -477,3 +410,54 @@ def read_spec(config: Any, source: str = "the run's config") -> JobSpec:
         raise PartitionError(earlier_version(source, ", ".join(f"config.{m}" for m in e.missing))) from None
     except PartitionError as e:
         raise PartitionError(earlier_version(source, f"a configuration this version reads: {e}")) from None
+
+
+MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
+"""What using an exported model needs beyond its weights, recorded with it (``cli.job.model_record``) in
+``report.json``, ``export.json`` and the ONNX file's metadata, and read by ``predict``."""
+CHECKS_RECORD = ("input_statistics",)
+"""What a model record may hold beyond :data:`MODEL_RECORD` (earlier versions did not write it): the training
+images' statistics ``predict`` compares new images with."""
+
+
+def exported_model(run: Path, option: str) -> tuple[dict[str, Any], Path]:
+    """The record (:data:`MODEL_RECORD`, from ``export.json`` or ``report.json``) and the plain exported model
+    (``model.safetensors``) of a ``partition-fx export`` directory or a completed ``train`` run; anything else,
+    or a record an earlier version wrote, is refused saying what to do.
+
+    >>> import tempfile
+    >>> exported_model(Path(tempfile.mkdtemp()), "--run")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: --run '...' is not a `partition-fx train` run or `export` directory ...
+    """
+    where = f"{option} {str(run)!r}"
+    name = next((n for n in ("export.json", "report.json") if (run / n).is_file()), None)
+    if name is None:
+        raise PartitionError(
+            f"{where} is not a `partition-fx train` run or `export` directory (no report.json or export.json "
+            "there); pass one, or an ONNX file with --model"
+        )
+    report = read_json(run, name, option)
+    command = report.get("command") if isinstance(report, dict) else None
+    if command not in ("train", "export"):
+        raise PartitionError(
+            f"{where}: {name} was not written by `partition-fx train` or `export` (command: {command!r}), so no "
+            "model trained on named classes is there; pass a train run or an export directory"
+        )
+    model = run / "model.safetensors"
+    if not model.is_file() and command == "export":
+        raise PartitionError(f"{where} has no model.safetensors (removed?); export the run again")
+    if not model.is_file():
+        raise PartitionError(
+            f"{where} has no exported model (model.safetensors): the run is {report.get('status', 'not completed')}; "
+            f"`partition-fx export --run {run}` exports its last checkpoint, then predict with --run {run / 'export'}"
+        )
+    lacking = [key for key in MODEL_RECORD if report.get(key) is None]
+    if lacking:
+        how = f"`partition-fx export --run {run}` exports it again" if command == "train" else "export the run again"
+        raise PartitionError(
+            f"{where}: {name} lacks {', '.join(lacking)} (written by an earlier version of partition-fx, or from "
+            f"data without them); {how} with this version"
+        )
+    return {key: report[key] for key in (*MODEL_RECORD, *CHECKS_RECORD) if report.get(key) is not None}, model

@@ -25,19 +25,19 @@ its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_model
 
 from .._io import remove_directory, replace_file, write_json
+from ..choices import RunStatus
 from ..errors import PartitionCheckpointError
 from ..export import export_subnetwork
 from ..job_spec import JobSpec
+from ..models import check_model_name
 from ..training import (
     FitResult,
     PartitionedTrainer,
@@ -49,10 +49,12 @@ from ..training import (
 from ..training.lml import EvaluationRecord, load_for_export
 from ..training.tracking import check_trackers, tracker_files, trackers_for
 from .checks import with_fixed_ranges
+from .commands.train import RunOptions, TrainRequest
+from .config_files import config_text
 from .job import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
-from .runs import CHECKPOINT_STATES, check_out, job_spec, prepare_out, read_run, resumed_spec, starting_report
+from .runs import CHECKPOINT_STATES, check_out, prepare_out, read_run, starting_report
 
 LML_EXPLAINED = {
     "conditional_lml": "the evidence to compare hyperparameters and models by (nats, higher is better): "
@@ -86,46 +88,29 @@ FILES = {
 }
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How ``train`` runs its job and where it writes (the options of ``cli.runs.RUN_CONTROL``, which no report
-    records): ``out``, whether to ``overwrite`` it, ``quiet`` (no progress bar), ``keep_resume`` (keep
-    ``checkpoint/resume/`` once the run completes), ``resume`` (continue the run in ``out``) and the trackers to
-    ``log`` to (``training.tracking``)."""
+def run_train(request: TrainRequest) -> dict[str, Any] | str:
+    """The ``train`` command (its ``request``: ``cli.commands.train``); returns the final report (also written to
+    ``--out/report.json``), or, with ``print_config``, the job as the YAML ``--config`` reads (nothing trained).
 
-    out: Path
-    overwrite: bool
-    quiet: bool
-    keep_resume: bool
-    resume: bool
-    log: tuple[str, ...] = ()
-
-
-def run_train(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``train`` command; returns the final report (also written to ``--out/report.json``).
-
-    With ``args.resume`` (a run directory) it continues that run from its last evaluation, with the run's
-    configuration, bit for bit as if it had not stopped (CPU).
+    A ``resume`` request continues the run in ``out`` from its last evaluation, with the run's configuration, bit
+    for bit as if it had not stopped (CPU).
 
     >>> import tempfile
-    >>> from partition_fx.cli.parser import parse_train
+    >>> from partition_fx.cli.parser import build_parser
+    >>> from partition_fx.cli.commands import commands
     >>> out = Path(tempfile.mkdtemp()) / "run"
     >>> argv = ["--model", "fixup_resnet8", "--image-size", "8", "--steps", "2", "--batch-size", "4", "--quiet"]
-    >>> report = run_train(parse_train([*argv, "--out", str(out)]))
+    >>> request = commands()["train"].options(build_parser().parse_args(["train", *argv, "--out", str(out)]))
+    >>> report = run_train(request)
     >>> report["status"], report["steps"], sorted(p.name for p in out.iterdir())[:2]
     ('completed', 2, ['checkpoint', 'hyperparameters.png'])
     """
-    if getattr(args, "resume", None) is not None:
-        spec, keep_resume, log = resumed_spec(args)
-        options = RunOptions(
-            args.resume, overwrite=False, quiet=args.quiet, keep_resume=keep_resume, resume=True, log=log
-        )
-    else:
-        spec = job_spec(args)
-        options = RunOptions(args.out, args.overwrite, args.quiet, args.keep_resume, resume=False, log=args.log or ())
-    spec = with_fixed_ranges(spec)  # the report records the values --fix-from read
+    if request.print_config:
+        check_model_name(request.spec.model)  # a job that training would refuse is not printed as one
+        return config_text(request.spec)
+    spec = with_fixed_ranges(request.spec)  # the report records the values --fix-from read
     with torchrun_group(resolve_device(spec.device)) as rank:
-        return _run(spec, options, writes=rank in (None, 0), rank=rank)
+        return _run(spec, request.run, writes=rank in (None, 0), rank=rank)
 
 
 def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> dict[str, Any]:
@@ -160,7 +145,6 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
     else:  # the run's record so far stays as it is until the resumed run is under way
         report.carry(read_run(out, "--resume")[0])
     started = time.perf_counter()
-    ending = "failed"
     try:  # training and what follows it: a failure in either is recorded, and the report says how far it got
         partitioned = PartitionedAccuracy(job)
         result = _fit(job, out, resume_from, (partitioned, report, *trackers), options.quiet)
@@ -172,18 +156,19 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
         fields["highest_lml_state"] = highest_lml_state(job, result, best)
         if writes:
             _write_files(job, result, out, initial, fields)
-        ending = "completed"
     except BaseException as e:
-        ending = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         report.end(e, seconds=round(time.perf_counter() - started, 1))
-        raise
-    finally:
         for tracker in trackers:
-            tracker.close(ending)
+            tracker.close(RunStatus.of(e))
+        raise
+    for tracker in trackers:
+        tracker.close(RunStatus.COMPLETED)
     kept = {"resume": "checkpoint/resume/"} if options.keep_resume else {}
     logged = {"trackers": tracker_files(options.log, out)} if options.log else {}
     fields.update(
-        status="completed", seconds=round(time.perf_counter() - started, 1), files={**FILES, **kept, **logged}
+        status=RunStatus.COMPLETED.value,
+        seconds=round(time.perf_counter() - started, 1),
+        files={**FILES, **kept, **logged},
     )
     report.save()
     if writes and not options.keep_resume:  # a completed run cannot be resumed: its optimiser state is dead weight
@@ -230,9 +215,9 @@ class RunReport(TrainingHook):
 
     def end(self, error: BaseException, seconds: float) -> None:
         """The run ended with ``error``: recorded if the run was under way; otherwise nothing is written."""
-        interrupted = isinstance(error, KeyboardInterrupt)
-        self.fields.update(status="interrupted" if interrupted else "failed", seconds=seconds)
-        if not interrupted:
+        status = RunStatus.of(error)
+        self.fields.update(status=status.value, seconds=seconds)
+        if status is RunStatus.FAILED:
             self.fields["error"] = str(error)
         self.save()
 
@@ -267,7 +252,7 @@ class PartitionedAccuracy(TrainingHook):
     def before_finetuning(self, trainer: PartitionedTrainer) -> None:
         pmodel = copy.deepcopy(trainer.pmodel)
         batch_size = trainer.config.evaluation.batch_size
-        recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=batch_size, device=trainer.device)
+        recalibrate_norm_statistics(pmodel, trainer.examples, batch_size=batch_size, device=trainer.steps.device)
         self.accuracy, _ = self.job.test_scores(export_subnetwork(pmodel.cpu()).eval())
 
     def state_dict(self) -> dict[str, Any]:

@@ -87,7 +87,9 @@ class FederatedConfig(Settings):
         "a bundled image dataset (nothing downloaded); rotated digits are skewed over 10 rotation bins, others by "
         "label",
     )
-    image_size: int = setting(16, "images are resized to this square, a multiple of 4", minimum=1, metavar="PIXELS")
+    image_size: int = setting(
+        16, "images are resized to this square, a multiple of 4", minimum=8, metavar="PIXELS"
+    )  # at least 8: the data's own loaders take no smaller images
     """The paper's MNIST is 28; the bundled digits are 8x8."""
     model: str = setting(
         "cnn",

@@ -33,7 +33,7 @@ from ..errors import PartitionArgumentError, PartitionTypeError
 
 # --- chunks and examples ---------------------------------------------------------------------------------------------
 
-HyperBatches = list[tuple[float, int, torch.Tensor]]
+ScoredIndices = list[tuple[float, int, torch.Tensor]]
 """``[(weight, k, indices)]``: examples of chunk k, scored by subnetwork k-1, their mean loss weighted by
 ``weight``; a hyperparameter step's loss is the weighted sum (``lml.hyper_loss``)."""
 

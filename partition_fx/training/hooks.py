@@ -225,7 +225,11 @@ class CheckpointWriter(TrainingHook):
         objective = trainer.steps.objective
         if not objective.is_current(kept.states):
             recalibrated = recalibrated_states(
-                trainer.pmodel, kept.states, trainer.examples, trainer.config.evaluation.batch_size, trainer.device
+                trainer.pmodel,
+                kept.states,
+                trainer.examples,
+                trainer.config.evaluation.batch_size,
+                trainer.steps.device,
             )
             trainer.save_checkpoint(best, best=(kept.score, kept.step, recalibrated), norm_statistics="final")
         elif kept.step == trainer.step:

@@ -27,9 +27,9 @@ from torch.utils.data import Sampler
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
-from .data import BatchReader, DataChunks, Examples, HyperBatches, PartitionedSampler, StepInputs
+from .data import BatchReader, DataChunks, Examples, PartitionedSampler, ScoredIndices, StepInputs
 from .likelihoods import Categorical, Likelihood
-from .lml import HyperBatch, LMLEvaluator, forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
+from .lml import LMLEvaluator, ScoredBatch, forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
 from .objective import Objective, running_norms, takes_num_samples, widens
 from .optim import (
     OptimizerFactory,
@@ -68,11 +68,11 @@ class HyperEstimator(ABC):
     """The name the configuration picks the estimator by (``hyper_chunks=...``)."""
 
     @abstractmethod
-    def draw(self, sampler: PartitionedSampler) -> HyperBatches:
+    def draw(self, sampler: PartitionedSampler) -> ScoredIndices:
         """The batches of one hyperparameter step, drawn from ``sampler``'s generator."""
 
     @abstractmethod
-    def describe(self, batches: HyperBatches) -> str:
+    def describe(self, batches: ScoredIndices) -> str:
         """What a step on ``batches`` scores, for messages (``"chunk D_2 through subnetwork 1"``)."""
 
 
@@ -92,10 +92,10 @@ class OneChunk(HyperEstimator):
 
     name = "one"
 
-    def draw(self, sampler: PartitionedSampler) -> HyperBatches:
+    def draw(self, sampler: PartitionedSampler) -> ScoredIndices:
         return [(1.0, *sampler.hyper_batch())]
 
-    def describe(self, batches: HyperBatches) -> str:
+    def describe(self, batches: ScoredIndices) -> str:
         ((_, k, _),) = batches
         return f"chunk D_{k} through subnetwork {k - 1}"
 
@@ -115,10 +115,10 @@ class AllChunks(HyperEstimator):
 
     name = "all"
 
-    def draw(self, sampler: PartitionedSampler) -> HyperBatches:
+    def draw(self, sampler: PartitionedSampler) -> ScoredIndices:
         return sampler.hyper_batches()
 
-    def describe(self, batches: HyperBatches) -> str:
+    def describe(self, batches: ScoredIndices) -> str:
         return "chunks D_2..D_C through subnetworks 1..C-1"
 
 
@@ -142,7 +142,7 @@ class IterationBatch:
 
     partitions: int | torch.Tensor | None
     parameter: tuple[torch.Tensor, torch.Tensor]
-    hyper: list[HyperBatch] = field(default_factory=list)
+    hyper: list[ScoredBatch] = field(default_factory=list)
 
 
 class TrainingSteps:
@@ -429,7 +429,7 @@ class TrainingSteps:
         what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
         return self.stepper.step(loss, None, self.pmodel.partition_parameters(k), what, self.step)
 
-    def hyper_step(self, batches: Sequence[HyperBatch], description: str) -> torch.Tensor:
+    def hyper_step(self, batches: Sequence[ScoredBatch], description: str) -> torch.Tensor:
         """Step psi on the ``(weight, k, x, y)`` batches (chunk k through subnetwork k-1); ``description``
         says what they score (``HyperEstimator.describe``). Returns the loss."""
         self.train_mode()
@@ -452,7 +452,7 @@ class TrainingSteps:
         ks: torch.Tensor,
         x: torch.Tensor,
         y: torch.Tensor,
-        hyper_batches: Sequence[HyperBatch],
+        hyper_batches: Sequence[ScoredBatch],
         drawn: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The parameter examples (as :meth:`every_partition_step`, ``drawn`` as there) and the hyperparameter
@@ -480,7 +480,7 @@ class TrainingSteps:
         return [p for k in drawn for p in self.pmodel.partition_parameters(int(k))], drawn
 
     def _routed_losses(
-        self, ks: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor], hyper: Sequence[HyperBatch]
+        self, ks: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor], hyper: Sequence[ScoredBatch]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The parameter loss and (if ``hyper`` lists batches) the hyperparameter loss in one forward."""
         self.train_mode()
@@ -513,7 +513,7 @@ class Draw:
 
     indices: torch.Tensor
     partitions: int | torch.Tensor | None
-    hyper: HyperBatches = field(default_factory=list)
+    hyper: ScoredIndices = field(default_factory=list)
     hyper_what: str = ""
     scheme: IterationScheme | None = field(default=None, compare=False, repr=False)
 
@@ -568,7 +568,7 @@ class IterationScheme(ABC):
         """One iteration's steps on ``draw``, whose examples are ``batch``."""
 
 
-def _hyper_draw(sampler: PartitionedSampler, hyper: HyperEstimator | None) -> tuple[HyperBatches, str]:
+def _hyper_draw(sampler: PartitionedSampler, hyper: HyperEstimator | None) -> tuple[ScoredIndices, str]:
     """A hyperparameter step's batches drawn by ``hyper`` and their description (none when ``hyper`` is None)."""
     if hyper is None:
         return [], ""

@@ -12,13 +12,13 @@ import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, TypedDict
 
 import torch
 from torch import nn
 
+from ..choices import Phase
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
@@ -71,7 +71,7 @@ def forward_log_likelihood(
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 
 
-HyperBatch = tuple[float, int, torch.Tensor, torch.Tensor]
+ScoredBatch = tuple[float, int, torch.Tensor, torch.Tensor]
 """``(weight, k, x, y)``: examples of chunk k, scored by subnetwork k-1, their mean loss weighted by ``weight``."""
 
 
@@ -79,7 +79,7 @@ def hyper_loss(
     pmodel: PartitionedModel,
     likelihood: Likelihood,
     hyper: nn.Module | None,
-    batches: Sequence[HyperBatch],
+    batches: Sequence[ScoredBatch],
     samples: int | None = None,
 ) -> torch.Tensor:
     """A hyperparameter step's loss: the sum over ``(weight, k, x, y)`` of weight times the mean negative
@@ -181,7 +181,7 @@ def routed_losses(
     hyper: nn.Module | None,
     ks: torch.Tensor,
     batch: tuple[torch.Tensor, torch.Tensor],
-    hyper_batches: Sequence[HyperBatch] = (),
+    hyper_batches: Sequence[ScoredBatch] = (),
     samples: int | None = None,
     widen: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -247,15 +247,6 @@ class LMLEstimate:
     @property
     def conditional(self) -> float:
         return sum(self.per_chunk[1:])
-
-
-class Phase(str, Enum):
-    """The phase of a run an evaluation belongs to (a ``str``: records hold it as its value)."""
-
-    PARTITIONED = "partitioned"
-    """Partitioned training: the hyperparameters are learned and the LML is estimated."""
-    FINETUNE = "finetune"
-    """Fine-tuning the final subnetwork on all the data: every subnetwork has seen every chunk, no LML."""
 
 
 class EvaluationRecord(TypedDict):

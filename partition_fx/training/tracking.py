@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._io import replace_file
-from ..choices import TRACKER_FILES, TRACKERS
+from ..choices import TRACKER_FILES, TRACKERS, RunStatus
 from ..errors import PartitionArgumentError, PartitionError, first_line
 from ..extras import require as require_extra
 from .hooks import TrainingHook
-from .lml import EvaluationRecord
+from .lml import EvaluationRecord, Phase
 
 if TYPE_CHECKING:
     from .trainer import FitResult, PartitionedTrainer
@@ -39,8 +39,6 @@ _MODULES = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", 
 """What each backend imports (MLflow's local store is a SQLite database, through SQLAlchemy and Alembic)."""
 MLFLOW_DATABASE = TRACKER_FILES["mlflow"][0]
 """The SQLite file of MLflow's local store, under the run directory (``partition-fx train --log mlflow``)."""
-ENDINGS = ("completed", "interrupted", "failed")
-"""How a tracked run can end (:meth:`Tracker.close`)."""
 
 
 def require(backend: str) -> None:
@@ -127,7 +125,7 @@ def evaluation_metrics(
     metrics["lr"] = float(optimizer.param_groups[0]["lr"])
     if hyper_optimizer is not None:
         metrics["hyper_lr"] = float(hyper_optimizer.param_groups[0]["lr"])
-    metrics["finetuning"] = float(record.get("phase") == "finetune")
+    metrics["finetuning"] = float(record.get("phase") == Phase.FINETUNE)
     for name, value in (record.get("hyperparameters") or {}).items():
         if isinstance(value, (list, tuple)):
             metrics.update({f"hyper/{name}/{i}": float(v) for i, v in enumerate(value)})
@@ -212,11 +210,13 @@ class Tracker(TrainingHook):
             self._ensure_open()
             self._write_metrics(step, dict(metrics))
 
-    def close(self, ending: str = "completed") -> None:
-        """End the run in the backend (flush and close its files; MLflow: the run's status from ``ending``, one of
-        :data:`ENDINGS`); idempotent."""
-        if ending not in ENDINGS:
-            raise PartitionArgumentError(f"ending {ending!r}: one of {', '.join(ENDINGS)}")
+    def close(self, ending: RunStatus | str = RunStatus.COMPLETED) -> None:
+        """End the run in the backend (flush and close its files; MLflow: the run's status from ``ending``, how the
+        run ended: completed, interrupted or failed); idempotent."""
+        ended = (RunStatus.COMPLETED, RunStatus.INTERRUPTED, RunStatus.FAILED)
+        if ending not in ended:
+            raise PartitionArgumentError(f"ending {ending!r}: one of {', '.join(e.value for e in ended)}")
+        ending = RunStatus(ending)
         if not self.closed:
             self.closed = True
             if self.opened:
@@ -225,9 +225,8 @@ class Tracker(TrainingHook):
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        ending = "completed" if kind is None else "interrupted" if issubclass(kind, KeyboardInterrupt) else "failed"
-        self.close(ending)
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
+        self.close(RunStatus.of(error))
 
     def _ensure_open(self) -> None:
         if not self.opened:  # logged outside a run: a new one
@@ -243,7 +242,7 @@ class Tracker(TrainingHook):
     def _write_metrics(self, step: int, metrics: dict[str, float]) -> None:
         raise NotImplementedError
 
-    def _close(self, ending: str) -> None:
+    def _close(self, ending: RunStatus) -> None:
         pass
 
 
@@ -298,7 +297,7 @@ class CSVTracker(Tracker):
         csv.writer(self._file).writerows([step, name, repr(value)] for name, value in metrics.items())
         self._file.flush()
 
-    def _close(self, ending: str) -> None:
+    def _close(self, ending: RunStatus) -> None:
         if self._file is not None:
             self._file.close()
 
@@ -327,7 +326,7 @@ class TensorBoardTracker(Tracker):
             self.writer.add_scalar(name, value, global_step=step)
         self.writer.flush()
 
-    def _close(self, ending: str) -> None:
+    def _close(self, ending: RunStatus) -> None:
         self.writer.close()
 
 
@@ -405,8 +404,8 @@ class MLflowTracker(Tracker):
         with _mlflow_errors(self.tracking_uri, opening=False):
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
-    def _close(self, ending: str) -> None:
-        status = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}[ending]
+    def _close(self, ending: RunStatus) -> None:
+        status = {RunStatus.COMPLETED: "FINISHED", RunStatus.INTERRUPTED: "KILLED", RunStatus.FAILED: "FAILED"}[ending]
         with _mlflow_errors(self.tracking_uri, opening=False):
             self.client.set_terminated(self.run_id, status=status)
 

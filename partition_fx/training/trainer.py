@@ -31,10 +31,10 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .checkpoint import differences
 from .components import Components, check_run_arguments, resolve
-from .data import Examples, HyperBatches, PartitionedSampler, default_workers, planned_batches, resolve_chunks
+from .data import Examples, PartitionedSampler, ScoredIndices, default_workers, planned_batches, resolve_chunks
 from .hooks import BestState, Callback, CallbackHook, CheckpointWriter, Patience, TrainingHook
 from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, scheme_for
-from .lml import EvaluationRecord, HyperBatch, LMLEstimate, evaluation_record, evidence, recalibrate_norm_statistics
+from .lml import EvaluationRecord, LMLEstimate, ScoredBatch, evaluation_record, evidence, recalibrate_norm_statistics
 from .objective import ModuleStates
 from .progress import ProgressLines, progress_outputs
 from .stepping import DataParallel
@@ -197,11 +197,6 @@ class PartitionedTrainer:
         self.steps.step = value
 
     @property
-    def device(self) -> torch.device | None:
-        """Where the modules are and the steps put the examples."""
-        return self.steps.device
-
-    @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The weights' optimiser (``steps.stepper``'s)."""
         return self.steps.stepper.optimizer
@@ -238,7 +233,7 @@ class PartitionedTrainer:
         batches = AllChunks().draw(self.sampler)
         return self.steps.hyper_step(self._read_scored(batches), AllChunks().describe(batches))
 
-    def _read_scored(self, batches: HyperBatches) -> list[HyperBatch]:
+    def _read_scored(self, batches: ScoredIndices) -> list[ScoredBatch]:
         return [(weight, k, *self.steps.read(indices)) for weight, k, indices in batches]
 
     def _check_hyperparameters(self) -> None:
@@ -407,7 +402,7 @@ class PartitionedTrainer:
         recalibrated = 0
         if evaluation.recalibrate_norms:
             recalibrated = recalibrate_norm_statistics(
-                self.pmodel, self.examples, batch_size=self.config.evaluation.batch_size, device=self.device
+                self.pmodel, self.examples, batch_size=self.config.evaluation.batch_size, device=self.steps.device
             )
         return FitResult(
             lml=final["lml"],  # type: ignore[arg-type]
