@@ -282,7 +282,7 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
     if not root_leaf:
         graph.lint()
         module.recompile()  # type: ignore[operator]
-    return PartitionedModel(
+    pmodel = PartitionedModel(
         module,
         records,
         skeleton,
@@ -297,6 +297,20 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         # A conversion with rules cannot be replayed from the model's name alone.
         build=None if settings.config.has_rules() else getattr(model, "partition_fx_build", None),
     )
+    _keep_modes(pmodel, module, working)
+    return pmodel
+
+
+def _keep_modes(pmodel: PartitionedModel, module: nn.Module, working: nn.Module) -> None:
+    """The partitioned model in the modes the model was given: the model's own modules each as it was (tracing
+    restored them), a module the rewritten graph made in place of one (a GraphModule's containers) as that one,
+    and the wrapper and the partitions' modules in the root's mode."""
+    own = {id(m) for m in working.modules()}
+    pmodel.training = working.training
+    for name, added in module.named_modules():
+        if id(added) not in own:
+            original = get_path(working, name) if name else working
+            added.training = original.training if isinstance(original, nn.Module) else working.training
 
 
 def _store_flat(module: nn.Module, container: str, records: list[ParameterRecord]) -> dict[int, tuple[str, int]]:

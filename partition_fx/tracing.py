@@ -172,6 +172,7 @@ def trace_consistently(
     if LeafAwareTracer(leaf_types, names).is_leaf_module(model, ""):
         return fx.Graph(), {""}  # a lone leaf (e.g. a bare BatchNorm): call it whole
     was_training = model.training
+    modes = {name: module.training for name, module in model.named_modules()}  # each module's, as it was given
     try:
         for _ in range(_MAX_LEAF_ROUNDS):
             model.train(True)
@@ -192,7 +193,8 @@ def trace_consistently(
             names |= same
             promoted |= same
     finally:
-        model.train(was_training)
+        for name, module in model.named_modules():
+            module.training = modes.get(name, was_training)
     raise PartitionError(
         f"{type(model).__name__}: more than {_MAX_LEAF_ROUNDS} modules change their traced code between "
         f"train and eval mode; list them with PartitionConfig().add_leaf_module(...)"

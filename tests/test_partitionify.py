@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import timm
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -446,3 +447,26 @@ def test_training_forward_leaves_the_module_tree_intact():
     assert sorted(n for n, _ in pmodel.named_parameters()) == names
     assert not any(t.is_meta for t in [*pmodel.parameters(), *pmodel.buffers()])
     pmodel.to("cpu")
+
+
+def test_partitionify_keeps_the_mode_it_is_given_submodules_included() -> None:
+    """fx's GraphModule keeps the root's training flag; so does partitionify, and every module's own: a model
+    converted for inference is in eval mode and, with default "init", its final subnetwork is the model."""
+    import torchvision
+
+    resnet = timm.create_model("resnet18", num_classes=10).eval()
+    deeplab = torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=3
+    ).eval()
+    for model, x in ((resnet, torch.randn(2, 3, 32, 32)), (deeplab, torch.randn(1, 3, 64, 64))):
+        pmodel = partitionify(model, 3)
+        assert not pmodel.training and not any(m.training for m in pmodel.modules())
+        with torch.no_grad():
+            got, want = pmodel(x), model(x)
+        assert torch.equal(got["out"], want["out"]) if isinstance(got, dict) else torch.equal(got, want)
+        assert not export_subnetwork(pmodel).training
+    resnet.train()
+    resnet.layer1.eval()  # a mixed model: each module keeps its own mode
+    modes = dict(partitionify(resnet, 3).module.named_modules())
+    assert modes["layer1"].training is False and modes["layer1.0.bn1"].training is False
+    assert modes["layer2.0.bn1"].training is True and partitionify(resnet, 3).training is True
