@@ -332,7 +332,9 @@ def test_load_dataset_names_and_errors(tmp_path, monkeypatch) -> None:
     assert load_dataset("digits", size=8).name == "digits"
     assert load_dataset("rotdigits", size=8, channels=3).input_shape == (3, 8, 8)
     assert load_dataset("input_selection", num_train=5, num_test=5).num_classes is None
-    with pytest.raises(PartitionError, match=r"unknown dataset 'imagenet'.*digits, rotdigits, input_selection.*folder"):
+    with pytest.raises(
+        PartitionError, match=r"unknown dataset 'imagenet'.*rotdigits, scaledigits, input_selection.*folder"
+    ):
         load_dataset("imagenet")
     with pytest.raises(PartitionArgumentError, match=r"mnist is read from a copy on your disk.*mnist:DIR"):
         load_dataset("mnist")

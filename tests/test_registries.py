@@ -53,7 +53,7 @@ def test_train_and_the_library_share_precisions_compile_modes_and_datasets() -> 
 
     assert tuple(_option("train", "precision").choices) == PRECISIONS == tuple(stepping.DTYPES)
     assert tuple(_option("train", "compile").choices) == COMPILE_MODES and train_config.COMPILE_MODES is COMPILE_MODES
-    assert job_spec.DATASETS == dataset_names(task="images", on_disk=False) == ("digits", "rotdigits")
+    assert job_spec.DATASETS == dataset_names(task="images", on_disk=False) == ("digits", "rotdigits", "scaledigits")
     assert job_spec.DISK_DATASETS == dataset_names(task="images", on_disk=True)
     assert {"cifar10", "rotcifar10", "cifar100", "mnist", "fashion_mnist", "svhn"} <= set(job_spec.DISK_DATASETS)
     assert tuple(_option("federated", "data").choices) == job_spec.DATASETS  # federated reads bundled data
@@ -69,7 +69,7 @@ def test_the_registries_and_choices_import_no_torch() -> None:
         "print(kind_names(scheme=True), dataset_names(), sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    names = "'digits', 'rotdigits', 'input_selection', 'cifar10', 'rotcifar10'"
+    names = "'digits', 'rotdigits', 'scaledigits', 'input_selection', 'cifar10', 'rotcifar10'"
     assert result.stdout.strip().startswith(f"('random', 'node') ({names}, ") and result.stdout.strip().endswith(" []")
 
 
@@ -176,7 +176,7 @@ def test_a_registered_dataset_is_loaded_by_name_and_offered_by_the_command_line(
         assert dataset_names(task="images")[-1] == "toy_images"
         assert load_dataset("toy_images", size=8).input_shape == (1, 8, 8)
         assert "toy_images" in _option("federated", "data").choices
-        with pytest.raises(PartitionError, match=r"not one of digits, rotdigits, input_selection, .*toy_images"):
+        with pytest.raises(PartitionError, match=r"not one of digits, rotdigits, scaledigits, input_sel.*toy_images"):
             load_dataset("toy_imagez")
         with pytest.raises(PartitionArgumentError, match="_toy_images does not take channels"):
             load_dataset("toy_images", channels=3)

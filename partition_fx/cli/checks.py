@@ -54,7 +54,7 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
             "(see examples/input_selection.py for input selection)"
         )
     if not data:
-        raise PartitionArgumentError("--data must be rotdigits, digits or an image folder's path, got ''")
+        raise PartitionArgumentError(f"--data must be {', '.join(DATASETS)} or an image folder's path, got ''")
     if data in DISK_DATASETS:
         if printing:
             return

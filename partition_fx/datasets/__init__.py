@@ -5,6 +5,8 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
 
 * :func:`digits` -- scikit-learn's bundled 8x8 digits (1797 images) drawn into the centre of a larger canvas.
 * :func:`rotdigits` -- the same images and split, each rotated by a fixed random angle (a RotMNIST analogue).
+* :func:`scaledigits` -- the same images and split, each zoomed by a fixed log-uniform factor (a ScaledMNIST
+  analogue).
 * :func:`normalized_digits` -- the first digits stretched to a size and normalised (what ``convert`` checks on).
 * :func:`standard_dataset` -- CIFAR-10/100, MNIST, Fashion-MNIST or SVHN from the user's copy, read by torchvision
   (never downloaded), optionally each image rotated by a fixed angle (``rotcifar10``, ...).
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from .sklearn_digits import digits as digits
     from .sklearn_digits import normalized_digits as normalized_digits
     from .sklearn_digits import rotdigits as rotdigits
+    from .sklearn_digits import scaledigits as scaledigits
     from .splits import DatasetSplits as DatasetSplits
     from .standard import STANDARD_DATASETS as STANDARD_DATASETS
     from .standard import standard_dataset as standard_dataset
@@ -53,6 +56,7 @@ __all__ = [
     "normalized_digits",
     "register_dataset",
     "rotdigits",
+    "scaledigits",
     "standard_dataset",
     "write_scattered_digits",
 ]
@@ -64,6 +68,7 @@ _HOME = {
     "digits": "sklearn_digits",
     "normalized_digits": "sklearn_digits",
     "rotdigits": "sklearn_digits",
+    "scaledigits": "sklearn_digits",
     "DatasetSplits": "splits",
     "input_selection": "synthetic",
     "STANDARD_DATASETS": "standard",

@@ -6,7 +6,7 @@ torch, so ``partition-fx --help`` lists them: a loader is named by import path a
 a plugin's entry point is. A new dataset is one :func:`register_dataset` call.
 
 >>> dataset_names()[:4], dataset_names(task="images")[:4]
-(('digits', 'rotdigits', 'input_selection', 'cifar10'), ('digits', 'rotdigits', 'cifar10', 'rotcifar10'))
+(('digits', 'rotdigits', 'scaledigits', 'input_selection'), ('digits', 'rotdigits', 'scaledigits', 'cifar10'))
 >>> named_dataset("rotdigits").images
 1797
 """
@@ -95,7 +95,7 @@ def dataset_names(*, task: Task | None = None, on_disk: bool | None = None) -> t
     ones, if given), in registration order.
 
     >>> dataset_names(task="images", on_disk=False)
-    ('digits', 'rotdigits')
+    ('digits', 'rotdigits', 'scaledigits')
     """
     return tuple(
         d.name
@@ -218,6 +218,14 @@ register_dataset(
         "rotdigits",
         "partition_fx.datasets.sklearn_digits:rotdigits",
         "the digits, each rotated by a fixed random angle (a RotMNIST analogue)",
+        images=_DIGITS,
+    )
+)
+register_dataset(
+    NamedDataset(
+        "scaledigits",
+        "partition_fx.datasets.sklearn_digits:scaledigits",
+        "the digits, each zoomed by a fixed random factor log-uniform on [1/2, 2] (a ScaledMNIST analogue)",
         images=_DIGITS,
     )
 )

@@ -1,6 +1,7 @@
 """scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes): :func:`digits`, :func:`rotdigits`
-(each image rotated by a fixed random angle, a RotMNIST analogue) and :func:`normalized_digits` (the images
-``partition-fx convert`` verifies a conversion on). Nothing is downloaded.
+(each image rotated by a fixed random angle, a RotMNIST analogue), :func:`scaledigits` (each zoomed by a fixed
+random log-uniform factor, a ScaledMNIST analogue) and :func:`normalized_digits` (the images ``partition-fx
+convert`` verifies a conversion on). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .splits import (
     Split,
     check_split,
     fixed_angles,
+    fixed_zooms,
     only_split,
     stratified_split,
 )
@@ -69,8 +71,38 @@ def _digit_canvas(size: int) -> torch.Tensor:
     return canvas.clamp_(0.0, 1.0)
 
 
+MAX_ZOOM = 2.0
+"""``scaledigits``' zooms are log-uniform on [1/MAX_ZOOM, MAX_ZOOM] about the middle size: the truth of a learned
+isotropic scale range is log(MAX_ZOOM), as LILA's ScaledMNIST."""
+
+
+def zoom_images(images: torch.Tensor, log_scales: torch.Tensor) -> torch.Tensor:
+    """Each image (N, C, H, W) zoomed about its centre by exp of its log-scale (> 0: larger). Bilinear sampling;
+    what comes from outside the image is 0.
+
+    >>> image = torch.zeros(1, 1, 5, 5)
+    >>> image[0, 0, 2, 3] = 1.0  # one pixel right of the centre
+    >>> zoom_images(image, torch.tensor([math.log(2.0)]))[0, 0, 2].tolist()  # now two to the right, bilinear
+    [0.0, 0.0, 0.0, 0.5, 1.0]
+    """
+    inverse = torch.exp(-log_scales)
+    zero = torch.zeros_like(inverse)
+    # affine_grid maps output coordinates to input ones: the output at x samples the input at x / zoom
+    theta = torch.stack([torch.stack([inverse, zero, zero], -1), torch.stack([zero, inverse, zero], -1)], 1)
+    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
+    zoomed = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return zoomed.clamp_(0.0, 1.0)
+
+
 def _digits_splits(
-    name: str, size: int, channels: int, test_fraction: float, seed: int, split: Split | None, rotate: bool
+    name: str,
+    size: int,
+    channels: int,
+    test_fraction: float,
+    seed: int,
+    split: Split | None,
+    rotate: bool,
+    zoom: bool = False,
 ) -> DatasetSplits:
     split = check_split(split)
     size = check_int("size", size, _MIN_DIGITS_SIZE, noun="an integer")
@@ -83,17 +115,27 @@ def _digits_splits(
     if rotate:
         angles = fixed_angles(NUM_DIGITS, seed)
         x = rotate_images(x, angles)
+    if zoom:  # drawn at the middle size, 1/MAX_ZOOM of the safe square, so the largest zoom fills it uncut
+        log_scales = fixed_zooms(NUM_DIGITS, seed, MAX_ZOOM)
+        x = zoom_images(x, log_scales - math.log(MAX_ZOOM))
     train_idx, test_idx = stratified_split(targets.numpy(), test_fraction, seed)
     train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
     info["train_indices"], info["test_indices"] = train_idx, test_idx
     if rotate:
         info["train_angles"], info["test_angles"] = angles[train_idx], angles[test_idx]
+    if zoom:
+        info["train_log_scales"], info["test_log_scales"] = log_scales[train_idx], log_scales[test_idx]
     x = x.expand(-1, channels, -1, -1)  # grey to `channels` identical channels; indexing below copies
     side = _digit_side(size)
     description = (
         f"scikit-learn 8x8 digits upsampled (bilinear) to {side}x{side} in the centre of a {size}x{size} zero "
         f"canvas, {channels} channel(s), values in [0, 1] with background 0"
         + (", each rotated by a fixed angle uniform on [-pi, pi]" if rotate else "")
+        + (
+            f", each zoomed by a fixed factor log-uniform on [1/{MAX_ZOOM:g}, {MAX_ZOOM:g}] about half the square"
+            if zoom
+            else ""
+        )
         + f"; stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
     )
     both = DatasetSplits(
@@ -150,6 +192,23 @@ def rotdigits(
     (True, 359)
     """
     return _digits_splits("rotdigits", size, channels, test_fraction, seed, split, rotate=True)
+
+
+def scaledigits(
+    size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0, split: Split | None = None
+) -> DatasetSplits:
+    """:func:`digits` with every image (train and test) zoomed about the canvas centre by its own fixed factor,
+    log-uniform on [1/2, 2] (:data:`MAX_ZOOM`) about a digit half the side of ``digits``' square: its largest zoom
+    fills that square, so no zoom cuts the digit (a ScaledMNIST analogue with a known truth: an isotropic
+    log-scale range of log 2, Augerino's ``scale`` generator). The log-scales come from a stream of ``seed`` of
+    their own (``splits.fixed_zooms``); ``info`` adds ``train_log_scales``/``test_log_scales``. At 28 px the digit
+    spans 4.5 to 18 pixels.
+
+    >>> splits = scaledigits(size=12)
+    >>> bool(splits.info["train_log_scales"].abs().max() <= math.log(2.0)), len(splits.test)
+    (True, 359)
+    """
+    return _digits_splits("scaledigits", size, channels, test_fraction, seed, split, rotate=False, zoom=True)
 
 
 def normalized_digits(count: int, size: int, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:

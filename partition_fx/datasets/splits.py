@@ -36,6 +36,7 @@ TRAIN_NOISE_STREAM = 4
 TEST_INPUT_STREAM = 5
 TEST_NOISE_STREAM = 6
 PLACEMENT_STREAM = 7
+ZOOM_STREAM = 8
 
 BOTH_SPLITS_HINT = "; both the train and the test split need examples"
 """Why ``test_fraction`` must be strictly between 0 and 1 (the end of that refusal's message)."""
@@ -138,6 +139,18 @@ def fixed_angles(count: int, seed: int, part: int = 0) -> torch.Tensor:
     """
     key = [seed, ANGLE_STREAM] if part == 0 else [seed, ANGLE_STREAM, part]
     return torch.from_numpy(np.random.default_rng(key).uniform(-math.pi, math.pi, count)).float()
+
+
+def fixed_zooms(count: int, seed: int, max_zoom: float) -> torch.Tensor:
+    """``count`` log-scales uniform on [-log(max_zoom), log(max_zoom)], one per image, from ``seed``'s zoom stream:
+    an image zoomed by ``exp`` of its log-scale (``scaledigits``).
+
+    >>> zooms = fixed_zooms(1000, seed=0, max_zoom=2.0)
+    >>> bool(zooms.abs().max() <= math.log(2.0)), torch.equal(zooms[:5], fixed_zooms(5, seed=0, max_zoom=2.0))
+    (True, True)
+    """
+    bound = math.log(max_zoom)
+    return torch.from_numpy(seeded_rng(seed, ZOOM_STREAM).uniform(-bound, bound, count)).float()
 
 
 def stratified_split(
