@@ -585,6 +585,28 @@ def hyper_gradient_variance(result: Results) -> str:
     return markdown_table(["estimator", "mean gradient", "sd of one draw", "|mean| / sd", "images per draw"], body)
 
 
+def hyper_gradient_direction(result: Results) -> str:
+    """Per data set and fixed range r: the derivative of the conditional LML with respect to the rotation range at
+    the weights trained at r, at fixed weights (what the hyperparameter step follows) and with the implicit term
+    through training for each number of Neumann terms K."""
+    ks = [key for key in result["rows"][0] if key.startswith("implicit_")]
+    body = [
+        [r["data"], f"{r['r']:.2f}", r["seed"], f"{r['fixed']:+.2f}", *(f"{r[k]:+.2f}" for k in ks)]
+        for r in result["rows"]
+    ]
+    header = ["data", "r (rad)", "seed", "fixed weights", *(f"through training, K = {k.split('_')[1]}" for k in ks)]
+    return markdown_table(header, body)
+
+
+def model_coverage(result: Results) -> str:
+    """Per torchvision family: models tried, passed, and the path each took (traced by fx, or untraced)."""
+    body = [
+        [line["family"].replace("_", " "), line["tried"], line["passed"], line["traced"], line["untraced"]]
+        for line in result["summary"]["families"]
+    ]
+    return markdown_table(["family", "tried", "passed", "traced", "untraced"], body)
+
+
 def input_pipeline(result: Results) -> str:
     """Images per second the streaming pipeline delivers with 0/1/2 workers, against what a step reads."""
     body = []
@@ -624,6 +646,8 @@ def input_pipeline(result: Results) -> str:
 TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_estimators": hyper_estimators,
     "hyper_gradient_variance": hyper_gradient_variance,
+    "hyper_gradient_direction": hyper_gradient_direction,
+    "model_coverage": model_coverage,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
     "learned_ranges_per_seed": learned_ranges_per_seed,

@@ -43,6 +43,9 @@ HYPER_NORMS = ("batch", "detached", "running")
 """What BatchNorm normalises a hyperparameter step's batches with (``training.lml.hyper_step_norms``): their own
 statistics, through which the hyper-gradient also flows (the paper's networks have no BatchNorm); the same
 statistics held constant in the backward pass; or the running statistics of the parameter steps."""
+HYPER_GRADIENTS = ("fixed", "implicit")
+"""What a hyperparameter step's gradient sees: the LML at the weights as they are (``fixed``, the paper's), or also
+what the ranges do to the weights that training produces (``implicit``: ``training.implicit``)."""
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
@@ -135,6 +138,32 @@ class HyperStep(Settings):
         keyword="hyper_norm",
         choices=HYPER_NORMS,
         absent_means="batch",  # configurations written before it existed all stepped this way
+    )
+    gradient: str = setting(
+        "fixed",
+        "the hyper-gradient: of the LML at the weights as they are, or also through the weights that training on "
+        "the ranges produces (implicit differentiation, a Neumann series of --implicit-terms terms)",
+        keyword="hyper_gradient",
+        choices=HYPER_GRADIENTS,
+        fingerprint=True,
+        absent_means="fixed",
+    )
+    implicit_terms: int = setting(
+        5,
+        "terms K of the implicit hyper-gradient's Neumann series (0: one unrolled SGD step); each costs a "
+        "Hessian-vector product",
+        minimum=0,
+        metavar="K",
+        fingerprint=True,
+        absent_means=5,
+    )
+    implicit_lr: float = setting(
+        0.01,
+        "the step alpha of the implicit hyper-gradient's Neumann series: the SGD step of the training it sees through",
+        positive=True,
+        metavar="ALPHA",
+        fingerprint=True,
+        absent_means=0.01,
     )
 
 
@@ -327,6 +356,16 @@ class TrainConfig(Settings):
                 f"together), got {self.hyper.norm_statistics!r}",
                 f"must be 'batch' with fused=True (one forward normalises both steps' batches together), got "
                 f"{self.hyper.norm_statistics!r}",
+            )
+        if self.hyper.gradient == "implicit" and (self.runtime.fused or self.runtime.precision == "fp16"):
+            # Second derivatives in a backward of its own: neither inside the fused one, nor under fp16's loss scale.
+            fused = self.runtime.fused
+            flag, keyword = ("--fused", "fused=True") if fused else ("--precision fp16", "precision='fp16'")
+            why = "(the implicit hyper-gradient takes second derivatives in a backward of its own, unscaled)"
+            raise SettingError(
+                self.keywords()["hyper_gradient"],
+                f"must be fixed with {flag} {why}, got 'implicit'",
+                f"must be 'fixed' with {keyword} {why}, got 'implicit'",
             )
         steps, finetune = self.optimization.steps, self.finetuning.steps
         if finetune is not None and finetune >= steps:

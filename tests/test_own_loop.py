@@ -67,8 +67,9 @@ def _states(*modules: nn.Module) -> list[torch.Tensor]:
         ({"hyper_chunks": "one", "finetune_schedule": "continue", "lr_schedule": "constant"}, 0),
         ({"fused": True, "every_partition": True}, 0),
         ({"every_partition": True, "weight_decay": 1e-2}, 2),
+        ({"hyper_gradient": "implicit", "implicit_terms": 2, "hyper_every": 1}, 0),
     ],
-    ids=["default", "paper-estimator", "fused-every-partition", "workers"],
+    ids=["default", "paper-estimator", "fused-every-partition", "workers", "through-training"],
 )
 def test_your_own_loop_trains_what_fit_trains(changes, workers):
     x, y = _images()

@@ -44,6 +44,8 @@ def configs(draw: st.DrawFn) -> TrainConfig:
         keywords["finetune_steps"] = min(keywords["finetune_steps"], keywords["steps"] - 1)
     if keywords["fused"]:  # one forward normalises both steps' batches: only with their own statistics
         keywords["hyper_norm"] = "batch"
+    if keywords["fused"] or keywords["precision"] == "fp16":  # second derivatives: a backward of their own
+        keywords["hyper_gradient"] = "fixed"
     return TrainConfig.recommended(**keywords)
 
 

@@ -36,6 +36,9 @@ from ..errors import PartitionArgumentError, PartitionTypeError
 ScoredIndices = list[tuple[float, int, torch.Tensor]]
 """``[(weight, k, indices)]``: examples of chunk k, scored by subnetwork k-1, their mean loss weighted by
 ``weight``; a hyperparameter step's loss is the weighted sum (``lml.hyper_loss``)."""
+InnerIndices = list[tuple[int, torch.Tensor]]
+"""``[(p, indices)]``: examples of D_1:p on which partition p's training loss is differentiated, for a
+hyper-gradient through training (``training.implicit``)."""
 
 
 @dataclass(frozen=True)

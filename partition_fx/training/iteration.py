@@ -26,10 +26,19 @@ from torch.utils.data import Sampler
 
 from ..errors import PartitionArgumentError
 from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
-from .data import BatchReader, DataChunks, Examples, PartitionedSampler, ScoredIndices, StepInputs
+from ..train_config import HyperStep, TrainConfig
+from .data import BatchReader, DataChunks, Examples, InnerIndices, PartitionedSampler, ScoredIndices, StepInputs
+from .implicit import InnerBatch, through_training
 from .likelihoods import Categorical, Likelihood
-from .lml import LMLEvaluator, ScoredBatch, forward_log_likelihood, hyper_loss, hyper_step_norms, routed_losses
+from .lml import (
+    LMLEvaluator,
+    ScoredBatch,
+    buffers_restored,
+    forward_log_likelihood,
+    hyper_loss,
+    hyper_step_norms,
+    routed_losses,
+)
 from .objective import Objective, running_norms, takes_num_samples, widens
 from .optim import (
     OptimizerFactory,
@@ -74,6 +83,11 @@ class HyperEstimator(ABC):
     @abstractmethod
     def describe(self, batches: ScoredIndices) -> str:
         """What a step on ``batches`` scores, for messages (``"chunk D_2 through subnetwork 1"``)."""
+
+    def inner(self, sampler: PartitionedSampler, batches: ScoredIndices) -> InnerIndices:
+        """The ``(p, indices)`` minibatches of D_1:p whose training loss a hyper-gradient through training
+        differentiates (``training.implicit``), drawn after ``batches``; none for a gradient at fixed weights."""
+        return []
 
 
 class OneChunk(HyperEstimator):
@@ -122,13 +136,52 @@ class AllChunks(HyperEstimator):
         return "chunks D_2..D_C through subnetworks 1..C-1"
 
 
-def estimator_for(chunks: str) -> HyperEstimator:
-    """The estimator ``hyper_chunks`` names: ``"one"`` chunk per step (the paper's) or ``"all"`` of them.
+class ThroughTraining(HyperEstimator):
+    """The batches ``chunks`` scores, and for the hyper-gradient through training (``hyper_gradient="implicit"``,
+    ``training.implicit``) a parameter-step-sized minibatch of D_1:p for every partition p that the scored
+    subnetworks read (1..k-1 for the largest scored k): the examples partition p's training loss is
+    differentiated on.
 
-    >>> type(estimator_for("all")).__name__
-    'AllChunks'
+    Example::
+
+        >>> from partition_fx.training.data import split_into_chunks
+        >>> sampler = PartitionedSampler(split_into_chunks(100, (0.6, 0.2, 0.2)), batch_size=4, seed=0)
+        >>> estimator = ThroughTraining(AllChunks())
+        >>> batches = estimator.draw(sampler)
+        >>> [(p, len(i)) for p, i in estimator.inner(sampler, batches)]
+        [(1, 4), (2, 4)]
+        >>> estimator.describe(batches)
+        'chunks D_2..D_C through subnetworks 1..C-1, through the training of partitions 1..2'
     """
-    return AllChunks() if chunks == "all" else OneChunk()
+
+    def __init__(self, chunks: HyperEstimator) -> None:
+        self.chunks = chunks
+        self.name = chunks.name  # type: ignore[misc]  # picked by hyper_chunks, as the estimator it extends
+
+    def draw(self, sampler: PartitionedSampler) -> ScoredIndices:
+        return self.chunks.draw(sampler)
+
+    def describe(self, batches: ScoredIndices) -> str:
+        return f"{self.chunks.describe(batches)}, through the training of partitions 1..{_last_read(batches)}"
+
+    def inner(self, sampler: PartitionedSampler, batches: ScoredIndices) -> InnerIndices:
+        return [(p, sampler.parameter_batch(k=p)[1]) for p in range(1, _last_read(batches) + 1)]
+
+
+def _last_read(batches: ScoredIndices) -> int:
+    """The last partition the subnetworks scoring ``batches`` read: k-1 for the largest k."""
+    return max(k for _, k, _ in batches) - 1
+
+
+def estimator_for(chunks: str, gradient: str = "fixed") -> HyperEstimator:
+    """The estimator ``hyper_chunks`` names: ``"one"`` chunk per step (the paper's) or ``"all"`` of them; through
+    training (:class:`ThroughTraining`) with ``hyper_gradient="implicit"``.
+
+    >>> type(estimator_for("all")).__name__, type(estimator_for("one", "implicit")).__name__
+    ('AllChunks', 'ThroughTraining')
+    """
+    estimator = AllChunks() if chunks == "all" else OneChunk()
+    return ThroughTraining(estimator) if gradient == "implicit" else estimator
 
 
 # --- the steps -------------------------------------------------------------------------------------------------------
@@ -138,11 +191,13 @@ def estimator_for(chunks: str) -> HyperEstimator:
 class IterationBatch:
     """One iteration's examples as tensors, this process's share: the parameter (or fine-tuning) examples
     ``parameter`` = ``(x, y)`` and the ``partitions`` they train (as :attr:`Draw.partitions`, an int, one per
-    example of this share, or None), and the hyperparameter step's batches ``hyper`` = ``[(weight, k, x, y)]``."""
+    example of this share, or None), the hyperparameter step's batches ``hyper`` = ``[(weight, k, x, y)]`` and
+    the training examples its gradient through training differentiates, ``inner`` = ``[(p, x, y)]``."""
 
     partitions: int | torch.Tensor | None
     parameter: tuple[torch.Tensor, torch.Tensor]
     hyper: list[ScoredBatch] = field(default_factory=list)
+    inner: list[InnerBatch] = field(default_factory=list)
 
 
 class TrainingSteps:
@@ -416,8 +471,10 @@ class TrainingSteps:
         partitions = draw.partitions
         if isinstance(partitions, torch.Tensor):
             partitions = self.local(partitions)[0]
-        hyper = [(weight, k, xh, yh) for (weight, k, _), xh, yh in zip(draw.hyper, xs[1:], ys[1:])]
-        return IterationBatch(partitions, (xs[0], ys[0]), hyper)
+        scored = 1 + len(draw.hyper)
+        hyper = [(weight, k, xh, yh) for (weight, k, _), xh, yh in zip(draw.hyper, xs[1:scored], ys[1:scored])]
+        inner = [(p, xi, yi) for (p, _), xi, yi in zip(draw.inner, xs[scored:], ys[scored:])]
+        return IterationBatch(partitions, (xs[0], ys[0]), hyper, inner)
 
     def parameter_step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Train partition k on the examples ``x, y`` (of D_1:k) through subnetwork k; returns the loss."""
@@ -429,13 +486,28 @@ class TrainingSteps:
         what = f"parameter step of partition {k} (subnetwork {k}, data D_1:{k})"
         return self.stepper.step(loss, None, self.pmodel.partition_parameters(k), what, self.step)
 
-    def hyper_step(self, batches: Sequence[ScoredBatch], description: str) -> torch.Tensor:
+    def hyper_step(
+        self, batches: Sequence[ScoredBatch], description: str, inner: Sequence[InnerBatch] = ()
+    ) -> torch.Tensor:
         """Step psi on the ``(weight, k, x, y)`` batches (chunk k through subnetwork k-1); ``description``
-        says what they score (``HyperEstimator.describe``). Returns the loss."""
+        says what they score (``HyperEstimator.describe``). With ``inner`` ``(p, x, y)`` batches of D_1:p, the
+        gradient also sees through partition p's training on them (``training.implicit``: the configuration's
+        ``implicit_terms`` and ``implicit_lr``, the parameter steps' range factor). Returns the loss."""
         self.train_mode()
         with self.stepper.precision.autocast(), hyper_step_norms(self.pmodel, self.hyper_norms):
             loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples)
-        return self.stepper.step(None, loss, [], f"hyperparameter step ({description})", self.step)
+        what = f"hyperparameter step ({description})"
+        if not inner:
+            return self.stepper.step(None, loss, [], what, self.step)
+        settings = self.config.hyper if self.config is not None else HyperStep()
+        # Partition p's training loss is differentiated, not stepped: its forwards leave no running statistics.
+        with buffers_restored(self.pmodel):
+            with self.stepper.precision.autocast():
+                loss = loss + through_training(
+                    self.pmodel, self.likelihood, self.hyper, loss, inner, terms=settings.implicit_terms,
+                    lr=settings.implicit_lr, widen=self.train_range_factor,
+                )  # fmt: skip
+            return self.stepper.step(None, loss, [], what, self.step)
 
     def every_partition_step(
         self, ks: torch.Tensor, x: torch.Tensor, y: torch.Tensor, drawn: torch.Tensor | None = None
@@ -515,11 +587,12 @@ class Draw:
     partitions: int | torch.Tensor | None
     hyper: ScoredIndices = field(default_factory=list)
     hyper_what: str = ""
+    inner: InnerIndices = field(default_factory=list)
     scheme: IterationScheme | None = field(default=None, compare=False, repr=False)
 
     def reads(self) -> list[torch.Tensor]:
         """The index batches the iteration's steps read, in the order they read them."""
-        return [self.indices, *(indices for _, _, indices in self.hyper)]
+        return [self.indices, *(indices for _, _, indices in self.hyper), *(indices for _, indices in self.inner)]
 
 
 class IterationScheme(ABC):
@@ -568,12 +641,13 @@ class IterationScheme(ABC):
         """One iteration's steps on ``draw``, whose examples are ``batch``."""
 
 
-def _hyper_draw(sampler: PartitionedSampler, hyper: HyperEstimator | None) -> tuple[ScoredIndices, str]:
-    """A hyperparameter step's batches drawn by ``hyper`` and their description (none when ``hyper`` is None)."""
+def _hyper_draw(sampler: PartitionedSampler, hyper: HyperEstimator | None) -> tuple[ScoredIndices, str, InnerIndices]:
+    """A hyperparameter step's batches drawn by ``hyper``, their description and the training examples its
+    gradient differentiates (none when ``hyper`` is None)."""
     if hyper is None:
-        return [], ""
+        return [], "", []
     batches = hyper.draw(sampler)
-    return batches, hyper.describe(batches)
+    return batches, hyper.describe(batches), hyper.inner(sampler, batches)
 
 
 class Alternating(IterationScheme):
@@ -607,7 +681,7 @@ class Alternating(IterationScheme):
             steps.parameter_step(batch.partitions, *batch.parameter)  # type: ignore[arg-type]
         steps.advance()
         if batch.hyper:
-            steps.hyper_step(batch.hyper, draw.hyper_what)
+            steps.hyper_step(batch.hyper, draw.hyper_what, batch.inner)
 
 
 class EveryPartition(Alternating):
@@ -753,7 +827,7 @@ class Iterations:
         hyper = config.hyper
         return cls(
             scheme_for(config.runtime.fused, config.runtime.every_partition),
-            estimator_for(hyper.chunks) if learns else None,
+            estimator_for(hyper.chunks, hyper.gradient) if learns else None,
             hyper_every=hyper.every,
             warmup_steps=hyper.warmup_steps,
         )
