@@ -19,6 +19,7 @@ from partition_fx.datasets import (
     input_selection,
     load_dataset,
     rotdigits,
+    scaledigits,
     sklearn_digits,
     synthetic,
     write_scattered_digits,
@@ -97,7 +98,7 @@ def test_digits_channels_are_repeated() -> None:
     assert torch.equal(rgb.train.tensors[0], grey.train.tensors[0].expand(-1, 3, -1, -1))
 
 
-@pytest.mark.parametrize("loader", [digits, rotdigits])
+@pytest.mark.parametrize("loader", [digits, rotdigits, scaledigits])
 def test_digits_deterministic_and_seeded(loader) -> None:
     a, b, other = loader(size=8), loader(size=8), loader(size=8, seed=1)
     for part in ("train", "test"):
@@ -133,6 +134,32 @@ def test_rotdigits_differ_from_digits_only_by_rotation(plain, rotated) -> None:
     # the canvas leaves room: rotation keeps each digit's ink (nothing cut at the corners)
     ratio = xr.sum((1, 2, 3)) / x.sum((1, 2, 3))
     assert float((ratio - 1).abs().max()) < 0.05
+
+
+def _radius(images: torch.Tensor) -> torch.Tensor:
+    """Each image's root-mean-square distance of its ink from the canvas centre, in pixels."""
+    size = images.shape[-1]
+    coords = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    r2 = coords.view(-1, 1) ** 2 + coords.view(1, -1) ** 2
+    ink = images[:, 0].double()
+    return ((ink * r2).sum((1, 2)) / ink.sum((1, 2))).sqrt()
+
+
+def test_scaledigits_zoom_each_digit_by_its_recorded_factor_log_uniform_on_half_to_two() -> None:
+    """The truth a learned isotropic scale range should find: each digit is the digit of ``digits`` drawn at half
+    the size, zoomed by exp(its log-scale), log-scales uniform on [-log 2, log 2]; nothing is cut."""
+    plain, scaled = digits(size=28), scaledigits(size=28)
+    assert torch.equal(plain.info["train_indices"], scaled.info["train_indices"])
+    assert torch.equal(plain.test.tensors[1], scaled.test.tensors[1])
+    log_scales = torch.cat([scaled.info["train_log_scales"], scaled.info["test_log_scales"]]).double()
+    assert float(log_scales.abs().max()) <= math.log(2.0) and float(log_scales.std()) > 0.35  # U(-a, a): a/sqrt(3)
+    x, xs = plain.train.tensors[0], scaled.train.tensors[0]
+    ratio = _radius(xs) / _radius(x)
+    expected = torch.exp(scaled.info["train_log_scales"].double()) / sklearn_digits.MAX_ZOOM
+    assert float((ratio / expected - 1).abs().median()) < 0.05
+    assert float((ratio / expected - 1).abs().max()) < 0.25  # the smallest digits span 4.5 pixels
+    # no zoom cuts a digit: the largest fill digits' square, inside the canvas
+    assert float(xs[:, :, 0].abs().max() + xs[:, :, -1].abs().max()) == 0.0
 
 
 def test_rotation_direction_is_counter_clockwise() -> None:
