@@ -7,6 +7,7 @@ how each original tensor was treated in ``records``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -52,6 +53,8 @@ class PartitionedModel(nn.Module):
         root_leaf: bool,
         promoted_leaves: set[str],
         build: dict[str, Any] | None = None,
+        untraced: str | None = None,
+        container: str | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -69,6 +72,12 @@ class PartitionedModel(nn.Module):
         self.__dict__["_records"] = records
         self.__dict__["_skeleton"] = skeleton
         self.__dict__["_root_leaf"] = root_leaf
+        # The child of ``module`` that holds the partitioned tensors; a model called whole must not meet it
+        # (an nn.Sequential would call it as a layer): it is out of the module tree while the model runs.
+        self.__dict__["_container"] = container
+        self.untraced = untraced
+        """Why the model runs untraced, its own ``forward`` fed each subnetwork's tensors (``partitionify``'s
+        ``trace``); None when torch.fx traced it (or it is a single layer, called whole)."""
         self.per_example = "auto"
         """How ``forward`` runs per-example subnetworks: ``"one_pass"`` (node partitioning of conv/linear
         layers and norm scales only: see ``partition_fx.per_example.one_pass``), ``"grouped"`` (one forward per distinct
@@ -118,6 +127,7 @@ class PartitionedModel(nn.Module):
         per-example subnetworks run.
         """
         if isinstance(subnetwork, torch.Tensor) and subnetwork.dim() == 1:
+            self.check_traced("per-example subnetworks (subnetwork= a tensor)")
             return self._forward_per_example(args, kwargs, subnetwork, grad_partition)
         k = self.check_subnetwork(subnetwork)
         if grad_partition is None:
@@ -127,10 +137,46 @@ class PartitionedModel(nn.Module):
         with gradient_only_to(self.check_subnetwork(grad_partition)):
             return self._forward(k, args, kwargs)
 
+    def check_traced(self, what: str) -> None:
+        """Refuse ``what`` (something that needs the traced graph) for an untraced model, in one line naming why
+        the model is untraced and the fix.
+
+        >>> import torch
+        >>> from partition_fx import partitionify
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> partitionify(model, 2, trace="never").check_traced("the fused iteration")
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: the fused iteration needs a model torch.fx traced, ...
+        """
+        if self.untraced is not None:
+            reason = self.untraced.splitlines()[0]
+            raise PartitionArgumentError(
+                f"{what} needs a model torch.fx traced, but this {self.original_class.__name__} runs untraced "
+                f"({reason}): run one subnetwork per call (subnetwork= an int; train with fused=False and "
+                "every_partition=False), or make its forward traceable and convert it with trace='always'"
+            )
+
     def _forward(self, k: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._root_leaf:
-            return call_leaf_clearing_caches(self.module, self.effective_parameters(k), *args, **kwargs)
+            params = self.effective_parameters(k)
+            with self._partitions_out_of_the_tree():
+                return call_leaf_clearing_caches(self.module, params, *args, **kwargs)
         return self.module(k, *args, **kwargs)
+
+    @contextmanager
+    def _partitions_out_of_the_tree(self) -> Iterator[None]:
+        children = self.module._modules
+        if self._container not in children:
+            yield
+            return
+        kept = list(children.items())
+        children.pop(self._container)
+        try:
+            yield
+        finally:
+            children.clear()
+            children.update(kept)
 
     def _forward_group(self, args: tuple[Any, ...], kwargs: dict[str, Any], k: int, g: int | None) -> Any:
         return self.forward(*args, subnetwork=k, grad_partition=g, **kwargs)
@@ -351,9 +397,13 @@ class PartitionedModel(nn.Module):
             f"proportions={self.proportions}, scheme={self.scheme!r}",
             f"default={self.default!r}, assignments={self.assignments!r}, seed={self.seed}",
         ]
-        if self.promoted_leaves:
+        if self.untraced is not None:
+            lines.append(f"untraced, its forward run as written: {self.untraced.splitlines()[0]}")
+        elif self.promoted_leaves:
             promoted = ["<whole model>" if n == "" else n for n in self.promoted_leaves]
-            lines.append(f"traced as whole calls (their code depends on .training): {', '.join(promoted)}")
+            lines.append(
+                "called as whole calls (their code depends on .training, or fx cannot trace it): " + ", ".join(promoted)
+            )
         lines += records_table(self._records, self.num_partitions)
         buffers = list(self._skeleton.named_buffers())
         if buffers:

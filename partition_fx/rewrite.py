@@ -38,7 +38,7 @@ from .kinds import kind_names
 from .partitioned_model import PartitionedModel
 from .records import ParameterRecord
 from .runtime import call_leaf, call_leaf_clearing_caches, clear_parameter_caches, get_path, parameter_caches
-from .tracing import trace_consistently
+from .tracing import TRACE_MODES, trace_consistently
 from .treatment import treat_parameters
 
 
@@ -126,11 +126,13 @@ def partitionify(
     seed: int = 0,
     assignments: str = "stored",
     config: PartitionConfig | None = None,
+    trace: str = "auto",
 ) -> PartitionedModel:
     """Convert ``model`` into a partitioned equivalent; ``model`` itself is not modified.
 
     Args:
-        model: any ``nn.Module`` that torch.fx can trace with leaves (timm, torchvision, your own).
+        model: any ``nn.Module`` (timm, torchvision, your own), traced by torch.fx where it can be (see
+            ``trace``).
         num_partitions: C, the number of partitions (and of data chunks in training).
         proportions: share of each tensor's entries per partition; ``None`` = equal shares.
         scheme: ``"random"`` (random-weight partitioning: each entry of each tensor) or ``"node"`` (node
@@ -150,6 +152,13 @@ def partitionify(
             entry per output unit. Tensors too small or oddly sized for the regenerating permutation
             (no divisor pair both >= 32) store theirs either way.
         config: per-parameter rules and extra leaf modules (:class:`PartitionConfig`).
+        trace: ``"auto"`` (trace the model with torch.fx; a submodule fx cannot trace is called as one call, and
+            a model whose own forward fx cannot trace, such as torchvision's detection and optical-flow models,
+            runs untraced: its Python ``forward`` unchanged, fed the subnetwork's tensors by
+            ``torch.func.functional_call``), ``"always"`` (refuse what fx cannot trace, naming the module, the
+            line and the fix) or ``"never"`` (run untraced). An untraced model runs one subnetwork per call: per-
+            example subnetworks and the fused iterations are refused for it (``PartitionedModel.untraced`` says
+            why it is untraced).
 
     Example::
 
@@ -163,7 +172,9 @@ def partitionify(
         >>> type(export_subnetwork(pmodel, 2)) is torch.nn.Sequential
         True
     """
-    settings = _validated_settings(model, num_partitions, proportions, scheme, default, seed, assignments, config)
+    settings = _validated_settings(
+        model, num_partitions, proportions, scheme, default, seed, assignments, config, trace
+    )
     return _convert(model, settings)
 
 
@@ -176,6 +187,7 @@ class _Settings:
     seed: int
     assignments: str
     config: PartitionConfig
+    trace: str
 
 
 def _validated_settings(
@@ -187,6 +199,7 @@ def _validated_settings(
     seed: object,
     assignments: object,
     config: object,
+    trace: object,
 ) -> _Settings:
     if not isinstance(model, nn.Module):
         raise PartitionTypeError(f"partitionify needs an nn.Module, got {type(model).__name__}")
@@ -198,6 +211,7 @@ def _validated_settings(
     scheme = check_choice("scheme", scheme, kind_names(scheme=True))
     default = check_choice("default", default, DEFAULTS)
     assignments = check_choice("assignments", assignments, ASSIGNMENTS)
+    trace = check_choice("trace", trace, TRACE_MODES)
     seed = check_seed("seed", seed)
     config = config if config is not None else PartitionConfig()
     if not isinstance(config, PartitionConfig):
@@ -205,7 +219,7 @@ def _validated_settings(
     for name in config.leaf_modules:
         if isinstance(name, str) and get_path(model, name) is None:
             raise PartitionArgumentError(f"config leaf module {name!r} is not a submodule of {type(model).__name__}")
-    return _Settings(c, props, scheme, default, seed, assignments, config)
+    return _Settings(c, props, scheme, default, seed, assignments, config, trace)
 
 
 def _check_convertible(model: nn.Module) -> None:
@@ -240,8 +254,8 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
     working = _copy_model(model)
     clear_parameter_caches(working)  # a cache filled by an earlier forward would be traced as a constant
     leaves = settings.config.leaf_modules
-    graph, promoted = trace_consistently(
-        working, [m for m in leaves if isinstance(m, type)], [m for m in leaves if isinstance(m, str)]
+    graph, promoted, untraced = trace_consistently(
+        working, [m for m in leaves if isinstance(m, type)], [m for m in leaves if isinstance(m, str)], settings.trace
     )
     clear_parameter_caches(working)  # tracing in eval mode may have stored fx proxies in them
     root_leaf = "" in promoted
@@ -294,6 +308,8 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         assignments=settings.assignments,
         root_leaf=root_leaf,
         promoted_leaves=promoted,
+        untraced=untraced,
+        container=container,
         # A conversion with rules cannot be replayed from the model's name alone.
         build=None if settings.config.has_rules() else getattr(model, "partition_fx_build", None),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import traceback
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.fx as fx
 from timm.layers import get_notrace_functions, get_notrace_modules
@@ -22,6 +22,28 @@ from .errors import PartitionError
 from .transforms.base import HyperparameterModule
 
 _MAX_LEAF_ROUNDS = 64
+TRACE_MODES = ("auto", "always", "never")
+"""How ``partitionify`` runs a model's code (its ``trace=``): ``always`` traces it with torch.fx and refuses what fx
+cannot trace; ``auto`` traces it, calling a submodule fx cannot trace as one call and the whole model untraced when
+its own forward cannot be traced; ``never`` calls the whole model untraced."""
+
+
+class TraceFailure(PartitionError):
+    """fx could not trace a model: the message names the module, the line and the fix; ``where`` is the module's
+    qualified name ('' for the model's own forward)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+class Traced(NamedTuple):
+    """What :func:`trace_consistently` found: the ``graph``, the modules ``promoted`` to whole calls (``''``: the
+    whole model is one call), and why the model runs ``untraced`` (None: it is traced, or a lone leaf)."""
+
+    graph: fx.Graph
+    promoted: set[str]
+    untraced: str | None = None
 
 
 class LeafAwareTracer(fx.Tracer):
@@ -115,19 +137,20 @@ def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[
         owner = model.get_submodule(where)
         if where:
             fix = (
-                f"Trace that module as one call: partitionify(..., config=PartitionConfig()"
-                f".add_leaf_module({type(owner).__name__})) or .add_leaf_module('{where}')."
+                f"Trace that module as one call: partitionify(..., trace='auto') does, as does config="
+                f"PartitionConfig().add_leaf_module({type(owner).__name__}) or .add_leaf_module('{where}')."
             )
         else:
             fix = (
-                "The failing code is in the model's own forward, which cannot be a leaf: move it into a "
-                "submodule and list that with PartitionConfig().add_leaf_module(...), or make it traceable."
+                "The failing code is in the model's own forward: partitionify(..., trace='auto') runs the model "
+                "untraced (one subnetwork per call), or make it traceable."
             )
         first_line = str(e).splitlines()[0] if str(e) else ""
-        raise PartitionError(
+        raise TraceFailure(
             f"could not trace {type(model).__name__}: module '{where or '<root>'}' ({type(owner).__name__}) at "
             f"{_user_frame(e)}\n  {type(e).__name__}: {first_line}\n"
-            f"  This usually means data-dependent control flow or Python operations on traced values. {fix}"
+            f"  This usually means data-dependent control flow or Python operations on traced values. {fix}",
+            where,
         ) from None
     _restore_placeholder_names(graph, model)
     return graph
@@ -158,34 +181,52 @@ def _responsible_module(node: fx.Node) -> str:
 
 
 def trace_consistently(
-    model: nn.Module, leaf_types: Iterable[type] = (), leaf_names: Iterable[str] = ()
-) -> tuple[fx.Graph, set[str]]:
-    """Trace ``model`` so its graph is the same in train and eval mode.
+    model: nn.Module, leaf_types: Iterable[type] = (), leaf_names: Iterable[str] = (), trace: str = "always"
+) -> Traced:
+    """Trace ``model`` so its graph is the same in train and eval mode, as ``trace`` (:data:`TRACE_MODES`) says.
 
-    Returns ``(graph, promoted)``: the graph and the names of modules that had to become leaves
-    because their traced code depended on ``self.training``. ``''`` in ``promoted`` means the root's
-    own forward depends on it: the caller must then call the whole model as one leaf.
+    Returns a :class:`Traced`: the graph and the names of modules that had to become leaves because their
+    traced code depended on ``self.training`` (or, with ``trace="auto"``, because fx could not trace them).
+    ``''`` in ``promoted`` means the root's own forward depends on it: the caller must then call the whole model
+    as one leaf; with ``untraced`` set, because the model was not traced at all (that message says why).
+
+    >>> class Branchy(nn.Module):
+    ...     def forward(self, x):
+    ...         return x if x.sum() > 0 else -x  # data-dependent: fx cannot trace it
+    >>> trace_consistently(Branchy(), trace="auto").untraced.splitlines()[0]
+    "could not trace Branchy: module '<root>' (Branchy) at <doctest ...>:3 in forward: ..."
     """
     leaf_types = tuple(leaf_types)
     names = set(leaf_names)
     promoted: set[str] = set()
     if LeafAwareTracer(leaf_types, names).is_leaf_module(model, ""):
-        return fx.Graph(), {""}  # a lone leaf (e.g. a bare BatchNorm): call it whole
+        return Traced(fx.Graph(), {""})  # a lone leaf (e.g. a bare BatchNorm): call it whole
+    if trace == "never":
+        return Traced(fx.Graph(), {""}, f"{type(model).__name__} is not traced: partitionify(..., trace='never')")
     was_training = model.training
     modes = {name: module.training for name, module in model.named_modules()}  # each module's, as it was given
     try:
         for _ in range(_MAX_LEAF_ROUNDS):
-            model.train(True)
-            g_train = _trace_once(model, leaf_types, names)
-            model.train(False)
-            g_eval = _trace_once(model, leaf_types, names)
+            try:
+                model.train(True)
+                g_train = _trace_once(model, leaf_types, names)
+                model.train(False)
+                g_eval = _trace_once(model, leaf_types, names)
+            except TraceFailure as failure:
+                if trace != "auto":
+                    raise
+                if failure.where == "":  # the model's own forward: nothing smaller to call whole
+                    return Traced(fx.Graph(), {""}, str(failure))
+                names.add(failure.where)  # that module as one call, the rest traced
+                promoted.add(failure.where)
+                continue
             diff = _first_difference(g_train, g_eval)
             if diff is None:
-                return (g_train if was_training else g_eval), promoted
+                return Traced(g_train if was_training else g_eval, promoted)
             culprit = _responsible_module(diff)
             if culprit == "" or culprit in names:
                 promoted.add("")
-                return (g_train if was_training else g_eval), promoted
+                return Traced(g_train if was_training else g_eval, promoted)
             # Every instance of the culprit's class (e.g. all of a model's stochastic-depth modules)
             # becomes a leaf in this round, not one per round of two traces.
             culprit_type = type(model.get_submodule(culprit))

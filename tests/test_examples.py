@@ -83,9 +83,24 @@ def test_search_by_lml_benchmark_quick(capsys):
     assert "| lml |" in capsys.readouterr().out
 
 
+def test_detection_zoom_example_quick(capsys):
+    found = _load("detection_zoom").main(["--quick"])
+    assert found["untraced"] and found["exported"] == "FasterRCNN"
+    assert 0 <= found["zoom"] <= 0.7 and found["zoom"] != 0.2  # learned, within its bound (log 2)
+    assert "learned zoom range" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "name",
-    ["rotation_invariance", "input_selection", "finetune_pretrained", "own_loop", "lightning_fit", "optuna_search"],
+    [
+        "rotation_invariance",
+        "input_selection",
+        "finetune_pretrained",
+        "own_loop",
+        "detection_zoom",
+        "lightning_fit",
+        "optuna_search",
+    ],
 )
 def test_examples_document_how_to_run_them(name):
     text = (EXAMPLES / f"{name}.py").read_text()
@@ -246,6 +261,23 @@ def test_hyper_gradient_variance_benchmark_quick(capsys):
     assert [r["estimator"] for r in result["rows"]] == list(module.ESTIMATORS)
     assert all(len(r["draws"]) == 3 and r["sd"] >= 0 for r in result["rows"])
     assert "| fixed_batch |" in capsys.readouterr().out
+
+
+def test_model_coverage_benchmark_quick(capsys):
+    result = _benchmark("model_coverage").main(["--quick", "--families", "optical_flow", "segmentation"])
+    assert [(r["family"], r["path"], r["passed"]) for r in result["rows"]] == [
+        ("optical_flow", "untraced", True),
+        ("segmentation", "traced", True),
+    ]
+    assert [line["family"] for line in result["summary"]["families"]] == ["segmentation", "optical_flow"]
+    assert "raft_large" in capsys.readouterr().out
+
+
+def test_hyper_gradient_direction_benchmark_quick(capsys):
+    (row,) = _benchmark("hyper_gradient_direction").main(["--quick"])["rows"]
+    assert row["data"] == "rotdigits" and {"fixed", "implicit_0", "implicit_1"} <= row.keys()
+    assert row["implicit_0"] != row["fixed"]  # the term through training is there
+    assert "rotdigits r=0.50 seed 0" in capsys.readouterr().out
 
 
 def test_input_pipeline_benchmark_quick(capsys):

@@ -303,12 +303,17 @@ def test_root_forward_depending_on_training_is_kept() -> None:
     assert "<whole model>" in pmodel.describe()
 
 
-def test_data_dependent_control_flow_is_a_clear_error_with_a_way_out() -> None:
+def test_data_dependent_control_flow_is_called_whole_or_with_trace_always_a_clear_error_with_a_way_out() -> None:
     with pytest.raises(PartitionError) as info:
-        partitionify(DataDependent(), 3)
+        partitionify(DataDependent(), 3, trace="always")
     message = str(info.value)
     assert "'inner' (Branchy)" in message and "add_leaf_module(Branchy)" in message
     assert "x.sum() > 0" in message
+    pmodel = partitionify(DataDependent(), 3)  # trace="auto": the module fx cannot trace is called whole
+    assert pmodel.promoted_leaves == ["inner"] and pmodel.untraced is None
+    perturb_partitions(pmodel)
+    for sign in (1, -1):
+        assert_subnetworks_match_exports(pmodel, (sign * torch.ones(2, 3),))
     pmodel = partitionify(DataDependent(), 3, config=PartitionConfig().add_leaf_module(Branchy))
     perturb_partitions(pmodel)
     for sign in (1, -1):

@@ -13,7 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import DEFAULT_SUBSET, EXCLUDED, ONNX_SUBSET, SHIPPED, TIMM, TORCHVISION, ZooModel
+from zoo import (
+    DEFAULT_SUBSET,
+    EXCLUDED,
+    ONNX_SUBSET,
+    SHIPPED,
+    TIMM,
+    TORCHVISION,
+    TORCHVISION_TASKS,
+    UNTRACED_TASKS,
+    ZooModel,
+    check_conversion,
+)
 
 from partition_fx import PartitionConfig, export_onnx, export_subnetwork, partitionify
 from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
@@ -110,3 +121,11 @@ def test_onnx_round_trip(spec: ZooModel, tmp_path) -> None:
     with torch.no_grad():
         want = export_subnetwork(pmodel, 2).eval()(x3)
     assert max_relative_difference(torch.from_numpy(out), want) <= 1e-4
+
+
+@pytest.mark.parametrize("spec", _params(TORCHVISION_TASKS))
+def test_every_torchvision_family_converts_traced_or_not(spec: ZooModel) -> None:
+    """Detection, segmentation, video, optical flow and quantizable models (``zoo.check_conversion``); detection
+    and optical flow run untraced (their forward branches on its inputs), the others traced."""
+    path = check_conversion(spec)
+    assert path == ("untraced" if spec.task in UNTRACED_TASKS else "traced")

@@ -1,17 +1,29 @@
 """The model zoo the conversion is tested on: how to build each model small, and why any is excluded.
 
-``TORCHVISION`` holds every torchvision classification model; ``TIMM`` one small model from each timm
-family (module) that has one; ``SHIPPED`` this project's own models. ``DEFAULT_SUBSET`` is what CI runs;
-the rest runs with ``pytest -m zoo``.
+``TORCHVISION`` holds every torchvision classification model; ``TORCHVISION_TASKS`` every model of its other
+families (detection, segmentation, video, optical flow, quantizable), each with the input its task takes;
+``TIMM`` one small model from each timm family (module) that has one; ``SHIPPED`` this project's own models.
+``DEFAULT_SUBSET`` is what CI runs; the rest runs with ``pytest -m zoo``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+# What each torchvision family's models are built with (no weights, nothing downloaded) besides their own kwargs.
+_TASK_KWARGS: dict[str, dict[str, Any]] = {
+    "classification": {"num_classes": 10},
+    "quantization": {"num_classes": 10, "quantize": False},  # the float model, with its fusable modules
+    "segmentation": {"num_classes": 3, "weights_backbone": None},
+    "detection": {"num_classes": 3, "weights_backbone": None},
+    "video": {"num_classes": 10},
+    "optical_flow": {},
+}
 
 
 @dataclass(frozen=True)
@@ -22,6 +34,8 @@ class ZooModel:
     kwargs: dict[str, Any] = field(default_factory=dict)
     onnx: bool = False
     leaf_modules: tuple[str, ...] = ()  # passed as PartitionConfig leaves (what our trace error suggests)
+    task: str = "classification"  # torchvision's family: what the model is built with and what it takes
+    frames: int = 4  # video clips' length
 
     @property
     def id(self) -> str:
@@ -32,7 +46,7 @@ class ZooModel:
         if self.source == "torchvision":
             import torchvision
 
-            return torchvision.models.get_model(self.name, weights=None, num_classes=10, **self.kwargs)
+            return torchvision.models.get_model(self.name, weights=None, **_TASK_KWARGS[self.task], **self.kwargs)
         import timm
 
         import partition_fx  # noqa: F401  (registers the shipped models)
@@ -42,6 +56,20 @@ class ZooModel:
     def example_input(self, batch: int = 2) -> torch.Tensor:
         g = torch.Generator().manual_seed(1)
         return torch.randn(batch, 3, self.input_size, self.input_size, generator=g)
+
+    def example_args(self, batch: int = 2) -> tuple[Any, ...]:
+        """The positional arguments of one forward: a batch of images, a list of images (detection), a batch of
+        clips (video) or two batches of frames and 2 flow updates (optical flow)."""
+        g = torch.Generator().manual_seed(1)
+        size = self.input_size
+        if self.task == "detection":
+            return ([torch.rand(3, size, size + 16 * i, generator=g) for i in range(batch)],)
+        if self.task == "video":
+            return (torch.randn(batch, 3, self.frames, size, size, generator=g),)
+        if self.task == "optical_flow":
+            frames = torch.rand(2, batch, 3, size, size, generator=g)
+            return (frames[0], frames[1], 2)
+        return (self.example_input(batch),)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,6 +104,52 @@ def _torchvision_models() -> list[ZooModel]:
 
 
 TORCHVISION: list[ZooModel] = _torchvision_models()
+
+
+# --------------------------------------------------------------------------------------------------
+# torchvision's other families, every model: a detection model's own forward branches on its inputs in Python,
+# as RAFT's does (fx cannot trace them: partitionify runs them untraced). Detection models keep every box
+# (score threshold 0), so that their outputs compare something; the R-CNNs, RetinaNet and FCOS resize to 128 px.
+
+_SMALL_DETECTION = {"min_size": 128, "max_size": 128}
+_TASK_OVERRIDES: dict[str, tuple[int, dict[str, Any]]] = {
+    "fasterrcnn_mobilenet_v3_large_320_fpn": (96, {"box_score_thresh": 0.0}),
+    "fasterrcnn_mobilenet_v3_large_fpn": (96, {"box_score_thresh": 0.0, **_SMALL_DETECTION}),
+    "fasterrcnn_resnet50_fpn": (96, {"box_score_thresh": 0.0, **_SMALL_DETECTION}),
+    "fasterrcnn_resnet50_fpn_v2": (96, {"box_score_thresh": 0.0, **_SMALL_DETECTION}),
+    "maskrcnn_resnet50_fpn": (96, {"box_score_thresh": 0.0, **_SMALL_DETECTION}),
+    "maskrcnn_resnet50_fpn_v2": (96, {"box_score_thresh": 0.0, **_SMALL_DETECTION}),
+    "keypointrcnn_resnet50_fpn": (96, {"box_score_thresh": 0.0, **_SMALL_DETECTION}),
+    "retinanet_resnet50_fpn": (96, {"score_thresh": 0.0, **_SMALL_DETECTION}),
+    "retinanet_resnet50_fpn_v2": (96, {"score_thresh": 0.0, **_SMALL_DETECTION}),
+    "fcos_resnet50_fpn": (96, {"score_thresh": 0.0, **_SMALL_DETECTION}),
+    "ssd300_vgg16": (96, {"score_thresh": 0.0}),  # resizes to 300 px itself
+    "ssdlite320_mobilenet_v3_large": (96, {"score_thresh": 0.0}),  # to 320 px
+    "raft_small": (128, {}),  # the correlation pyramid needs 128 px
+    "raft_large": (128, {}),
+    "mvit_v1_b": (224, {}),  # its positional embeddings are fixed at 16 frames of 224 px
+    "mvit_v2_s": (224, {}),
+    "quantized_googlenet": (64, {"init_weights": True}),
+    "quantized_inception_v3": (75, {"init_weights": True}),
+}
+_VIDEO_FRAMES = {"mvit_v1_b": 16, "mvit_v2_s": 16, "s3d": 8}
+
+
+def _torchvision_task_models() -> list[ZooModel]:
+    import torchvision
+
+    out = []
+    for task in ("detection", "segmentation", "video", "optical_flow", "quantization"):
+        for name in torchvision.models.list_models(module=getattr(torchvision.models, task)):
+            default = 32 if task == "video" else 64
+            size, kwargs = _TASK_OVERRIDES.get(name, (default, {}))
+            out.append(ZooModel("torchvision", name, size, kwargs, task=task, frames=_VIDEO_FRAMES.get(name, 4)))
+    return out
+
+
+TORCHVISION_TASKS: list[ZooModel] = _torchvision_task_models()
+UNTRACED_TASKS = {"detection", "optical_flow"}
+"""The families whose models partitionify runs untraced (their own forward branches on its inputs)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,6 +311,13 @@ DEFAULT_SUBSET: set[str] = {
     "timm:mixer_s16_224",
     "timm:fixup_resnet8",
     "timm:cifar_wrn16_4_gn",
+    # torchvision's other families: untraced (a detector of each kind, RAFT) and traced
+    "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn",
+    "torchvision:ssdlite320_mobilenet_v3_large",
+    "torchvision:raft_small",
+    "torchvision:lraspp_mobilenet_v3_large",
+    "torchvision:r3d_18",
+    "torchvision:quantized_mobilenet_v3_large",
 }
 
 ONNX_SUBSET: set[str] = {
@@ -246,3 +327,39 @@ ONNX_SUBSET: set[str] = {
     "timm:fixup_resnet8",
     "timm:cifar_wrn16_4_gn",
 }
+
+
+def check_conversion(spec: ZooModel) -> str:
+    """The check of a model of any torchvision family, in eval mode; returns its path, ``"traced"`` or
+    ``"untraced"``. C=3, proportions (0.8, 0.1, 0.1): subnetworks 0 and C are the original right after
+    conversion (exactly); after perturbing every partition, subnetworks 1 and C equal their exports
+    (``testing.assert_subnetworks_match_exports``, relative 1e-5) and differ from the original; the export is
+    the original class with its state-dict keys; every parameter is partitioned, each entry of a random-weight
+    tensor in exactly one partition. Raises AssertionError naming what failed."""
+    from partition_fx import export_subnetwork, partitionify
+    from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
+
+    model = spec.build().eval()
+    args = spec.example_args()
+    pmodel = partitionify(model, num_partitions=3, proportions=(0.8, 0.1, 0.1), seed=0)
+    assert not pmodel.training, "partitionify returned another mode than it was given"
+    with torch.no_grad():
+        reference = model(*args)
+        for k in (0, 3):
+            assert max_relative_difference(pmodel(*args, subnetwork=k), reference) == 0, f"subnetwork {k}"
+    perturb_partitions(pmodel, seed=0)
+    assert_subnetworks_match_exports(pmodel, args, rtol=1e-5, subnetworks=[1, 3])
+    with torch.no_grad():  # the perturbation reached the model (a detector may then keep other boxes)
+        perturbed = pmodel(*args)
+    try:
+        assert max_relative_difference(perturbed, reference) > 1e-6, "the perturbation did not reach the model"
+    except AssertionError as e:
+        assert "shapes differ" in str(e) or "tensors" in str(e), e
+    exported = export_subnetwork(pmodel)
+    assert type(exported) is type(model) and list(exported.state_dict()) == list(model.state_dict())
+    for record in pmodel.records:
+        assert record.partitioned is not None, f"{record.names[0]} is not partitioned"
+        if record.treatment in ("random", "node"):
+            counts = [record.partitioned.part(k).numel() for k in range(1, 4)]
+            assert sum(counts) == math.prod(record.shape), f"{record.names[0]}: {counts} entries of {record.shape}"
+    return "untraced" if pmodel.untraced is not None else "traced"

@@ -13,7 +13,7 @@ from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignme
 from .fit import fit
 from .hooks import BestState, CallbackHook, CheckpointWriter, Patience, TrainingHook
 from .iteration import Draw, IterationBatch, PartitionedBatchSampler, TrainingSteps
-from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, resolve_likelihood
+from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, ModelLoss, resolve_likelihood
 from .lml import (
     EvaluationRecord,
     LMLEstimate,
@@ -49,6 +49,7 @@ __all__ = [
     "LMLEvaluator",
     "Likelihood",
     "MLflowTracker",
+    "ModelLoss",
     "Objective",
     "PartitionCheckpointError",
     "PartitionedBatchSampler",

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -438,14 +438,15 @@ class TrainingSteps:
     def take(self, draw: Draw, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> None:
         """The steps of the iteration ``draw``: a fine-tuning step when ``draw.partitions`` is None, else those
         of the scheme that drew it (``draw.scheme``). ``x, y`` are its rows, in the order of
-        :meth:`Draw.reads` (what a ``DataLoader`` on a ``PartitionedBatchSampler`` yields for it); without them
-        they are read from :attr:`examples` (:meth:`local_indices`)."""
+        :meth:`Draw.reads` (what a ``DataLoader`` on a ``PartitionedBatchSampler`` yields for it): tensors, or
+        lists (a detection model's images and target dicts, with ``ModelLoss``); without them they are read
+        from :attr:`examples` (:meth:`local_indices`)."""
         if x is None or y is None:
             if x is not None or y is not None:
                 raise PartitionArgumentError("pass both x and y of the iteration's batch, or neither")
             x, y = self._reader().batch(self.local_indices(draw), self.device)
         elif self.device is not None:
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = _placed(x, self.device), _placed(y, self.device)
         batch = self._split(draw, x, y)
         if draw.partitions is None and self.config is not None and not self.finetuning:
             self.begin_finetuning()
@@ -461,13 +462,13 @@ class TrainingSteps:
 
     def _split(self, draw: Draw, x: torch.Tensor, y: torch.Tensor) -> IterationBatch:
         sizes = [self.local(indices)[0].numel() for indices in draw.reads()]
-        if x.shape[0] != sum(sizes) or y.shape[0] != sum(sizes):
+        if len(x) != sum(sizes) or len(y) != sum(sizes):
             raise PartitionArgumentError(
-                f"the iteration's batch has {x.shape[0]} inputs and {y.shape[0]} targets, but its draw reads "
+                f"the iteration's batch has {len(x)} inputs and {len(y)} targets, but its draw reads "
                 f"{sum(sizes)} examples ({' + '.join(map(str, sizes))}, in the order of draw.reads()): build the "
                 "DataLoader with batch_sampler=PartitionedBatchSampler(...), and no drop_last or shuffling"
             )
-        xs, ys = x.split(sizes), y.split(sizes)
+        xs, ys = _rows(x, sizes), _rows(y, sizes)
         partitions = draw.partitions
         if isinstance(partitions, torch.Tensor):
             partitions = self.local(partitions)[0]
@@ -561,6 +562,26 @@ class TrainingSteps:
                 self.pmodel, self.likelihood, self.hyper, ks, batch, hyper, self.hyper_samples,
                 self.train_range_factor,
             )  # fmt: skip
+
+
+def _rows(batch: torch.Tensor | Sequence, sizes: list[int]) -> Sequence:
+    """A batch split into consecutive parts of ``sizes`` rows: a tensor's views, or a list's slices (the images and
+    targets of a detection model)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.split(sizes)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [list(batch[start : start + size]) for start, size in zip(starts, sizes)]
+
+
+def _placed(batch: Any, device: torch.device) -> Any:
+    """``batch`` on ``device``: a tensor, or every tensor of a list of tensors or of dicts of them."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: _placed(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_placed(item, device) for item in batch)
+    return batch
 
 
 # --- iteration schemes -----------------------------------------------------------------------------------------------
@@ -701,6 +722,9 @@ class EveryPartition(Alternating):
 
     name = "every-partition"
 
+    def check(self, pmodel: PartitionedModel) -> None:
+        pmodel.check_traced("every_partition=True (each example through its own subnetwork)")
+
     def parameter_examples(self, sampler: PartitionedSampler) -> tuple[int | torch.Tensor, torch.Tensor]:
         return sampler.parameter_examples()
 
@@ -724,6 +748,7 @@ class Fused(IterationScheme):
     name = "fused"
 
     def check(self, pmodel: PartitionedModel) -> None:
+        pmodel.check_traced("fused=True (both steps' examples in one forward, each through its subnetwork)")
         # The parameter examples' loss runs through the model's hyperparameter modules with gradients (only the
         # input transform and the likelihood can be detached for them), so it would step psi too.
         if any(any(True for _ in m.parameters()) for _, m in pmodel.hyperparameter_modules()):

@@ -105,6 +105,36 @@ class CallableLikelihood(Likelihood):
         return value
 
 
+class ModelLoss(Likelihood):
+    """For a model that scores its targets itself: its forward takes ``(inputs, targets)`` and returns its losses
+    (a tensor, or a dict of them, summed), as torchvision's detection models do in training mode. Training then
+    calls ``pmodel(inputs, targets, subnetwork=k)``, and the input transform, if any, transforms inputs and
+    targets together (``transform(inputs, targets) -> (inputs, targets)``, e.g. ``transforms.BoxZoom``): the
+    model's losses stand for the batch's negative log-likelihood, each example's the batch's mean (the losses
+    are means over the batch, not per example).
+
+    Such a model returns its losses only in training mode: every step of partitioned training runs there; an
+    evaluation in eval mode gets its predictions, which this refuses naming the fix.
+
+    >>> losses = {"loss_classifier": torch.tensor(0.5), "loss_box_reg": torch.tensor(0.25)}
+    >>> ModelLoss()(losses, [{"boxes": torch.zeros(0, 4)}] * 2)
+    tensor([-0.7500, -0.7500])
+    """
+
+    def forward(self, outputs: object, targets: object, num_samples: int = 1) -> torch.Tensor:
+        if isinstance(outputs, dict) and outputs and all(isinstance(v, torch.Tensor) for v in outputs.values()):
+            total = torch.stack([v.sum() for v in outputs.values()]).sum()
+        elif isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
+            total = outputs
+        else:
+            raise PartitionArgumentError(
+                f"ModelLoss needs the model's losses (a scalar tensor or a dict of them), got "
+                f"{type(outputs).__name__}: the model returns its losses in training mode only (model.train()); "
+                "evaluate its predictions in eval mode yourself"
+            )
+        return -total.expand(len(targets))  # type: ignore[arg-type]
+
+
 def resolve_likelihood(spec: str | Likelihood | Callable[..., torch.Tensor]) -> Likelihood:
     """``"classification"`` -> ``Categorical()``, ``"regression"`` -> ``Gaussian()``, a ``Likelihood`` as is,
     any other callable -> ``CallableLikelihood``.

@@ -24,7 +24,7 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, needs_recalibration
 from .data import DataChunks, Examples
-from .likelihoods import Likelihood
+from .likelihoods import Likelihood, ModelLoss
 from .objective import Objective, running_norms
 from .stepping import Precision
 
@@ -66,7 +66,14 @@ def forward_log_likelihood(
     """Per-example log p(y | x) through ``subnetwork``, after the input transform ``hyper`` (whose S
     samples per example are averaged by the likelihood). ``transform_grad=False`` runs the transform
     without autograd (a parameter step needs no gradient of psi); ``samples`` overrides the transform's
-    number of samples and ``widen`` widens its ranges (see :func:`apply_transform`)."""
+    number of samples and ``widen`` widens its ranges (see :func:`apply_transform`). With a :class:`ModelLoss`
+    the model scores the targets itself: ``pmodel(x, y, subnetwork=...)``, after the transform of both."""
+    if isinstance(likelihood, ModelLoss):
+        if hyper is not None:
+            widened = hyper.widened(widen) if widen != 1.0 else nullcontext()
+            with torch.set_grad_enabled(transform_grad and torch.is_grad_enabled()), widened:
+                x, y = hyper(x, y)
+        return likelihood(pmodel(x, y, subnetwork=subnetwork), y)
     x, samples = apply_transform(hyper, x, transform_grad, samples, widen)
     return likelihood(pmodel(x, subnetwork=subnetwork), y, samples)
 

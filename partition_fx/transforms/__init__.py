@@ -4,6 +4,7 @@ Each is a :class:`HyperparameterModule`: ``partitionify`` leaves it unpartitione
 reports its values as plain floats and ``constrain_()`` clamps it into documented bounds after each step.
 
 - :class:`AffineAugmentation`: affine augmentation with learnable ranges (Augerino); [B, ...] -> [S * B, ...].
+- :class:`BoxZoom`: a learnable zoom of detection images and their boxes alike (with ``training.ModelLoss``).
 - :class:`ConcreteDropout`: dropout with a learnable rate (concrete relaxation).
 - :class:`InputMask`: a learnable soft mask over input features.
 
@@ -16,11 +17,13 @@ All three are the identity (or a fixed mask) in eval mode, so exported models ne
 from .affine import AffineAugmentation
 from .averaging import TestTimeAveraged, averaging_coefficients
 from .base import HyperparameterModule
+from .boxes import BoxZoom
 from .dropout import ConcreteDropout
 from .mask import InputMask
 
 __all__ = [
     "AffineAugmentation",
+    "BoxZoom",
     "ConcreteDropout",
     "HyperparameterModule",
     "InputMask",
