@@ -8,6 +8,7 @@ it passed (and the first line of what failed), its seconds. ``docs/conversion.md
 
     python -m benchmarks.model_coverage                                   # every family but classification
     python -m benchmarks.model_coverage --families classification         # the 80 classifiers (~20 min)
+    python -m benchmarks.model_coverage --models s3d raft_small           # check these again, in the results
     python -m benchmarks.model_coverage --quick                           # one model per family; writes nothing
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, ROOT, header, results, write_results
+from benchmarks._common import RESULTS, ROOT, header, load_results, results, write_results
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantization")
 
@@ -51,13 +52,16 @@ def coverage_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES[1:]))
+    parser.add_argument("--models", nargs="+", help="check these models again and replace their rows in --out")
     parser.add_argument("--quick", action="store_true", help="one model per family; writes nothing")
     parser.add_argument("--out", default=str(RESULTS / "model_coverage.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     zoo = _zoo()
     models = [m for m in zoo.TORCHVISION + zoo.TORCHVISION_TASKS if m.task in args.families]
-    if args.quick:
+    if args.models:
+        models = [m for m in zoo.TORCHVISION + zoo.TORCHVISION_TASKS if m.name in args.models]
+    elif args.quick:
         models = [next(m for m in models if m.task == family) for family in args.families]
     rows = []
     for spec in models:
@@ -70,8 +74,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         rows.append(row)
         print(f"{spec.task:15s} {spec.name:40s} {path or 'FAILED':9s} {row['seconds']:6.1f}s {error or ''}", flush=True)
+    config = vars(args)
+    if args.models:  # the other rows as the results file has them
+        earlier = load_results(args.out)
+        rows = [r for r in earlier["rows"] if r["model"] not in args.models] + rows
+        rows.sort(key=lambda r: (FAMILIES.index(r["family"]), r["model"]))
+        config = {**earlier["config"], "rechecked": args.models}
     result = results(
-        header("model_coverage", quick=args.quick), vars(args), rows, summary={"families": coverage_rows(rows)}
+        header("model_coverage", quick=args.quick), config, rows, summary={"families": coverage_rows(rows)}
     )
     if not args.quick:
         write_results(args.out, result)

@@ -4,6 +4,7 @@ image in it, CHANGELOG.md's included, resolves: to a file that exists and, with 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -110,3 +111,13 @@ def test_the_anchor_rule_matches_githubs():
     assert TRACKER_NUMBER.search("Issue 28's leads") and TRACKER_NUMBER.search("issues 27 and 42")
     assert TRACKER_NUMBER.search("benchmarks/results/issue43_default.json")
     assert not TRACKER_NUMBER.search("tissue 4") and not TRACKER_NUMBER.search("the issue is 3 rad")
+
+
+def test_the_model_coverage_table_is_the_sweeps():
+    """docs/conversion.md's rows of torchvision's other families are benchmarks/results/model_coverage.json's."""
+    summary = json.loads((ROOT / "benchmarks" / "results" / "model_coverage.json").read_text())["summary"]
+    text = (ROOT / "docs" / "conversion.md").read_text()
+    for line in summary["families"]:
+        family = line["family"].replace("_", " ")
+        row = f"| {family} | {line['tried']} | {line['passed']} | {line['traced']} | {line['untraced']} |"
+        assert row in text, row

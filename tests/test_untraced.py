@@ -44,14 +44,23 @@ class WithGate(nn.Module):
         return self.last(self.gate(self.first(x)))
 
 
-def test_a_model_fx_cannot_trace_runs_untraced_and_its_subnetworks_equal_their_exports() -> None:
+@pytest.mark.parametrize(
+    "conversion",
+    [{}, {"scheme": "node"}, {"default": "seed", "assignments": "regenerated"}, {"default": "zero"}],
+    ids=["random", "node", "seed-regenerated", "zero"],
+)
+def test_a_model_fx_cannot_trace_runs_untraced_and_its_subnetworks_equal_their_exports(conversion) -> None:
+    """Every scheme and default of the traced path, and the norm scales (BatchNorm's affine: product/sum)."""
     torch.manual_seed(0)
     model, x = Branchy().eval(), torch.randn(5, 4)
-    pmodel = partitionify(model, 3)
+    pmodel = partitionify(model, 3, **conversion)
     assert pmodel.untraced is not None and "could not trace Branchy" in pmodel.untraced
     assert "untraced" in pmodel.describe()
+    kinds = {name: pt.kind for name, pt in pmodel.partitioned_tensors()}
+    assert kinds["body.1.weight"] == "product" and kinds["body.1.bias"] == "sum"
     with torch.no_grad():
-        assert torch.equal(pmodel(x), model(x))
+        reference = model(x) if conversion.get("default", "init") == "init" else export_subnetwork(pmodel, 0)(x)
+        assert torch.equal(pmodel(x, subnetwork=0), reference)
     perturb_partitions(pmodel, seed=0)
     assert_subnetworks_match_exports(pmodel, (x,), rtol=0)
     assert type(export_subnetwork(pmodel)) is Branchy

@@ -129,10 +129,11 @@ _TASK_OVERRIDES: dict[str, tuple[int, dict[str, Any]]] = {
     "raft_large": (128, {}),
     "mvit_v1_b": (224, {}),  # its positional embeddings are fixed at 16 frames of 224 px
     "mvit_v2_s": (224, {}),
+    "s3d": (224, {}),  # its last pooling is 2 x 7 x 7: 16 frames of 224 px
     "quantized_googlenet": (64, {"init_weights": True}),
     "quantized_inception_v3": (75, {"init_weights": True}),
 }
-_VIDEO_FRAMES = {"mvit_v1_b": 16, "mvit_v2_s": 16, "s3d": 8}
+_VIDEO_FRAMES = {"mvit_v1_b": 16, "mvit_v2_s": 16, "s3d": 16}
 
 
 def _torchvision_task_models() -> list[ZooModel]:
@@ -332,10 +333,10 @@ ONNX_SUBSET: set[str] = {
 def check_conversion(spec: ZooModel) -> str:
     """The check of a model of any torchvision family, in eval mode; returns its path, ``"traced"`` or
     ``"untraced"``. C=3, proportions (0.8, 0.1, 0.1): subnetworks 0 and C are the original right after
-    conversion (exactly); after perturbing every partition, subnetworks 1 and C equal their exports
-    (``testing.assert_subnetworks_match_exports``, relative 1e-5) and differ from the original; the export is
-    the original class with its state-dict keys; every parameter is partitioned, each entry of a random-weight
-    tensor in exactly one partition. Raises AssertionError naming what failed."""
+    conversion (relative 1e-6, as the classifiers' sweep); after perturbing every partition, subnetworks 1 and
+    C equal their exports (``testing.assert_subnetworks_match_exports``, relative 1e-5) and differ from the
+    original; the export is the original class with its state-dict keys; every parameter is partitioned, each
+    entry of a random-weight tensor in exactly one partition. Raises AssertionError naming what failed."""
     from partition_fx import export_subnetwork, partitionify
     from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
 
@@ -346,7 +347,8 @@ def check_conversion(spec: ZooModel) -> str:
     with torch.no_grad():
         reference = model(*args)
         for k in (0, 3):
-            assert max_relative_difference(pmodel(*args, subnetwork=k), reference) == 0, f"subnetwork {k}"
+            # (a model called whole through functional_call, Inception's root, may differ in the last bits)
+            assert max_relative_difference(pmodel(*args, subnetwork=k), reference) <= 1e-6, f"subnetwork {k}"
     perturb_partitions(pmodel, seed=0)
     assert_subnetworks_match_exports(pmodel, args, rtol=1e-5, subnetworks=[1, 3])
     with torch.no_grad():  # the perturbation reached the model (a detector may then keep other boxes)
