@@ -139,6 +139,9 @@ ARMS = {
         *("--generators", "augerino"),
         *("--init", "translation_x=0.25,translation_y=0.25,rotation=3.14159,scale=0.35,stretch=0.2,shear=0.2"),
     ],
+    # the paper's start (every range at 0), the hyper-gradient at fixed weights (the default) and through training
+    "zero": ["--init", "zero"],
+    "zero_implicit": ["--init", "zero", "--hyper-gradient", "implicit"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]

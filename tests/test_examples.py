@@ -280,6 +280,18 @@ def test_hyper_gradient_direction_benchmark_quick(capsys):
     assert "rotdigits r=0.50 seed 0" in capsys.readouterr().out
 
 
+def test_implicit_cost_benchmark_quick(capsys):
+    rows = _benchmark("implicit_cost").main(["--quick"])["rows"]
+    assert [r["step"] for r in rows] == [
+        "parameter step",
+        "hyper step, fixed weights",
+        "hyper step, through training K=0",
+        "hyper step, through training K=1",
+    ]
+    assert all(r["seconds"] > 0 for r in rows) and rows[0]["parameter_steps"] == 1.0
+    assert "in parameter steps" in capsys.readouterr().out
+
+
 def test_input_pipeline_benchmark_quick(capsys):
     module = _benchmark("input_pipeline")
     rows = module.main(["--quick"])["rows"]
