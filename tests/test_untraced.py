@@ -177,3 +177,21 @@ def test_a_detector_trains_partitioned_on_its_own_losses_learning_a_zoom() -> No
 def test_model_loss_refuses_predictions_naming_the_fix() -> None:
     with pytest.raises(PartitionArgumentError, match=r"losses in training mode only \(model.train\(\)\)"):
         ModelLoss()([{"boxes": torch.zeros(0, 4)}], [{}])
+
+
+def test_fit_refuses_a_model_loss_naming_your_own_loop() -> None:
+    """fit reads (input, target) tensors; a detector's lists of images and target dicts go through your own loop."""
+    from partition_fx.training import fit
+
+    data = _detection_data(6)
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(data)
+
+        def __getitem__(self, i: int):
+            return data[i]
+
+    pmodel = partitionify(Branchy(), 2)
+    with pytest.raises(PartitionArgumentError, match=r"ModelLoss\) trains in your own loop.*steps.take"):
+        fit(pmodel, Pairs(), likelihood=ModelLoss(), steps=2, progress=False)

@@ -29,7 +29,7 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import HyperStep, TrainConfig
 from .data import BatchReader, DataChunks, Examples, InnerIndices, PartitionedSampler, ScoredIndices, StepInputs
 from .implicit import InnerBatch, through_training
-from .likelihoods import Categorical, Likelihood
+from .likelihoods import Categorical, Likelihood, ModelLoss
 from .lml import (
     LMLEvaluator,
     ScoredBatch,
@@ -313,6 +313,13 @@ class TrainingSteps:
             likelihood if likelihood is not None else Categorical(),
             checkpoint_defaults=config.checkpointing.defaults,
         )
+        if isinstance(likelihood, ModelLoss) and (read_ahead is not None or scored is not None):
+            raise PartitionArgumentError(
+                "a model that scores its targets itself (ModelLoss) trains in your own loop: fit and the LML "
+                "estimate read examples as tensors, its images and target dicts are lists; take each iteration's "
+                "batch from a DataLoader on a PartitionedBatchSampler with steps.take(draw, images, targets) "
+                "(docs/loops.md)"
+            )
         if chunks.num_chunks != pmodel.num_partitions:
             raise PartitionArgumentError(
                 f"the data is split into {chunks.num_chunks} chunks but the model has {pmodel.num_partitions} "
