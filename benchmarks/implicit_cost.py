@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, markdown_table, results, write_results
+from benchmarks import tables
+from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx.cli.job import train_job
 from partition_fx.training import PartitionedSampler, TrainingSteps, split_into_chunks
 
@@ -77,9 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name, seconds in medians.items()
     ]
     result = results(header("implicit_cost", quick=args.quick), {**vars(args), "hyper_every": every}, rows)
-    body = [[r["step"], f"{r['seconds']:.3f}", f"{r['parameter_steps']:.2f}", r["iteration_vs_fixed"] or "—"]
-            for r in rows]  # fmt: skip
-    print(markdown_table(["step", "s (median)", "in parameter steps", "partitioned iteration vs fixed"], body))
+    print(tables.implicit_cost(result))
     if not args.quick:
         write_results(args.out, result)
     return result

@@ -598,6 +598,17 @@ def hyper_gradient_direction(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def implicit_cost(result: Results) -> str:
+    """Per step: its median seconds, in parameter steps, and the partitioned iteration it makes against the
+    fixed-weight one (a parameter step and a hyperparameter step every ``hyper_every`` iterations)."""
+    body = [
+        [r["step"], f"{r['seconds']:.3f}", f"{r['parameter_steps']:.2f}",
+         "—" if r["iteration_vs_fixed"] is None else f"x{r['iteration_vs_fixed']:.2f}"]
+        for r in result["rows"]
+    ]  # fmt: skip
+    return markdown_table(["step", "seconds (median)", "in parameter steps", "partitioned iteration vs fixed"], body)
+
+
 def model_coverage(result: Results) -> str:
     """Per torchvision family: models tried, passed, and the path each took (traced by fx, or untraced)."""
     body = [
@@ -648,6 +659,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_gradient_variance": hyper_gradient_variance,
     "hyper_gradient_direction": hyper_gradient_direction,
     "model_coverage": model_coverage,
+    "implicit_cost": implicit_cost,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
     "learned_ranges_per_seed": learned_ranges_per_seed,
