@@ -241,6 +241,16 @@ class Settings:
         """Every value by its flat keyword (only those a resumed run must match, with ``fingerprint``)."""
         return {f.keyword: self._at(f.path) for f in self.fields() if f.option.fingerprint or not fingerprint}
 
+    @classmethod
+    def absent_values(cls, *, fingerprint: bool = False) -> dict[str, Any]:
+        """By flat keyword, the value a field added later (``absent_means``) stands for where something written
+        before it lacks it (only the fields a resumed run must match, with ``fingerprint``)."""
+        return {
+            f.keyword: f.option.absent_means
+            for f in cls.fields()
+            if f.option.absent_means is not REQUIRED and (f.option.fingerprint or not fingerprint)
+        }
+
     def _at(self, path: tuple[str, ...]) -> Any:
         target: Any = self
         for name in path:

@@ -199,6 +199,34 @@ def test_state_checkpoint_and_report_from_an_earlier_development_version_are_ref
         read_run(run, "--run")
 
 
+def test_a_state_written_before_a_setting_existed_resumes_as_every_run_then_ran(tmp_path):
+    """hyper_gradient, implicit_terms and implicit_lr joined the fingerprint later: a state without them is a run
+    at fixed weights, and resumes as one (and is refused for a run through training, naming the difference)."""
+    _fit(_pmodel(), 4, checkpoint_dir=tmp_path)
+    state_file = tmp_path / "resume" / "state.json"
+    state = json.loads(state_file.read_text())
+    for key in ("hyper_gradient", "implicit_terms", "implicit_lr"):
+        del state["fingerprint"][key]
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(PartitionCheckpointError, match=r"different configuration.*hyper_gradient"):
+        _fit(_pmodel(), 6, resume=tmp_path / "resume", hyper_gradient="implicit")
+    assert _fit(_pmodel(), 6, resume=tmp_path / "resume").steps == 6
+
+
+def test_a_run_through_training_resumes_bit_for_bit(tmp_path):
+    """The inner minibatches are the sampler's draws: a resumed run through training equals the uninterrupted one."""
+    kwargs = {"hyper_gradient": "implicit", "implicit_terms": 1}
+    reference = _pmodel()
+    expected = _fit(reference, 6, **kwargs)
+    stop_at_4 = lambda trainer, record: record["step"] == 4  # noqa: E731
+    _fit(_pmodel(), 6, checkpoint_dir=tmp_path, callbacks=[stop_at_4], **kwargs)
+    resumed_model = _pmodel()
+    resumed = _fit(resumed_model, 6, resume=tmp_path / "resume", **kwargs)
+    assert resumed.hyperparameters == expected.hyperparameters
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed_model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
 class _RunsCodeWhenUnpickled:
     """A pickle payload: unpickling it would create ``path`` (what a malicious checkpoint could do)."""
 

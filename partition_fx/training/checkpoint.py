@@ -38,6 +38,7 @@ from torch import nn
 from .._io import existing_directory, replace_directory, replace_file
 from ..errors import PartitionCheckpointError, earlier_version
 from ..partitioned_model import PartitionedModel
+from ..train_config import TrainConfig
 
 # --- checkpoint files ------------------------------------------------------------------------------------------------
 
@@ -395,7 +396,9 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
     if plain.get("format") != FORMAT:
         raise PartitionCheckpointError(f"{directory} has format {plain.get('format')!r}; this version reads {FORMAT}")
     missing = [key for key in STATE_FIELDS if key not in plain]
-    missing += [f"fingerprint.{key}" for key in trainer.fingerprint() if key not in plain.get("fingerprint", {})]
+    # a setting added since the state was written: its absence means the value every run had before it
+    plain["fingerprint"] = {**TrainConfig.absent_values(fingerprint=True), **plain.get("fingerprint", {})}
+    missing += [f"fingerprint.{key}" for key in trainer.fingerprint() if key not in plain["fingerprint"]]
     if isinstance(plain.get("best"), dict) and "score" not in plain["best"]:
         missing.append("best.score: its best state was chosen by the full LML, not the conditional one")
     if missing:
