@@ -29,6 +29,7 @@ import torch
 from benchmarks._common import RESULTS, header, results, write_results
 from partition_fx.cli.job import train_job
 from partition_fx.training import fit, split_into_chunks
+from partition_fx.training.implicit import neumann_inverse
 from partition_fx.training.lml import buffers_restored
 from partition_fx.transforms import AffineAugmentation
 
@@ -68,16 +69,10 @@ def derivatives(pmodel, aug, x, y, chunks, alpha: float, ks: list[int], inner_si
             grads = torch.autograd.grad(loss, params, create_graph=True)
 
             fixed += float(direct)
-            term, total, done = list(v), list(v), 0
-            for K in sorted(ks):
-                while done < K:
-                    hv = torch.autograd.grad(grads, params, grad_outputs=term, retain_graph=True)
-                    term = [t - alpha * h for t, h in zip(term, hv)]
-                    total = [a + t for a, t in zip(total, term)]
-                    done += 1
+            for K in ks:
+                total = neumann_inverse(grads, params, v, K, alpha)  # training.implicit's series
                 # - alpha * total^T d2L/dw dr
-                (mixed,) = torch.autograd.grad(grads, aug.ranges, grad_outputs=[t.detach() for t in total],
-                                               retain_graph=True)  # fmt: skip
+                (mixed,) = torch.autograd.grad(grads, aug.ranges, grad_outputs=total, retain_graph=True)
                 implicit[K] += float(direct) - alpha * float(mixed)
     return {"fixed": fixed, **{f"implicit_{K}": value for K, value in implicit.items()}}
 

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             k, indices = sampler.parameter_batch()
             scored = sampler.hyper_batches()
             batches = [(w, kk, x[i], y[i]) for w, kk, i in scored]
-            inner = [(p, x[sampler.parameter_batch(k=p)[1]], y[sampler.parameter_batch(k=p)[1]]) for p in (1, 2)]
+            drawn = [(p, sampler.parameter_batch(k=p)[1]) for p in (1, 2)]
+            inner = [(p, x[rows], y[rows]) for p, rows in drawn]
             started = time.perf_counter()
             if steps is None:
                 fixed.parameter_step(k, x[indices], y[indices])

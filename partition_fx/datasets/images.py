@@ -56,6 +56,24 @@ def rotate_images(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return rotated.clamp_(0.0, 1.0)  # bilinear weights sum to 1 only up to rounding
 
 
+def zoom_images(images: torch.Tensor, log_scales: torch.Tensor) -> torch.Tensor:
+    """Each image (N, C, H, W) zoomed about its centre by exp of its log-scale (> 0: larger). Bilinear sampling;
+    what comes from outside the image is 0; differentiable in ``log_scales``; values are not clamped (a caller
+    whose images lie in [0, 1] clamps the rounding).
+
+    >>> image = torch.zeros(1, 1, 5, 5)
+    >>> image[0, 0, 2, 3] = 1.0  # one pixel right of the centre
+    >>> zoom_images(image, torch.tensor([math.log(2.0)]))[0, 0, 2].tolist()  # now two to the right, bilinear
+    [0.0, 0.0, 0.0, 0.5, 1.0]
+    """
+    inverse = torch.exp(-log_scales)
+    zero = torch.zeros_like(inverse)
+    # affine_grid maps output coordinates to input ones: the output at x samples the input at x / zoom
+    theta = torch.stack([torch.stack([inverse, zero, zero], -1), torch.stack([zero, inverse, zero], -1)], 1)
+    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
 def pil_mode(channels: int | None, mode: str) -> str:
     """The PIL mode images are converted to: from ``channels`` (1: "L", 3: "RGB"), else ``mode`` made 8-bit.
 

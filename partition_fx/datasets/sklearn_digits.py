@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from .._validation import check_int, check_open_unit
-from .images import ImagePreprocessing, rotate_images
+from .images import ImagePreprocessing, rotate_images, zoom_images
 from .splits import (
     BOTH_SPLITS_HINT,
     DatasetSplits,
@@ -76,24 +76,6 @@ MAX_ZOOM = 2.0
 isotropic scale range is log(MAX_ZOOM), as LILA's ScaledMNIST."""
 
 
-def zoom_images(images: torch.Tensor, log_scales: torch.Tensor) -> torch.Tensor:
-    """Each image (N, C, H, W) zoomed about its centre by exp of its log-scale (> 0: larger). Bilinear sampling;
-    what comes from outside the image is 0.
-
-    >>> image = torch.zeros(1, 1, 5, 5)
-    >>> image[0, 0, 2, 3] = 1.0  # one pixel right of the centre
-    >>> zoom_images(image, torch.tensor([math.log(2.0)]))[0, 0, 2].tolist()  # now two to the right, bilinear
-    [0.0, 0.0, 0.0, 0.5, 1.0]
-    """
-    inverse = torch.exp(-log_scales)
-    zero = torch.zeros_like(inverse)
-    # affine_grid maps output coordinates to input ones: the output at x samples the input at x / zoom
-    theta = torch.stack([torch.stack([inverse, zero, zero], -1), torch.stack([zero, inverse, zero], -1)], 1)
-    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
-    zoomed = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    return zoomed.clamp_(0.0, 1.0)
-
-
 def _digits_splits(
     name: str,
     size: int,
@@ -117,7 +99,7 @@ def _digits_splits(
         x = rotate_images(x, angles)
     if zoom:  # drawn at the middle size, 1/MAX_ZOOM of the safe square, so the largest zoom fills it uncut
         log_scales = fixed_zooms(NUM_DIGITS, seed, MAX_ZOOM)
-        x = zoom_images(x, log_scales - math.log(MAX_ZOOM))
+        x = zoom_images(x, log_scales - math.log(MAX_ZOOM)).clamp_(0.0, 1.0)
     train_idx, test_idx = stratified_split(targets.numpy(), test_fraction, seed)
     train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
     info["train_indices"], info["test_indices"] = train_idx, test_idx

@@ -96,10 +96,13 @@ def through_training(
         (0.0, True)
     """
     total = loss.new_zeros(())
+    partitions = {p: list(pmodel.partition_parameters(p)) for p, _, _ in inner}
+    every = [w for params in partitions.values() for w in params]
+    found = torch.autograd.grad(loss, every, retain_graph=True, allow_unused=True)  # v_p, every p in one backward
+    v_of = {id(w): g if g is not None else torch.zeros_like(w) for w, g in zip(every, found)}
     for p, x, y in inner:
-        params = list(pmodel.partition_parameters(p))
-        found = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-        v = [g if g is not None else torch.zeros_like(w) for g, w in zip(found, params)]
+        params = partitions[p]
+        v = [v_of[id(w)] for w in params]
         training_loss = -forward_log_likelihood(pmodel, likelihood, x, y, p, hyper, widen=widen).mean()
         gradient = torch.autograd.grad(training_loss, params, create_graph=True, allow_unused=True)
         used = [(g, w, vi) for g, w, vi in zip(gradient, params, v) if g is not None]

@@ -14,6 +14,7 @@ expected gradient without the variance of drawing k (:class:`AllChunks`). The lo
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.utils.data import Sampler
 
 from ..errors import PartitionArgumentError
@@ -576,19 +578,13 @@ def _rows(batch: torch.Tensor | Sequence, sizes: list[int]) -> Sequence:
     targets of a detection model)."""
     if isinstance(batch, torch.Tensor):
         return batch.split(sizes)
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [list(batch[start : start + size]) for start, size in zip(starts, sizes)]
+    ends = list(itertools.accumulate(sizes))
+    return [list(batch[end - size : end]) for end, size in zip(ends, sizes)]
 
 
 def _placed(batch: Any, device: torch.device) -> Any:
     """``batch`` on ``device``: a tensor, or every tensor of a list of tensors or of dicts of them."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {key: _placed(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_placed(item, device) for item in batch)
-    return batch
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
 
 
 # --- iteration schemes -----------------------------------------------------------------------------------------------

@@ -41,8 +41,7 @@ def apply_transform(
     if hyper is None:
         return x, 1
     batch = x.shape[0]
-    widened = hyper.widened(widen) if widen != 1.0 else nullcontext()
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()), widened:
+    with _transforming(hyper, grad, widen):
         out = hyper(x) if samples is None else hyper(x, num_samples=samples)
     if out.shape[0] % batch:
         raise PartitionArgumentError(
@@ -50,6 +49,15 @@ def apply_transform(
             "it must return S * batch inputs, sample major"
         )
     return out, out.shape[0] // batch
+
+
+@contextmanager
+def _transforming(hyper: nn.Module, grad: bool, widen: float) -> Iterator[None]:
+    """How an input transform runs in a loss: with autograd only when ``grad`` (and it is on), from its ranges
+    times ``widen``."""
+    widened = hyper.widened(widen) if widen != 1.0 else nullcontext()
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()), widened:
+        yield
 
 
 def forward_log_likelihood(
@@ -70,8 +78,7 @@ def forward_log_likelihood(
     the model scores the targets itself: ``pmodel(x, y, subnetwork=...)``, after the transform of both."""
     if isinstance(likelihood, ModelLoss):
         if hyper is not None:
-            widened = hyper.widened(widen) if widen != 1.0 else nullcontext()
-            with torch.set_grad_enabled(transform_grad and torch.is_grad_enabled()), widened:
+            with _transforming(hyper, transform_grad, widen):
                 x, y = hyper(x, y)
         return likelihood(pmodel(x, y, subnetwork=subnetwork), y)
     x, samples = apply_transform(hyper, x, transform_grad, samples, widen)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from ..choices import (
     generator_set_name,
 )
 from ..errors import PartitionArgumentError, PartitionCheckpointError
-from .base import HyperparameterModule
+from .base import HyperparameterModule, Widenable
 
 # Lie-algebra generators of the affine group as 3x3 homogeneous matrices in the normalised [-1, 1]
 # coordinates of ``F.affine_grid`` (x: left to right, y: top to bottom). A coefficient vector c maps
@@ -81,7 +80,7 @@ assert tuple(WIDE_START) == RANGE_NAMES
 PADDING_MODES = ("zeros", "border", "reflection")
 
 
-class AffineAugmentation(HyperparameterModule):
+class AffineAugmentation(Widenable, HyperparameterModule):
     """Random affine transforms of an image batch whose ranges are learnable hyperparameters.
 
     Each sample draws eps ~ U[-1, 1] per generator and applies exp(sum_i eps_i * ranges_i * G_i), so
@@ -174,7 +173,6 @@ class AffineAugmentation(HyperparameterModule):
         self.register_buffer("generator_matrices", matrices, persistent=False)
         limits = torch.tensor([bounds[name] for name in self.generators], dtype=torch.float32)
         self.register_buffer("max_ranges", limits, persistent=False)
-        self._spread = 1.0  # forward draws eps from U[-spread, spread]; see widened()
 
     @classmethod
     def fixed(cls, ranges: Mapping[str, float], num_samples: int = 8, **options: Any) -> AffineAugmentation:
@@ -251,28 +249,6 @@ class AffineAugmentation(HyperparameterModule):
         # A random permutation of the strata per example and generator: the ranks of S more uniform draws.
         strata = torch.rand(shape, device=like.device).argsort(dim=0).to(like.dtype)
         return (strata + uniform) / num_samples * 2 - 1
-
-    @contextlib.contextmanager
-    def widened(self, factor: float) -> Iterator[None]:
-        """Inside the block, ``forward`` draws its transforms from the ranges times ``factor`` (eps ~
-        U[-factor, factor]); the ranges themselves, and their gradient, are unchanged. Partitioned training's
-        parameter steps use it to train on augmentation wider than the learned one (``train_range_factor``).
-
-        >>> aug = AffineAugmentation(num_samples=2, generators=["rotation"], init=0.5)
-        >>> with aug.widened(2.0):  # rotations drawn from [-1, 1] rad
-        ...     aug(torch.randn(3, 1, 8, 8)).shape
-        torch.Size([6, 1, 8, 8])
-        >>> aug.hyperparameters()
-        {'rotation': 0.5}
-        """
-        factor = check_real("factor", factor)
-        if factor < 0:
-            raise PartitionArgumentError(f"factor must be >= 0, got {factor}")
-        previous, self._spread = self._spread, factor
-        try:
-            yield
-        finally:
-            self._spread = previous
 
     def transform(self, x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         """Apply the transforms of coefficients ``eps`` (shape [S, B, G], in [-1, 1]) to ``x`` [B, C, H, W].

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from torch import nn
 
-from ..errors import PartitionNotImplementedError
+from .._validation import check_real
+from ..errors import PartitionArgumentError, PartitionNotImplementedError
 
 
 class HyperparameterModule(nn.Module):
@@ -22,6 +26,38 @@ class HyperparameterModule(nn.Module):
 
     def constrain_(self) -> None:
         """Clamp the parameters into their documented bounds, in place (called after each hyper step)."""
+
+
+class Widenable:
+    """A transform that can draw from its ranges times a factor (:meth:`widened`; ``training.objective.widens``
+    recognises it): its forward draws its coefficients from U[-spread, spread] with ``self._spread`` (1 outside
+    the block)."""
+
+    _spread: float = 1.0
+
+    @contextlib.contextmanager
+    def widened(self, factor: float) -> Iterator[None]:
+        """Inside the block, ``forward`` draws its transforms from the ranges times ``factor`` (eps ~
+        U[-factor, factor]); the ranges themselves, and their gradient, are unchanged. Partitioned training's
+        parameter steps use it to train on augmentation wider than the learned one (``train_range_factor``).
+
+        >>> import torch
+        >>> from partition_fx.transforms import AffineAugmentation
+        >>> aug = AffineAugmentation(num_samples=2, generators=["rotation"], init=0.5)
+        >>> with aug.widened(2.0):  # rotations drawn from [-1, 1] rad
+        ...     aug(torch.randn(3, 1, 8, 8)).shape
+        torch.Size([6, 1, 8, 8])
+        >>> aug.hyperparameters()
+        {'rotation': 0.5}
+        """
+        factor = check_real("factor", factor)
+        if factor < 0:
+            raise PartitionArgumentError(f"factor must be >= 0, got {factor}")
+        previous, self._spread = self._spread, factor
+        try:
+            yield
+        finally:
+            self._spread = previous
 
 
 def outermost_hyperparameter_modules(root: nn.Module | None) -> list[tuple[str, HyperparameterModule]]:

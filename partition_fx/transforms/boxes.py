@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_real
+from ..datasets.images import zoom_images
 from ..errors import PartitionArgumentError
-from .base import HyperparameterModule
+from .base import HyperparameterModule, Widenable
 
 Target = dict[str, Any]
 """A detection target as torchvision's models take it: ``boxes`` [N, 4] (x1, y1, x2, y2, pixels), ``labels``
 [N], other keys kept as they are."""
 
 
-class BoxZoom(HyperparameterModule):
+class BoxZoom(Widenable, HyperparameterModule):
     """Zoom each image about its centre by exp(s), s ~ U(-r, r) with the range r learned, and move its target's
     boxes with it (the boxes keep covering their objects): the augmentation of a detection model trained with
     ``training.ModelLoss``. The draw is reparametrised (s = r * eps), so the images carry a gradient to r;
@@ -46,7 +45,6 @@ class BoxZoom(HyperparameterModule):
         self.range = nn.Parameter(torch.tensor(float(init)))
         self.max_range = max_range
         self.min_size = min_size
-        self._spread = 1.0
 
     def hyperparameters(self) -> dict[str, float | list[float]]:
         return {"zoom": float(self.range.detach())}
@@ -54,15 +52,6 @@ class BoxZoom(HyperparameterModule):
     def constrain_(self) -> None:
         with torch.no_grad():
             self.range.clamp_(0.0, self.max_range)
-
-    @contextmanager
-    def widened(self, factor: float) -> Iterator[None]:
-        """Inside the block, the zooms are drawn from the range times ``factor`` (``train_range_factor``)."""
-        previous, self._spread = self._spread, check_real("factor", factor)
-        try:
-            yield
-        finally:
-            self._spread = previous
 
     def forward(self, images: Sequence[torch.Tensor] | torch.Tensor, targets: Sequence[Target]) -> tuple[Any, list]:
         if not self.training:
@@ -80,23 +69,14 @@ class BoxZoom(HyperparameterModule):
                 f"BoxZoom needs one target and one coefficient per image, got {len(images)} images, "
                 f"{len(targets)} targets and {len(eps)} coefficients"
             )
-        zooms = torch.exp(self.range * eps.to(self.range.device))
+        log_zooms = self.range * eps.to(self.range.device)
         out_images, out_targets = [], []
-        for image, target, zoom in zip(images, targets, zooms):
-            out_images.append(_zoomed(image, zoom))
-            out_targets.append(_moved(target, zoom, image.shape[-1], image.shape[-2], self.min_size))
+        for image, target, log_zoom in zip(images, targets, log_zooms):
+            out_images.append(zoom_images(image.unsqueeze(0), log_zoom.view(1))[0])
+            out_targets.append(_moved(target, log_zoom.exp(), image.shape[-1], image.shape[-2], self.min_size))
         if isinstance(images, torch.Tensor):
             return torch.stack(out_images), out_targets
         return out_images, out_targets
-
-
-def _zoomed(image: torch.Tensor, zoom: torch.Tensor) -> torch.Tensor:
-    """``image`` [C, H, W] zoomed about its centre by ``zoom`` (bilinear; zeros come in from outside)."""
-    inverse = (1 / zoom).to(image.dtype)
-    zero = torch.zeros_like(inverse)
-    theta = torch.stack([torch.stack([inverse, zero, zero]), torch.stack([zero, inverse, zero])]).unsqueeze(0)
-    grid = F.affine_grid(theta, [1, *image.shape], align_corners=False)
-    return F.grid_sample(image.unsqueeze(0), grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
 
 
 def _moved(target: Target, zoom: torch.Tensor, width: int, height: int, min_size: float) -> Target:
