@@ -195,3 +195,16 @@ def test_a_batch_that_does_not_match_its_draw_is_refused_naming_the_fix():
         TrainingSteps.create(pmodel, split_into_chunks(len(y), (0.5, 0.5)))
     with pytest.raises(PartitionArgumentError, match=r"start must be the iterations done"):
         PartitionedBatchSampler(chunks, config, start=11)
+
+
+def test_a_hyperparameter_step_without_hyperparameters_to_learn_is_refused_naming_the_fix():
+    x, y = _images()
+    pmodel = _pmodel()
+    chunks = split_into_chunks(len(y), pmodel.proportions)
+    config = _config()
+    fixed = AffineAugmentation.fixed({"rotation": 0.5}, num_samples=2)
+    steps = TrainingSteps.create(pmodel, chunks, hyper=fixed, config=config)
+    draw = next(d for d in PartitionedBatchSampler(chunks, config).draws() if d.hyper)
+    rows = torch.cat(draw.reads())
+    with pytest.raises(PartitionArgumentError, match=r"learn no hyperparameters.*hyperparameters=False"):
+        steps.take(draw, x[rows], y[rows])
