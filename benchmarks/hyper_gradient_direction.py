@@ -37,23 +37,34 @@ SAMPLES = 8
 """Rotation coefficients of the midpoint rule (common random numbers)."""
 
 
+def chunk_log_likelihood(pmodel, aug, x, y, rows: torch.Tensor, k: int, eps: torch.Tensor) -> torch.Tensor:
+    """log (1/S) sum_s p(y_i | subnetwork k - 1, x_i rotated by eps_s times ``aug``'s range) of each example i of
+    ``rows``, one batch, with the rotation coefficients ``eps`` [S] the same for every example (a midpoint rule:
+    common random numbers)."""
+    samples, batch = len(eps), len(rows)
+    xs = aug.transform(x[rows], eps.view(samples, 1, 1).expand(samples, batch, 1))
+    logp = torch.log_softmax(pmodel(xs, subnetwork=k - 1), -1).view(samples, batch, -1)
+    picked = logp.gather(-1, y[rows].view(1, -1, 1).expand(samples, -1, 1)).squeeze(-1)
+    return torch.logsumexp(picked, 0) - math.log(samples)
+
+
+def midpoints(samples: int = SAMPLES) -> torch.Tensor:
+    """The midpoints of ``samples`` equal parts of [-1, 1]: the rotation coefficients of the midpoint rule."""
+    return (torch.arange(samples, dtype=torch.float32) * 2 + 1) / samples - 1
+
+
 def _lml_and_inner(pmodel, aug, x, y, chunks, k: int, inner: torch.Tensor, scored: torch.Tensor, eps):
     """The chunk-k term of the conditional LML (its examples ``scored``) through subnetwork k-1, and partition
     k-1's training loss on ``inner`` (examples of chunks 1..k-1) through subnetwork k-1, both under ``aug``."""
-
-    def log_lik(rows: torch.Tensor) -> torch.Tensor:
-        batch = len(rows)
-        xs = aug.transform(x[rows], eps.view(SAMPLES, 1, 1).expand(SAMPLES, batch, 1))
-        logp = torch.log_softmax(pmodel(xs, subnetwork=k - 1), -1).view(SAMPLES, batch, -1)
-        picked = logp.gather(-1, y[rows].view(1, -1, 1).expand(SAMPLES, -1, 1)).squeeze(-1)
-        return torch.logsumexp(picked, 0) - math.log(SAMPLES)
-
-    return log_lik(scored).sum(), -log_lik(inner).mean()
+    return (
+        chunk_log_likelihood(pmodel, aug, x, y, scored, k, eps).sum(),
+        -chunk_log_likelihood(pmodel, aug, x, y, inner, k, eps).mean(),
+    )
 
 
 def derivatives(pmodel, aug, x, y, chunks, alpha: float, ks: list[int], inner_size: int, seed: int) -> dict:
     """d LML_cond / d r at fixed weights, and with the implicit term for each K in ``ks``."""
-    eps = (torch.arange(SAMPLES, dtype=torch.float32) * 2 + 1) / SAMPLES - 1
+    eps = midpoints()
     generator = torch.Generator().manual_seed(seed)
     fixed = 0.0
     implicit = {k_: 0.0 for k_ in ks}

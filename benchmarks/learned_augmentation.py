@@ -142,6 +142,8 @@ ARMS = {
     # the paper's start (every range at 0), the hyper-gradient at fixed weights (the default) and through training
     "zero": ["--init", "zero"],
     "zero_implicit": ["--init", "zero", "--hyper-gradient", "implicit"],
+    # the start-independence targets' other starts (the rotation at 0.5; pi/2 is init_half_pi), every other range at 0
+    "init_0.5": ["--init", "rotation=0.5"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]

@@ -598,6 +598,32 @@ def hyper_gradient_direction(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def branch_check(result: Results) -> str:
+    """Per data set and range r: the secants of the conditional LML measured by training branches (their total,
+    and its parts through training and at fixed weights) and the derivatives the estimators follow at the middle
+    branch's weights, each as mean ± standard error over seeds and repeats, with how many of them are positive."""
+    lines = result["summary"]["derivatives"]
+    keys = [k for k in lines[0] if k in ("total", "through", "direct", "fixed") or k.startswith("implicit_")]
+    names = {
+        "total": "branches: total",
+        "through": "branches: through training",
+        "direct": "branches: at fixed weights",
+        "fixed": "estimator: fixed weights",
+    }
+    header = [
+        "data",
+        "r (rad)",
+        "n",
+        *(names[k] if k in names else f"estimator: through training, K = {k.removeprefix('implicit_')}" for k in keys),
+    ]
+    body = [
+        [line["data"], f"{line['r']:.2f}", line["n"],
+         *(f"{line[k]['mean']:+.2f} ± {line[k]['se']:.2f} ({line[k]['positive']}/{line['n']} > 0)" for k in keys)]
+        for line in lines
+    ]  # fmt: skip
+    return markdown_table(header, body)
+
+
 def implicit_cost(result: Results) -> str:
     """Per step: its median seconds, in parameter steps, and the partitioned iteration it makes against the
     fixed-weight one (a parameter step and a hyperparameter step every ``hyper_every`` iterations)."""
@@ -660,6 +686,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_gradient_direction": hyper_gradient_direction,
     "model_coverage": model_coverage,
     "implicit_cost": implicit_cost,
+    "branch_check": branch_check,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
     "learned_ranges_per_seed": learned_ranges_per_seed,

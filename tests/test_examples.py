@@ -280,6 +280,24 @@ def test_hyper_gradient_direction_benchmark_quick(capsys):
     assert "rotdigits r=0.50 seed 0" in capsys.readouterr().out
 
 
+def test_branch_check_benchmark_quick(capsys):
+    result = _benchmark("branch_check").main(["--quick"])
+    rows = result["rows"]
+    assert [r["repeat"] for r in rows] == [0, 1] and {"total", "through", "direct", "fixed", "implicit_0"} <= rows[
+        0
+    ].keys()
+    for r in rows:  # the three branches' scores, each secant read from them
+        scores = r["scores"]
+        assert set(scores) == {"+0+0", "+0-1", "+0+1", "-1+0", "-1-1", "+1+0", "+1+1"}
+        assert math.isclose(r["total"] * (math.exp(0.4) - math.exp(-0.4)) * 0.5, scores["+1+1"] - scores["-1-1"])
+    (line,) = result["summary"]["derivatives"]
+    assert line["n"] == 2 and math.isclose(line["total"]["mean"], (rows[0]["total"] + rows[1]["total"]) / 2)
+    assert "rotdigits r=0.50 seed 0 repeat 1" in capsys.readouterr().out
+    from benchmarks import tables
+
+    assert "branches: through training" in tables.TABLES["branch_check"](result)
+
+
 def test_implicit_cost_benchmark_quick(capsys):
     rows = _benchmark("implicit_cost").main(["--quick"])["rows"]
     assert [r["step"] for r in rows] == [

@@ -1,0 +1,189 @@
+"""Does the conditional LML reward a wider range once the weights have trained on it? A gradient-free check.
+
+The hyper-gradient at fixed weights (the default) and the one through training (implicit differentiation) are
+estimates of one derivative: of the conditional LML (chunk k scored by subnetwork k-1, k = 2..C) with respect to
+the range, the weights being what training on that range produces. This check measures that derivative without
+a gradient: the default job's partitioned model is trained with the rotation range FIXED at r for ``--steps``
+iterations, then the run's last ``--branch`` iterations are run three times from that state, with the range at
+r e^-delta, r and r e^+delta, on the same examples and the same augmentation draws (common random numbers), and
+each branch's weights are scored by the conditional LML (a midpoint rule over the rotation coefficient, the same
+for every score, ``hyper_gradient_direction``'s). Its secant has two parts, which add up to it to first order
+(the rest is the cross term: weights trained on a wider range lose less when scored wider):
+
+* ``total``: the weights trained at r e^+-delta, scored at r e^+-delta: the objective the hyperparameter follows;
+* ``through``: the weights trained at r e^+-delta, scored at r: what the range does through training;
+* ``direct``: the weights trained at r, scored at r e^+-delta: what the range does at fixed weights.
+
+Beside them, at the middle branch's weights, the derivatives the estimators follow (``hyper_gradient_direction``):
+at fixed weights and with the implicit term (a Neumann series of K terms). Each repeat continues the run on other
+examples and other draws; the rows give each repeat, the summary their means with standard errors.
+
+    python -m benchmarks.branch_check            # rotdigits at 0.5 and 1.5, digits at 0.5; seeds 0 and 1
+    # branches of the whole run, from the initialisation (benchmarks/results/branch_check_whole_run.json):
+    python -m benchmarks.branch_check --steps 0 --branch 360 --repeats 2 --seeds 0 --out FILE
+    python -m benchmarks.branch_check --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.hyper_gradient_direction import chunk_log_likelihood, derivatives, midpoints
+from partition_fx.cli.job import train_job
+from partition_fx.training import PartitionedBatchSampler, TrainingSteps, split_into_chunks
+from partition_fx.training.lml import buffers_restored
+from partition_fx.transforms import AffineAugmentation
+
+SIGNS = (0, -1, 1)
+"""The branches: the range at r e^(sign delta), the middle one first."""
+
+
+def conditional_lml(pmodel, r: float, x: torch.Tensor, y: torch.Tensor, chunks) -> float:
+    """The conditional LML of ``pmodel`` with the rotation range at ``r``: sum over k = 2..C of chunk k's
+    log-likelihoods through subnetwork k-1, BatchNorm on each chunk's batch statistics (as a hyperparameter step
+    sees them), the running statistics left as they were."""
+    aug = AffineAugmentation.fixed({"rotation": r}, generators=["rotation"])
+    eps = midpoints()
+    pmodel.train()
+    with torch.no_grad(), buffers_restored(pmodel):
+        return sum(
+            float(chunk_log_likelihood(pmodel, aug, x, y, chunks.chunk(k), k, eps).sum())
+            for k in range(2, pmodel.num_partitions + 1)
+        )
+
+
+def _state(pmodel, steps: TrainingSteps) -> dict[str, Any]:
+    return copy.deepcopy({"model": pmodel.state_dict(), "stepper": steps.stepper.state_dict(), "step": steps.step})
+
+
+def _restore(pmodel, steps: TrainingSteps, state: dict[str, Any]) -> None:
+    state = copy.deepcopy(state)
+    pmodel.load_state_dict(state["model"])
+    steps.stepper.load_state_dict(state["stepper"])
+    steps.step = state["step"]
+
+
+def _train(steps: TrainingSteps, draws: list, x: torch.Tensor, y: torch.Tensor) -> None:
+    for draw in draws:
+        rows = torch.cat(list(draw.reads()))
+        steps.take(draw, x[rows], y[rows])
+
+
+def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    total = args.steps + args.branch
+    argv = ["--data", data, "--seed", str(seed), "--steps", str(total), "--finetune-steps", "0", "--device", "cpu",
+            "--quiet", "--image-size", str(args.image_size), "--fix", f"rotation={r}"]  # fmt: skip
+    job = train_job(argv)
+    pmodel, config, aug = job.pmodel, job.config, job.hyper
+    x, y = job.data.train.tensors
+    chunks = split_into_chunks(len(x), pmodel.proportions, seed)
+    steps = TrainingSteps.create(pmodel, chunks, hyper=aug, config=config)
+    torch.manual_seed(seed)
+    started = time.perf_counter()
+    _train(steps, list(PartitionedBatchSampler(chunks, config, hyperparameters=False).draws())[: args.steps], x, y)
+    trained = time.perf_counter() - started
+    base = _state(pmodel, steps)
+    # every repeat's continuation: the run's last iterations drawn with its own seed (other examples), and its own
+    # augmentation draws; the same in the three branches of a repeat
+    continuations = [
+        list(
+            PartitionedBatchSampler(
+                chunks, config.replace(seed=1000 * seed + repeat + 1), hyperparameters=False, start=args.steps
+            ).draws()
+        )
+        for repeat in range(args.repeats)
+    ]
+    ranges = {sign: r * math.exp(sign * args.delta) for sign in SIGNS}
+    rotation = aug.generators.index("rotation")
+    others = [value for name, value in aug.hyperparameters().items() if name != "rotation"]
+    assert not any(others), f"the branches change the rotation alone; the job's other ranges are {others}"
+    rows = []
+    for repeat, continuation in enumerate(continuations):
+        started = time.perf_counter()
+        scores: dict[tuple[int, int], float] = {}  # (trained at, scored at) -> conditional LML
+        for trained_at in SIGNS:
+            _restore(pmodel, steps, base)
+            with torch.no_grad():  # the rotation's range; every other stays at 0
+                aug.ranges[rotation] = ranges[trained_at]
+            torch.manual_seed(1000 * seed + repeat)  # the same draws in every branch of this repeat
+            _train(steps, continuation, x, y)
+            for scored_at in SIGNS if trained_at == 0 else (0, trained_at):
+                scores[trained_at, scored_at] = conditional_lml(pmodel, ranges[scored_at], x, y, chunks)
+            if trained_at == 0:  # what the estimators see at the middle branch's weights
+                probe = AffineAugmentation(num_samples=len(midpoints()), generators=["rotation"],
+                                           init={"rotation": r}, max_range={"rotation": 4.0})  # fmt: skip
+                probe.train()
+                found = derivatives(pmodel, probe, x, y, chunks, args.alpha, args.neumann, inner_size=256, seed=seed)
+        width = ranges[1] - ranges[-1]
+        rows.append({
+            "data": data, "r": r, "seed": seed, "repeat": repeat,
+            "total": (scores[1, 1] - scores[-1, -1]) / width,
+            "through": (scores[1, 0] - scores[-1, 0]) / width,
+            "direct": (scores[0, 1] - scores[0, -1]) / width,
+            **found,
+            "scores": {f"{a:+d}{b:+d}": value for (a, b), value in scores.items()},
+            "train_seconds": round(trained, 1), "branch_seconds": round(time.perf_counter() - started, 1),
+        })  # fmt: skip
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (data, r): each derivative's mean over seeds and repeats, its standard error, and how many are > 0."""
+    keys = [k for k in rows[0] if k in ("total", "through", "direct", "fixed") or k.startswith("implicit_")]
+    out = []
+    for data, r in dict.fromkeys((row["data"], row["r"]) for row in rows):
+        group = [row for row in rows if row["data"] == data and row["r"] == r]
+        entry: dict[str, Any] = {"data": data, "r": r, "n": len(group)}
+        for key in keys:
+            values = [row[key] for row in group]
+            se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+            entry[key] = {"mean": statistics.fmean(values), "se": se, "positive": sum(v > 0 for v in values)}
+        out.append(entry)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
+    parser.add_argument("--configs", nargs="+", default=["rotdigits:0.5", "rotdigits:1.5", "digits:0.5"],
+                        help="DATA:R, the data and the range r the branches start from")  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--steps", type=int, default=240, help="iterations before the branches (default: 240)")
+    parser.add_argument("--branch", type=int, default=120, help="iterations of each branch (default: 120)")
+    parser.add_argument("--repeats", type=int, default=3, help="branch triples per run (default: 3)")
+    parser.add_argument("--delta", type=float, default=0.4, help="the branches' log-range offset (default: 0.4)")
+    parser.add_argument("--image-size", type=int, default=16)
+    parser.add_argument("--alpha", type=float, default=0.01, help="the Neumann series' step (default: 0.01)")
+    parser.add_argument("--neumann", nargs="+", type=int, default=[0, 5])
+    parser.add_argument("--out", default=str(RESULTS / "branch_check.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.quick:
+        args.configs, args.seeds, args.steps, args.branch, args.repeats, args.image_size, args.neumann = (
+            ["rotdigits:0.5"], [0], 3, 2, 2, 8, [0],
+        )  # fmt: skip
+    rows = []
+    for entry in args.configs:
+        data, r = entry.split(":")
+        for seed in args.seeds:
+            for row in run(data, float(r), seed, args):
+                rows.append(row)
+                shown = ", ".join(f"{k} {row[k]:+.2f}" for k in ("total", "through", "direct", "fixed"))
+                print(f"{data} r={float(r):.2f} seed {seed} repeat {row['repeat']}: {shown}", flush=True)
+    result = results(header("branch_check", quick=args.quick), vars(args), rows)
+    result["summary"] = {"derivatives": summary(rows)}
+    if not args.quick:
+        write_results(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
