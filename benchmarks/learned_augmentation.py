@@ -144,6 +144,10 @@ ARMS = {
     "zero_implicit": ["--init", "zero", "--hyper-gradient", "implicit"],
     # the start-independence targets' other starts (the rotation at 0.5; pi/2 is init_half_pi), every other range at 0
     "init_0.5": ["--init", "rotation=0.5"],
+    # scaledigits (truth: an isotropic log-scale range of log 2) in Augerino's generators, from the wide start and 0
+    "augerino": ["--generators", "augerino"],
+    "augerino_zero": ["--generators", "augerino", "--init", "zero"],
+    "augerino_scale_truth": ["--generators", "augerino", "--init", "scale=0.6931"],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]
