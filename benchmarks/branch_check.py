@@ -3,10 +3,11 @@
 The hyper-gradient at fixed weights (the default) and the one through training (implicit differentiation) are
 estimates of one derivative: of the conditional LML (chunk k scored by subnetwork k-1, k = 2..C) with respect to
 the range, the weights being what training on that range produces. This check measures that derivative without
-a gradient: the default job's partitioned model is trained with the rotation range FIXED at r for ``--steps``
+a gradient: the default job's partitioned model is trained with one range FIXED at r (``--generator``, the rotation
+by default; every other range at 0) for ``--steps``
 iterations, then the run's last ``--branch`` iterations are run three times from that state, with the range at
 r e^-delta, r and r e^+delta, on the same examples and the same augmentation draws (common random numbers), and
-each branch's weights are scored by the conditional LML (a midpoint rule over the rotation coefficient, the same
+each branch's weights are scored by the conditional LML (a midpoint rule over the generator's coefficient, the same
 for every score, ``hyper_gradient_direction``'s). Its secant has two parts, which add up to it to first order
 (the rest is the cross term: weights trained on a wider range lose less when scored wider):
 
@@ -46,11 +47,11 @@ SIGNS = (0, -1, 1)
 """The branches: the range at r e^(sign delta), the middle one first."""
 
 
-def conditional_lml(pmodel, r: float, x: torch.Tensor, y: torch.Tensor, chunks) -> float:
-    """The conditional LML of ``pmodel`` with the rotation range at ``r``: sum over k = 2..C of chunk k's
+def conditional_lml(pmodel, generator: str, r: float, x: torch.Tensor, y: torch.Tensor, chunks) -> float:
+    """The conditional LML of ``pmodel`` with ``generator``'s range at ``r``: sum over k = 2..C of chunk k's
     log-likelihoods through subnetwork k-1, BatchNorm on each chunk's batch statistics (as a hyperparameter step
     sees them), the running statistics left as they were."""
-    aug = AffineAugmentation.fixed({"rotation": r}, generators=["rotation"])
+    aug = AffineAugmentation.fixed({generator: r}, generators=[generator])
     eps = midpoints()
     pmodel.train()
     with torch.no_grad(), buffers_restored(pmodel):
@@ -78,9 +79,11 @@ def _train(steps: TrainingSteps, draws: list, x: torch.Tensor, y: torch.Tensor) 
 
 
 def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    generator = args.generator
     total = args.steps + args.branch
     argv = ["--data", data, "--seed", str(seed), "--steps", str(total), "--finetune-steps", "0", "--device", "cpu",
-            "--quiet", "--image-size", str(args.image_size), "--fix", f"rotation={r}"]  # fmt: skip
+            "--quiet", "--image-size", str(args.image_size), "--fix", f"{generator}={r}",
+            "--generators", "augerino" if generator in ("scale", "stretch") else "xy"]  # fmt: skip
     job = train_job(argv)
     pmodel, config, aug = job.pmodel, job.config, job.hyper
     x, y = job.data.train.tensors
@@ -102,29 +105,29 @@ def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[s
         for repeat in range(args.repeats)
     ]
     ranges = {sign: r * math.exp(sign * args.delta) for sign in SIGNS}
-    rotation = aug.generators.index("rotation")
-    others = [value for name, value in aug.hyperparameters().items() if name != "rotation"]
-    assert not any(others), f"the branches change the rotation alone; the job's other ranges are {others}"
+    varied = aug.generators.index(generator)
+    others = [value for name, value in aug.hyperparameters().items() if name != generator]
+    assert not any(others), f"the branches change the {generator} alone; the job's other ranges are {others}"
     rows = []
     for repeat, continuation in enumerate(continuations):
         started = time.perf_counter()
         scores: dict[tuple[int, int], float] = {}  # (trained at, scored at) -> conditional LML
         for trained_at in SIGNS:
             _restore(pmodel, steps, base)
-            with torch.no_grad():  # the rotation's range; every other stays at 0
-                aug.ranges[rotation] = ranges[trained_at]
+            with torch.no_grad():  # the generator's range; every other stays at 0
+                aug.ranges[varied] = ranges[trained_at]
             torch.manual_seed(1000 * seed + repeat)  # the same draws in every branch of this repeat
             _train(steps, continuation, x, y)
             for scored_at in SIGNS if trained_at == 0 else (0, trained_at):
-                scores[trained_at, scored_at] = conditional_lml(pmodel, ranges[scored_at], x, y, chunks)
+                scores[trained_at, scored_at] = conditional_lml(pmodel, generator, ranges[scored_at], x, y, chunks)
             if trained_at == 0:  # what the estimators see at the middle branch's weights
-                probe = AffineAugmentation(num_samples=len(midpoints()), generators=["rotation"],
-                                           init={"rotation": r}, max_range={"rotation": 4.0})  # fmt: skip
+                probe = AffineAugmentation(num_samples=len(midpoints()), generators=[generator],
+                                           init={generator: r}, max_range={generator: 4.0})  # fmt: skip
                 probe.train()
                 found = derivatives(pmodel, probe, x, y, chunks, args.alpha, args.neumann, inner_size=256, seed=seed)
         width = ranges[1] - ranges[-1]
         rows.append({
-            "data": data, "r": r, "seed": seed, "repeat": repeat,
+            "data": data, "generator": generator, "r": r, "seed": seed, "repeat": repeat,
             "total": (scores[1, 1] - scores[-1, -1]) / width,
             "through": (scores[1, 0] - scores[-1, 0]) / width,
             "direct": (scores[0, 1] - scores[0, -1]) / width,
@@ -136,12 +139,15 @@ def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[s
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (data, r): each derivative's mean over seeds and repeats, its standard error, and how many are > 0."""
+    """Per (data, generator, r): each derivative's mean over seeds and repeats, its standard error, and how many
+    are > 0."""
     keys = [k for k in rows[0] if k in ("total", "through", "direct", "fixed") or k.startswith("implicit_")]
     out = []
-    for data, r in dict.fromkeys((row["data"], row["r"]) for row in rows):
-        group = [row for row in rows if row["data"] == data and row["r"] == r]
-        entry: dict[str, Any] = {"data": data, "r": r, "n": len(group)}
+    for data, generator, r in dict.fromkeys((row["data"], row.get("generator", "rotation"), row["r"]) for row in rows):
+        group = [
+            row for row in rows if (row["data"], row.get("generator", "rotation"), row["r"]) == (data, generator, r)
+        ]
+        entry: dict[str, Any] = {"data": data, "generator": generator, "r": r, "n": len(group)}
         for key in keys:
             values = [row[key] for row in group]
             se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
@@ -155,6 +161,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
     parser.add_argument("--configs", nargs="+", default=["rotdigits:0.5", "rotdigits:1.5", "digits:0.5"],
                         help="DATA:R, the data and the range r the branches start from")  # fmt: skip
+    parser.add_argument(
+        "--generator", default="rotation", help="the range the branches vary (default: rotation; scale: Augerino's set)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--steps", type=int, default=240, help="iterations before the branches (default: 240)")
     parser.add_argument("--branch", type=int, default=120, help="iterations of each branch (default: 120)")
@@ -177,7 +186,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for row in run(data, float(r), seed, args):
                 rows.append(row)
                 shown = ", ".join(f"{k} {row[k]:+.2f}" for k in ("total", "through", "direct", "fixed"))
-                print(f"{data} r={float(r):.2f} seed {seed} repeat {row['repeat']}: {shown}", flush=True)
+                print(
+                    f"{data} {args.generator} r={float(r):.2f} seed {seed} repeat {row['repeat']}: {shown}", flush=True
+                )
     result = results(header("branch_check", quick=args.quick), vars(args), rows)
     result["summary"] = {"derivatives": summary(rows)}
     if not args.quick:

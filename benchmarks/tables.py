@@ -617,7 +617,8 @@ def branch_check(result: Results) -> str:
         *(names[k] if k in names else f"estimator: through training, K = {k.removeprefix('implicit_')}" for k in keys),
     ]
     body = [
-        [line["data"], f"{line['r']:.2f}", line["n"],
+        [line["data"] + ("" if line.get("generator", "rotation") == "rotation" else f" ({line['generator']})"),
+         f"{line['r']:.2f}", line["n"],
          *(f"{line[k]['mean']:+.2f} ± {line[k]['se']:.2f} ({line[k]['positive']}/{line['n']} > 0)" for k in keys)]
         for line in lines
     ]  # fmt: skip

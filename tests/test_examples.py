@@ -292,7 +292,7 @@ def test_branch_check_benchmark_quick(capsys):
         assert math.isclose(r["total"] * (math.exp(0.4) - math.exp(-0.4)) * 0.5, scores["+1+1"] - scores["-1-1"])
     (line,) = result["summary"]["derivatives"]
     assert line["n"] == 2 and math.isclose(line["total"]["mean"], (rows[0]["total"] + rows[1]["total"]) / 2)
-    assert "rotdigits r=0.50 seed 0 repeat 1" in capsys.readouterr().out
+    assert "rotdigits rotation r=0.50 seed 0 repeat 1" in capsys.readouterr().out
     from benchmarks import tables
 
     assert "branches: through training" in tables.TABLES["branch_check"](result)
