@@ -1,15 +1,15 @@
 """Does the conditional LML reward a wider range once the weights have trained on it? A gradient-free check.
 
 The hyper-gradient at fixed weights (the default) and the one through training (implicit differentiation) are
-estimates of one derivative: of the conditional LML (chunk k scored by subnetwork k-1, k = 2..C) with respect to
-the range, the weights being what training on that range produces. This check measures that derivative without
-a gradient: the default job's partitioned model is trained with one range FIXED at r (``--generator``, the rotation
-by default; every other range at 0) for ``--steps``
-iterations, then the run's last ``--branch`` iterations are run three times from that state, with the range at
-r e^-delta, r and r e^+delta, on the same examples and the same augmentation draws (common random numbers), and
-each branch's weights are scored by the conditional LML (a midpoint rule over the generator's coefficient, the same
-for every score, ``hyper_gradient_direction``'s). Its secant has two parts, which add up to it to first order
-(the rest is the cross term: weights trained on a wider range lose less when scored wider):
+estimates of one derivative: of the conditional LML (chunk k scored by subnetwork k-1, k = 2..C) with respect to the
+range, the weights being what training on that range produces. This check measures that derivative without a
+gradient: the default job's partitioned model is trained with one range FIXED at r (``--generator``, the rotation by
+default; every other range at 0) for ``--steps`` iterations, then the run's last ``--branch`` iterations are run
+three times from that state, with the range at r e^-delta, r and r e^+delta, on the same examples and the same
+augmentation draws (common random numbers), and each branch's weights are scored by the conditional LML (a midpoint
+rule over the generator's coefficient, the same for every score, ``hyper_gradient_direction``'s). Its secant has two
+parts, which add up to it to first order (the rest is the cross term: weights trained on a wider range lose less
+when scored wider):
 
 * ``total``: the weights trained at r e^+-delta, scored at r e^+-delta: the objective the hyperparameter follows;
 * ``through``: the weights trained at r e^+-delta, scored at r: what the range does through training;
@@ -66,7 +66,7 @@ def _state(pmodel, steps: TrainingSteps) -> dict[str, Any]:
 
 
 def _restore(pmodel, steps: TrainingSteps, state: dict[str, Any]) -> None:
-    state = copy.deepcopy(state)
+    state = copy.deepcopy(state)  # an optimiser loads its state's tensors as they are: the branch would step them
     pmodel.load_state_dict(state["model"])
     steps.stepper.load_state_dict(state["stepper"])
     steps.step = state["step"]
@@ -74,7 +74,7 @@ def _restore(pmodel, steps: TrainingSteps, state: dict[str, Any]) -> None:
 
 def _train(steps: TrainingSteps, draws: list, x: torch.Tensor, y: torch.Tensor) -> None:
     for draw in draws:
-        rows = torch.cat(list(draw.reads()))
+        rows = steps.local_indices(draw)
         steps.take(draw, x[rows], y[rows])
 
 
@@ -138,16 +138,20 @@ def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
+def _case(row: dict[str, Any]) -> tuple[str, str, float]:
+    """What a row measures: its data, the range varied (rows written before ``--generator`` varied the rotation)
+    and r."""
+    return row["data"], row.get("generator", "rotation"), row["r"]
+
+
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (data, generator, r): each derivative's mean over seeds and repeats, its standard error, and how many
     are > 0."""
     keys = [k for k in rows[0] if k in ("total", "through", "direct", "fixed") or k.startswith("implicit_")]
     out = []
-    for data, generator, r in dict.fromkeys((row["data"], row.get("generator", "rotation"), row["r"]) for row in rows):
-        group = [
-            row for row in rows if (row["data"], row.get("generator", "rotation"), row["r"]) == (data, generator, r)
-        ]
-        entry: dict[str, Any] = {"data": data, "generator": generator, "r": r, "n": len(group)}
+    for case in dict.fromkeys(map(_case, rows)):
+        group = [row for row in rows if _case(row) == case]
+        entry: dict[str, Any] = {"data": case[0], "generator": case[1], "r": case[2], "n": len(group)}
         for key in keys:
             values = [row[key] for row in group]
             se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")

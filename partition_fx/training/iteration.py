@@ -503,12 +503,6 @@ class TrainingSteps:
         says what they score (``HyperEstimator.describe``). With ``inner`` ``(p, x, y)`` batches of D_1:p, the
         gradient also sees through partition p's training on them (``training.implicit``: the configuration's
         ``implicit_terms`` and ``implicit_lr``, the parameter steps' range factor). Returns the loss."""
-        if self.stepper.hyper_optimizer is None:
-            raise PartitionArgumentError(
-                "this iteration has a hyperparameter step, but these training steps learn no hyperparameters (the "
-                "input transform's are fixed, or there is none): draw the iterations with "
-                "PartitionedBatchSampler(chunks, config, hyperparameters=False)"
-            )
         self.train_mode()
         with self.stepper.precision.autocast(), hyper_step_norms(self.pmodel, self.hyper_norms):
             loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples)

@@ -399,6 +399,12 @@ class Stepper:
         ``backward(inputs=...)`` gives .grad only to ``params`` (the partitions being trained) and, with a
         hyper loss, to psi: every other part keeps grad None, which stock optimisers skip, so a partition's
         state advances only when it is stepped. The LR scheduler follows parameter steps."""
+        if hyper_loss is not None and self.hyper_optimizer is None:  # every scheme's hyperparameter step comes here
+            raise PartitionArgumentError(
+                "this iteration has a hyperparameter step, but these training steps learn no hyperparameters (the "
+                "input transform's are fixed, or there is none): draw the iterations with "
+                "PartitionedBatchSampler(chunks, config, hyperparameters=False)"
+            )
         inputs = list(params) if loss is not None else []
         if hyper_loss is not None:
             inputs += self.hyperparameters
