@@ -182,10 +182,10 @@ def _same_run(report: dict, argv: list[str]) -> bool:
     return report.get("initial_hyperparameters", start) == start
 
 
-def _config(entry: str, seeds: list[int]) -> tuple[str, str, list[int]]:
+def data_arm_seeds(entry: str, seeds: list[int]) -> tuple[str, str, list[int]]:
     """``DATA:ARM`` (run with ``seeds``) or ``DATA:ARM:S1+S2`` (with those seeds) as (data, arm, seeds).
 
-    >>> _config("rotdigits:oracle", [0, 1]), _config("digits:affine:3+4", [0])
+    >>> data_arm_seeds("rotdigits:oracle", [0, 1]), data_arm_seeds("digits:affine:3+4", [0])
     (('rotdigits', 'oracle', [0, 1]), ('digits', 'affine', [3, 4]))
     """
     data, arm, *own = entry.rsplit(":", 2) if entry.count(":") >= 2 else entry.split(":")
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         extra = [*extra, "--image-size", str(args.image_size)]
     if args.device is not None:
         extra = [*extra, "--device", args.device]
-    configs = [_config(entry, seeds) for entry in args.configs.split(",")]
+    configs = [data_arm_seeds(entry, seeds) for entry in args.configs.split(",")]
     rows, made = [], set()
     for data, augment, config_seeds in configs:
         reports = [run(data, augment, seed, args.runs, extra) for seed in config_seeds]

@@ -625,6 +625,21 @@ def branch_check(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def population(result: Results) -> str:
+    """One line per population: the range it learned (the rotation, and the largest other), its final model's test
+    accuracy, the lineage of the member that fine-tuned, and the images it trained on against a plain run's."""
+    header = ["data", "start", "seed", "rotation (rad)", "largest other range", "test accuracy", "averaged over 8",
+              "lineage", "images vs plain"]  # fmt: skip
+    body = [
+        [r["data"], r["arm"], r["seed"], f"{r['learned']['rotation']:.3f}",
+         f"{max(v for k, v in r['learned'].items() if k != 'rotation'):.3f}", f"{r['test_accuracy']:.4f}",
+         f"{r['averaged_test_accuracy']:.4f}", f"`{r['lineage']}`",
+         f"{r['training_images'] / r['plain_training_images']:.2f}x"]
+        for r in result["rows"]
+    ]  # fmt: skip
+    return markdown_table(header, body)
+
+
 def implicit_cost(result: Results) -> str:
     """Per step: its median seconds, in parameter steps, and the partitioned iteration it makes against the
     fixed-weight one (a parameter step and a hyperparameter step every ``hyper_every`` iterations)."""
@@ -688,6 +703,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "model_coverage": model_coverage,
     "implicit_cost": implicit_cost,
     "branch_check": branch_check,
+    "population": population,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
     "learned_ranges_per_seed": learned_ranges_per_seed,
