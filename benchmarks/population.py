@@ -53,8 +53,6 @@ class Member:
     hyper: AffineAugmentation
     rng: torch.Tensor
     fitness: float = -math.inf
-    lineage: str = ""
-    """Where its state came from: "m" then, per exploit, "<source>" (e.g. "0<2": member 0 copied member 2)."""
 
     def train_to(self, step: int) -> float:
         """Iterate to ``step`` and evaluate; returns the conditional LML (the fitness)."""
@@ -96,8 +94,23 @@ def members_of(job: TrainJob, count: int, delta: float, floor: float, explored: 
             explore(hyper, delta, floor, explored)
         torch.manual_seed(job.config.runtime.seed)
         trainer = PartitionedTrainer(pmodel, job.data.train, job.config, hyper=hyper, device="cpu")
-        members.append(Member(trainer, hyper, torch.get_rng_state(), lineage=str(m)))
+        members.append(Member(trainer, hyper, torch.get_rng_state()))
     return members
+
+
+def ancestry(rounds: list[dict[str, Any]]) -> list[int]:
+    """The member whose state the final model's descends from, at each round: the best of the last round, and
+    before each copy its source.
+
+    >>> ancestry([{"fitness": [1, 2], "copies": [[1, 0]]}, {"fitness": [3, 2], "copies": []}])
+    [1, 0]
+    """
+    member = max(range(len(rounds[-1]["fitness"])), key=lambda i: rounds[-1]["fitness"][i])
+    found = [member]
+    for entry in reversed(rounds[:-1]):
+        member = next((source for source, target in entry["copies"] if target == member), member)
+        found.append(member)
+    return found[::-1]
 
 
 def run(data: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -128,7 +141,6 @@ def run(data: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, A
                     continue
                 members[target].copy_from(members[source])
                 explore(members[target].hyper, args.delta, args.floor, explored)
-                members[target].lineage += f"<{members[source].lineage}"
                 entry["copies"].append([source, target])
         rounds.append(entry)
         shown = " ".join(f"{s:.1f}@{m.hyper.hyperparameters().get(args.report, float('nan')):.2f}"
@@ -151,7 +163,7 @@ def run(data: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, A
     return {
         "data": data, "arm": arm, "seed": seed, "members": args.members,
         "initial": initial, "rounds": rounds,
-        "learned": learned, "lineage": best.lineage, "conditional_lml": best.fitness,
+        "learned": learned, "ancestry": ancestry(rounds), "conditional_lml": best.fitness,
         "final_conditional_lml": result.conditional_lml,
         "test_accuracy": accuracy, "averaged_test_accuracy": averaged,
         "training_images": images, "plain_training_images": end * per_iteration,
@@ -192,6 +204,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             done = args.runs / f"{data}_{arm}_s{seed}.json" if args.runs and not args.quick else None
             if done is not None and done.is_file() and json.loads(done.read_text())["settings"] == settings:
                 row = json.loads(done.read_text())["row"]
+                row.pop("lineage", None)  # the first rows' genealogy, which ancestry replaces
+                row["ancestry"] = ancestry(row["rounds"])
             else:
                 row = run(data, arm, seed, args)
                 if done is not None:
@@ -203,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{row['training_images'] / row['plain_training_images']:.2f}x the plain run's images",
                 flush=True,
             )
-    result = results(header("population", quick=args.quick), {k: v for k, v in vars(args).items()}, rows)
+    result = results(header("population", quick=args.quick), {**vars(args), "runs": str(args.runs)}, rows)
     if not args.quick:
         write_results(args.out, result)
     return result

@@ -626,17 +626,21 @@ def branch_check(result: Results) -> str:
 
 
 def population(result: Results) -> str:
-    """One line per population: the range it learned (the rotation, and the largest other), its final model's test
-    accuracy, the lineage of the member that fine-tuned, and the images it trained on against a plain run's."""
-    header = ["data", "start", "seed", "rotation (rad)", "largest other range", "test accuracy", "averaged over 8",
-              "lineage", "images vs plain"]  # fmt: skip
-    body = [
-        [r["data"], r["arm"], r["seed"], f"{r['learned']['rotation']:.3f}",
-         f"{max(v for k, v in r['learned'].items() if k != 'rotation'):.3f}", f"{r['test_accuracy']:.4f}",
-         f"{r['averaged_test_accuracy']:.4f}", f"`{r['lineage']}`",
-         f"{r['training_images'] / r['plain_training_images']:.2f}x"]
-        for r in result["rows"]
-    ]  # fmt: skip
+    """One line per population: the ranges it learned (the rotation, the isotropic scale where the generators have
+    one, and the largest other), its final model's test accuracy, the member its state descends from at each round
+    (``population.ancestry``), and the images it trained on against a plain run's."""
+    header = ["data", "start", "seed", "rotation (rad)", "scale", "largest other range", "test accuracy",
+              "averaged over 8", "ancestry", "images vs plain"]  # fmt: skip
+    body = []
+    for r in result["rows"]:
+        learned = r["learned"]
+        others = max(v for k, v in learned.items() if k not in ("rotation", "scale"))
+        scale = f"{learned['scale']:.3f}" if "scale" in learned else "—"
+        body.append(
+            [r["data"], r["arm"], r["seed"], f"{learned['rotation']:.3f}", scale, f"{others:.3f}",
+             f"{r['test_accuracy']:.4f}", f"{r['averaged_test_accuracy']:.4f}", "".join(map(str, r["ancestry"])),
+             f"{r['training_images'] / r['plain_training_images']:.2f}x"]
+        )  # fmt: skip
     return markdown_table(header, body)
 
 

@@ -400,7 +400,8 @@ def test_a_population_copy_continues_as_its_source(capsys):
 
 
 def test_population_benchmark_quick(capsys):
-    (row,) = _benchmark("population").main(["--quick"])["rows"]
+    result = _benchmark("population").main(["--quick"])
+    (row,) = result["rows"]
     assert [entry["step"] for entry in row["rounds"]] == [2, 4, 6] and row["members"] == 3
     for entry in row["rounds"]:
         for source, target in entry["copies"]:  # the worse copies the better
@@ -409,3 +410,9 @@ def test_population_benchmark_quick(capsys):
     assert row["conditional_lml"] == max(row["rounds"][-1]["fitness"])
     assert 0 <= row["test_accuracy"] <= 1 and row["training_images"] > row["plain_training_images"]
     assert "rotdigits:zero seed 0 step 6" in capsys.readouterr().out
+    from benchmarks import tables
+
+    assert "".join(map(str, row["ancestry"])) in tables.TABLES["population"](result)
+    last = row["rounds"][-1]["fitness"]
+    assert len(row["ancestry"]) == 3 and last[row["ancestry"][-1]] == max(last)
+    json.dumps(result)  # as it is written
