@@ -13,7 +13,8 @@ members start from the job's ranges, all but the first explored once. When parti
 fine-tuning step) the best member fine-tunes as the job does, and its final model is scored on the test split.
 
 The members read the same examples and draw the same augmentations (each member's torch generator kept apart,
-the same at the start; a copy takes its source's), so a comparison differs in the ranges and what they trained.
+the same at the start; a copy takes its source's), and their evaluations draw the same noise (the evaluator's own
+generator, advanced alike by every member), so a comparison differs in the ranges and what they trained.
 
     python -m benchmarks.population --configs rotdigits:zero digits:zero --seeds 0 1 2
     python -m benchmarks.population --quick    # a smoke run

@@ -386,6 +386,8 @@ def test_a_population_copy_continues_as_its_source(capsys):
             value, floor * math.exp(-0.5), rel_tol=1e-6
         )
     first.train_to(2), second.train_to(2)
+    scored = [m.trainer.steps.evaluator.generator.get_state() for m in (first, second)]
+    assert torch.equal(*scored)  # members at different ranges are scored with the same draws
     second.copy_from(first)
     first.train_to(4), second.train_to(4)
     assert first.fitness == second.fitness
