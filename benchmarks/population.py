@@ -48,12 +48,16 @@ QUICK_JOB = ["--steps", "10", "--batch-size", "8", "--samples", "2", "--image-si
 
 @dataclass
 class Member:
-    """One run of the population: its trainer, its ranges, and torch's generator state between its turns."""
+    """One run of the population: its trainer and torch's generator state between its turns."""
 
     trainer: PartitionedTrainer
-    hyper: AffineAugmentation
     rng: torch.Tensor
     fitness: float = -math.inf
+
+    @property
+    def hyper(self) -> AffineAugmentation:
+        """Its ranges: the trainer's input transform."""
+        return self.trainer.steps.objective.hyper
 
     def train_to(self, step: int) -> float:
         """Iterate to ``step`` and evaluate; returns the conditional LML (the fitness)."""
@@ -87,15 +91,16 @@ def explore(hyper: AffineAugmentation, delta: float, floor: float, generator: to
 def members_of(job: TrainJob, count: int, delta: float, floor: float, explored: torch.Generator) -> list[Member]:
     """``count`` runs of ``job``: the first its own (its model and ranges), each other a copy of them with its ranges
     explored once; every member seeded as ``fit`` seeds a run."""
-    start = copy.deepcopy((job.pmodel, job.hyper))
+    starts = [(job.pmodel, job.hyper)]
+    for _ in range(count - 1):
+        pmodel, hyper = copy.deepcopy(starts[0])
+        explore(hyper, delta, floor, explored)
+        starts.append((pmodel, hyper))
     members = []
-    for m in range(count):
-        pmodel, hyper = (job.pmodel, job.hyper) if m == 0 else copy.deepcopy(start)
-        if m > 0:
-            explore(hyper, delta, floor, explored)
+    for pmodel, hyper in starts:
         torch.manual_seed(job.config.runtime.seed)
         trainer = PartitionedTrainer(pmodel, job.data.train, job.config, hyper=hyper, device="cpu")
-        members.append(Member(trainer, hyper, torch.get_rng_state()))
+        members.append(Member(trainer, torch.get_rng_state()))
     return members
 
 
@@ -148,7 +153,6 @@ def run(data: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, A
                          for s, m in zip(scores, members))  # fmt: skip
         print(f"{data}:{arm} seed {seed} step {boundary}: {shown}", flush=True)
     best = max(members, key=lambda m: m.fitness)
-    learned = best.hyper.hyperparameters()
     torch.set_rng_state(best.rng)
     result = best.trainer.run(progress=False)  # fine-tunes the final subnetwork as the job does
     pmodel = best.trainer.pmodel
@@ -164,7 +168,7 @@ def run(data: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, A
     return {
         "data": data, "arm": arm, "seed": seed, "members": args.members,
         "initial": initial, "rounds": rounds,
-        "learned": learned, "ancestry": ancestry(rounds), "conditional_lml": best.fitness,
+        "learned": result.hyperparameters, "ancestry": ancestry(rounds), "conditional_lml": best.fitness,
         "final_conditional_lml": result.conditional_lml,
         "test_accuracy": accuracy, "averaged_test_accuracy": averaged,
         "training_images": images, "plain_training_images": end * per_iteration,
@@ -202,11 +206,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for entry in args.configs:
         data, arm, seeds = data_arm_seeds(entry, args.seeds)
         for seed in seeds:
-            done = args.runs / f"{data}_{arm}_s{seed}.json" if args.runs and not args.quick else None
-            if done is not None and done.is_file() and json.loads(done.read_text())["settings"] == settings:
-                row = json.loads(done.read_text())["row"]
-                row.pop("lineage", None)  # the first rows' genealogy, which ancestry replaces
-                row["ancestry"] = ancestry(row["rounds"])
+            done = None if args.quick else args.runs / f"{data}_{arm}_s{seed}.json"
+            kept = json.loads(done.read_text()) if done is not None and done.is_file() else {}
+            if kept.get("settings") == settings:
+                row = kept["row"]
             else:
                 row = run(data, arm, seed, args)
                 if done is not None:
