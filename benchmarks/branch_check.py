@@ -32,13 +32,14 @@ import copy
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from benchmarks._common import RESULTS, header, results, write_results
 from benchmarks.hyper_gradient_direction import chunk_log_likelihood, derivatives, midpoints
-from partition_fx.cli.job import train_job
+from partition_fx.cli.job import TrainJob, train_job
 from partition_fx.training import PartitionedBatchSampler, TrainingSteps, split_into_chunks
 from partition_fx.training.lml import buffers_restored
 from partition_fx.transforms import AffineAugmentation
@@ -78,21 +79,50 @@ def _train(steps: TrainingSteps, draws: list, x: torch.Tensor, y: torch.Tensor) 
         steps.take(draw, x[rows], y[rows])
 
 
-def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    generator = args.generator
-    total = args.steps + args.branch
-    argv = ["--data", data, "--seed", str(seed), "--steps", str(total), "--finetune-steps", "0", "--device", "cpu",
-            "--quiet", "--image-size", str(args.image_size), "--fix", f"{generator}={r}",
+@dataclass
+class FixedRangeRun:
+    """The default job's partitioned run with one range fixed, trained some iterations: its job, training steps,
+    chunks and the training split."""
+
+    job: TrainJob
+    steps: TrainingSteps
+    chunks: Any
+    x: torch.Tensor
+    y: torch.Tensor
+    seconds: float
+
+    @property
+    def pmodel(self):
+        return self.job.pmodel
+
+
+def train_at_fixed_range(
+    data: str, generator: str, r: float, seed: int, *, steps: int, image_size: int, total: int | None = None
+) -> FixedRangeRun:
+    """The default job (no fine-tuning, ``image_size`` pixels, ``total`` iterations planned, default ``steps``)
+    with ``generator``'s range fixed at ``r`` (every other range 0; Augerino's set for scale and stretch, else the
+    x/y set), trained for its first ``steps`` iterations from torch's seed ``seed``."""
+    argv = ["--data", data, "--seed", str(seed), "--steps", str(total or steps), "--finetune-steps", "0",
+            "--device", "cpu", "--quiet", "--image-size", str(image_size), "--fix", f"{generator}={r}",
             "--generators", "augerino" if generator in ("scale", "stretch") else "xy"]  # fmt: skip
     job = train_job(argv)
-    pmodel, config, aug = job.pmodel, job.config, job.hyper
     x, y = job.data.train.tensors
-    chunks = split_into_chunks(len(x), pmodel.proportions, seed)
-    steps = TrainingSteps.create(pmodel, chunks, hyper=aug, config=config)
+    chunks = split_into_chunks(len(x), job.pmodel.proportions, seed)
+    training = TrainingSteps.create(job.pmodel, chunks, hyper=job.hyper, config=job.config)
     torch.manual_seed(seed)
     started = time.perf_counter()
-    _train(steps, list(PartitionedBatchSampler(chunks, config, hyperparameters=False).draws())[: args.steps], x, y)
-    trained = time.perf_counter() - started
+    draws = list(PartitionedBatchSampler(chunks, job.config, hyperparameters=False).draws())[:steps]
+    _train(training, draws, x, y)
+    return FixedRangeRun(job, training, chunks, x, y, time.perf_counter() - started)
+
+
+def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    generator = args.generator
+    fixed = train_at_fixed_range(
+        data, generator, r, seed, steps=args.steps, image_size=args.image_size, total=args.steps + args.branch
+    )
+    pmodel, config, aug, steps = fixed.pmodel, fixed.job.config, fixed.job.hyper, fixed.steps
+    x, y, chunks, trained = fixed.x, fixed.y, fixed.chunks, fixed.seconds
     base = _state(pmodel, steps)
     # every repeat's continuation: the run's last iterations drawn with its own seed (other examples), and its own
     # augmentation draws; the same in the three branches of a repeat

@@ -625,6 +625,23 @@ def branch_check(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def occam(result: Results) -> str:
+    """Per data set, range and r (the range the weights trained at): each score's secant at r at fixed weights
+    (nats per unit of range, mean ± standard error over seeds, how many positive) and the ranges it is largest at
+    (one per seed): the conditional LML, and the last-layer Laplace evidence with its two parts."""
+    names = {"conditional_lml": "conditional LML", "loglik": "Laplace: log-likelihood", "occam": "Laplace: Occam",
+             "evidence": "Laplace: evidence"}  # fmt: skip
+    header = ["data", "range", "trained at", "n", *(f"{name}: secant" for name in names.values()),
+              *(f"{name}: largest at" for name in ("conditional LML", "Laplace evidence"))]  # fmt: skip
+    body = []
+    for line in result["summary"]["secants"]:
+        secants = [f"{line[k]['secant']:+.1f} ± {line[k]['se']:.1f} ({line[k]['positive']}/{line['n']} > 0)"
+                   for k in names]  # fmt: skip
+        largest = [", ".join(f"{v:.2f}" for v in line[k]["preferred"]) for k in ("conditional_lml", "evidence")]
+        body.append([line["data"], line["generator"], f"{line['r']:.3f}", line["n"], *secants, *largest])
+    return markdown_table(header, body)
+
+
 def population(result: Results) -> str:
     """One line per population: the ranges it learned (the rotation, the isotropic scale where the generators have
     one, and the largest other), its final model's test accuracy, the member its state descends from at each round
@@ -708,6 +725,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "implicit_cost": implicit_cost,
     "branch_check": branch_check,
     "population": population,
+    "occam": occam,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
     "learned_ranges_per_seed": learned_ranges_per_seed,

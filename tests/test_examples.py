@@ -418,3 +418,54 @@ def test_population_benchmark_quick(capsys):
     last = row["rounds"][-1]["fitness"]
     assert len(row["ancestry"]) == 3 and last[row["ancestry"][-1]] == max(last)
     json.dumps(result)  # as it is written
+
+
+def test_last_layer_evidence_is_the_laplace_evidence_of_the_exact_hessian_for_repeated_examples():
+    """For copies of one example the Kronecker factors are exact: the Hessian of a linear softmax classifier's NLL
+    in its weights (its GGN: the model is linear in them) is N Lambda (x) phi phi^T. The evidence then equals
+    log p(y | theta) + log N(theta; 0, I / delta) - 1/2 log det((delta I + H) / 2 pi), computed densely, at the
+    prior precision it reports, which maximises it over the grid."""
+    import torch
+
+    occam = _benchmark("occam")
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(1, 3, generator=g, dtype=torch.float64).expand(3, 3)  # 3 copies of one example
+    weight, bias = torch.randn(4, 3, generator=g), torch.randn(4, generator=g)
+    y = torch.tensor([2, 2, 2])
+    found = occam.last_layer_evidence(features, y, weight, bias)
+
+    theta = torch.cat([weight.double(), bias.double()[:, None]], 1)
+    phi = torch.cat([features, torch.ones(3, 1, dtype=torch.float64)], 1)
+
+    def nll(flat):
+        return -torch.log_softmax(phi @ flat.view(4, 4).T, -1)[:, 2].sum()
+
+    hessian = torch.autograd.functional.hessian(nll, theta.flatten())
+
+    def evidence(delta: float) -> float:
+        count = theta.numel()
+        prior = -0.5 * count * math.log(2 * math.pi / delta) - 0.5 * delta * float(theta.pow(2).sum())
+        _, logdet = torch.linalg.slogdet((delta * torch.eye(count, dtype=torch.float64) + hessian) / (2 * math.pi))
+        return -float(nll(theta.flatten())) + prior - 0.5 * float(logdet)
+
+    delta = found["prior_precision"]
+    assert math.isclose(found["evidence"], evidence(delta), rel_tol=1e-9)
+    assert math.isclose(found["loglik"], -float(nll(theta.flatten())), rel_tol=1e-12)
+    assert all(evidence(d) <= found["evidence"] + 1e-9 for d in occam.PRIOR_PRECISIONS.tolist())
+
+
+def test_occam_benchmark_quick(capsys):
+    result = _benchmark("occam").main(["--quick"])
+    rows = result["rows"]
+    assert [r["offset"] for r in rows] == [None, -0.8, -0.4, 0.0, 0.4, 0.8] and rows[0]["scored_at"] == 0.0
+    assert all(math.isclose(r["evidence"], r["loglik"] + r["occam"]) for r in rows)
+    (line,) = result["summary"]["secants"]
+    at = {r["offset"]: r for r in rows}
+    width = at[0.4]["scored_at"] - at[-0.4]["scored_at"]
+    assert math.isclose(line["evidence"]["secant"], (at[0.4]["evidence"] - at[-0.4]["evidence"]) / width)
+    assert line["evidence"]["preferred"] == [max(rows, key=lambda r: r["evidence"])["scored_at"]]
+    assert "rotdigits rotation trained at 0.500 seed 0, scored at 0.000" in capsys.readouterr().out
+    from benchmarks import tables
+
+    assert "Laplace: Occam: secant" in tables.TABLES["occam"](result)
+    json.dumps(result)  # as it is written

@@ -1,0 +1,184 @@
+"""Does an Occam term at fixed weights reward the range the data holds? The Laplace evidence against the conditional
+LML, scored across ranges at weights trained at one range.
+
+The conditional LML (the partitioned objective) at fixed weights can say "too wide" but not "too narrow": weights
+trained at a range score best at about that range, and for the zoom on ``scaledigits`` it narrows even from the
+truth (``branch_check --generator scale``). LILA (Immer, van der Ouderaa et al. 2022) learns that zoom from 0 by
+the Laplace evidence of an invariant model, log p(D | w) + log p(w) - 1/2 log det(H / 2 pi): its log-determinant
+is an Occam term that acts at fixed weights. This check measures whether such a term points the right way here:
+the default job's partitioned model is trained ``--steps`` iterations with one range FIXED at r (every other 0;
+``branch_check.train_at_fixed_range``), and then, at those weights, scored at ranges r' = 0 and r e^g (g in
+``--offsets``) by
+
+* ``conditional_lml``: the partitioned objective (``branch_check.conditional_lml``: chunks 2..C through subnetworks
+  1..C-1, a midpoint rule over the range's coefficient);
+* the **last-layer Laplace evidence** of the final subnetwork on the whole training split, LILA's objective with
+  its Kronecker-factored (KFAC) curvature restricted to the classifier: the invariant model's logits are the mean
+  over the midpoint views of the logits (the classifier is linear, so the mean of the views' features goes through
+  it), ``loglik`` their log-likelihood, ``occam`` = log p(theta) - 1/2 log det(H / 2 pi) with H = delta I + B (x) A
+  (A the features' second moment summed over examples with a 1 for the bias, B the mean softmax Hessian), the prior
+  precision delta chosen at each r' to maximise the evidence (as LILA and laplace-torch fit it), ``evidence`` their
+  sum.
+
+BatchNorm normalises each batch of views by its own statistics (as the conditional LML and a hyperparameter step
+see them); the weights are never changed. The rows give each seed and r'; the summary each score's secant at r
+(nats per unit of range, over r e^+-``--step``) with its mean, standard error and count positive over seeds, and
+the r' each score prefers. Only the classifier's curvature enters, not the whole network's as in LILA.
+
+    python -m benchmarks.occam    # scaledigits' zoom at the truth and at 0.16, rotdigits at 1.0, digits at 0.5
+    python -m benchmarks.occam --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.branch_check import conditional_lml, train_at_fixed_range
+from benchmarks.hyper_gradient_direction import midpoints
+from partition_fx.export import export_subnetwork
+from partition_fx.transforms import AffineAugmentation
+
+PRIOR_PRECISIONS = torch.logspace(-4, 4, 801, dtype=torch.float64)
+"""The prior precisions the evidence is maximised over at each range (a grid of 100 per decade)."""
+
+
+@torch.no_grad()
+def invariant_features(model: torch.nn.Module, aug: AffineAugmentation, x: torch.Tensor, batch: int) -> torch.Tensor:
+    """The mean over the midpoint views of ``model``'s pre-logit features (timm's ``forward_head(pre_logits=True)``)
+    of each example of ``x``, in float64; BatchNorm on each batch's views' statistics."""
+    eps = midpoints()
+    samples = len(eps)
+    model.train()
+    out = []
+    for start in range(0, len(x), batch):
+        xb = x[start : start + batch]
+        views = aug.transform(xb, eps.view(samples, 1, 1).expand(samples, len(xb), 1))
+        features = model.forward_head(model.forward_features(views), pre_logits=True)
+        out.append(features.view(samples, len(xb), -1).mean(0).double())
+    return torch.cat(out)
+
+
+def last_layer_evidence(features: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> dict:
+    """The Laplace evidence of a linear classifier (``weight`` [C, F], ``bias`` [C]) on ``features`` [N, F] with
+    labels ``y``, its curvature Kronecker-factored (B (x) A) and its isotropic Gaussian prior's precision chosen to
+    maximise it: ``loglik``, ``occam`` (log prior density - 1/2 log det(H / 2 pi)), ``evidence`` and
+    ``prior_precision``."""
+    theta = torch.cat([weight.double(), bias.double()[:, None]], 1)  # [C, F + 1]
+    phi = torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype)], 1)
+    logits = phi @ theta.T
+    loglik = float(torch.log_softmax(logits, -1).gather(1, y[:, None]).sum())
+    p = torch.softmax(logits, -1)
+    hessians = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    a = torch.linalg.eigvalsh(phi.T @ phi).clamp_min(0)  # the features' summed second moment
+    b = torch.linalg.eigvalsh(hessians.mean(0)).clamp_min(0)
+    count, norm = theta.numel(), float(theta.pow(2).sum())
+    deltas = PRIOR_PRECISIONS
+    # log N(theta; 0, I / delta) - 1/2 log det((delta + B (x) A) / 2 pi) = the 2 pi terms cancel
+    occam = 0.5 * count * deltas.log() - 0.5 * deltas * norm
+    occam = occam - 0.5 * torch.log(deltas[:, None] + (b[:, None] * a[None, :]).flatten()[None, :]).sum(1)
+    best = int(occam.argmax())
+    return {
+        "loglik": loglik,
+        "occam": float(occam[best]),
+        "evidence": loglik + float(occam[best]),
+        "prior_precision": float(deltas[best]),
+    }
+
+
+def run(data: str, generator: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    fixed = train_at_fixed_range(data, generator, r, seed, steps=args.steps, image_size=args.image_size)
+    pmodel, x, y = fixed.pmodel, fixed.x, fixed.y
+    final = export_subnetwork(pmodel)  # a copy: its BatchNorm buffers may move, the run's do not
+    classifier = final.get_classifier()
+    rows = []
+    for offset in [None, *args.offsets]:
+        scored = 0.0 if offset is None else r * math.exp(offset)
+        started = time.perf_counter()
+        aug = AffineAugmentation.fixed({generator: scored}, generators=[generator])
+        features = invariant_features(final, aug, x, args.batch)
+        rows.append({
+            "data": data, "generator": generator, "r": r, "seed": seed, "offset": offset, "scored_at": scored,
+            "conditional_lml": conditional_lml(pmodel, generator, scored, x, y, fixed.chunks),
+            **last_layer_evidence(features, y, classifier.weight.detach(), classifier.bias.detach()),
+            "train_seconds": round(fixed.seconds, 1), "score_seconds": round(time.perf_counter() - started, 1),
+        })  # fmt: skip
+    return rows
+
+
+SCORES = ("conditional_lml", "loglik", "occam", "evidence")
+
+
+def _case(row: dict[str, Any]) -> tuple[str, str, float]:
+    return row["data"], row["generator"], row["r"]
+
+
+def summary(rows: list[dict[str, Any]], step: float) -> list[dict[str, Any]]:
+    """Per (data, generator, r): each score's secant at r over r e^+-``step`` (nats per unit of range; mean,
+    standard error and count positive over seeds) and, per seed, the range each score is largest at."""
+    out = []
+    for case in dict.fromkeys(map(_case, rows)):
+        group = [row for row in rows if _case(row) == case]
+        seeds = list(dict.fromkeys(row["seed"] for row in group))
+        entry: dict[str, Any] = {"data": case[0], "generator": case[1], "r": case[2], "n": len(seeds)}
+        for score in SCORES:
+            secants, preferred = [], []
+            for seed in seeds:
+                mine = [row for row in group if row["seed"] == seed]
+                at = {row["offset"]: row for row in mine}
+                if -step in at and step in at:
+                    width = at[step]["scored_at"] - at[-step]["scored_at"]
+                    secants.append((at[step][score] - at[-step][score]) / width)
+                preferred.append(max(mine, key=lambda row: row[score])["scored_at"])
+            se = statistics.stdev(secants) / math.sqrt(len(secants)) if len(secants) > 1 else float("nan")
+            entry[score] = {
+                "secant": statistics.fmean(secants) if secants else float("nan"), "se": se,
+                "positive": sum(s > 0 for s in secants), "preferred": preferred,
+            }  # fmt: skip
+        out.append(entry)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
+    parser.add_argument(
+        "--configs", nargs="+",
+        default=["scaledigits:scale:0.693", "scaledigits:scale:0.16", "rotdigits:rotation:1.0", "digits:rotation:0.5"],
+        help="DATA:GENERATOR:R: the data, the range fixed while training and its value r",
+    )  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--steps", type=int, default=360, help="training iterations at r (default: 360)")
+    parser.add_argument("--image-size", type=int, default=16)
+    parser.add_argument("--offsets", nargs="+", type=float, default=[-0.8, -0.4, 0.0, 0.4, 0.8],
+                        help="the log-offsets g of the ranges r e^g scored, besides 0")  # fmt: skip
+    parser.add_argument("--step", type=float, default=0.4, help="the secant's log-offset (one of --offsets)")
+    parser.add_argument("--batch", type=int, default=128, help="examples per batch of views (default: 128)")
+    parser.add_argument("--out", default=str(RESULTS / "occam.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.quick:
+        args.configs, args.seeds, args.steps, args.image_size = ["rotdigits:rotation:0.5"], [0], 3, 8
+    rows = []
+    for entry in args.configs:
+        data, generator, r = entry.split(":")
+        for seed in args.seeds:
+            for row in run(data, generator, float(r), seed, args):
+                rows.append(row)
+                shown = ", ".join(f"{k} {row[k]:.1f}" for k in SCORES)
+                print(f"{data} {generator} trained at {float(r):.3f} seed {seed}, scored at {row['scored_at']:.3f}: "
+                      f"{shown}", flush=True)  # fmt: skip
+    result = results(header("occam", quick=args.quick), vars(args), rows, summary={"secants": summary(rows, args.step)})
+    if not args.quick:
+        write_results(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
