@@ -25,24 +25,35 @@ see them); the weights are never changed. The rows give each seed and r'; the su
 (nats per unit of range, over r e^+-``--step``) with its mean, standard error and count positive over seeds, and
 the r' each score prefers. Only the classifier's curvature enters, not the whole network's as in LILA.
 
+``--follow`` asks what following each score does once the weights train at what it chooses: from ``r`` the run
+trains ``--every`` iterations at the range, then scores r e^-step, r and r e^step at its weights and moves to the
+best of them (one run per objective of ``--objectives``: the conditional LML, the Laplace evidence, or the
+conditional LML plus the Occam part), and so on to the end of the run (a coordinate ascent with the weights
+following, as LILA alternates). Rows are kept per run under ``--runs`` and reused with the same settings.
+
     python -m benchmarks.occam    # scaledigits' zoom at the truth and at 0.16, rotdigits at 1.0, digits at 0.5
+    python -m benchmarks.occam --follow --configs scaledigits:scale:0.1:0+1 --objectives evidence --out FILE
     python -m benchmarks.occam --quick    # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks._common import RESULTS, header, results, write_results
-from benchmarks.branch_check import conditional_lml, train_at_fixed_range
+from benchmarks.branch_check import FixedRangeRun, conditional_lml, train_at_fixed_range
 from benchmarks.hyper_gradient_direction import midpoints
+from partition_fx._io import write_json
 from partition_fx.export import export_subnetwork
+from partition_fx.training import PartitionedBatchSampler, TrainingSteps
 from partition_fx.transforms import AffineAugmentation
 
 PRIOR_PRECISIONS = torch.logspace(-4, 4, 801, dtype=torch.float64)
@@ -92,24 +103,76 @@ def last_layer_evidence(features: torch.Tensor, y: torch.Tensor, weight: torch.T
     }
 
 
+def scores(fixed: FixedRangeRun, generator: str, scored: float, batch: int) -> dict[str, float]:
+    """At ``fixed``'s weights, with ``generator``'s range at ``scored``: the conditional LML and the final
+    subnetwork's last-layer Laplace evidence on the training split (``loglik``, ``occam``, ``evidence``,
+    ``prior_precision``)."""
+    final = export_subnetwork(fixed.pmodel)  # a copy: its BatchNorm buffers may move, the run's do not
+    classifier = final.get_classifier()
+    aug = AffineAugmentation.fixed({generator: scored}, generators=[generator])
+    features = invariant_features(final, aug, fixed.x, batch)
+    return {
+        "conditional_lml": conditional_lml(fixed.pmodel, generator, scored, fixed.x, fixed.y, fixed.chunks),
+        **last_layer_evidence(features, fixed.y, classifier.weight.detach(), classifier.bias.detach()),
+    }
+
+
 def run(data: str, generator: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     fixed = train_at_fixed_range(data, generator, r, seed, steps=args.steps, image_size=args.image_size)
-    pmodel, x, y = fixed.pmodel, fixed.x, fixed.y
-    final = export_subnetwork(pmodel)  # a copy: its BatchNorm buffers may move, the run's do not
-    classifier = final.get_classifier()
     rows = []
     for offset in [None, *args.offsets]:
         scored = 0.0 if offset is None else r * math.exp(offset)
         started = time.perf_counter()
-        aug = AffineAugmentation.fixed({generator: scored}, generators=[generator])
-        features = invariant_features(final, aug, x, args.batch)
         rows.append({
             "data": data, "generator": generator, "r": r, "seed": seed, "offset": offset, "scored_at": scored,
-            "conditional_lml": conditional_lml(pmodel, generator, scored, x, y, fixed.chunks),
-            **last_layer_evidence(features, y, classifier.weight.detach(), classifier.bias.detach()),
+            **scores(fixed, generator, scored, args.batch),
             "train_seconds": round(fixed.seconds, 1), "score_seconds": round(time.perf_counter() - started, 1),
         })  # fmt: skip
     return rows
+
+
+OBJECTIVES = {
+    "conditional_lml": lambda s: s["conditional_lml"],
+    "evidence": lambda s: s["evidence"],
+    "conditional_lml+occam": lambda s: s["conditional_lml"] + s["occam"],
+}
+"""What ``--follow`` maximises at each decision, from a candidate range's :func:`scores`."""
+
+
+def follow(
+    data: str, generator: str, start: float, seed: int, objective: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Train at ``start``; every ``args.every`` iterations move the range to the best of r e^-step, r, r e^step by
+    ``objective`` (one of :data:`OBJECTIVES`) at the weights trained so far; the range at each decision and the
+    final one."""
+    fixed = train_at_fixed_range(data, generator, start, seed, steps=0, image_size=args.image_size,
+                                 total=args.steps)  # fmt: skip
+    training: TrainingSteps = fixed.steps
+    draws = list(PartitionedBatchSampler(fixed.chunks, fixed.job.config, hyperparameters=False).draws())
+    varied = fixed.job.hyper.generators.index(generator)
+    maximised = OBJECTIVES[objective]
+    started = time.perf_counter()
+    r, decisions = start, []
+    for begin in range(0, args.steps, args.every):
+        for draw in draws[begin : begin + args.every]:
+            rows = training.local_indices(draw)
+            training.take(draw, fixed.x[rows], fixed.y[rows])
+        if begin + args.every >= args.steps:
+            break
+        candidates = {sign: r * math.exp(sign * args.step) for sign in (-1, 0, 1)}
+        scored = {sign: scores(fixed, generator, value, args.batch) for sign, value in candidates.items()}
+        chosen = max(scored, key=lambda sign: maximised(scored[sign]))
+        decisions.append({"step": begin + args.every, "r": r, "chosen": candidates[chosen],
+                          "scores": {f"{sign:+d}": value for sign, value in scored.items()}})  # fmt: skip
+        r = candidates[chosen]
+        with torch.no_grad():
+            fixed.job.hyper.ranges[varied] = r
+        print(f"{data} {generator} from {start:.3f} seed {seed} ({objective}) step {begin + args.every}: "
+              f"{decisions[-1]['r']:.3f} -> {r:.3f}", flush=True)  # fmt: skip
+    return {
+        "data": data, "generator": generator, "start": start, "seed": seed, "objective": objective,
+        "final": r, "decisions": decisions, "seconds": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
 
 
 SCORES = ("conditional_lml", "loglik", "occam", "evidence")
@@ -145,39 +208,74 @@ def summary(rows: list[dict[str, Any]], step: float) -> list[dict[str, Any]]:
     return out
 
 
+def _config(entry: str, seeds: list[int]) -> tuple[str, str, float, list[int]]:
+    """DATA:GENERATOR:R or DATA:GENERATOR:R:S1+S2 (its own seeds)."""
+    data, generator, r, *own = entry.split(":")
+    return data, generator, float(r), [int(s) for s in own[0].split("+")] if own else seeds
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
     parser.add_argument(
         "--configs", nargs="+",
         default=["scaledigits:scale:0.693", "scaledigits:scale:0.16", "rotdigits:rotation:1.0", "digits:rotation:0.5"],
-        help="DATA:GENERATOR:R: the data, the range fixed while training and its value r",
+        help="DATA:GENERATOR:R[:S1+S2]: the data, the range fixed while training and its value r (with --follow: "
+        "its start), with its own seeds",
     )  # fmt: skip
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--steps", type=int, default=360, help="training iterations at r (default: 360)")
+    parser.add_argument("--steps", type=int, default=360, help="training iterations (default: 360)")
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--offsets", nargs="+", type=float, default=[-0.8, -0.4, 0.0, 0.4, 0.8],
                         help="the log-offsets g of the ranges r e^g scored, besides 0")  # fmt: skip
     parser.add_argument("--step", type=float, default=0.4, help="the secant's log-offset (one of --offsets)")
     parser.add_argument("--batch", type=int, default=128, help="examples per batch of views (default: 128)")
+    parser.add_argument("--follow", action="store_true", help="follow --objective from r instead (see above)")
+    parser.add_argument("--objectives", nargs="+", choices=sorted(OBJECTIVES), default=["evidence"],
+                        help="--follow: what each run maximises (one run per objective)")  # fmt: skip
+    parser.add_argument("--every", type=int, default=40, help="--follow: iterations between decisions")
+    parser.add_argument("--runs", type=Path, default=Path("runs/occam"), help="--follow: rows kept here, reused")
     parser.add_argument("--out", default=str(RESULTS / "occam.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.quick:
-        args.configs, args.seeds, args.steps, args.image_size = ["rotdigits:rotation:0.5"], [0], 3, 8
+        args.configs, args.seeds, args.steps, args.image_size, args.every = (
+            ["rotdigits:rotation:0.5"], [0], 3 if not args.follow else 4, 8, 2,
+        )  # fmt: skip
     rows = []
     for entry in args.configs:
-        data, generator, r = entry.split(":")
-        for seed in args.seeds:
-            for row in run(data, generator, float(r), seed, args):
+        data, generator, r, seeds = _config(entry, args.seeds)
+        for seed in seeds:
+            if args.follow:
+                rows.extend(_followed(data, generator, r, seed, objective, args) for objective in args.objectives)
+                continue
+            for row in run(data, generator, r, seed, args):
                 rows.append(row)
                 shown = ", ".join(f"{k} {row[k]:.1f}" for k in SCORES)
-                print(f"{data} {generator} trained at {float(r):.3f} seed {seed}, scored at {row['scored_at']:.3f}: "
+                print(f"{data} {generator} trained at {r:.3f} seed {seed}, scored at {row['scored_at']:.3f}: "
                       f"{shown}", flush=True)  # fmt: skip
-    result = results(header("occam", quick=args.quick), vars(args), rows, summary={"secants": summary(rows, args.step)})
+    config = {**vars(args), "runs": str(args.runs)}
+    extra = {} if args.follow else {"summary": {"secants": summary(rows, args.step)}}
+    result = results(header("occam", quick=args.quick), config, rows, **extra)
     if not args.quick:
         write_results(args.out, result)
     return result
+
+
+def _followed(
+    data: str, generator: str, start: float, seed: int, objective: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """:func:`follow`'s row, kept under ``args.runs`` and reused when its settings are the same."""
+    settings = {key: getattr(args, key) for key in ("steps", "every", "step", "image_size", "batch")}
+    done = None if args.quick else args.runs / f"{data}_{generator}_{start}_{objective}_s{seed}.json"
+    kept = json.loads(done.read_text()) if done is not None and done.is_file() else {}
+    if kept.get("settings") == settings:
+        return kept["row"]
+    row = follow(data, generator, start, seed, objective, args)
+    if done is not None:
+        write_json(done, {"settings": settings, "row": row})
+    print(f"{data} {generator} from {start:.3f} seed {seed} ({objective}): {row['final']:.3f}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -469,3 +469,17 @@ def test_occam_benchmark_quick(capsys):
 
     assert "Laplace: Occam: secant" in tables.TABLES["occam"](result)
     json.dumps(result)  # as it is written
+
+
+def test_occam_follow_moves_to_the_best_scored_range(capsys):
+    occam = _benchmark("occam")
+    result = occam.main(["--quick", "--follow", "--objectives", "evidence", "conditional_lml"])
+    assert [row["objective"] for row in result["rows"]] == ["evidence", "conditional_lml"]
+    for row in result["rows"]:
+        (decision,) = row["decisions"]  # 4 iterations, a decision every 2: one before the last 2
+        assert decision["step"] == 2 and decision["r"] == row["start"] == 0.5
+        scored = {sign: occam.OBJECTIVES[row["objective"]](s) for sign, s in decision["scores"].items()}
+        best = max(scored, key=scored.get)
+        assert math.isclose(decision["chosen"], 0.5 * math.exp(int(best) * 0.4)) and row["final"] == decision["chosen"]
+    assert "rotdigits rotation from 0.500 seed 0 (conditional_lml): " in capsys.readouterr().out
+    json.dumps(result)  # as it is written
