@@ -642,6 +642,18 @@ def occam(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def occam_follow(result: Results) -> str:
+    """One line per followed run: the score it maximised, the range after each decision (from its start) and the
+    final range."""
+    header = ["data", "range", "start", "seed", "maximised", "range after each decision", "final"]
+    body = [
+        [r["data"], r["generator"], f"{r['start']:.3f}", r["seed"], r["objective"].replace("_", " "),
+         " ".join(f"{d['chosen']:.2f}" for d in r["decisions"]), f"{r['final']:.3f}"]
+        for r in result["rows"]
+    ]  # fmt: skip
+    return markdown_table(header, body)
+
+
 def population(result: Results) -> str:
     """One line per population: the ranges it learned (the rotation, the isotropic scale where the generators have
     one, and the largest other), its final model's test accuracy, the member its state descends from at each round
@@ -726,6 +738,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "branch_check": branch_check,
     "population": population,
     "occam": occam,
+    "occam_follow": occam_follow,
     "learned_augmentation": learned_augmentation,
     "learned_augmentation_seeds": learned_augmentation_seeds,
     "learned_ranges_per_seed": learned_ranges_per_seed,

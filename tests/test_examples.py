@@ -482,4 +482,7 @@ def test_occam_follow_moves_to_the_best_scored_range(capsys):
         best = max(scored, key=scored.get)
         assert math.isclose(decision["chosen"], 0.5 * math.exp(int(best) * 0.4)) and row["final"] == decision["chosen"]
     assert "rotdigits rotation from 0.500 seed 0 (conditional_lml): " in capsys.readouterr().out
+    from benchmarks import tables
+
+    assert f"{result['rows'][0]['final']:.3f}" in tables.TABLES["occam_follow"](result)
     json.dumps(result)  # as it is written
