@@ -81,19 +81,34 @@ def _train(steps: TrainingSteps, draws: list, x: torch.Tensor, y: torch.Tensor) 
 
 @dataclass
 class FixedRangeRun:
-    """The default job's partitioned run with one range fixed, trained some iterations: its job, training steps,
-    chunks and the training split."""
+    """The default job's partitioned run with ``generator``'s range fixed: its job, training steps, chunks, the
+    training split, the run's draws, how many of them it has trained and in how many seconds."""
 
     job: TrainJob
+    generator: str
     steps: TrainingSteps
     chunks: Any
     x: torch.Tensor
     y: torch.Tensor
-    seconds: float
+    draws: list
+    trained: int = 0
+    seconds: float = 0.0
 
     @property
     def pmodel(self):
         return self.job.pmodel
+
+    def train_to(self, step: int) -> None:
+        """Train the run's draws up to iteration ``step``."""
+        started = time.perf_counter()
+        _train(self.steps, self.draws[self.trained : step], self.x, self.y)
+        self.trained = max(self.trained, step)
+        self.seconds += time.perf_counter() - started
+
+    def set_range(self, value: float) -> None:
+        """Fix the generator's range at ``value`` from the next iteration on."""
+        with torch.no_grad():
+            self.job.hyper.ranges[self.job.hyper.generators.index(self.generator)] = value
 
 
 def train_at_fixed_range(
@@ -109,11 +124,11 @@ def train_at_fixed_range(
     x, y = job.data.train.tensors
     chunks = split_into_chunks(len(x), job.pmodel.proportions, seed)
     training = TrainingSteps.create(job.pmodel, chunks, hyper=job.hyper, config=job.config)
+    draws = list(PartitionedBatchSampler(chunks, job.config, hyperparameters=False).draws())
+    fixed = FixedRangeRun(job, generator, training, chunks, x, y, draws)
     torch.manual_seed(seed)
-    started = time.perf_counter()
-    draws = list(PartitionedBatchSampler(chunks, job.config, hyperparameters=False).draws())[:steps]
-    _train(training, draws, x, y)
-    return FixedRangeRun(job, training, chunks, x, y, time.perf_counter() - started)
+    fixed.train_to(steps)
+    return fixed
 
 
 def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -135,7 +150,6 @@ def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[s
         for repeat in range(args.repeats)
     ]
     ranges = {sign: r * math.exp(sign * args.delta) for sign in SIGNS}
-    varied = aug.generators.index(generator)
     others = [value for name, value in aug.hyperparameters().items() if name != generator]
     assert not any(others), f"the branches change the {generator} alone; the job's other ranges are {others}"
     rows = []
@@ -144,8 +158,7 @@ def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[s
         scores: dict[tuple[int, int], float] = {}  # (trained at, scored at) -> conditional LML
         for trained_at in SIGNS:
             _restore(pmodel, steps, base)
-            with torch.no_grad():  # the generator's range; every other stays at 0
-                aug.ranges[varied] = ranges[trained_at]
+            fixed.set_range(ranges[trained_at])  # every other range stays at 0
             torch.manual_seed(1000 * seed + repeat)  # the same draws in every branch of this repeat
             _train(steps, continuation, x, y)
             for scored_at in SIGNS if trained_at == 0 else (0, trained_at):

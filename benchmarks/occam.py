@@ -53,7 +53,6 @@ from benchmarks.branch_check import FixedRangeRun, conditional_lml, train_at_fix
 from benchmarks.hyper_gradient_direction import midpoints
 from partition_fx._io import write_json
 from partition_fx.export import export_subnetwork
-from partition_fx.training import PartitionedBatchSampler, TrainingSteps
 from partition_fx.transforms import AffineAugmentation
 
 PRIOR_PRECISIONS = torch.logspace(-4, 4, 801, dtype=torch.float64)
@@ -103,32 +102,36 @@ def last_layer_evidence(features: torch.Tensor, y: torch.Tensor, weight: torch.T
     }
 
 
-def scores(fixed: FixedRangeRun, generator: str, scored: float, batch: int) -> dict[str, float]:
-    """At ``fixed``'s weights, with ``generator``'s range at ``scored``: the conditional LML and the final
+def scores(fixed: FixedRangeRun, ranges: list[float], batch: int) -> list[dict[str, float]]:
+    """At ``fixed``'s weights, with its generator's range at each of ``ranges``: the conditional LML and the final
     subnetwork's last-layer Laplace evidence on the training split (``loglik``, ``occam``, ``evidence``,
     ``prior_precision``)."""
     final = export_subnetwork(fixed.pmodel)  # a copy: its BatchNorm buffers may move, the run's do not
     classifier = final.get_classifier()
-    aug = AffineAugmentation.fixed({generator: scored}, generators=[generator])
-    features = invariant_features(final, aug, fixed.x, batch)
-    return {
-        "conditional_lml": conditional_lml(fixed.pmodel, generator, scored, fixed.x, fixed.y, fixed.chunks),
-        **last_layer_evidence(features, fixed.y, classifier.weight.detach(), classifier.bias.detach()),
-    }
+    weight, bias = classifier.weight.detach(), classifier.bias.detach()
+    found = []
+    for scored in ranges:
+        aug = AffineAugmentation.fixed({fixed.generator: scored}, generators=[fixed.generator])
+        features = invariant_features(final, aug, fixed.x, batch)
+        found.append({
+            "conditional_lml": conditional_lml(fixed.pmodel, fixed.generator, scored, fixed.x, fixed.y, fixed.chunks),
+            **last_layer_evidence(features, fixed.y, weight, bias),
+        })  # fmt: skip
+    return found
 
 
 def run(data: str, generator: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     fixed = train_at_fixed_range(data, generator, r, seed, steps=args.steps, image_size=args.image_size)
-    rows = []
-    for offset in [None, *args.offsets]:
-        scored = 0.0 if offset is None else r * math.exp(offset)
-        started = time.perf_counter()
-        rows.append({
-            "data": data, "generator": generator, "r": r, "seed": seed, "offset": offset, "scored_at": scored,
-            **scores(fixed, generator, scored, args.batch),
-            "train_seconds": round(fixed.seconds, 1), "score_seconds": round(time.perf_counter() - started, 1),
-        })  # fmt: skip
-    return rows
+    offsets = [None, *args.offsets]
+    ranges = [0.0 if offset is None else r * math.exp(offset) for offset in offsets]
+    started = time.perf_counter()
+    found = scores(fixed, ranges, args.batch)
+    each = round((time.perf_counter() - started) / len(ranges), 1)
+    return [
+        {"data": data, "generator": generator, "r": r, "seed": seed, "offset": offset, "scored_at": scored, **score,
+         "train_seconds": round(fixed.seconds, 1), "score_seconds": each}
+        for offset, scored, score in zip(offsets, ranges, found)
+    ]  # fmt: skip
 
 
 OBJECTIVES = {
@@ -147,28 +150,21 @@ def follow(
     final one."""
     fixed = train_at_fixed_range(data, generator, start, seed, steps=0, image_size=args.image_size,
                                  total=args.steps)  # fmt: skip
-    training: TrainingSteps = fixed.steps
-    draws = list(PartitionedBatchSampler(fixed.chunks, fixed.job.config, hyperparameters=False).draws())
-    varied = fixed.job.hyper.generators.index(generator)
     maximised = OBJECTIVES[objective]
     started = time.perf_counter()
     r, decisions = start, []
-    for begin in range(0, args.steps, args.every):
-        for draw in draws[begin : begin + args.every]:
-            rows = training.local_indices(draw)
-            training.take(draw, fixed.x[rows], fixed.y[rows])
-        if begin + args.every >= args.steps:
-            break
-        candidates = {sign: r * math.exp(sign * args.step) for sign in (-1, 0, 1)}
-        scored = {sign: scores(fixed, generator, value, args.batch) for sign, value in candidates.items()}
-        chosen = max(scored, key=lambda sign: maximised(scored[sign]))
-        decisions.append({"step": begin + args.every, "r": r, "chosen": candidates[chosen],
-                          "scores": {f"{sign:+d}": value for sign, value in scored.items()}})  # fmt: skip
+    for step in range(args.every, args.steps, args.every):
+        fixed.train_to(step)
+        candidates = [r * math.exp(sign * args.step) for sign in (-1, 0, 1)]
+        scored = scores(fixed, candidates, args.batch)
+        chosen = max(range(3), key=lambda i: maximised(scored[i]))
+        decisions.append({"step": step, "r": r, "chosen": candidates[chosen],
+                          "scores": {f"{sign:+d}": value for sign, value in zip((-1, 0, 1), scored)}})  # fmt: skip
         r = candidates[chosen]
-        with torch.no_grad():
-            fixed.job.hyper.ranges[varied] = r
-        print(f"{data} {generator} from {start:.3f} seed {seed} ({objective}) step {begin + args.every}: "
+        fixed.set_range(r)
+        print(f"{data} {generator} from {start:.3f} seed {seed} ({objective}) step {step}: "
               f"{decisions[-1]['r']:.3f} -> {r:.3f}", flush=True)  # fmt: skip
+    fixed.train_to(args.steps)
     return {
         "data": data, "generator": generator, "start": start, "seed": seed, "objective": objective,
         "final": r, "decisions": decisions, "seconds": round(time.perf_counter() - started, 1),
