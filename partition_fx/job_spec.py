@@ -98,6 +98,15 @@ def _ranges(name: str, value: Any) -> dict[str, float]:
     return {key: float(number) for key, number in value.items()}
 
 
+def _bounds(name: str, value: Any) -> dict[str, float]:
+    """``max_range``: :func:`_ranges`, each a bound > 0 (a range learned within 0 could not move)."""
+    bounds = _ranges(name, value)
+    for key, number in bounds.items():
+        if number == 0:
+            raise PartitionArgumentError(f"{name} {key}=0 must be > 0: a range bounded at 0 cannot be learned")
+    return bounds
+
+
 def _range_start(name: str, value: Any) -> dict[str, float] | str:
     """``init``: a named start (``choices.RANGE_STARTS``: ``"wide"``, ``"zero"``, ``"bounds"``) or :func:`_ranges`."""
     return value if isinstance(value, str) and value in RANGE_STARTS else _ranges(name, value)
@@ -241,6 +250,16 @@ class JobSpec(Settings):
         metavar="NAME=VALUE[,...]",
         default_text="wide",  # None: the transform's own start, so that --augment none can refuse a given --init
         validator=_range_start,
+    )
+    max_range: Mapping[str, float] | None = setting(
+        None,
+        "learn these ranges within these bounds instead of the default ones (rotation pi, translations 1, scales, "
+        "stretch and shear log 2), every other within its default: e.g. --max-range scale=1.3863 for zooms of 1/4 "
+        "to 4",
+        metavar="NAME=VALUE[,...]",
+        default_text="the default bounds",
+        validator=_bounds,
+        absent_means=None,  # reports written before it existed learned within the default bounds
     )
     fix_from: str | None = setting(
         None,

@@ -1,7 +1,8 @@
 """Training with fixed hyperparameters (appendix G's retraining): ``partition-fx train --fix NAME=VALUE`` and
 ``--fix-from RUN``, and ``AffineAugmentation.fixed`` in ``fit``. Nothing is learned, the values are exactly the
 ones asked for (as float32, the ranges' dtype), and bad names are refused with the known ones listed. Also
-``--init NAME=VALUE``: learned ranges that start there."""
+``--init NAME=VALUE``: learned ranges that start there, and ``--max-range NAME=VALUE``: the bounds they are learned
+within."""
 
 from __future__ import annotations
 
@@ -96,6 +97,12 @@ def test_fix_from_fixes_every_value_a_run_learned(tmp_path) -> None:
         (["--init", "rotation=1", "--fix", "rotation=1"], "not allowed with argument --init"),
         (["--init", "rotation=1", "--augment", "none"], "--init starts the ranges of --augment affine; drop"),
         (["--init", "rotation=3.2"], "--init rotation=3.2 is outside the range it is learned in, [0, 3.14159]"),
+        (["--init", "rotation=1.5", "--max-range", "rotation=1"], "pass rotation=1 or less, or raise its bound with"),
+        (["--max-range", "rotaton=1"], "unknown range 'rotaton' (did you mean rotation?)"),
+        (["--max-range", "scale=1"], "--max-range names scale, which --generators xy does not have"),
+        (["--max-range", "shear=0"], "--max-range shear=0 must be > 0: a range bounded at 0 cannot be learned"),
+        (["--max-range", "rotation=4", "--fix", "rotation=1"], "and --fix fixes them (a fixed range may exceed"),
+        (["--max-range", "rotation=4", "--augment", "none"], "--max-range bounds the ranges --augment affine learns"),
     ],
 )
 def test_bad_fixes_are_refused_before_anything_runs(tmp_path, capsys, argv, message) -> None:
@@ -144,6 +151,44 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
     assert report["initial_hyperparameters"] == {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5}
     assert report["hyperparameters"]["rotation"] != _float32(1.5)  # learned: it moved from its start
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+
+
+def test_max_range_bounds_the_learned_ranges_and_reaches_the_report_fit_and_export(tmp_path) -> None:
+    from partition_fx.cli.job import train_job
+    from partition_fx.cli.runs import read_spec
+
+    argv = ["--generators", "augerino", "--max-range", "scale=1.3863", "--init", "scale=1.3863"]
+    job = train_job([*TINY, *argv])
+    bounds = {name: DEFAULT_MAX_RANGE[name] for name in GENERATOR_SETS["augerino"]} | {"scale": 1.3863}
+    assert job.hyper.max_range == bounds and job.hyper.hyperparameters()["scale"] == _float32(1.3863)
+    lowered = train_job([*TINY, "--init", "bounds", "--max-range", "rotation=1"]).hyper.hyperparameters()
+    assert lowered["rotation"] == 1.0 and lowered["shear"] == _float32(DEFAULT_MAX_RANGE["shear"])
+    run = tmp_path / "run"
+    argv[-1] = "scale=1"  # above the default bound, within the raised one
+    assert main(["train", *TINY, *argv, "--out", str(run)]) == 0
+    report = _report(run)
+    assert report["config"]["max_range"] == {"scale": 1.3863}
+    assert math.log(2) < report["hyperparameters"]["scale"] != 1.0  # learned above the default bound
+    samples = str(report["config"]["test_time_samples"])  # averaged over the ranges learned past the default bound
+    assert main(["export", "--run", str(run), "--test-time-samples", samples, "--out", str(tmp_path / "export")]) == 0
+    exported = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert exported["averaged_test_accuracy"] == report["averaged_test_accuracy"] is not None
+    older = {key: value for key, value in report["config"].items() if key != "max_range"}
+    assert read_spec(older).max_range is None  # a report written before it existed: the default bounds
+    # fit records the bounds it learned within as the command's --max-range (None: every one its default)
+    data = load_dataset("digits", size=12)
+    pmodel = partitionify(build_model("fixup_resnet8", 10, in_chans=1, img_size=12), 2, seed=3)
+    options = {"steps": 2, "batch_size": 8, "seed": 3, "progress": False}
+    fit(
+        pmodel,
+        data.train,
+        hyper=AffineAugmentation(max_range={"rotation": 1.0}),
+        checkpoint_dir=tmp_path / "a",
+        **options,
+    )
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["config"]["max_range"] == {"rotation": 1.0}
+    fit(pmodel, data.train, hyper=AffineAugmentation(), checkpoint_dir=tmp_path / "b", **options)
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["config"]["max_range"] is None
 
 
 def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_path) -> None:

@@ -23,7 +23,8 @@ images decode, and ``export``'s summary began to say where it wrote: those field
 AVX-512 machine (they do not depend on the CPU: the statistics are computed in float64 and rounded), every other
 value kept as the AVX2 machine wrote it. The hyper-gradient's settings joined the training configuration and the
 resume fingerprint (``hyper_gradient`` ``fixed``, ``implicit_terms`` 5, ``implicit_lr`` 0.01) and were added to every
-record that holds either the same way, by hand. Before that, ``cli_train_export``'s record
+record that holds either the same way, by hand, and so was ``max_range`` (null, the default bounds) to the job's
+config when ``--max-range`` joined it. Before that, ``cli_train_export``'s record
 was written again four times, each time
 with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer
 carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's config gains

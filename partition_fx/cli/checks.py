@@ -37,6 +37,8 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
     if fixed is not None and spec.augment != "affine":
         option = "--fix" if spec.fix is not None else "--fix-from"
         raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {spec.augment}")
+    if spec.max_range is not None:
+        _check_max_range(spec, fixed)
     if spec.augment == "affine":
         _check_range_names(spec, fixed)
     if spec.init is not None:
@@ -90,7 +92,12 @@ def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
     """``--fix``/``--fix-from``/``--init``: only ranges the augmentation's ``--generators`` has."""
     has = GENERATOR_SETS[spec.generators]
     started = dict(spec.init) if spec.init is not None and not isinstance(spec.init, str) else {}
-    for option, ranges in (("--fix" if spec.fix is not None else "--fix-from", fixed or {}), ("--init", started)):
+    bounded = dict(spec.max_range or {})
+    for option, ranges in (
+        ("--fix" if spec.fix is not None else "--fix-from", fixed or {}),
+        ("--init", started),
+        ("--max-range", bounded),
+    ):
         others = [name for name in ranges if name not in has]
         if others:
             fits = next((name for name, names in GENERATOR_SETS.items() if set(ranges) <= set(names)), None)
@@ -100,19 +107,35 @@ def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
             )
 
 
+def _check_max_range(spec: JobSpec, fixed: dict[str, float] | None) -> None:
+    """``--max-range``: bounds for the ranges ``--augment affine`` learns, so neither with nothing learned."""
+    if spec.augment != "affine":
+        raise PartitionArgumentError(
+            f"--max-range bounds the ranges --augment affine learns; drop --augment {spec.augment}"
+        )
+    if fixed is not None:
+        option = "--fix" if spec.fix is not None else "--fix-from"
+        raise PartitionArgumentError(
+            f"--max-range bounds the ranges that are learned, and {option} fixes them (a fixed range may exceed its "
+            f"bound); drop --max-range"
+        )
+
+
 def _check_init(spec: JobSpec) -> None:
-    """``--init``: for the ranges ``--augment affine`` learns, each within the bound it is learned in."""
+    """``--init``: for the ranges ``--augment affine`` learns, each within the bound it is learned in (its
+    ``--max-range``, else its default)."""
     from ..transforms.affine import DEFAULT_MAX_RANGE  # imports torch: not when only parsing
 
     if spec.augment != "affine":
         raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {spec.augment}")
     if isinstance(spec.init, str):  # a named start, within the bounds by construction
         return
+    bounds = {**DEFAULT_MAX_RANGE, **(spec.max_range or {})}
     for name, value in spec.init.items():  # type: ignore[union-attr]
-        if value > DEFAULT_MAX_RANGE[name]:
+        if value > bounds[name]:
             raise PartitionArgumentError(
-                f"--init {name}={value} is outside the range it is learned in, [0, {DEFAULT_MAX_RANGE[name]:.6g}]; "
-                f"pass {name}={DEFAULT_MAX_RANGE[name]:.6g} or less"
+                f"--init {name}={value} is outside the range it is learned in, [0, {bounds[name]:.6g}]; "
+                f"pass {name}={bounds[name]:.6g} or less, or raise its bound with --max-range {name}=VALUE"
             )
 
 

@@ -233,21 +233,27 @@ def build_job(spec: JobSpec, *, split: Split | None = None) -> TrainJob:
 
 def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
     """``--augment``'s input transform: learned ranges from ``--init``'s start (the transform's own, wide, without
-    one), or those ``--fix`` fixes
+    one) within ``--max-range``'s bounds (the transform's own for the ranges it does not name), or those ``--fix``
+    fixes
     (``--fix-from``'s once they are read: ``cli.checks.with_fixed_ranges``); None for ``--augment none``.
 
     >>> from partition_fx.job_spec import JobSpec
     >>> build_augmentation(JobSpec(init={"rotation": 1.5})).hyperparameters()["rotation"]
     1.5
+    >>> build_augmentation(JobSpec(max_range={"scale_x": 1.3863})).max_range["scale_x"]
+    1.3863
     >>> build_augmentation(JobSpec(augment="none")) is None
     True
     """
     if spec.augment != "affine":
         return None
     options = {"num_samples": spec.samples, "generators": spec.generators, "draws": spec.draws}
-    if spec.fix is None:
-        return AffineAugmentation(**options) if spec.init is None else AffineAugmentation(init=spec.init, **options)
-    return AffineAugmentation.fixed(spec.fix, **options)
+    if spec.fix is not None:
+        return AffineAugmentation.fixed(spec.fix, **options)
+    learned = {"init": spec.init} if spec.init is not None else {}
+    if spec.max_range is not None:
+        learned["max_range"] = dict(spec.max_range)
+    return AffineAugmentation(**learned, **options)
 
 
 def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:

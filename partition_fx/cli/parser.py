@@ -79,6 +79,7 @@ JOB_GROUPS = {
         "test_time_samples",
         "fix",
         "init",
+        "max_range",
         "fix_from",
     ),
     "running": ("device",),
@@ -91,6 +92,7 @@ JOB_OPTION_TYPES: dict[str, Any] = {
     "test_time_samples": int_at_least(0),
     "fix": range_values,
     "init": range_start,
+    "max_range": range_values,
     "fix_from": path_text,
 }
 """How the options of ``JobSpec`` fields that are not plain ints or strings read their text (``argparsing``)."""

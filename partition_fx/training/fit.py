@@ -71,8 +71,8 @@ def _command_config(
     fixed = isinstance(hyper, AffineAugmentation) and hyper.is_fixed
     if hyper is not None and not (type(hyper) is AffineAugmentation and _as_the_command_builds(hyper)):
         return (
-            f"the input transform {type(hyper).__name__} is not an AffineAugmentation with its default ranges "
-            "(learned, or fixed with AffineAugmentation.fixed)"
+            f"the input transform {type(hyper).__name__} is not an AffineAugmentation of a named generator set "
+            f"({', '.join(GENERATOR_SETS)}: --generators)"
         )
     if pmodel.seed != config.runtime.seed:
         return (
@@ -95,6 +95,7 @@ def _command_config(
         samples=hyper.num_samples if hyper is not None else 1,
         test_time_samples=0,  # fit reports no test-time averaged scores
         fix=hyper.hyperparameters() if fixed else None,  # where learned ranges started (init) does not matter
+        max_range=_raised_bounds(hyper) if hyper is not None and not fixed else None,
         train=config,
     ).to_dict()
 
@@ -105,10 +106,16 @@ def _augmentation(hyper: AffineAugmentation) -> dict[str, str]:
 
 
 def _as_the_command_builds(hyper: AffineAugmentation) -> bool:
-    """Whether ``--augment affine`` builds ``hyper``: every generator, learned from any start within the default
-    bounds, or fixed (``--fix``; the bounds of fixed ranges constrain nothing)."""
-    defaults = {name: DEFAULT_MAX_RANGE[name] for name in hyper.generators}
-    return hyper.generators in GENERATOR_SETS.values() and (hyper.is_fixed or hyper.max_range == defaults)
+    """Whether ``--augment affine`` builds ``hyper``: every generator of a set, learned from any start within any
+    bounds (``--max-range``), or fixed (``--fix``)."""
+    return hyper.generators in GENERATOR_SETS.values()
+
+
+def _raised_bounds(hyper: AffineAugmentation) -> dict[str, float] | None:
+    """The bounds of ``hyper``'s learned ranges that are not their defaults, as ``--max-range`` gives them; None
+    when every one is."""
+    changed = {name: bound for name, bound in hyper.max_range.items() if bound != DEFAULT_MAX_RANGE[name]}
+    return changed or None
 
 
 class RunRecordWriter(TrainingHook):
