@@ -144,10 +144,15 @@ ARMS = {
     "zero_implicit": ["--init", "zero", "--hyper-gradient", "implicit"],
     # the start-independence targets' other starts (the rotation at 0.5; pi/2 is init_half_pi), every other range at 0
     "init_0.5": ["--init", "rotation=0.5"],
-    # scaledigits (truth: an isotropic log-scale range of log 2) in Augerino's generators, from the wide start and 0
+    # scaledigits (truth: an isotropic log-scale range of log 2, the scale's default bound) in Augerino's generators,
+    # from the wide start, 0, half the truth, the truth and twice it (its bound raised to hold it), and its oracle (the
+    # truth fixed, C=1)
     "augerino": ["--generators", "augerino"],
     "augerino_zero": ["--generators", "augerino", "--init", "zero"],
     "augerino_scale_truth": ["--generators", "augerino", "--init", "scale=0.6931"],
+    "augerino_scale_half": ["--generators", "augerino", "--init", "scale=0.3466"],
+    "augerino_scale_twice": ["--generators", "augerino", "--max-range", "scale=1.3863", "--init", "scale=1.3863"],
+    "oracle_scaledigits": ["--partitions", "1", "--generators", "augerino", "--fix", "scale=0.6931", *SINGLE_COSINE],
 }
 """The command-line options of each arm (``augment`` in the rows), added to the default job's."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]
@@ -169,14 +174,16 @@ def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dic
 def _same_run(report: dict, argv: list[str]) -> bool:
     """Whether a report's ``config`` is the one ``partition-fx train ARGV`` records, and its ranges started
     where this version starts them: the config records ``--init`` as given, so without the second check a run
-    of an earlier default start would pass. Reports written before they recorded ``initial_hyperparameters``
-    are judged by their config alone (every version until then started an unnamed ``--init`` at 0)."""
+    of an earlier default start would pass. A setting added since the report was written reads as its absent
+    meaning (``read_spec``). Reports written before they recorded ``initial_hyperparameters`` are judged by their
+    config alone (every version until then started an unnamed ``--init`` at 0)."""
     from partition_fx.cli.commands.train import job_spec
     from partition_fx.cli.job import build_augmentation, initial_hyperparameters
     from partition_fx.cli.parser import parse_train
+    from partition_fx.cli.runs import read_spec
 
     spec = job_spec(parse_train(argv)).replace(proportions=tuple(report["config"]["proportions"]))
-    if report["config"] != json.loads(json.dumps(spec.to_dict())):
+    if read_spec(report["config"]) != spec:  # a setting added since reads as its absent meaning
         return False
     start = initial_hyperparameters(build_augmentation(spec))
     return report.get("initial_hyperparameters", start) == start
