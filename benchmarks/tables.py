@@ -729,7 +729,59 @@ def input_pipeline(result: Results) -> str:
     return markdown_table(columns, body)
 
 
+def _label(arm: str) -> str:
+    return ARM_LABELS.get(arm, METHOD_LABELS.get(arm, arm))
+
+
+def target_ranges(result: Results) -> str:
+    """The learned ranges' targets: each run's values (several ranges as x/y/zoom), their means ± standard errors
+    over seeds, and how many runs meet the target."""
+    body = [
+        [
+            r["target"],
+            r["data"],
+            r["start"],
+            r["measured_on"],
+            ", ".join("/".join(f"{v:.2f}" for v in values) for values in r["values"]),
+            " / ".join(f"{m:.2f} ± {se:.2f}" for m, se in zip(r["mean"], r["standard_error"])),
+            f"{r['met']} of {r['runs']}",
+        ]
+        for r in result["rows"]
+        if r["kind"] == "ranges"
+    ]
+    return markdown_table(["target", "data", "start", "on", "each run", "mean ± SE", "runs that meet it"], body)
+
+
+def target_models(result: Results) -> str:
+    """The final model's targets: paired differences in points by seed, their mean ± standard error, both arms'
+    means, and whether the target holds."""
+    body = [
+        [
+            r["target"],
+            r["data"],
+            _label(r["arm"]),
+            _label(r["reference"]),
+            "averaged over 8" if r["accuracy"] == "averaged_test_accuracy" else "plain",
+            r["measured_on"],
+            f"{r['arm_mean']:.3f} / {r['reference_mean']:.3f}",
+            ", ".join(f"{v:+.2f}" for v in r["values"]),
+            f"{r['mean']:+.2f} ± {r['standard_error']:.2f}",
+            "yes" if r["met"] else "no",
+        ]
+        for r in result["rows"]
+        if r["kind"] == "model"
+    ]
+    header = ["target", "data", "arm", "against", "accuracy", "on", "means", "difference per seed (points)"]
+    return markdown_table([*header, "mean ± SE", "met"], body)
+
+
+def targets(result: Results) -> str:
+    return target_ranges(result) + "\n\n" + target_models(result)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
+    "target_ranges": target_ranges,
+    "target_models": target_models,
     "hyper_estimators": hyper_estimators,
     "hyper_gradient_variance": hyper_gradient_variance,
     "hyper_gradient_direction": hyper_gradient_direction,

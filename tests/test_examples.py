@@ -486,3 +486,53 @@ def test_occam_follow_moves_to_the_best_scored_range(capsys):
 
     assert f"{result['rows'][0]['final']:.3f}" in tables.TABLES["occam_follow"](result)
     json.dumps(result)  # as it is written
+
+
+def test_targets_judge_each_run_and_paired_differences_by_their_definitions(tmp_path, monkeypatch):
+    targets = _benchmark("targets")
+    meta = {"benchmark": "learned_augmentation", "device": "cpu", "machine": "x86_64"}
+
+    def arm(augment, seeds, rotations, accuracies, averaged):
+        return {
+            "data": "rotdigits",
+            "augment": augment,
+            "seeds": seeds,
+            "ranges": [{"rotation": r} for r in rotations],
+            "test_accuracy": accuracies,
+            "averaged_test_accuracy": averaged,
+        }
+
+    rows = [
+        arm("affine", [0, 1, 2], [2.4, 2.6, 3.0], [0.90, 0.95, 0.97], [0.91, 0.95, 0.96]),
+        arm("oracle", [1, 0], [3.1416] * 2, [0.94, 0.92], [0.95, 0.90]),  # seed 2 missing: paired over 0 and 1
+    ]
+    (tmp_path / "runs.json").write_text(json.dumps({"meta": meta, "config": {}, "rows": rows}))
+    rotation = targets.RangeTarget(
+        "r", "runs.json", "rotdigits", "affine", "pi", targets._rotation, targets._at_least(2.5)
+    )
+    within = targets.ModelTarget("m", "rotdigits", "runs.json", "affine", "runs.json", "oracle", "within")
+    ahead = targets.ModelTarget("m", "rotdigits", "runs.json", "affine", "runs.json", "oracle", "ahead")
+    monkeypatch.setattr(targets, "RANGE_TARGETS", [rotation])
+    monkeypatch.setattr(targets, "MODEL_TARGETS", [within, ahead])
+    ranges, plain, averaged, plain_ahead, averaged_ahead = targets.gather(tmp_path)
+    assert ranges["values"] == [[2.4], [2.6], [3.0]] and (ranges["met"], ranges["runs"]) == (2, 3)
+    assert math.isclose(ranges["mean"][0], 8.0 / 3) and math.isclose(
+        ranges["standard_error"][0], 0.3055 / 3**0.5, rel_tol=1e-3
+    )
+    # plain: 0.90 - 0.92 and 0.95 - 0.94 = -2 and +1 points, mean -0.5, standard error 1.5
+    assert plain["seeds"] == [0, 1] and [round(v, 9) for v in plain["values"]] == [-2.0, 1.0]
+    assert math.isclose(plain["mean"], -0.5) and math.isclose(plain["standard_error"], 1.5)
+    assert plain["met"] and not plain_ahead["met"]  # within one SE of the reference, not ahead of it
+    # averaged: +1 and 0 points, mean +0.5 and standard error 0.5: within, and not ahead by more than one SE
+    assert math.isclose(averaged["mean"], 0.5) and averaged["met"] and not averaged_ahead["met"]
+    from benchmarks import tables
+
+    assert "2.40, 2.60, 3.00 | 2.67 ± 0.18 | 2 of 3" in tables.TABLES["target_ranges"]({"rows": [ranges]})
+
+
+def test_targets_benchmark_quick_reads_every_target_from_the_committed_results(capsys):
+    targets = _benchmark("targets")
+    rows = targets.main(["--quick"])["rows"]
+    assert len(rows) == len(targets.RANGE_TARGETS) + 2 * len(targets.MODEL_TARGETS)
+    assert all(0 <= row["met"] <= row["runs"] for row in rows if row["kind"] == "ranges")
+    assert "| zoom / truth in 0.8-1.25 | scaledigits | twice the truth |" in capsys.readouterr().out
