@@ -33,7 +33,7 @@ class RangeTarget:
     """Learned ranges of one arm, each run judged by ``meets``: ``value`` gives the numbers shown per run."""
 
     target: str
-    file: str
+    file: str  # several joined by "+": the seeds of one arm run at different times
     data: str
     arm: str
     start: str
@@ -91,8 +91,15 @@ SCALE = "zoom / truth in 0.8-1.25"
 SCATTERED = "translation x, y in 0.15-0.45, zoom >= 0.17"
 GPU, CPU = "default_tuning_round3_gpu.json", "start_independence_cpu.json"
 RANGE_TARGETS = [
-    RangeTarget(ROTATION, "start_independence.json", "rotdigits", "zero", "0", _rotation, _at_least(2.5)),
-    RangeTarget(ROTATION, "start_independence_s34.json", "rotdigits", "zero", "0", _rotation, _at_least(2.5)),
+    RangeTarget(
+        ROTATION,
+        "start_independence.json+start_independence_s34.json",
+        "rotdigits",
+        "zero",
+        "0",
+        _rotation,
+        _at_least(2.5),
+    ),
     RangeTarget(ROTATION, "start_independence.json", "rotdigits", "init_0.5", "0.5", _rotation, _at_least(2.5)),
     RangeTarget(ROTATION, "start_independence.json", "rotdigits", "init_half_pi", "pi/2", _rotation, _at_least(2.5)),
     RangeTarget(ROTATION, GPU, "rotdigits", "affine", "pi (the default)", _rotation, _at_least(2.5)),
@@ -196,9 +203,11 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
 
 
-def range_row(target: RangeTarget, result: dict) -> dict:
-    """One range target's row: each run's values, their means and standard errors, and how many runs meet it."""
-    runs = _runs(result, target.data, target.arm)
+def range_row(target: RangeTarget, results_read: list[dict]) -> dict:
+    """One range target's row, from the results of each of its files: each run's values, their means and standard
+    errors, and how many runs meet it."""
+    runs = dict(sorted(kv for result in results_read for kv in _runs(result, target.data, target.arm).items()))
+    result = results_read[0]
     values = [target.value(run["ranges"]) for run in runs.values()]
     columns = list(zip(*values))
     return {
@@ -259,7 +268,7 @@ def gather(directory: Path = RESULTS) -> list[dict]:
             loaded[file] = load_results(directory / file)
         return loaded[file]
 
-    rows = [range_row(target, load(target.file)) for target in RANGE_TARGETS]
+    rows = [range_row(target, [load(file) for file in target.file.split("+")]) for target in RANGE_TARGETS]
     for target in MODEL_TARGETS:
         rows += model_rows(target, load(target.file), load(target.reference_file))
     return rows
@@ -272,8 +281,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="print the table and write nothing")
     args = parser.parse_args(argv)
     rows = gather(args.results)
-    meta = header("targets", quick=args.quick, machine="the machine of each row's results (read, not measured)")
-    files = sorted({row[key] for row in rows for key in ("file", "reference_file") if key in row})
+    meta = header("targets", quick=args.quick, machine="each row's own machine (read from its results, column on)")
+    files = sorted(
+        {file for row in rows for key in ("file", "reference_file") for file in row.get(key, "").split("+") if file}
+    )
     result = results(meta, {"files": files}, rows)
     print(tables.targets(result))
     if not args.quick:
