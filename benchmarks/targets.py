@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, load_results, results, write_results
+from benchmarks._common import RESULTS, header, load_results, results, summary, write_results
 
 Ranges = dict[str, float]
 SCALE_TRUTH = math.log(2.0)
@@ -200,7 +200,8 @@ def _where(result: dict) -> str:
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
+    mean, sd = summary(values)
+    return mean, sd / math.sqrt(len(values))
 
 
 def range_row(target: RangeTarget, results_read: list[dict]) -> dict:
@@ -209,7 +210,7 @@ def range_row(target: RangeTarget, results_read: list[dict]) -> dict:
     runs = dict(sorted(kv for result in results_read for kv in _runs(result, target.data, target.arm).items()))
     result = results_read[0]
     values = [target.value(run["ranges"]) for run in runs.values()]
-    columns = list(zip(*values))
+    stats = [_mean_se(list(column)) for column in zip(*values)]
     return {
         "kind": "ranges",
         "target": target.target,
@@ -220,8 +221,8 @@ def range_row(target: RangeTarget, results_read: list[dict]) -> dict:
         "measured_on": _where(result),
         "seeds": list(runs),
         "values": [list(v) for v in values],
-        "mean": [_mean_se(list(c))[0] for c in columns],
-        "standard_error": [_mean_se(list(c))[1] for c in columns],
+        "mean": [mean for mean, _ in stats],
+        "standard_error": [se for _, se in stats],
         "met": sum(target.meets(v) for v in values),
         "runs": len(values),
     }
@@ -259,6 +260,13 @@ def model_rows(target: ModelTarget, result: dict, reference_result: dict) -> lis
     return rows
 
 
+def _files(target: RangeTarget | ModelTarget) -> list[str]:
+    """The results files a target reads."""
+    if isinstance(target, ModelTarget):
+        return [target.file, target.reference_file]
+    return target.file.split("+")
+
+
 def gather(directory: Path = RESULTS) -> list[dict]:
     """Every target's rows, from the results files in ``directory``."""
     loaded: dict[str, dict] = {}
@@ -268,7 +276,7 @@ def gather(directory: Path = RESULTS) -> list[dict]:
             loaded[file] = load_results(directory / file)
         return loaded[file]
 
-    rows = [range_row(target, [load(file) for file in target.file.split("+")]) for target in RANGE_TARGETS]
+    rows = [range_row(target, [load(file) for file in _files(target)]) for target in RANGE_TARGETS]
     for target in MODEL_TARGETS:
         rows += model_rows(target, load(target.file), load(target.reference_file))
     return rows
@@ -282,9 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     rows = gather(args.results)
     meta = header("targets", quick=args.quick, machine="each row's own machine (read from its results, column on)")
-    files = sorted(
-        {file for row in rows for key in ("file", "reference_file") for file in row.get(key, "").split("+") if file}
-    )
+    files = sorted({file for target in [*RANGE_TARGETS, *MODEL_TARGETS] for file in _files(target)})
     result = results(meta, {"files": files}, rows)
     print(tables.targets(result))
     if not args.quick:

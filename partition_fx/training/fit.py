@@ -69,7 +69,8 @@ def _command_config(
     if model["in_chans"] != (data["channels"] or model["in_chans"]):
         return f"the model takes {model['in_chans']} input channels and the data has {data['channels']}"
     fixed = isinstance(hyper, AffineAugmentation) and hyper.is_fixed
-    if hyper is not None and not (type(hyper) is AffineAugmentation and _as_the_command_builds(hyper)):
+    # the command builds every generator set, learned from any start within any bounds (--max-range), or fixed
+    if hyper is not None and not (type(hyper) is AffineAugmentation and hyper.generators in GENERATOR_SETS.values()):
         return (
             f"the input transform {type(hyper).__name__} is not an AffineAugmentation of a named generator set "
             f"({', '.join(GENERATOR_SETS)}: --generators)"
@@ -103,12 +104,6 @@ def _command_config(
 def _augmentation(hyper: AffineAugmentation) -> dict[str, str]:
     """The command's ``--generators`` and ``--draws`` that build ``hyper``'s."""
     return {"generators": generator_set_name(hyper.generators), "draws": hyper.draws}
-
-
-def _as_the_command_builds(hyper: AffineAugmentation) -> bool:
-    """Whether ``--augment affine`` builds ``hyper``: every generator of a set, learned from any start within any
-    bounds (``--max-range``), or fixed (``--fix``)."""
-    return hyper.generators in GENERATOR_SETS.values()
 
 
 def _raised_bounds(hyper: AffineAugmentation) -> dict[str, float] | None:
