@@ -344,12 +344,13 @@ def _tree(root):
 
 
 def test_overwrite_deletes_nothing_the_earlier_run_did_not_write(tmp_path, capsys):
-    """Issue 41: ``--overwrite`` removed the user's notes, plots and the run's ``export/`` folder with the run. Now
-    a run directory holding anything its run did not write is refused, naming it, and left byte for byte; once
-    only the run's own files are there, ``--overwrite`` replaces them."""
+    """``--overwrite`` removed the user's notes and plots with the run. Now a run directory holding anything its
+    run did not write (a file of the user's inside the run's ``export/`` too) is refused, naming it, and left byte
+    for byte; once only the run's own files are there, ``--overwrite`` replaces them."""
     out = tmp_path / "run"
     assert main(["train", *TINY, "--out", str(out)]) == 0
     assert main(["export", "--run", str(out)]) == 0  # writes out/export/ by default
+    (out / "export" / "deployed.txt").write_text("where I deployed it\n")
     (out / "my_analysis.txt").write_text("notes\n")
     (out / "my_plots").mkdir()
     (out / "my_plots" / "figure.png").write_bytes(b"png")
@@ -365,6 +366,42 @@ def test_overwrite_deletes_nothing_the_earlier_run_did_not_write(tmp_path, capsy
         shutil.move(out / extra, tmp_path / extra.replace("/", "_"))
     assert main(["train", *TINY, "--seed", "1", "--out", str(out), "--overwrite"]) == 0
     assert json.loads((out / "report.json").read_text())["config"]["train"]["runtime"]["seed"] == 1
+
+
+def test_overwrite_replaces_the_export_the_tool_wrote_from_the_run(tmp_path, capsys):
+    """The README's own flow, train, export, train again with ``--overwrite``, was refused: "holds export/, which
+    its earlier train run did not write". The export at the default place was made from the run being replaced,
+    so it is that run's and goes with it; an export elsewhere is untouched."""
+    out, elsewhere = tmp_path / "run", tmp_path / "deployed"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    assert main(["export", "--run", str(out)]) == 0
+    assert main(["export", "--run", str(out), "--out", str(elsewhere)]) == 0
+    kept = _tree(elsewhere)
+    capsys.readouterr()
+    assert main(["train", *TINY, "--seed", "1", "--out", str(out), "--overwrite"]) == 0
+    assert capsys.readouterr().err == ""
+    assert not (out / "export").exists() and _tree(elsewhere) == kept
+    assert main(["export", "--run", str(out)]) == 0  # the flow goes on
+    assert json.loads((out / "export" / "export.json").read_text())["run"] == str(out)
+
+
+def test_overwriting_an_unfinished_run_says_its_resume_state_goes(tmp_path, monkeypatch, capsys):
+    """``--overwrite`` dropped an interrupted run's resume state without a word; a completed run's, or one that
+    kept none, is replaced quietly as before."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_at(2))
+        assert main(["train", *TINY, "--out", str(out)]) == 130
+    capsys.readouterr()
+    assert main(["train", *TINY, "--out", str(out), "--overwrite"]) == 0
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("partition-fx: warning: --overwrite replaces") and "\n" not in warning
+    assert (
+        "interrupted, its last checkpoint at step 2 of 4" in warning
+        and f"`partition-fx train --resume {out}`" in warning
+    )
+    assert main(["train", *TINY, "--out", str(out), "--overwrite"]) == 0  # completed: nothing to say
+    assert capsys.readouterr().err == ""
 
 
 def test_export_and_convert_replace_their_directory_whole_or_not_at_all(run_dir, tmp_path, monkeypatch, capsys):

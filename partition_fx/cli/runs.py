@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._io import remove_path, staging_directory, swap_in
 from ..choices import TRACKER_FILES, RunStatus
-from ..errors import PartitionArgumentError, PartitionError, earlier_version, first_names
+from ..errors import PartitionArgumentError, PartitionError, PartitionWarning, earlier_version, first_names
 from ..job_spec import JobSpec
 from ..settings import MissingSettings
 from ..train_config import RUN_FILE
@@ -134,12 +135,51 @@ def foreign_entries(directory: Path, files: dict[str, Any], prefix: str = "") ->
     return foreign
 
 
+DEFAULT_EXPORT = "export"
+"""Where ``partition-fx export --run RUN`` writes unless given ``--out``: ``RUN/export/``."""
+
+
 def _run_files(out: Path) -> dict[str, Any]:
-    """The files the runs in ``out`` wrote, the union over its reports' commands."""
+    """The files the runs in ``out`` wrote, the union over its reports' commands; a training run's files include
+    its export at the default place (:data:`DEFAULT_EXPORT`) when that is an ``export`` run directory holding
+    nothing else: the tool wrote it from this run, and ``--overwrite`` replaces it with the run it came from.
+
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> _ = (run / "report.json").write_text('{"command": "train"}')
+    >>> (run / "export").mkdir(); _ = (run / "export" / "export.json").write_text('{"command": "export"}')
+    >>> "export" in _run_files(run)
+    True
+    >>> _ = (run / "export" / "notes.txt").write_text("mine"); "export" in _run_files(run)
+    False
+    """
     files: dict[str, Any] = {}
     for command in run_commands(out):
         files.update(run_files(command))
+    export = out / DEFAULT_EXPORT
+    if "report.json" in files and DEFAULT_EXPORT not in files and run_commands(export) == ["export"]:
+        if export.is_dir() and not export.is_symlink() and not foreign_entries(export, run_files("export")):
+            files[DEFAULT_EXPORT] = None
     return files
+
+
+def _unfinished(out: Path) -> str | None:
+    """How far the training run in ``out`` got when it stopped short with a resume state kept (None: it did not):
+    what ``--overwrite`` discards along with it."""
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(report, dict) or report.get("status") == RunStatus.COMPLETED.value:
+        return None
+    if not (out / "checkpoint" / "resume").is_dir():
+        return None
+    steps: Any = report.get("config")
+    for key in ("train", "optimization", "steps"):  # the run's planned steps, where its config says them
+        steps = steps.get(key) if isinstance(steps, dict) else None
+    step = report.get("last_checkpoint_step")
+    at = "" if step is None else f", its last checkpoint at step {step}" + ("" if steps is None else f" of {steps}")
+    return f"{report.get('status', 'unfinished')}{at}"
 
 
 def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
@@ -227,6 +267,14 @@ def prepare_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
     """
     if check_out(out, overwrite, inputs):
         files = _run_files(out)
+        unfinished = _unfinished(out)
+        if unfinished is not None:  # the one thing --overwrite loses that --resume would have kept
+            warnings.warn(
+                f"--overwrite replaces {str(out)!r}, an unfinished run ({unfinished}), and deletes its resume "
+                f"state; `partition-fx train --resume {out}` would have continued it",
+                PartitionWarning,
+                stacklevel=2,
+            )
         for entry in sorted(out.iterdir(), key=lambda entry: entry.name in REPORTS):
             if _owns(files, entry.name)[0]:  # check_out found nothing else; anything put there since stays
                 remove_path(entry)

@@ -12,7 +12,7 @@ from ...errors import PartitionArgumentError
 from ...job_spec import JobSpec
 from ..argparsing import Parser, int_at_least, path
 from ..parser import add_output_options
-from ..runs import check_out, training_run
+from ..runs import DEFAULT_EXPORT, check_out, training_run
 from ..summaries import accuracy_text
 from . import Command
 
@@ -82,7 +82,7 @@ def _options(args: argparse.Namespace) -> ExportRequest:
             f"--subnetwork {args.subnetwork}: subnetwork must be in 0..{partitions} (0 = all defaults, "
             f"{partitions} = final model)"
         )
-    out = args.out if args.out is not None else run / "export"
+    out = args.out if args.out is not None else run / DEFAULT_EXPORT
     check_out(out, args.overwrite, {"--run": run})
     return ExportRequest(
         run, spec, args.which, checkpoint, args.subnetwork, args.test_time_samples, out, args.overwrite
