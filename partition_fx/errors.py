@@ -6,13 +6,31 @@ Bad arguments are also ``ValueError``/``TypeError`` so the usual ``except ValueE
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 
+_ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def without_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours such as ``\\x1b[96m``, which torch puts in its errors):
+    what quoting another library's message in one of this package's messages leaves of it.
+
+    >>> without_ansi("step \\x1b[96m1/3\\x1b[0m of exporting")
+    'step 1/3 of exporting'
+    """
+    return _ANSI_ESCAPE.sub("", text)
+
 
 def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message, or its type's name when it has none (for one-line reports)."""
-    text = str(error).strip()
+    """The first line of ``error``'s message, without terminal escape sequences, or its type's name when it has
+    none (for one-line reports).
+
+    >>> first_line(RuntimeError("\\x1b[31mfailed\\x1b[0m here\\nmore")), first_line(KeyError())
+    ('failed here', 'KeyError')
+    """
+    text = without_ansi(str(error)).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 

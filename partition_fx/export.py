@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -128,9 +131,12 @@ def export_onnx(
     model = export_subnetwork(pmodel, subnetwork)
     model = (wrap(model) if wrap is not None else model).eval()
     path = Path(path)
-    replace_file(
-        path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol, names, properties)
-    )
+    try:
+        replace_file(
+            path, lambda tmp: _write_verified_onnx(model, inputs, tmp, dynamic_batch, atol, rtol, names, properties)
+        )
+    except _ExportFailed as failed:
+        raise PartitionError(_export_failure(failed.error, pmodel, model, inputs, dynamic_batch)) from failed.error
     return path
 
 
@@ -173,26 +179,20 @@ def _write_verified_onnx(
     import onnx
     import onnxruntime as ort
 
-    dynamic_shapes = None
-    if dynamic_batch:
-        batch = torch.export.Dim("batch")
-        dynamic_shapes = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
     try:
-        torch.onnx.export(
-            model,
-            inputs,
-            str(path),
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,
-            external_data=False,
-            verbose=False,
-            **names,
-        )
+        with _without_partial_graphs():
+            torch.onnx.export(
+                model,
+                inputs,
+                str(path),
+                dynamo=True,
+                dynamic_shapes=_batch_shapes(inputs) if dynamic_batch else None,
+                external_data=False,
+                verbose=False,
+                **names,
+            )
     except Exception as e:
-        raise PartitionError(
-            f"torch.onnx.export failed for {type(model).__name__}: {type(e).__name__}: {first_line(e)}"
-            + ("\n  Try dynamic_batch=False if the model specialises on the batch size." if dynamic_batch else "")
-        ) from e
+        raise _ExportFailed(e) from e
     if metadata:
         proto = onnx.load(str(path))
         kept = {p.key: p.value for p in proto.metadata_props if p.key not in metadata}
@@ -218,3 +218,122 @@ def _write_verified_onnx(
                 f"ONNX output {i} disagrees with PyTorch: max abs difference {diff:.3g} "
                 f"(allowed {bound:.3g}), shapes {tuple(e_np.shape)} vs {tuple(g.shape)}"
             )
+
+
+class _ExportFailed(Exception):
+    """torch.onnx.export raised ``error``: ``export_onnx`` words it, knowing the partitioned model."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _batch_shapes(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """torch.export's ``dynamic_shapes`` making dimension 0 of every tensor argument one ``batch`` dimension; any
+    other argument (a list of images, a dict) mirrors its structure with None, since torch refuses a bare None
+    for it. None when no argument is a tensor with a batch dimension.
+
+    >>> _batch_shapes((torch.zeros(2, 3), [torch.zeros(3)], 1.0))
+    ({0: Dim('batch', min=0)}, [None], None)
+    >>> _batch_shapes(([torch.zeros(3, 8, 8)],)) is None
+    True
+    """
+    from torch.utils._pytree import tree_map
+
+    if not any(isinstance(t, torch.Tensor) and t.dim() > 0 for t in inputs):
+        return None
+    batch = torch.export.Dim("batch")
+    return tuple(
+        {0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else tree_map(lambda _: None, t) for t in inputs
+    )
+
+
+class _WithoutPartialGraphs:
+    """``stream`` less what torch.export prints from ``torch/export/_trace.py``: on a failed capture, the partial
+    graph it built (hundreds of lines of generated code; its exception says what failed)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        caller = sys._getframe(1).f_code.co_filename.replace(os.sep, "/")
+        return len(text) if caller.endswith("torch/export/_trace.py") else self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _without_partial_graphs() -> contextlib.AbstractContextManager[Any]:
+    return contextlib.redirect_stderr(_WithoutPartialGraphs(sys.stderr))  # type: ignore[arg-type]
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return chain
+
+
+def _fixes_the_batch(error: BaseException) -> bool:
+    """torch.export refused the dynamic batch dimension: a constraint violation, which only the ``batch`` dimension
+    of :func:`_batch_shapes` (the one dimension export_onnx makes dynamic) can raise. By name: the classes are
+    private to torch."""
+    return any(
+        type(e).__name__ == "ConstraintViolationError"
+        or (
+            type(e).__name__ == "UserError"
+            and getattr(getattr(e, "error_type", None), "name", "") == "CONSTRAINT_VIOLATION"
+        )
+        for e in _causes(error)
+    )
+
+
+_CAUSED_BY = re.compile(r"^Caused by: \((.+)\)\s*$", re.MULTILINE)
+
+
+def _gist(error: BaseException) -> str:
+    """What torch.onnx.export's ``error`` says failed, on one line: the exception it was raised from (its own
+    first line is "Failed to export the model with torch.export. This is step 1/3 ..."), and where torch says
+    it happened.
+
+    >>> try:
+    ...     raise RuntimeError("step 1 failed") from ValueError("no\\nCaused by: (ops/boxes.py:103 in nms)")
+    ... except RuntimeError as e:
+    ...     _gist(e)
+    'ValueError: no (at ops/boxes.py:103 in nms)'
+    """
+    cause = error.__cause__ or error
+    where = _CAUSED_BY.search(str(cause))
+    said = " ".join(first_line(cause).split())
+    return f"{type(cause).__name__}: {said}" + (f" (at {where.group(1)})" if where else "")
+
+
+def _export_failure(
+    error: Exception, pmodel: PartitionedModel, model: nn.Module, inputs: tuple[Any, ...], dynamic_batch: bool
+) -> str:
+    """export_onnx's message for torch.onnx.export's ``error`` exporting ``model`` (subnetwork k of ``pmodel``, or
+    ``wrap`` of it) on ``inputs``: what failed, then what to do, on two lines."""
+    name, original = type(model).__name__, pmodel.original_class.__name__
+    what = f"torch.onnx.export failed for {name}: {_gist(error)}"
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as e:
+        return f"{what}\n  {name} does not run on example_inputs either ({type(e).__name__}: {first_line(e)})."
+    if dynamic_batch and _fixes_the_batch(error):
+        return (
+            f"{what}\n  The model fixes the batch size (or an input's first dimension is not a batch): "
+            "dynamic_batch=False exports it for the example's batch size only."
+        )
+    route = (
+        f"export_subnetwork(pmodel) gives the plain {original}, which torch's TorchScript exporter, "
+        "torch.onnx.export(model, example_inputs, path, dynamo=False), exports"
+    )
+    if pmodel.untraced is not None:
+        return (
+            f"{what}\n  {original} runs untraced (fx could not trace it) and export_onnx cannot export it: {route}, "
+            "as it does torchvision's detection models."
+        )
+    return f"{what}\n  Change the code torch.export stops at, or: {route}."

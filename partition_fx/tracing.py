@@ -18,7 +18,7 @@ import torch.fx as fx
 from timm.layers import get_notrace_functions, get_notrace_modules
 from torch import nn
 
-from .errors import PartitionError
+from .errors import PartitionError, first_line
 from .transforms.base import HyperparameterModule
 
 _MAX_LEAF_ROUNDS = 64
@@ -128,7 +128,9 @@ def _user_frame(exc: BaseException) -> str:
     return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
 
 
-def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[str]) -> fx.Graph:
+def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[str], mode_note: str = "") -> fx.Graph:
+    """Trace ``model`` in its current mode, or raise a :class:`TraceFailure` (``mode_note`` follows the model's name
+    in its message)."""
     tracer = LeafAwareTracer(leaf_types, leaf_names)
     try:
         graph = tracer.trace(model, concrete_args=concrete_default_args(model) or None)
@@ -145,10 +147,10 @@ def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[
                 "The failing code is in the model's own forward: partitionify(..., trace='auto') runs the model "
                 "untraced (one subnetwork per call), or make it traceable."
             )
-        first_line = str(e).splitlines()[0] if str(e) else ""
+        said = first_line(e) if str(e).strip() else ""
         raise TraceFailure(
-            f"could not trace {type(model).__name__}: module '{where or '<root>'}' ({type(owner).__name__}) at "
-            f"{_user_frame(e)}\n  {type(e).__name__}: {first_line}\n"
+            f"could not trace {type(model).__name__}{mode_note}: module '{where or '<root>'}' ({type(owner).__name__}) "
+            f"at {_user_frame(e)}\n  {type(e).__name__}: {said}\n"
             f"  This usually means data-dependent control flow or Python operations on traced values. {fix}",
             where,
         ) from None
@@ -178,6 +180,44 @@ def _responsible_module(node: fx.Node) -> str:
     if node.op == "call_module" and paths and paths[-1] == node.target:
         paths = paths[:-1]  # the node is the call of a leaf; its caller made the choice
     return paths[-1] if paths else ""
+
+
+def _failure_as_given(
+    model: nn.Module,
+    was_training: bool,
+    failure: TraceFailure,
+    leaf_types: tuple[type, ...],
+    names: set[str],
+    anywhere: bool = True,
+) -> TraceFailure:
+    """What to report of ``failure``, which fx raised tracing ``model`` in its current mode, so that it is true in the
+    mode the model was given in (a detector in eval mode, traced first in training mode, would otherwise be told
+    that training mode needs targets): fx's failure in that mode, when it differs and fails too (at the same
+    module unless ``anywhere``), else ``failure`` naming its mode."""
+    failed_training = model.training
+    if failed_training == was_training:
+        return failure
+    as_given: TraceFailure | None = None
+    try:
+        model.train(was_training)
+        _trace_once(model, leaf_types, names)
+    except TraceFailure as e:
+        as_given = e
+        if anywhere or e.where == failure.where:
+            return e
+    modes = ("eval", "training")
+    note = f" in {modes[failed_training]} mode"
+    if as_given is None:
+        note += (
+            f" (it traces in {modes[was_training]} mode, as given, but partitionify traces both, so that .train() and "
+            ".eval() keep working)"
+        )
+    try:
+        model.train(failed_training)
+        _trace_once(model, leaf_types, names, note)
+    except TraceFailure as named:
+        return named
+    return failure  # fx traces the same way twice: not reached
 
 
 def trace_consistently(
@@ -214,9 +254,10 @@ def trace_consistently(
                 g_eval = _trace_once(model, leaf_types, names)
             except TraceFailure as failure:
                 if trace != "auto":
-                    raise
+                    raise _failure_as_given(model, was_training, failure, leaf_types, names) from None
                 if failure.where == "":  # the model's own forward: nothing smaller to call whole
-                    return Traced(fx.Graph(), {""}, str(failure))
+                    reason = _failure_as_given(model, was_training, failure, leaf_types, names, anywhere=False)
+                    return Traced(fx.Graph(), {""}, str(reason))
                 names.add(failure.where)  # that module as one call, the rest traced
                 promoted.add(failure.where)
                 continue

@@ -4,13 +4,15 @@ zoom of its images and boxes learned). Every torchvision family's models: tests/
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torchvision
 from torch import nn
 from torch.utils.data import DataLoader
 
-from partition_fx import PartitionConfig, export_subnetwork, partitionify
+from partition_fx import PartitionConfig, export_onnx, export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionError
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 from partition_fx.training import ModelLoss, PartitionedBatchSampler, TrainConfig, TrainingSteps, split_into_chunks
@@ -28,6 +30,39 @@ class Branchy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.body(x)
         return self.head(h) if float(h.sum()) > 0 else -self.head(h)
+
+
+class TracesInEvalOnly(nn.Module):
+    """A model whose forward fx traces in eval mode only: in training mode it branches on its values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h * 2 if self.training and float(h.sum()) > 0 else h
+
+
+def _tiny_detector() -> nn.Module:
+    """A Faster R-CNN of a few thousand parameters on 32-px images (one conv as its backbone): fast to convert and
+    to try to export."""
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+    from torchvision.ops import MultiScaleRoIAlign
+
+    backbone = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
+    backbone.out_channels = 8
+    return FasterRCNN(
+        backbone,
+        min_size=32,
+        max_size=32,
+        rpn_anchor_generator=AnchorGenerator(sizes=((8,),), aspect_ratios=((1.0,),)),
+        box_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
+        box_head=TwoMLPHead(8 * 49, 16),
+        box_predictor=FastRCNNPredictor(16, 2),
+    )
 
 
 class Gate(nn.Module):
@@ -104,6 +139,85 @@ def test_an_untraced_model_refuses_per_example_subnetworks_and_the_fused_iterati
     for keywords in ({"fused": True}, {"every_partition": True}):
         with pytest.raises(PartitionArgumentError, match=r"needs a model torch.fx traced.*fused=False"):
             TrainingSteps.create(pmodel, chunks, config=TrainConfig.recommended(**keywords))
+
+
+def test_the_reason_a_model_runs_untraced_is_fx_s_failure_in_the_mode_it_was_given_in() -> None:
+    """fx traces a model in training mode first; a detector given in eval mode is told what fails in eval mode, not
+    torchvision's "targets should not be none when in training mode" (fx binds targets to its default, None)."""
+    pmodel = partitionify(_tiny_detector().eval(), 2)
+    reason = pmodel.untraced
+    assert reason is not None and "training mode" not in reason, reason
+    assert "generalized_rcnn.py:88 in forward: for img in images:" in reason.splitlines()[0]
+    assert "TraceError: Proxy object cannot be iterated" in reason
+    with pytest.raises(PartitionError, match="Proxy object cannot be iterated") as refused:
+        partitionify(_tiny_detector().eval(), 2, trace="always")
+    assert "training mode" not in str(refused.value)
+    # in training mode, what fx reports there
+    assert "targets should not be none" in partitionify(_tiny_detector().train(), 2).untraced
+    # a model fx traces in the mode it was given in, but not in the other: the reason names that mode
+    given_in_eval = partitionify(TracesInEvalOnly().eval(), 2)
+    assert given_in_eval.untraced.startswith(
+        "could not trace TracesInEvalOnly in training mode (it traces in eval mode, as given, but partitionify "
+        "traces both, so that .train() and .eval() keep working): module '<root>'"
+    )
+    assert partitionify(TracesInEvalOnly().train(), 2).untraced.startswith("could not trace TracesInEvalOnly: ")
+
+
+def test_export_onnx_of_a_detector_says_in_two_lines_that_it_cannot_and_what_exports_it(tmp_path, capfd) -> None:
+    """torch.export cannot capture a torchvision detector: export_onnx says why in one line, without torch's
+    terminal colours, never suggests dynamic_batch=False (which fails the same way), prints nothing of the partial
+    graph torch.export prints on failing (840 lines for the tiny detector), and the route it names works."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    pmodel = partitionify(_tiny_detector().eval(), 2)
+    images = [torch.rand(3, 32, 32)]
+    for dynamic_batch in (True, False):
+        with pytest.raises(PartitionError) as failed:
+            export_onnx(pmodel, tmp_path / "detector.onnx", (images,), dynamic_batch=dynamic_batch)
+        message = str(failed.value)
+        assert "\x1b" not in message and "dynamic_batch" not in message, message
+        what, route = message.splitlines()
+        assert what.startswith("torch.onnx.export failed for FasterRCNN: GuardOnDataDependentSymNode: Could not guard ")
+        assert what.endswith("(at torchvision/ops/boxes.py:103 in _batched_nms_coordinate_trick)"), what
+        assert route.startswith("  FasterRCNN runs untraced (fx could not trace it) and export_onnx cannot export it")
+        assert "torch.onnx.export(model, example_inputs, path, dynamo=False)" in route
+        assert not (tmp_path / "detector.onnx").exists()
+    printed = capfd.readouterr().err
+    assert "def forward" not in printed and len(printed.splitlines()) < 20, printed[:2000]
+    # the route the message names: the plain detector through torch's TorchScript exporter, checked in onnxruntime
+    plain = export_subnetwork(pmodel).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation, torchvision's tracer warnings
+        torch.onnx.export(plain, (images,), str(tmp_path / "plain.onnx"), dynamo=False)
+    session = ort.InferenceSession(str(tmp_path / "plain.onnx"), providers=["CPUExecutionProvider"])
+    boxes = session.run(None, {session.get_inputs()[0].name: images[0].numpy()})[0]
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(boxes), plain(images)[0]["boxes"], atol=1e-4)
+
+
+class WithMixing(nn.Module):
+    """Its second input's first dimension is not a batch: a dynamic batch ties it to the first's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, mixing: torch.Tensor) -> torch.Tensor:
+        return self.linear(mixing @ x)
+
+
+def test_export_onnx_suggests_dynamic_batch_false_only_when_torch_export_refuses_the_batch_dimension(tmp_path) -> None:
+    pmodel = partitionify(WithMixing(), 2)
+    inputs = (torch.randn(4, 3), torch.randn(5, 4))
+    with pytest.raises(PartitionError) as failed:
+        export_onnx(pmodel, tmp_path / "m.onnx", inputs)
+    assert str(failed.value) == (
+        "torch.onnx.export failed for WithMixing: UserError: L['mixing'].size()[0] = 5 is not equal to "
+        "L['x'].size()[0] = 4\n  The model fixes the batch size (or an input's first dimension is not a batch): "
+        "dynamic_batch=False exports it for the example's batch size only."
+    )
+    assert export_onnx(pmodel, tmp_path / "m.onnx", inputs, dynamic_batch=False).exists()
 
 
 def test_box_zoom_moves_boxes_with_the_image_and_passes_a_gradient_to_its_range() -> None:
