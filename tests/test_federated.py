@@ -211,10 +211,11 @@ def _replies(updates):
     return instruction, [Message(train_reply(u), reply_to=instruction) for u in updates]
 
 
-def test_the_strategy_aggregates_replies_as_the_server_steps_updates(message_identity) -> None:
+def test_the_strategy_aggregates_replies_as_the_server_steps_updates(message_identity, caplog) -> None:
     """Definition: ``PartitionedFedAdam.aggregate_train`` on the replies of a round is ``FederatedServer.apply``
-    on their updates (partitions of different chunks, psi's gradients); a failed reply is left out and kept as
-    a failure (accept_failures), or raises (accept_failures=False); a round without replies keeps the model."""
+    on their updates (partitions of different chunks, psi's gradients); a failed reply is left out, kept as
+    a failure and warned of (accept_failures), or raises (accept_failures=False); a round without replies keeps
+    the model. Its default fraction_evaluate 0 (no federated evaluation) is no warning."""
     pytest.importorskip("flwr", reason=FLOWER)
     from flwr.app import Error, Message
 
@@ -237,6 +238,10 @@ def test_the_strategy_aggregates_replies_as_the_server_steps_updates(message_ide
     assert sorted(arrays) == sorted(strategy.initial_arrays()) and metrics["clients"] == 3 and metrics["failures"] == 1
     assert [c["chunk"] for c in strategy.client_train_metrics[1]] == [1.0, 2.0, 3.0]
     assert strategy.failures == {1: ["train: client 3 ran out of memory"]} and strategy.bytes_up > 0
+    warned = [r.getMessage() for r in caplog.records if r.name == "flwr" and r.levelname == "WARNING"]
+    assert warned == ["round 1: 1 client(s) failed to train, their replies left out (the first: client 3 ran out "
+                      "of memory)"]  # fmt: skip
+    assert (strategy.fraction_evaluate, strategy.min_evaluate_nodes) == (0.0, 0)
     assert strategy.aggregate_train(2, [failed]) == (None, metrics.__class__({"clients": 0, "failures": 1}))
     strict = PartitionedFedAdam(FederatedServer(*_setup()), accept_failures=False)
     with pytest.raises(
@@ -339,19 +344,70 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys,
     assert "[ROUND" not in caplog.text and "aggregate_train" not in caplog.text  # --quiet: Flower's log muted
 
 
-def test_federated_command_shows_flowers_round_log(tmp_path, caplog):
-    """Without --quiet, Flower's own log of every round (sampling, replies and failures, the server's test
-    evaluation) is the progress, for each run: the ``flwr`` logger emits at INFO. (Its console handler writes
-    to the stderr it found when Flower was imported, which under pytest may be another test's capture, so
-    the records are read from the logger.)"""
+def test_federated_command_output_redirected_is_its_own(tmp_path) -> None:
+    """``partition-fx federated ... > log 2>&1``: the command's progress (a line as each run's rounds begin, one
+    per evaluated round) and its summary, nothing of Flower's round log at INFO, none of its notices that
+    ``run_simulation`` is deprecated, no colour codes, no warning about the default fraction-evaluate 0, nothing
+    of Ray's. A separate process, as a user runs it: Flower's console handler writes to the stderr it found when
+    imported, which in this process would be pytest's."""
     pytest.importorskip("flwr", reason=FLOWER)
-    from partition_fx.cli import main
+    import os
+    import subprocess
 
-    argv = ["federated", "--clients", "6", "--rounds", "2", "--image-size", "8", "--samples", "1"]
-    assert main([*argv, "--out", str(tmp_path / "fed")]) == 0
-    err = caplog.text
-    assert err.count("[ROUND 2/2]") == 2 and "Received 6 results and 0 failures" in err
-    assert "'test-accuracy':" in err
+    argv = ["federated", "--clients", "2", "--partitions", "2", "--proportions", "0.5,0.5", "--rounds", "2",
+            "--evaluate-every", "1", "--image-size", "8", "--samples", "1", "--test-samples", "1"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-m", "partition_fx.cli", *argv, "--out", str(tmp_path / "fed")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    log = done.stdout
+    assert done.returncode == 0, log[-3000:]
+    assert "\x1b[" not in log and "DEPRECATED" not in log and "INFO" not in log and "WARNING" not in log, log
+    lines = log.splitlines()
+    progress = [line for line in lines if line.startswith("partition-fx: ")]
+    assert [line.split(" | ")[0] for line in progress] == [
+        f"partition-fx: {arm} {what}"
+        for arm in ("partitioned", "baseline")
+        for what in ("run", "round 1/2", "round 2/2")
+    ], log
+    assert "test accuracy" in progress[1] and "MB up+down" in progress[1] and "rotation" in progress[1]
+    assert lines[len(progress)].startswith("federated, 2 rounds: test accuracy") and len(lines) == len(progress) + 4
+
+
+def test_flower_logging_keeps_flowers_log_to_warnings_while_a_run_lasts(monkeypatch) -> None:
+    """``flower_logging`` (what ``run_flower`` runs in): Flower's INFO and its own deprecation notices left out,
+    warnings kept, no colour codes on a stream that is not a terminal; all restored after. ``True``, or
+    ``FLWR_LOG_LEVEL`` set, keeps Flower's log as it is."""
+    pytest.importorskip("flwr", reason=FLOWER)
+    import io
+    import logging
+
+    from flwr.common.logger import ConsoleHandler, log, warn_deprecated_feature
+
+    from partition_fx.federated.flower import flower_logging
+
+    flower = logging.getLogger("flwr")
+    stream = io.StringIO()
+    handler = ConsoleHandler(colored=True, stream=stream)
+    flower.addHandler(handler)
+    level, filters = flower.level, list(flower.filters)
+    monkeypatch.delenv("FLWR_LOG_LEVEL", raising=False)
+    try:
+        with flower_logging():
+            log(logging.INFO, "[ROUND 1/2]")
+            warn_deprecated_feature("The `run_simulation` function is deprecated")
+            log(logging.WARNING, "round 1: 1 client(s) failed")
+        assert stream.getvalue().splitlines() == ["WARNING :   round 1: 1 client(s) failed"]
+        assert (flower.level, flower.filters, handler.colored) == (level, filters, True)
+        for show, env in ((True, None), (None, "INFO")):
+            stream.truncate(0)
+            stream.seek(0)
+            if env:
+                monkeypatch.setenv("FLWR_LOG_LEVEL", env)
+            with flower_logging(show):
+                log(logging.INFO, "[ROUND 1/2]")
+            assert stream.getvalue() == "INFO :      [ROUND 1/2]\n", (show, env)
+    finally:
+        flower.removeHandler(handler)
 
 
 @pytest.mark.parametrize(
@@ -552,7 +608,9 @@ def test_federated_print_config_and_config_file_round_trip(tmp_path, capsys) -> 
     with pytest.raises(SystemExit) as refused:
         main(["federated", "--config", str(path), "--print-config"])
     assert refused.value.code == 2
-    assert "unknown key(s) roundz at the top level; it takes data, image_size" in capsys.readouterr().err
+    assert "unknown key(s) roundz at the top level (did you mean rounds?); it takes data, image_size" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("size", [4, 10, 6])

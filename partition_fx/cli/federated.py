@@ -9,12 +9,15 @@ baseline's, ``seconds_per_round``; ``baseline`` with the same for the unpartitio
 train metrics per round, federated evaluation, failures), ``curves.png`` (test accuracy against rounds and
 against communicated bytes, appendix J.3) and ``model.safetensors`` (the exported final model, a plain
 ``nn.Sequential`` for the default CNN). Every option is checked, the clients planned and Flower imported before
-``--out`` is touched. Flower's log of every round goes to stderr unless ``--quiet``.
+``--out`` is touched. Unless ``--quiet``, each run's start and its evaluated rounds are one line each on stderr
+(:class:`RoundLines`); Flower's own log shows only its warnings and errors (``federated.flower.flower_logging``:
+``FLWR_LOG_LEVEL=INFO`` shows all of it).
 """
 
 from __future__ import annotations
 
-import logging
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +53,64 @@ def run_federated_command(request: FederatedRequest) -> dict[str, Any] | str:
     data = load_federated_data(config)
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
     federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
-    logging.getLogger("flwr").setLevel(logging.WARNING if request.quiet else logging.INFO)
-    runs = {"partitioned": run_flower(config), "baseline": run_flower(config.baseline())}
+    runs: dict[str, Any] = {}
+    for arm, arm_config in (("partitioned", config), ("baseline", config.baseline())):
+        runs[arm] = run_flower(arm_config, on_round=None if request.quiet else RoundLines(arm, arm_config))
     report = _report(config, plan, runs)
     write_run(request.out, request.overwrite, {}, lambda staging: _write(staging, report, runs))  # all, or none
     if request.log:
         _log_rounds(list(request.log), request.out, config, runs)
     return report
+
+
+class RoundLines:
+    """The progress of one run (``arm``, ``config``) as ``run_flower``'s ``on_round``: a line on stderr as the
+    rounds begin and one per evaluated round (test accuracy, communicated bytes, the learned hyperparameters,
+    time since the rounds began).
+
+    >>> from partition_fx.federated.config import FederatedConfig
+    >>> lines = RoundLines("partitioned", FederatedConfig(clients=6, rounds=4, evaluate_every=2))
+    >>> print(lines.line(0, None, 0.0))
+    partition-fx: partitioned run | 6 clients, 4 rounds, test evaluation every 2
+    >>> point = {"round": 2, "bytes": 2.5e6, "test-accuracy": 0.5, "test-accuracy-averaged": 0.625,
+    ...          "hyperparameters": {"rotation": 1.234}}
+    >>> print(lines.line(2, point, 10.0))
+    partition-fx: partitioned round 2/4 | test accuracy 0.500 (averaged 0.625) | 2.5 MB up+down | rotation 1.23 | ...
+    """
+
+    def __init__(self, arm: str, config: Any) -> None:
+        self.arm, self.config = arm, config
+        self.started = time.perf_counter()  # reset as the rounds begin
+
+    def line(self, server_round: int, point: dict[str, Any] | None, seconds: float) -> str:
+        """The line of ``on_round(server_round, point)``, ``seconds`` after the rounds began."""
+        from ..training.progress import clock, compact_hyperparameters
+
+        rounds, every = self.config.rounds, self.config.evaluate_every
+        if point is None:
+            evaluated = f", test evaluation every {every}" if every < rounds else ""
+            clients = f"{self.config.clients} client{'s' if self.config.clients != 1 else ''}"
+            return f"partition-fx: {self.arm} run | {clients}, {rounds} round{'s' if rounds != 1 else ''}{evaluated}"
+        left = f", ~{clock(seconds / server_round * (rounds - server_round))} left" if server_round < rounds else ""
+        learned = self.config.learn_hyperparameters and compact_hyperparameters(point["hyperparameters"])
+        parts = [
+            f"partition-fx: {self.arm} round {server_round}/{rounds}",
+            f"test accuracy {point['test-accuracy']:.3f} (averaged {point['test-accuracy-averaged']:.3f})",
+            f"{point['bytes'] / 1e6:.1f} MB up+down",
+            *([learned] if learned else []),
+            f"{clock(seconds)} elapsed{left}",
+        ]
+        return " | ".join(parts)
+
+    def __call__(self, server_round: int, point: dict[str, Any] | None) -> None:
+        if server_round == 0:
+            self.started = time.perf_counter()
+        elif point is None:  # a round without a test evaluation
+            return
+        stream = sys.stderr
+        if stream is not None:
+            stream.write(self.line(server_round, point, time.perf_counter() - self.started) + "\n")
+            stream.flush()
 
 
 def _log_rounds(backends: list[str], out: Path, config: Any, runs: dict[str, Any]) -> None:

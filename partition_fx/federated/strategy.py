@@ -29,11 +29,12 @@ CLIENT_METRICS = ("client", "chunk", "num-examples", "train-loss")
 class PartitionedFedAdam(FedAvg):
     """Flower strategy for partitioned networks (appendix J.1) around a ``FederatedServer``.
 
-    Besides ``FedAvg``'s arguments: ``accept_failures`` (Flower's convention: True aggregates the replies that
-    came back and logs the failures; False raises on the first round with one). ``bytes_up`` / ``bytes_down``
-    count the training messages' records both ways (evaluation traffic is ``bytes_evaluate``),
-    ``client_train_metrics[round]`` keeps every client's reply metrics (:data:`CLIENT_METRICS`), and
-    ``failures[round]`` each failed reply's stage and reason.
+    Besides ``FedAvg``'s arguments (``fraction_evaluate`` 0, the default here, is no federated evaluation, not
+    warned of as ``FedAvg`` warns): ``accept_failures`` (Flower's convention: True aggregates the replies that
+    came back and warns of the failures, once a round; False raises on the first round with one).
+    ``bytes_up`` / ``bytes_down`` count the training messages' records both ways (evaluation traffic is
+    ``bytes_evaluate``), ``client_train_metrics[round]`` keeps every client's reply metrics
+    (:data:`CLIENT_METRICS`), and ``failures[round]`` each failed reply's stage and reason.
 
     Example (a server-side ``main``; ``partition_fx.federated.app`` is the complete one)::
 
@@ -62,7 +63,7 @@ class PartitionedFedAdam(FedAvg):
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
+            fraction_evaluate=fraction_evaluate or 1.0,  # 0 is this strategy's default: FedAvg warns of it
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
@@ -70,6 +71,8 @@ class PartitionedFedAdam(FedAvg):
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
         )
+        if fraction_evaluate == 0.0:  # no federated evaluation, set as FedAvg sets it, without its warning
+            self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.server = server
         self.accept_failures = accept_failures
         self.bytes_up = self.bytes_down = self.bytes_evaluate = 0
@@ -129,15 +132,18 @@ class PartitionedFedAdam(FedAvg):
 
     def _failed(self, server_round: int, failed: list[Message], stage: str) -> None:
         """Keep each failure as ``"train: <the error's last line>"`` (Ray's tracebacks end with the client's
-        message), and raise if failures are not accepted."""
+        message) and say so in a warning, or raise if failures are not accepted."""
         if not failed:
             return
-        reasons = [f"{stage}: {(m.error.reason.strip().splitlines() or [''])[-1]}" for m in failed]
+        last_lines = [(m.error.reason.strip().splitlines() or [""])[-1] for m in failed]
+        reasons = [f"{stage}: {line}" for line in last_lines]
         self.failures.setdefault(server_round, []).extend(reasons)
         if not self.accept_failures:
             raise PartitionError(
                 f"{len(failed)} client(s) failed in round {server_round} (accept_failures=False): {reasons[0]}"
             )
+        log(WARNING, "round %d: %d client(s) failed to %s, their replies left out (the first: %s)", server_round,
+            len(failed), stage, last_lines[0])  # fmt: skip
 
 
 __all__ = ["CLIENT_METRICS", "PartitionedFedAdam"]

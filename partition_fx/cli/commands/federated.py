@@ -33,7 +33,7 @@ training" (each group in the fields' order)."""
 @dataclass(frozen=True)
 class FederatedRequest:
     """What ``federated`` was asked: the run (``config``), where its files go (``out``, replacing an earlier run
-    there with ``overwrite``), whether Flower's log is shown (``quiet``), the trackers to ``log`` to, or only to
+    there with ``overwrite``), whether progress is shown (not ``quiet``), the trackers to ``log`` to, or only to
     print the run (``print_config``)."""
 
     config: FederatedConfig
@@ -77,7 +77,7 @@ def _add_options(parser: Parser) -> None:
     output.add_argument(
         "--quiet",
         action="store_true",
-        help="no progress (default: off: Flower's log of every round on stderr)",
+        help="no progress (default: off: a line per evaluated round of each run on stderr)",
     )
     add_log_option(output, "every evaluated round of both runs (test accuracy, NLL, traffic, hyperparameters)")
     add_configuration_options(parser, "run")
