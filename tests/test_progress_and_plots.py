@@ -23,7 +23,6 @@ from partition_fx.cli.plots import (
 )
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import fit
-from partition_fx.training.lml import NO_EVIDENCE
 from partition_fx.transforms import AffineAugmentation, InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -171,13 +170,34 @@ def test_curves_start_at_zero_and_say_where_the_lml_starts():
     assert {line.get_label() for line in bottom.lines} == {"parameter steps (train loss)"}
 
 
-def test_one_partition_draws_no_evidence():
-    """Issue 41: with one partition the LML is chunk 1 scored by the untrained defaults; the panel drew it as an
-    LML, "higher is better". It now draws no curve and says why."""
-    _, one_partition = affine_history()  # the full LML alone: chunk 1 scored by the defaults
-    top, _ = figure_curves(one_partition).axes
-    assert not top.lines and "higher is better" not in top.get_ylabel()
-    assert [t.get_text() for t in top.texts] == [NO_EVIDENCE] and NO_EVIDENCE.startswith("no evidence")
+def test_a_plain_retrain_draws_its_losses_alone_titled_plain_training(tmp_path):
+    """A plain retrain (``train --partitions 1 --fix-from RUN``: one partition, the ranges fixed, no
+    hyperparameter steps) estimates no conditional LML: its LML scores chunk 1 by the untrained defaults, no
+    evidence (issue 41 stopped drawing it as one). lml.png then drew an empty LML panel saying so under the title
+    "partitioned training"; it now draws the losses alone, titled as what the run was."""
+    _, history = affine_history((2, 3, 4))  # as such a run's report.json has it: its fine-tuning, too
+    for r in history:
+        r.update(phase="partitioned", lml=-3311.1, conditional_lml_per_example=None, hyper_loss=None)
+    history[-1].update(phase="finetune", lml=None, lml_per_example=None)
+    fig = figure_curves(history)
+    assert fig.get_suptitle() == "plain training (one partition: no LML evidence)"
+    [losses] = fig.axes  # no LML panel, empty or saying why
+    assert losses.get_title(loc="left") == "step losses (negative log-likelihood)" and not losses.texts
+    assert [line.get_label() for line in losses.lines if not line.get_label().startswith("_")] == [
+        "parameter steps (train loss)"
+    ]
+    assert losses.get_xlim()[0] == 0 and "shaded: fine-tuning" in losses.get_xlabel()
+    assert plot_curves(history, tmp_path / "lml.png").read_bytes()[:4] == b"\x89PNG"
+    for r in history:  # psi learned from one partition: still no evidence, and not called plain
+        r["hyper_loss"] = 0.5
+    assert (
+        figure_curves(history).get_suptitle() == "training of one partition, hyperparameters learned (no LML evidence)"
+    )
+    for r in history[:-1]:  # partitions 2..C: the conditional LML on top, and partitioned training
+        r["conditional_lml_per_example"] = -0.2
+    partitioned = figure_curves(history)
+    assert partitioned.get_suptitle() == "partitioned training" and len(partitioned.axes) == 2
+    assert "conditional LML per example" in partitioned.axes[0].get_ylabel()
 
 
 def test_other_hyperparameters_and_none(tmp_path):

@@ -1,7 +1,8 @@
 """Training curves from a ``FitResult`` history, drawn to be read at a glance.
 
 * :func:`figure_curves`: the conditional LML per example (top; the evidence the run is judged by, see
-  ``cli.train.LML_EXPLAINED``) and the mean step losses (bottom) by iteration.
+  ``cli.train.LML_EXPLAINED``) and the mean step losses (bottom) by iteration; a run without a conditional LML
+  (one partition: plain training) the losses alone, titled so.
 * :func:`figure_hyperparameters`: one panel per quantity, each with its own unit. The main one (rotation when
   it is learned, else the one with the largest values) is on top with its bound drawn; the others (e.g.
   translation, scale, shear) share the row below, on their own scales.
@@ -61,26 +62,28 @@ MAX_LEGEND = 8
 
 
 def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
-    """The conditional LML per example (top; a history without one, of a single partition, has no evidence to
-    draw, and the panel says so) and the mean parameter / hyperparameter step losses since the previous
-    evaluation (bottom), by iteration from 0."""
+    """The conditional LML per example (top) and the mean parameter / hyperparameter step losses since the
+    previous evaluation (bottom), by iteration from 0, titled with what the run was (:func:`curves_title`). A
+    history without a conditional LML (one partition: no evidence, ``training.lml.NO_EVIDENCE``; or fine-tuning
+    alone) has no LML to draw: its figure is the losses alone, and its title says why."""
     from matplotlib.figure import Figure
 
-    from ..training.lml import NO_EVIDENCE
-
-    fig = Figure(figsize=(7.0, 5.6), layout="constrained")
-    top, bottom = fig.subplots(2, 1, sharex=True)
     steps = [r["step"] for r in history]
-    scored = [(r["step"], r["conditional_lml_per_example"]) for r in history if r.get("conditional_lml_per_example")]
-    if scored:  # fine-tuning evaluations estimate no LML
+    scored = [(r["step"], r["conditional_lml_per_example"]) for r in history
+              if r.get("conditional_lml_per_example") is not None]  # fmt: skip
+    if scored:
+        fig = Figure(figsize=(7.0, 5.6), layout="constrained")
+        top, bottom = fig.subplots(2, 1, sharex=True)
         top.plot(*zip(*scored), "o-", color="tab:blue", markersize=4)
         top.set_ylabel("conditional LML per example (nats)\nhigher is better")
         first = f"first estimate at iteration {steps[0]}, none at 0"
         top.set_title(f"conditional LML, chunks 2..C ({first})", loc="left", fontsize="medium")
         top.ticklabel_format(axis="y", useOffset=False)  # an offset's text would sit on the title
-    else:  # one partition: the LML is chunk 1 scored by the untrained defaults, no evidence of anything trained
-        top.text(0.5, 0.5, NO_EVIDENCE, ha="center", va="center", transform=top.transAxes, wrap=True)
-        top.set_yticks([])
+        axes = [top, bottom]
+    else:
+        fig = Figure(figsize=(7.0, 3.6), layout="constrained")
+        bottom = fig.subplots()
+        axes = [bottom]
     for key, color, label in (
         ("train_loss", "tab:orange", "parameter steps (train loss)"),
         ("hyper_loss", "tab:green", "hyperparameter steps"),
@@ -89,16 +92,42 @@ def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
         if points:
             bottom.plot(*zip(*points), ".-", color=color, label=label)
     bottom.set_ylabel("mean loss since the\nprevious evaluation (nats)")
+    bottom.ticklabel_format(axis="y", useOffset=False)  # as the LML's: an offset's text would sit on the title
     bottom.set_xlabel(_iteration_label(history))
     bottom.set_title("step losses (negative log-likelihood)", loc="left", fontsize="medium", pad=_title_pad(2))
     if bottom.lines:
         _legend_above(bottom, len(bottom.lines))
-    for ax in (top, bottom):
+    for ax in axes:
         ax.grid(alpha=0.3)
         _mark_finetuning(ax, history)
-    _start_at_zero(top, steps)
-    fig.suptitle("partitioned training", fontweight="bold")
+    _start_at_zero(axes[0], steps)
+    fig.suptitle(curves_title(history), fontweight="bold")
     return fig
+
+
+def curves_title(history: Sequence[Mapping[str, Any]]) -> str:
+    """What the run of ``history`` was, as :func:`figure_curves` titles it: partitioned training when it estimated
+    a conditional LML; else, with one partition, plain training (or training of one partition, when it took
+    hyperparameter steps), which has no LML evidence; else fine-tuning alone (or no evaluation at all).
+
+    >>> curves_title([{"step": 5, "phase": "partitioned", "conditional_lml_per_example": -0.1}])
+    'partitioned training'
+    >>> curves_title([{"step": 5, "phase": "partitioned", "conditional_lml_per_example": None, "hyper_loss": None}])
+    'plain training (one partition: no LML evidence)'
+    >>> curves_title([{"step": 5, "phase": "partitioned", "hyper_loss": 0.4}])
+    'training of one partition, hyperparameters learned (no LML evidence)'
+    >>> curves_title([{"step": 5, "phase": "finetune", "hyper_loss": None}])
+    'fine-tuning (no LML estimated)'
+    """
+    if any(r.get("conditional_lml_per_example") is not None for r in history):
+        return "partitioned training"
+    if not history:
+        return "no evaluation"
+    if all(r.get("phase") == Phase.FINETUNE for r in history):
+        return "fine-tuning (no LML estimated)"
+    if any(r.get("hyper_loss") is not None for r in history):
+        return "training of one partition, hyperparameters learned (no LML evidence)"
+    return "plain training (one partition: no LML evidence)"
 
 
 def figure_hyperparameters(
