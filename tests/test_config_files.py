@@ -109,7 +109,10 @@ def test_print_config_with_resume_prints_the_run_s_job_and_config_with_resume_is
     ("text", "message"),
     [
         ("colour: red\n", r"unknown key\(s\) colour at the top level; it takes model, checkpoint, data"),
-        ("train:\n  optimization:\n    stepz: 3\n", r"unknown key\(s\) stepz at train.optimization; it takes steps, "),
+        (
+            "train:\n  optimization:\n    stepz: 3\n",
+            r"unknown key\(s\) stepz at train.optimization \(did you mean steps\?\); it takes steps, ",
+        ),
         ("train: 5\n", r"train must be a mapping of its settings, got 5"),
         ("- 1\n", r"holds a list, not a mapping of options; write it with `partition-fx train --print-config"),
         ("steps: [1\n", r"not valid YAML at line 2"),
@@ -125,6 +128,22 @@ def test_print_config_with_resume_prints_the_run_s_job_and_config_with_resume_is
         ),
         ("steps: 40\n", r"unknown key\(s\) steps at the top level \(steps is train.optimization.steps\); it takes"),
         ("train:\n  hyper_lr: 0.1\n", r"unknown key\(s\) hyper_lr at train \(hyper_lr is train.hyper.lr\); it takes"),
+        # a typo: the closest key, as the command line names the closest option
+        (
+            "train:\n  optimization:\n    step: 40\n",
+            r"step at train.optimization \(did you mean steps\?\); it takes steps",
+        ),
+        ("step: 40\n", r"step at the top level \(did you mean train.optimization.steps\?\); it takes model, "),
+        (
+            "train:\n  optimisation:\n    steps: 40\n",
+            r"optimisation at train \(did you mean optimization\?\); it takes",
+        ),
+        ("train:\n  hyper:\n    lrr: 0.1\n", r"lrr at train.hyper \(did you mean lr\?\); it takes"),
+        (
+            "modle: resnet10t\nstpes: 40\ncolour: red\n",
+            r"colour, modle, stpes at the top level \(modle: did you mean model\?; stpes: did you mean "
+            r"train.optimization.steps\?\); it takes model",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys, text: str, message: str) -> None:
@@ -136,6 +155,22 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys, tex
     err = capsys.readouterr().err
     assert err.startswith(f"partition-fx: error: --config {str(path)!r}: "), err
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("round: 3\n", r"unknown key\(s\) round at the top level \(did you mean rounds\?\); it takes data, "),
+        ("steps: 3\n", r"unknown key\(s\) steps at the top level; it takes data, "),  # not train's steps: no such place
+    ],
+)
+def test_a_federated_file_s_unknown_key_names_the_closest_of_its_own(tmp_path, capsys, text, message) -> None:
+    path = tmp_path / "fed.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        main(["federated", "--config", str(path), "--print-config"])
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_a_missing_file_is_refused(tmp_path, capsys) -> None:

@@ -6,7 +6,7 @@ A file holds the job as ``report.json`` records it under ``config`` (``JobSpec.t
 (``model``, ``data``, ``partitions``, ...) and the training configuration nested under ``train`` by section
 (``train: {optimization: {steps: 40}}``). It may hold any part of it: what it leaves out keeps the command's
 default, or that of the ``recipe`` it names. A key this version does not know is refused, naming the keys known at
-that level.
+that level and, for a typo, the key it is closest to (``step``: did you mean ``steps``?).
 
 >>> import tempfile
 >>> path = Path(tempfile.mkdtemp()) / "run.yaml"
@@ -20,6 +20,7 @@ that level.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def read_config(path: Path, recipe: str | None = None) -> JobSpec:
     missing or unreadable file, YAML that is not a mapping, an unknown key or a bad value."""
     where = f"{OPTION} {str(path)!r}"
     values = _read_mapping(path, where, "train")
-    merged = _merged(_base(recipe or values.get("recipe"), where), values, where, ())
+    merged = _merged(_base(recipe or values.get("recipe"), where), values, where, (), _places())
     if recipe is not None:  # the command line's recipe, over the one the file names
         merged["recipe"] = recipe
     try:
@@ -101,7 +102,7 @@ def _base(recipe: Any, where: str) -> dict[str, Any]:
     if recipe not in RECIPES:
         raise PartitionError(f"{where}: recipe {recipe!r} is not one of {', '.join(RECIPES)}")
     where = f"--recipe {recipe} (partition_fx/{RECIPES[recipe].file})"
-    merged = _merged(defaults, RECIPES[recipe].values, where, ())
+    merged = _merged(defaults, RECIPES[recipe].values, where, (), _places())
     merged["recipe"] = recipe
     try:
         return JobSpec.from_dict(merged, where=where).to_dict()
@@ -109,19 +110,32 @@ def _base(recipe: Any, where: str) -> dict[str, Any]:
         raise PartitionError(f"{where}: {e.problem}") from None
 
 
-def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: tuple[str, ...]) -> dict[str, Any]:
+def _merged(
+    defaults: dict[str, Any],
+    values: dict[str, Any],
+    where: str,
+    path: tuple[str, ...],
+    places: dict[str, tuple[str, ...]] | None = None,
+) -> dict[str, Any]:
     """``values`` over ``defaults``, section by section; a key ``defaults`` lacks is refused, saying where a key of
-    the job that belongs elsewhere goes (``steps`` is ``train.optimization.steps``)."""
+    the job that belongs elsewhere goes (``places``, :func:`_places`: ``steps`` is ``train.optimization.steps``), or
+    the known key it is a typo of (``step``: did you mean ``steps``?).
+
+    >>> _merged({"steps": 1, "seed": 0}, {"step": 40}, "f.yaml", ("train", "optimization"))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: f.yaml: unknown key(s) step at train.optimization (did you mean steps?); ...
+    """
     unknown = sorted(str(key) for key in values if key not in defaults)
     if unknown:
         at = ".".join(path) or "the top level"
-        places = _places()
-        moved = [
-            f"{key} is {'.'.join(places[key])}" for key in unknown if key in places and places[key] != (*path, key)
-        ]
-        hint = f" ({'; '.join(moved)})" if moved else ""
+        hints = [_hint(key, defaults, path, places or {}) for key in unknown]
+        if len(unknown) > 1:
+            hints = [f"{key}: {hint}" if hint.startswith("did you mean") else hint for key, hint in zip(unknown, hints)]
+        shown = "; ".join(hint for hint in hints if hint)
         raise PartitionError(
-            f"{where}: unknown key(s) {', '.join(unknown)} at {at}{hint}; it takes {', '.join(defaults)}"
+            f"{where}: unknown key(s) {', '.join(unknown)} at {at}{f' ({shown})' if shown else ''}; it takes "
+            f"{', '.join(defaults)}"
         )
     merged = dict(defaults)
     for key, value in values.items():
@@ -131,10 +145,31 @@ def _merged(defaults: dict[str, Any], values: dict[str, Any], where: str, path: 
                 raise PartitionError(
                     f"{where}: {'.'.join((*path, key))} must be a mapping of its settings, got {value!r}"
                 )
-            merged[key] = _merged(section, value, where, (*path, key))
+            merged[key] = _merged(section, value, where, (*path, key), places)
         else:
             merged[key] = value
     return merged
+
+
+def _hint(key: str, known: dict[str, Any], path: tuple[str, ...], places: dict[str, tuple[str, ...]]) -> str:
+    """What an unknown ``key`` at ``path`` (whose keys are ``known``) is likely meant to be: a key of the job that
+    goes elsewhere (``steps is train.optimization.steps``), else the closest key by ``difflib``, as the command
+    line suggests an option: one at this level by its name (``did you mean steps?``), one elsewhere by its place
+    (``did you mean train.optimization.steps?``); "" when none is close.
+
+    >>> places = {"steps": ("train", "optimization", "steps")}
+    >>> _hint("steps", {"model": 0}, (), places), _hint("step", {"model": 0}, (), places)
+    ('steps is train.optimization.steps', 'did you mean train.optimization.steps?')
+    >>> _hint("step", {"steps": 0}, ("train", "optimization"), places), _hint("colour", {"model": 0}, (), places)
+    ('did you mean steps?', '')
+    """
+    if key in places and places[key] != (*path, key):
+        return f"{key} is {'.'.join(places[key])}"
+    here = [str(k) for k in known]
+    close = difflib.get_close_matches(key, [*here, *(name for name in places if name not in here)], n=1)
+    if not close:
+        return ""
+    return f"did you mean {close[0] if close[0] in here else '.'.join(places[close[0]])}?"
 
 
 def _places() -> dict[str, tuple[str, ...]]:
@@ -180,7 +215,7 @@ def federated_defaults(argv: list[str]) -> dict[str, Any]:
     """What ``--config FILE`` in ``argv`` makes the defaults of ``federated``'s options: the values the file
     gives (any part of what ``federated --print-config`` writes), checked as the ``FederatedConfig`` they make
     with the others at their defaults; {} without ``--config``. A key this version does not know is refused,
-    naming the known ones.
+    naming the known ones and the closest (``round``: did you mean ``rounds``?).
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "fed.yaml"
