@@ -5,6 +5,7 @@ the step-by-step check, the fp32 run, the exported subnetwork, an uninterrupted 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from partition_fx import PartitionedModel, export_subnetwork, partitionify
-from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
+from partition_fx.errors import PartitionArgumentError, PartitionTrainingError, PartitionWarning
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation
@@ -256,3 +257,15 @@ def test_an_fp16_run_resumes_exactly_with_its_loss_scale(tmp_path) -> None:
     assert second.steps.stepper.precision.scaler.get_scale() == whole.steps.stepper.precision.scaler.get_scale()
     a, b = whole.pmodel.state_dict(), second.pmodel.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fp16_on_a_cpu_warns_once_naming_bf16() -> None:
+    """fp16 on a CPU was about 19x slower than fp32, silently: it is warned (not refused: it trains correctly, as the
+    tests above check), naming the faster choice; bf16 and fp32 say nothing."""
+    for precision in ("fp32", "bf16"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PartitionWarning)
+            PartitionedTrainer(partitionify(small_cnn(), 2, seed=0), _images(), PAPER, precision=precision)
+    with pytest.warns(PartitionWarning, match=r"precision 'fp16' on a CPU runs many times slower.*'bf16'") as caught:
+        PartitionedTrainer(partitionify(small_cnn(), 2, seed=0), _images(), PAPER, precision="fp16")
+    assert len([w for w in caught if issubclass(w.category, PartitionWarning)]) == 1
