@@ -420,6 +420,32 @@ def test_export_and_convert_replace_their_directory_whole_or_not_at_all(run_dir,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no staging directory left beside it
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "said"),
+    [
+        (("optimization", "steps"), "many", "config.train.optimization.steps must be an int >= 1, got 'many'"),
+        (("hyper", "lr"), -1, "config.train.hyper.lr must be"),
+    ],
+)
+def test_a_damaged_report_value_is_named_not_blamed_on_the_version(tmp_path, monkeypatch, capsys, path, value, said):
+    """``steps: "many"`` in report.json made ``--resume`` say the report "was written by an earlier development
+    version of partition-fx ... train again"; it names the field and its value now, and leaves the file as it is."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionedTrainer, "iteration", interrupt_at(3))
+        assert main(["train", *TINY, "--out", str(out)]) == 130
+    report = json.loads((out / "report.json").read_text())
+    report["config"]["train"][path[0]][path[1]] = value
+    (out / "report.json").write_text(json.dumps(report))
+    written = (out / "report.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"partition-fx: error: --resume {str(out)!r}: report.json: {said}") and "\n" not in err
+    assert "earlier development version" not in err and "correct that value, or train again" in err
+    assert (out / "report.json").read_bytes() == written
+
+
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
 def test_a_refused_resume_leaves_the_report_byte_for_byte(tmp_path, monkeypatch, capsys, damage):
     """Issue 41: a refused ``--resume`` rewrote report.json as a failed run with no history. A refusal writes

@@ -22,7 +22,7 @@ from .._io import remove_path, staging_directory, swap_in
 from ..choices import TRACKER_FILES, RunStatus
 from ..errors import PartitionArgumentError, PartitionError, PartitionWarning, earlier_version, first_names
 from ..job_spec import JobSpec
-from ..settings import MissingSettings
+from ..settings import MissingSettings, SettingError, SettingTypeError
 from ..train_config import RUN_FILE
 
 if TYPE_CHECKING:
@@ -445,6 +445,11 @@ def read_spec(config: Any, source: str = "the run's config") -> JobSpec:
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionError: the run's config has unknown key(s) colour; it takes model, checkpoint, ...
+    >>> damaged = spec.to_dict(); damaged["train"]["optimization"]["steps"] = "many"
+    >>> read_spec(damaged, "report.json")
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: report.json: config.train.optimization.steps must be an int >= 1, got 'many' ...
     """
     known = [*JobSpec.job_fields(), "train"]
     if not isinstance(config, dict):
@@ -456,6 +461,12 @@ def read_spec(config: Any, source: str = "the run's config") -> JobSpec:
         return JobSpec.from_dict(config, where=f"{source}: config")
     except MissingSettings as e:
         raise PartitionError(earlier_version(source, ", ".join(f"config.{m}" for m in e.missing))) from None
+    except (SettingError, SettingTypeError) as e:  # a value, not a format: named, not blamed on the version
+        field = JobSpec.keywords()[e.field.keyword]
+        raise PartitionError(
+            f"{source}: config.{'.'.join(field.path)} {e.problem}; the file was edited or damaged: correct that "
+            "value, or train again"
+        ) from None
     except PartitionError as e:
         raise PartitionError(earlier_version(source, f"a configuration this version reads: {e}")) from None
 
