@@ -84,6 +84,33 @@ def test_progress_lines_do_not_change_the_run():
         assert torch.equal(a, b), name
 
 
+def test_a_run_quiet_for_a_while_says_its_pace_and_time_left_before_its_first_evaluation(monkeypatch):
+    """Nothing was written for ~40 s before the main job's first evaluation when stderr is not a terminal; now,
+    after QUIET_SECONDS of silence, one line (here set to 0: right after the first step), then the evaluations."""
+    monkeypatch.setattr("partition_fx.training.progress.QUIET_SECONDS", 0.0)
+    err = io.StringIO()
+    tiny_fit(err)
+    first, *evaluations = err.getvalue().splitlines()
+    assert re.match(r"^partition-fx: step 1/20 \| \S+ s per step \| \d+:\d\d elapsed, ~\d+:\d\d left$", first), first
+    assert len(evaluations) == 4 and all(LINE.match(line) for line in evaluations)
+
+
+def test_a_compiling_run_says_so_before_its_first_step(monkeypatch):
+    """``--compile`` on a CPU gave no sign of life for minutes: the first step compiles. A line says so (the bar
+    says it on a terminal); the pace is measured after that step. (Compilation itself is ``test_compile``'s.)"""
+    from partition_fx import PartitionedModel
+
+    monkeypatch.setattr(PartitionedModel, "compile", lambda self, *args, **kwargs: None)
+    err = io.StringIO()
+    tiny_fit(err, compile="default")
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "partition-fx: torch.compile compiles the model in the first step: minutes on a CPU"
+    assert len(lines) == 5 and all(LINE.match(line) for line in lines[1:])
+    terminal = Terminal()
+    tiny_fit(terminal, compile="default")
+    assert "compiling (torch.compile, the first step)" in terminal.getvalue()
+
+
 TINY = ["--model", "fixup_resnet8", "--image-size", "16", "--steps", "4", "--batch-size", "8", "--samples", "2"]
 TINY += ["--eval-every", "2"]
 
@@ -91,6 +118,10 @@ TINY += ["--eval-every", "2"]
 def test_train_prints_a_line_per_evaluation_unless_quiet_and_writes_the_plots(tmp_path, capsys):
     assert main(["train", *TINY, "--out", str(tmp_path / "loud")]) == 0
     err = capsys.readouterr().err
+    assert err.startswith(
+        "partition-fx: train fixup_resnet8 on rotdigits (1438 training images, 359 test) for 4 steps: 3 partitioned, "
+        "then 1 fine-tuning; evaluated every 2 steps\n"
+    )
     assert [line.split(" | ")[0] for line in err.splitlines() if line.startswith("partition-fx: step")] == [
         "partition-fx: step 2/4",
         "partition-fx: step 3/4",  # the last partitioned evaluation: fine-tuning begins (int(0.4 x 4) = 1 step)

@@ -165,7 +165,9 @@ def test_resumed_run_equals_the_uninterrupted_one(run_dir, tmp_path, monkeypatch
     assert "nothing to resume" in capsys.readouterr().err
 
 
-def test_train_on_an_image_folder(tmp_path):
+def test_train_on_an_image_folder(tmp_path, capsys):
+    """The run says its plan and, at the end, its train/test sizes (a folder's test images were nowhere), and the
+    files of the folder it skipped for not being images (they were skipped silently)."""
     from PIL import Image
 
     root = tmp_path / "shapes"
@@ -176,11 +178,22 @@ def test_train_on_an_image_folder(tmp_path):
             value = 200 if label == "bright" else 40
             pixels = (torch.rand(12, 12, generator=generator) * 30 + value).to(torch.uint8).numpy()
             Image.fromarray(pixels, mode="L").save(root / label / f"{i}.png")
+    (root / "dark" / "notes.txt").write_text("taken on a cloudy day\n")
+    (root / "bright" / "labels.csv").write_text("0,bright\n")
     out = tmp_path / "run"
-    argv = ["train", *TINY, "--data", str(root), "--proportions", "0.5,0.25,0.25", "--out", str(out)]
+    loud = [a for a in TINY if a != "--quiet"]
+    argv = ["train", *loud, "--data", str(root), "--proportions", "0.5,0.25,0.25", "--out", str(out)]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["data"]["classes"] == 2 and report["data"]["train"] + report["data"]["test"] == 24
+    train, test = report["data"]["train"], report["data"]["test"]
+    captured = capsys.readouterr()
+    plan = (
+        f"partition-fx: train fixup_resnet8 on shapes ({train} training images, {test} test) for 4 steps: "
+        "3 partitioned, then 1 fine-tuning; evaluated every 2 steps; 2 files that are not images skipped (.csv, .txt)"
+    )
+    assert plan in captured.err.splitlines()
+    assert f"on shapes ({train} training images, {test} test) for 4 iterations" in captured.out
     assert report["status"] == "completed" and (out / "model.onnx").is_file()
 
 

@@ -26,6 +26,7 @@ its last checkpoint and a readable report (``"interrupted"`` / ``"failed"`` with
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,8 @@ def _run(spec: JobSpec, options: RunOptions, writes: bool, rank: int | None) -> 
         check_out(out, options.overwrite, inputs)  # now, not after minutes of loading
     barrier(rank)  # every process has checked --out before rank 0 empties it
     job = build_job(spec)  # the job it trains (a default batch size may fit a small data set)
+    if writes and not options.quiet:  # said before the first evaluation, which may be a minute away
+        print(f"partition-fx: {plan_text(job, resumed=resume_from is not None)}", file=sys.stderr, flush=True)
     if resume_from is None and writes:
         prepare_out(out, options.overwrite, inputs)
     elif resume_from is not None and not resume_directory(resume_from).is_dir():  # as the trainer will find it
@@ -220,6 +223,31 @@ class RunReport(TrainingHook):
         if status is RunStatus.FAILED:
             self.fields["error"] = str(error)
         self.save()
+
+
+def plan_text(job: TrainJob, resumed: bool = False) -> str:
+    """What a run is about to do, in one line: the model, the data's sizes (and the files of an image folder that
+    were skipped, not being images), the steps of each phase and how often progress is said.
+
+    >>> from partition_fx.cli.job import build_job
+    >>> from partition_fx.job_spec import JobSpec
+    >>> print(plan_text(build_job(JobSpec.from_keywords(model="fixup_resnet8", image_size=8, steps=20))))
+    train fixup_resnet8 on rotdigits (1438 training images, 359 test) for 20 steps: 12 partitioned, then 8 ...
+    """
+    config, data = job.config, job.data
+    steps, finetune = config.optimization.steps, config.finetune_steps
+    phases = f"{steps - finetune} partitioned, then {finetune} fine-tuning" if finetune else "all partitioned"
+    if job.pmodel.num_partitions == 1:
+        phases = "one partition: plain training" + (f", the last {finetune} fine-tuning" if finetune else "")
+    line = (
+        f"{'resume' if resumed else 'train'} {job.spec.model} on {data.name} ({len(data.train)} training images, "
+        f"{len(data.test)} test) for {steps} steps: {phases}; evaluated every {config.eval_every} steps"
+    )
+    skipped = data.info.get("skipped_files") or []
+    if skipped:
+        suffixes = sorted({p.suffix or "no suffix" for p in skipped})
+        line += f"; {len(skipped)} files that are not images skipped ({', '.join(suffixes[:5])})"
+    return line
 
 
 def _fit(job: TrainJob, out: Path, resume_from: Path | None, hooks: tuple[TrainingHook, ...], quiet: bool) -> FitResult:

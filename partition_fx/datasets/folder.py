@@ -46,15 +46,22 @@ from .splits import (
 )
 
 
-def _image_extensions() -> tuple[str, ...]:
+def image_extensions() -> tuple[str, ...]:
+    """The suffixes of the files read as images (lower case; a file's suffix is compared in lower case), in an
+    image folder and by ``partition-fx predict`` given a folder: torchvision's ``ImageFolder``'s.
+
+    >>> image_extensions()[:3]
+    ('.jpg', '.jpeg', '.png')
+    """
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     return tuple(IMG_EXTENSIONS)
 
 
-def _scan_classes(root: Path) -> dict[str, list[Path]]:
-    """``{class name: sorted image files}`` for the class folders of ``root`` (hidden entries ignored)."""
-    extensions = _image_extensions()
+def _scan_classes(root: Path, skipped: list[Path]) -> dict[str, list[Path]]:
+    """``{class name: sorted image files}`` for the class folders of ``root`` (hidden entries ignored); the files
+    in them that are not images by their suffix are added to ``skipped``."""
+    extensions = image_extensions()
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise PartitionError(
@@ -63,8 +70,9 @@ def _scan_classes(root: Path) -> dict[str, list[Path]]:
         )
     found: dict[str, list[Path]] = {}
     for folder in classes:
-        candidates = (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        candidates = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
         files = sorted(p for p in candidates if p.suffix.lower() in extensions)
+        skipped.extend(sorted(p for p in candidates if p.suffix.lower() not in extensions))
         if not files:
             raise PartitionError(
                 f"class folder {folder} has no images (looked for {', '.join(extensions)}); add images or remove it"
@@ -170,8 +178,9 @@ def image_folder(
     read each as training asks (False: a folder larger than memory trains; the input pipeline's workers decode
     it), or decide by whether the split(s) fit ``memory_budget`` bytes decoded (None).
     ``classes`` are the class folders' names (also ``info["classes"]``), and ``preprocessing`` decodes a new image
-    as the folder's images are. ``info`` holds ``classes``, ``train_files``/``test_files`` (aligned with the splits)
-    and ``streamed``.
+    as the folder's images are. ``info`` holds ``classes``, ``train_files``/``test_files`` (aligned with the splits),
+    ``skipped_files`` (the files in the class folders whose suffix is not an image's, :func:`image_extensions`:
+    not read) and ``streamed``.
     ``split="train"`` or ``"test"`` decodes that split's images alone (every file is still listed, to split
     them and to number the classes) and returns the same tensors; the other split is left empty.
 
@@ -196,6 +205,7 @@ def image_folder(
         raise PartitionError(f"data folder {root} {what}; pass a folder laid out as <folder>/<class>/<image>")
 
     train_dir, test_dir = root / "train", root / "test"
+    skipped: list[Path] = []  # files in the class folders that are not images: said, not read
     if train_dir.is_dir() != test_dir.is_dir():
         have, missing = (train_dir, test_dir) if train_dir.is_dir() else (test_dir, train_dir)
         raise PartitionError(
@@ -203,7 +213,7 @@ def image_folder(
             f"folders, or move the class folders up into {root} to have them split with test_fraction"
         )
     if train_dir.is_dir():
-        train_found, test_found = _scan_classes(train_dir), _scan_classes(test_dir)
+        train_found, test_found = _scan_classes(train_dir, skipped), _scan_classes(test_dir, skipped)
         if list(train_found) != list(test_found):
             only_train = sorted(set(train_found) - set(test_found))
             only_test = sorted(set(test_found) - set(train_found))
@@ -222,7 +232,7 @@ def image_folder(
         test_idx = num_train + rng.permutation(len(files) - num_train)
         layout = f"train/ and test/ folders: {len(train_idx)} train / {len(test_idx)} test (order seed {seed})"
     else:
-        found = _scan_classes(root)
+        found = _scan_classes(root, skipped)
         classes = list(found)
         _check_two_classes(classes, f"data folder {root} has", f"as {root}/<class>/<image>")  # before the split
         files = [p for paths in found.values() for p in paths]
@@ -274,7 +284,13 @@ def image_folder(
             + (", each rotated by a fixed angle uniform on [-pi, pi]" if rotate else "")
             + f"; {layout}; {how}"
         ),
-        info={"classes": classes, "train_files": train_files, "test_files": test_files, "streamed": not in_memory},
+        info={
+            "classes": classes,
+            "train_files": train_files,
+            "test_files": test_files,
+            "skipped_files": skipped,
+            "streamed": not in_memory,
+        },
         split=split,
         classes=tuple(classes),
         preprocessing=ImagePreprocessing(mode, len(mode), height, width),

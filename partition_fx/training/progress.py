@@ -111,19 +111,57 @@ def progress_line(record: EvaluationRecord, total: int, elapsed: float, remainin
     return _line(f"step {record['step']}/{total}", parts, elapsed, remaining)
 
 
+QUIET_SECONDS = 10.0
+"""How long a run's lines may say nothing before the first evaluation: then one line gives the pace so far and
+the time left (the first evaluation of the main job on a 2-core CPU comes after about 40 s)."""
+
+
 class ProgressLines:
     """Writes :func:`progress_line` of each evaluation of a run that started at step ``first`` and ends at
-    ``total``; the remaining time assumes the rest goes at this run's average pace so far."""
+    ``total``, and before the first, once :data:`QUIET_SECONDS` have passed, the pace so far
+    (:meth:`after_iteration`); the remaining time assumes the rest goes at this run's average pace so far (since
+    :meth:`restart_pace`, after a step that compiled).
+
+    >>> import contextlib
+    >>> lines = ProgressLines(0, 400, started=time.perf_counter() - 12.0)  # 10 steps done in 12 s, none said
+    >>> with contextlib.redirect_stderr(sys.stdout):
+    ...     lines.after_iteration(10)
+    partition-fx: step 10/400 | 1.2 s per step | 0:12 elapsed, ~7:48 left
+    """
 
     def __init__(self, first: int, total: int, started: float | None = None) -> None:
         self.first, self.total = first, total
         self.started = time.perf_counter() if started is None else started  # a time.perf_counter() value
+        self.pace = (self.first, self.started)  # the step and the time the pace is measured from
+        self.said = False
 
     def __call__(self, record: EvaluationRecord) -> None:
         elapsed = time.perf_counter() - self.started
-        done = record["step"] - self.first
-        remaining = elapsed / done * (self.total - record["step"]) if done > 0 else None
+        self.write(progress_line(record, self.total, elapsed, self._remaining(record["step"])))
+
+    def after_iteration(self, step: int) -> None:
+        """After the iteration that brought the run to ``step``: the first line, if none was written and
+        :data:`QUIET_SECONDS` have passed, with the seconds per step so far and the time left at that pace."""
+        elapsed = time.perf_counter() - self.started
+        remaining = self._remaining(step)
+        if self.said or elapsed < QUIET_SECONDS or remaining is None:
+            return
+        per_step = (time.perf_counter() - self.pace[1]) / (step - self.pace[0])
+        self.write(_line(f"step {step}/{self.total}", [f"{per_step:.2g} s per step"], elapsed, remaining))
+
+    def restart_pace(self, step: int) -> None:
+        """Measure the pace from ``step`` on: the steps before it (a compiling one) say nothing of the rest."""
+        self.pace = (step, time.perf_counter())
+
+    def _remaining(self, step: int) -> float | None:
+        done = step - self.pace[0]
+        return (time.perf_counter() - self.pace[1]) / done * (self.total - step) if done > 0 else None
+
+    def write(self, line: str, *, first: bool = True) -> None:
+        """``line`` on stderr as it is now (redirection works), flushed; ``first``: it is progress, and the quiet
+        before the first evaluation is over."""
+        self.said = self.said or first
         stream = sys.stderr
         if stream is not None:
-            stream.write(progress_line(record, self.total, elapsed, remaining) + "\n")
+            stream.write(line + "\n")
             stream.flush()

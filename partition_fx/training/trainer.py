@@ -366,6 +366,13 @@ class PartitionedTrainer:
         for hook in self.hooks:
             hook.before_run(self)
         bar = tqdm(total=total, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
+        compiling = plan.config.runtime.compile is not None and self.step < end
+        if compiling:  # the first iteration compiles: minutes on a CPU with nothing else to show
+            bar.set_description("compiling (torch.compile, the first step)")
+            if lines is not None:
+                lines.write(
+                    "partition-fx: torch.compile compiles the model in the first step: minutes on a CPU", first=False
+                )
         try:
             while self.step < end:
                 if self.finetune_at is not None and self.step >= self.finetune_at and not self.finetuning:
@@ -373,6 +380,13 @@ class PartitionedTrainer:
                     bar.set_description("fine-tuning")
                 self.iteration()
                 bar.update(1)
+                if compiling:
+                    compiling = False
+                    bar.set_description("fine-tuning" if self.finetuning else "partitioned training")
+                    if lines is not None:
+                        lines.restart_pace(self.step)
+                if lines is not None:
+                    lines.after_iteration(self.step)
                 if self.step % eval_every == 0 or self.step in (end, self.finetune_at):
                     record = self.evaluate(started)
                     score = evidence(record)

@@ -207,7 +207,8 @@ def _show(result: Any, request: TrainRequest) -> None:
     hyper = result["hyperparameters"]
     learned = ", ".join(f"{k}={v:.3f}" for k, v in hyper.items() if isinstance(v, float)) or "none"
     print(
-        f"trained {result['config']['model']} on {result['data']['name']} for {result['steps']} iterations in "
+        f"trained {result['config']['model']} on {result['data']['name']} ({result['data']['train']} training "
+        f"images, {result['data']['test']} test) for {result['steps']} iterations in "
         f"{result['seconds']:.0f}s: {accuracy_text(result, result['config'])}"
     )
     print(evidence_text(result))
