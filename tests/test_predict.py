@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from safetensors.torch import load_file, load_model
 
 from partition_fx import export_onnx, partitionify
 from partition_fx.cli import main
+from partition_fx.cli.commands.predict import prediction_lines
 from partition_fx.cli.predict import read_image
 from partition_fx.datasets import digits, image_folder, standard_dataset
 from partition_fx.datasets.images import ImagePreprocessing
@@ -192,17 +195,11 @@ def _tiny_onnx_without_metadata(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["missing image", "not an image", "no exported model", "not a run", "earlier report", "onnx without metadata",
-     "not onnx", "bad preprocessing"],
+    ["no exported model", "not a run", "earlier report", "onnx without metadata", "not onnx", "bad preprocessing"],
 )  # fmt: skip
 def test_each_refusal_is_one_line(run, tmp_path, capsys, case):
     image = str(_images(run)[0])
-    if case == "missing image":
-        argv, fragment = ["--run", str(run), str(tmp_path / "no.png")], "image " + str(tmp_path / "no.png") + " does"
-    elif case == "not an image":
-        (tmp_path / "notes.png").write_text("not an image")
-        argv, fragment = ["--run", str(run), str(tmp_path / "notes.png")], "cannot read image"
-    elif case == "no exported model":  # an interrupted run's report, without model.safetensors
+    if case == "no exported model":  # an interrupted run's report, without model.safetensors
         (tmp_path / "run").mkdir()
         report = {**json.loads((run / "report.json").read_text()), "status": "interrupted"}
         (tmp_path / "run" / "report.json").write_text(json.dumps(report))
@@ -290,3 +287,147 @@ def test_predict_warns_of_an_image_unlike_every_training_image_and_says_which_pr
         p for p in _predict(capsys, "--run", str(digits_run), *map(str, test_images)) if p["unlike_training_images"]
     ]
     assert flagged == []
+
+
+@pytest.mark.parametrize("reader", ["head -0", "head -30"])
+def test_a_reader_that_stops_early_ends_predict_quietly_with_status_141(run, tmp_path, reader):
+    """``predict ... | head -0`` (the reader gone before anything is written) and ``predict ... --json | head -30``
+    (gone after 30 lines of far more than a pipe holds): no traceback, the status a shell gives a command killed
+    by SIGPIPE (128 + 13), as this CLI's 143 for SIGTERM."""
+    images = [str(p) for p in _images(run)[:3]]  # training images: no warning on stderr
+    argv = [sys.executable, "-m", "partition_fx.cli", "predict", "--model", str(run / "model.onnx")]
+    argv += images if reader == "head -0" else [*images * 700, "--top", "2", "--json"]  # about 0.5 MB of JSON
+    with (tmp_path / "stderr").open("w+b") as stderr:
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, cwd=run.parent) as process:
+            if reader == "head -30":
+                lines = [process.stdout.readline() for _ in range(30)]
+                assert lines[0] == b"[\n" and all(lines)
+            process.stdout.close()
+            status = process.wait(timeout=300)
+        err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipeError" not in err, err
+    assert status == 141, err
+    assert err.splitlines() == [f"partition-fx: predicting with {run / 'model.onnx'} in onnxruntime, the plain model"]
+
+
+def _batch_with_failures(run: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """72 images (two batches of 64): in the first batch a text file named .png, a missing file and a text file
+    named as such, in the second a truncated PNG; the failures by path, each with what its error says."""
+    (tmp_path / "notes.png").write_text("not an image")
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "truncated.png").write_bytes((run.parent / "shapes" / "dark" / "3.png").read_bytes()[:40])
+    bad = [str(tmp_path / name) for name in ("notes.png", "missing.png", "notes.txt", "truncated.png")]
+    good = [str(p) for p in _images(run)] * 17  # 68
+    images = [*good[:3], bad[0], bad[1], *good[3:10], bad[2], *good[10:], bad[3]]
+    failures = {
+        bad[0]: f"cannot read image {bad[0]}: cannot identify image file",
+        bad[1]: f"image {bad[1]} does not exist",
+        bad[2]: f"cannot read image {bad[2]}: cannot identify image file",
+        bad[3]: f"image {bad[3]}",  # PIL reads its header: decoding it fails
+    }
+    assert len(images) == 72 and images.index(bad[3]) >= 64
+    return images, failures
+
+
+@pytest.mark.parametrize("option", ["--run", "--model"])
+def test_an_unreadable_or_missing_image_is_reported_and_every_other_one_predicted(run, tmp_path, capsys, option):
+    """As grep and ls: every readable image answered in order, one error line per failure, then status 2."""
+    model = str(run if option == "--run" else run / "model.onnx")
+    images, failures = _batch_with_failures(run, tmp_path)
+    good = [p for p in images if p not in failures]
+    expected = _predict(capsys, option, model, *good, "--top", "2")
+
+    assert main(["predict", option, model, *images, "--top", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert [line.split(": ")[0] for line in out.splitlines()] == good
+    assert len(prediction_lines(expected)) == len(good)
+    errors = [line for line in err.splitlines() if not line.startswith("partition-fx: warning: ")]
+    assert errors[0].startswith("partition-fx: predicting with ")
+    assert len(errors) == 1 + len(failures)
+    for line, (path, fragment) in zip(errors[1:], failures.items()):
+        assert line.startswith("partition-fx: error: ") and fragment in line and path in line, line
+
+    assert main(["predict", option, model, *images, "--top", "2", "--json"]) == 2
+    predictions = json.loads(capsys.readouterr().out)
+    assert [p["image"] for p in predictions] == images
+    answered = [p for p in predictions if p["image"] not in failures]  # batched otherwise: equal up to rounding
+    assert [(p["image"], [c["class"] for c in p["top"]]) for p in answered] == [
+        (p["image"], [c["class"] for c in p["top"]]) for p in expected
+    ]
+    probabilities = [[[c["probability"] for c in p["top"]] for p in ps] for ps in (answered, expected)]
+    np.testing.assert_allclose(*probabilities, rtol=1e-5, atol=1e-6)
+    for p in predictions:
+        if p["image"] in failures:
+            assert set(p) == {"image", "error"} and failures[p["image"]] in p["error"], p
+
+
+def test_when_every_image_fails_each_is_reported_and_the_status_is_2(run, tmp_path, capsys):
+    (tmp_path / "notes.png").write_text("not an image")
+    images = [str(tmp_path / "notes.png"), str(tmp_path / "missing.png")]
+    for extra in ([], ["--json"]):
+        capsys.readouterr()
+        assert main(["predict", "--model", str(run / "model.onnx"), *images, *extra]) == 2
+        out, err = capsys.readouterr()
+        assert err.splitlines()[1:] == [
+            f"partition-fx: error: cannot read image {images[0]}: cannot identify image file {images[0]!r}; remove "
+            "or replace the file",
+            f"partition-fx: error: image {images[1]} does not exist",
+        ]
+        if extra:
+            assert [set(p) for p in json.loads(out)] == [{"image", "error"}] * 2
+        else:
+            assert out == ""
+
+
+def _folder_of_images(root: Path) -> list[Path]:
+    """Class subfolders of images of every suffix training from a folder reads, with notes, a CSV, a file without
+    a suffix and a hidden file among them; the images, sorted by path."""
+    images = []
+    for i, suffix in enumerate((".png", ".jpg", ".JPEG", ".bmp", ".tif", ".webp", ".ppm", ".pgm", ".tiff")):
+        path = root / ("cats" if i % 2 else "dogs") / ("deep" if i % 3 == 0 else "") / f"{i}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((12, 12), 20 * i, dtype=np.uint8)).save(path, format=Image.registered_extensions()[
+            suffix.lower()])  # fmt: skip
+        images.append(path)
+    (root / "notes.txt").write_text("notes")
+    (root / "cats" / "labels.csv").write_text("a,b")
+    (root / "dogs" / "README").write_text("readme")
+    (root / "dogs" / ".DS_Store").write_bytes(b"\0")
+    return sorted(images)
+
+
+def test_a_folder_predicts_its_images_recursively_sorted_by_path_and_says_what_it_skipped(run, tmp_path, capsys):
+    images = _folder_of_images(tmp_path / "photos")
+    single = run.parent / "new.jpg"
+    expected = _predict(capsys, "--model", str(run / "model.onnx"), *map(str, [single, *images]))
+    capsys.readouterr()
+    assert main(["predict", "--model", str(run / "model.onnx"), str(single), str(tmp_path / "photos"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == expected
+    assert [line for line in err.splitlines()[1:] if " looks unlike the training images " not in line] == [
+        f"partition-fx: skipped 3 files in {tmp_path / 'photos'} that are not images (.csv, .txt, no suffix)"
+    ]
+
+
+def test_a_folder_without_images_is_refused_naming_it_and_the_suffixes_looked_for(run, tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("a")
+    for folder in (tmp_path / "notes", tmp_path):
+        capsys.readouterr()
+        assert main(["predict", "--model", str(run / "model.onnx"), str(_images(run)[0]), str(folder)]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"partition-fx: error: folder {folder} has no images in it or its subfolders (looked for .jpg, .jpeg, "
+            ".png, .ppm, .bmp, .pgm, .tif, .tiff, .webp); pass a folder that holds images, or the image files"
+        ]
+
+
+def test_a_folder_given_to_predict_holds_the_images_training_from_it_reads(tmp_path):
+    """The same suffixes (``datasets.folder.image_extensions``), the same files skipped."""
+    from partition_fx.cli.commands.predict import image_files
+
+    _folder_of_images(tmp_path / "photos")
+    splits = image_folder(tmp_path / "photos", size=12)
+    images, skipped = image_files(tmp_path / "photos")
+    assert images == sorted(Path(p) for p in [*splits.info["train_files"], *splits.info["test_files"]])
+    in_class_folders = [p for p in skipped if p.parent != tmp_path / "photos"]  # training skips notes.txt, unread
+    assert in_class_folders == sorted(Path(p) for p in splits.info["skipped_files"]) and len(skipped) == 3

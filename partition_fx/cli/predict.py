@@ -10,7 +10,9 @@ its metadata holds the class names and the preprocessing, and onnxruntime runs i
 
 Each image is read as the model's training data were (``datasets.images.ImagePreprocessing``, the datasets' own
 decoding) and gets its ``--top`` classes with their probabilities: the softmax of the logits, or the exponential of
-the averaged model's log-probabilities. Nothing is written.
+the averaged model's log-probabilities. A folder named stands for its image files (``cli.commands.predict``). An
+image that is missing or cannot be read fails alone: it gets its error, every other one (in its batch too) its
+answer, and the command exits with status 2 once all are printed. Nothing is written.
 """
 
 from __future__ import annotations
@@ -37,14 +39,15 @@ def run_predict(request: PredictRequest) -> tuple[str, list[dict[str, Any]]]:
     file, and whether it is the plain model or the test-time-averaged one), and per image (in order) its path, its
     ``top`` classes, most probable first, each ``{"class": name, "index": i, "probability": p}``, and
     ``unlike_training_images``: why the image is unlike every image the model trained on
-    (``datasets.images.InputStatistics``), or None.
+    (``datasets.images.InputStatistics``), or None; an image that could not be read has its path and ``error``
+    (what :func:`read_image` refused) instead, and the others are answered as if it were not there.
 
     >>> from partition_fx.cli.parser import build_parser
     >>> from partition_fx.cli.commands import commands
-    >>> commands()["predict"].options(build_parser().parse_args(["predict", "--run", "no/such/run", "no/such.png"]))
+    >>> commands()["predict"].options(build_parser().parse_args(["predict", "--model", "no/such.onnx", "a.png"]))
     Traceback (most recent call last):
     ...
-    partition_fx.errors.PartitionError: image no/such.png does not exist
+    partition_fx.errors.PartitionError: --model 'no/such.onnx' is not a file; pass the model.onnx that ...
     """
     record, model_file, source = request.record, request.model, request.source
     session = None
@@ -65,21 +68,36 @@ def run_predict(request: PredictRequest) -> tuple[str, list[dict[str, Any]]]:
         predictor = f"{model_file}, the plain exported model"
     classes = record["classes"]
     top = min(request.top, len(classes))
-    predictions = []
+    predictions: list[dict[str, Any]] = []
     for start in range(0, len(request.images), BATCH_SIZE):
-        paths = request.images[start : start + BATCH_SIZE]
-        inputs = torch.stack([read_image(p, preprocessing) for p in paths])
-        best = classify(inputs).topk(top, dim=1)
-        for path, x, values, indices in zip(paths, inputs, best.values.tolist(), best.indices.tolist()):
-            ranked = [{"class": classes[i], "index": i, "probability": p} for p, i in zip(values, indices)]
-            unlike = statistics.unlike(x) if statistics is not None else None
-            predictions.append({"image": str(path), "top": ranked, "unlike_training_images": unlike})
+        batch: list[dict[str, Any]] = []
+        inputs = []
+        for path in request.images[start : start + BATCH_SIZE]:
+            try:
+                inputs.append(read_image(path, preprocessing))
+                batch.append({"image": str(path)})
+            except PartitionError as error:  # this image alone fails: the batch goes on without it
+                batch.append({"image": str(path), "error": str(error)})
+        answered = [p for p in batch if "error" not in p]
+        if answered:
+            x = torch.stack(inputs)
+            best = classify(x).topk(top, dim=1)
+            for p, image, values, indices in zip(answered, x, best.values.tolist(), best.indices.tolist()):
+                p["top"] = [{"class": classes[i], "index": i, "probability": v} for v, i in zip(values, indices)]
+                p["unlike_training_images"] = statistics.unlike(image) if statistics is not None else None
+        predictions.extend(batch)
     return predictor, predictions
 
 
 def read_image(path: str | Path, preprocessing: ImagePreprocessing) -> torch.Tensor:
     """The image file at ``path`` as one model input (C, H, W), decoded by ``preprocessing`` as the model's data
-    were; a file PIL cannot read is refused naming it."""
+    were; a missing file, or one PIL cannot read, is refused naming it.
+
+    >>> read_image("no/such.png", ImagePreprocessing("L", 1, 8, 8))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionError: image no/such.png does not exist
+    """
     from PIL import Image
 
     try:

@@ -40,7 +40,8 @@ class Command:
     its ``order`` among the commands there; ``add_options(parser)`` declares its options; ``options(namespace)``
     checks them without torch and returns the command's typed options (no ``argparse.Namespace`` goes further);
     ``run`` (``"module:function"``) takes those options and returns the command's result, which
-    ``show(result, options)`` prints; ``files`` is what it writes in its run directory, by name (a file, a whole
+    ``show(result, options)`` prints, returning the exit status when it is not 0 (``predict``: 2 when
+    some images could not be read) or None; ``files`` is what it writes in its run directory, by name (a file, a whole
     directory as None, or a directory of which only the named entries are the run's), which ``--overwrite``
     alone replaces; ``out_of_memory`` says what to lower when it runs out; ``interrupted(options)`` what an
     interrupted run can do next.
@@ -53,7 +54,7 @@ class Command:
     add_options: Callable[[Parser], None]
     options: Callable[[Any], Any]
     run: str
-    show: Callable[[Any, Any], None] = _nothing
+    show: Callable[[Any, Any], int | None] = _nothing
     files: dict[str, Any] = field(default_factory=dict)
     out_of_memory: str = "run it on a machine with more memory"
     interrupted: Callable[[Any], str] = _no_way_on
