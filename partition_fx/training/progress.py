@@ -120,7 +120,8 @@ class ProgressLines:
     """Writes :func:`progress_line` of each evaluation of a run that started at step ``first`` and ends at
     ``total``, and before the first, once :data:`QUIET_SECONDS` have passed, the pace so far
     (:meth:`after_iteration`); the remaining time assumes the rest goes at this run's average pace so far (since
-    :meth:`restart_pace`, after a step that compiled).
+    :meth:`restart_pace`: the trainer measures it from the end of the first step, whose one-time costs, starting
+    workers or compiling, say nothing of the rest).
 
     >>> import contextlib
     >>> lines = ProgressLines(0, 400, started=time.perf_counter() - 12.0)  # 10 steps done in 12 s, none said

@@ -383,9 +383,9 @@ class PartitionedTrainer:
                 if compiling:
                     compiling = False
                     bar.set_description("fine-tuning" if self.finetuning else "partitioned training")
-                    if lines is not None:
-                        lines.restart_pace(self.step)
                 if lines is not None:
+                    if self.step == lines.first + 1:  # the first step's one-time costs (workers, compiling) say
+                        lines.restart_pace(self.step)  # nothing of the pace of the rest
                     lines.after_iteration(self.step)
                 if self.step % eval_every == 0 or self.step in (end, self.finetune_at):
                     record = self.evaluate(started)
