@@ -53,7 +53,7 @@ RANGE_NAMES = tuple(dict.fromkeys(AFFINE_GENERATORS + AUGERINO_GENERATORS))
 
 RANGE_STARTS = ("wide", "zero", "bounds")
 """The named starts of learned ranges (``AffineAugmentation(init=NAME)``, ``--init NAME``): every range at a wide
-start that keeps the image (``transforms.affine.WIDE_START``, the default), at 0 (the paper's start), or at its
+start that keeps the image (``ranges.WIDE_START``, the default), at 0 (the paper's start), or at its
 bound."""
 
 AUGMENTATION_DRAWS = ("uniform", "stratified")

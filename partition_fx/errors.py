@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 _ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
@@ -95,6 +96,34 @@ class PartitionArgumentError(PartitionError, ValueError):
 
 class PartitionTypeError(PartitionError, TypeError):
     """An argument to a partition-fx function has the wrong type."""
+
+
+class RangeError(PartitionArgumentError):
+    """A learned range's bound that is not > 0 (:func:`partition_fx.ranges.learning_bounds`), or a start outside
+    its bound (:func:`partition_fx.ranges.learning_start`). The message names ``AffineAugmentation``'s keywords
+    (``max_range``, ``init``); ``keyword`` (which of them), ``generator`` (the range's name), ``value`` (the bound
+    or the start refused) and ``bound`` (the bound a start lies outside; None for a refused bound) let a caller say
+    it in its own words, as the command line names its options ``--max-range`` and ``--init`` (the way it names a
+    :class:`~partition_fx.settings.SettingError`'s field by its flag).
+
+    >>> from partition_fx.ranges import learning_start
+    >>> try:
+    ...     learning_start({"rotation": 4.0})
+    ... except RangeError as e:
+    ...     refused = e
+    >>> refused.keyword, refused.generator, refused.value, round(refused.bound, 4)
+    ('init', 'rotation', 4.0, 3.1416)
+    """
+
+    def __init__(self, message: str, keyword: str, generator: str, value: float, bound: float | None = None) -> None:
+        super().__init__(message)
+        self.keyword = keyword
+        self.generator = generator
+        self.value = value
+        self.bound = bound
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a worker's error), not as its message alone
+        return type(self), (str(self), self.keyword, self.generator, self.value, self.bound)
 
 
 class PartitionTrainingError(PartitionError):

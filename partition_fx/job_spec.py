@@ -13,7 +13,8 @@ Every field but ``proportions`` is the option as given. ``proportions`` is None 
 with any other) and the shares the model was partitioned with once a run records it. ``fix`` holds the ranges that
 ``--fix-from`` read, once a run records it, so a recorded job needs no other run to be rebuilt.
 
-No torch here: the command line checks a job before torch loads.
+No torch here: the command line checks a job before torch loads. A ``max_range``'s bounds are ruled on as the
+transform rules on them (``ranges.learning_bounds``: the rule is written there once, without torch).
 
 >>> spec = JobSpec(model="fixup_resnet8", image_size=12, train=TrainConfig.recommended(steps=8))
 >>> spec.model, spec.train.optimization.steps, spec.value("steps"), list(spec.to_dict())[:3]
@@ -32,8 +33,9 @@ from typing import Any
 
 from .choices import ASSIGNMENTS, AUGMENTATION_DRAWS, DEFAULTS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
 from .datasets.registry import dataset_names
-from .errors import PartitionArgumentError, PartitionTypeError
+from .errors import PartitionArgumentError, PartitionTypeError, RangeError
 from .kinds import partition_kinds
+from .ranges import learning_bounds
 from .settings import Settings, setting
 from .train_config import TrainConfig
 
@@ -93,17 +95,23 @@ def _ranges(name: str, value: Any) -> dict[str, float]:
             f"{name} has unknown range(s) {', '.join(unknown)}; the ranges are {', '.join(RANGE_NAMES)}"
         )
     for key, number in value.items():
-        if isinstance(number, bool) or not isinstance(number, numbers.Real) or not 0 <= number < math.inf:
+        # Real orders by < (no >=): negative, or not below infinity (inf, NaN).
+        if isinstance(number, bool) or not isinstance(number, numbers.Real) or number < 0 or not number < math.inf:
             raise PartitionArgumentError(f"{name} {key}={number!r} must be a finite half-width >= 0")
     return {key: float(number) for key, number in value.items()}
 
 
 def _bounds(name: str, value: Any) -> dict[str, float]:
-    """``max_range``: :func:`_ranges`, each a bound > 0 (a range learned within 0 could not move)."""
+    """``max_range``: :func:`_ranges`, each a bound the transform can learn a range within, as
+    :func:`~partition_fx.ranges.learning_bounds` rules (> 0), its refusal said with this field's name (the command
+    line's ``--max-range``)."""
     bounds = _ranges(name, value)
-    for key, number in bounds.items():
-        if number == 0:
-            raise PartitionArgumentError(f"{name} {key}=0 must be > 0: a range bounded at 0 cannot be learned")
+    try:
+        learning_bounds(bounds, RANGE_NAMES)
+    except RangeError as e:
+        raise PartitionArgumentError(
+            f"{name} {e.generator}={e.value:g} must be > 0: a range bounded at 0 cannot be learned"
+        ) from None
     return bounds
 
 

@@ -88,6 +88,8 @@ REFUSED_WITHOUT_TORCH = [
     ["train", "--out", "{file}", "--overwrite"],
     ["train", "--resume", "{missing}"],
     ["train", "--data", "rotdigit"],
+    ["train", "--max-range", "shear=0"],
+    ["train", "--init", "rotation=4"],
     ["convert", "--partitions", "0", "--out", "{missing}"],
     ["convert", "--out", "{file}", "--overwrite"],
     ["export", "--run", "{missing}"],

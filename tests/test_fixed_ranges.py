@@ -11,15 +11,21 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from partition_fx import partitionify
 from partition_fx.choices import AFFINE_GENERATORS, GENERATOR_SETS, RANGE_NAMES
 from partition_fx.cli import main
+from partition_fx.cli.checks import check_job
 from partition_fx.datasets import load_dataset
+from partition_fx.errors import PartitionArgumentError, PartitionTypeError, RangeError
+from partition_fx.job_spec import JobSpec
 from partition_fx.models import build_model
+from partition_fx.ranges import DEFAULT_MAX_RANGE, WIDE_START, float32
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation
-from partition_fx.transforms.affine import DEFAULT_MAX_RANGE, GENERATORS
+from partition_fx.transforms.affine import GENERATORS
 
 TINY = ["--model", "fixup_resnet8", "--image-size", "12", "--steps", "6", "--batch-size", "16", "--eval-every", "2"]
 TINY += ["--samples", "2", "--quiet"]
@@ -136,7 +142,7 @@ def test_a_fixed_range_may_exceed_its_learning_bound() -> None:
 
 
 def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) -> None:
-    from partition_fx.cli.job import train_job
+    from partition_fx.jobs import train_job
 
     job = train_job([*TINY, "--init", "rotation=1.5,shear=0.25"])
     expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5, "shear": 0.25}
@@ -154,8 +160,8 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
 
 
 def test_max_range_bounds_the_learned_ranges_and_reaches_the_report_fit_and_export(tmp_path) -> None:
-    from partition_fx.cli.job import train_job
     from partition_fx.cli.runs import read_spec
+    from partition_fx.jobs import train_job
 
     argv = ["--generators", "augerino", "--max-range", "scale=1.3863", "--init", "scale=1.3863"]
     job = train_job([*TINY, *argv])
@@ -192,7 +198,7 @@ def test_max_range_bounds_the_learned_ranges_and_reaches_the_report_fit_and_expo
 
 
 def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_path) -> None:
-    from partition_fx.cli.job import train_job
+    from partition_fx.jobs import train_job
 
     job = train_job([*TINY, "--generators", "augerino", "--draws", "stratified", "--init", "scale=0.3"])
     assert job.hyper.generators == GENERATOR_SETS["augerino"] and job.hyper.draws == "stratified"
@@ -231,8 +237,7 @@ def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_se
 
 @pytest.mark.parametrize("generators", list(GENERATOR_SETS))
 def test_the_wide_start_puts_every_range_at_its_wide_value_within_its_bound(generators) -> None:
-    from partition_fx.cli.job import train_job
-    from partition_fx.transforms.affine import WIDE_START
+    from partition_fx.jobs import train_job
 
     augmentation = AffineAugmentation(generators=generators, init="wide", max_range={"translation_x": 0.1})
     expected = {name: _float32(WIDE_START[name]) for name in GENERATOR_SETS[generators]}
@@ -244,3 +249,80 @@ def test_the_wide_start_puts_every_range_at_its_wide_value_within_its_bound(gene
     assert default.hyper.hyperparameters() == expected and default.spec.init is None
     zero = train_job([*TINY, "--generators", generators, "--init", "zero"])  # the paper's
     assert zero.hyper.hyperparameters() == dict.fromkeys(expected, 0.0)
+
+
+AGREE = settings(max_examples=60, deadline=None)
+
+
+def _refusal(build) -> Exception | None:
+    """What ``build()`` is refused with, or None when it is not."""
+    try:
+        build()
+    except (PartitionArgumentError, PartitionTypeError) as e:
+        return e
+    return None
+
+
+@AGREE
+@given(generators=st.sampled_from(list(GENERATOR_SETS)), data=st.data())
+def test_a_bound_is_ruled_on_once_and_the_job_and_the_transform_agree(generators, data) -> None:
+    """A learned range's bound must be > 0: written once (``ranges.learning_bounds``), so
+    ``JobSpec.max_range`` (and with it ``--max-range``) refuses exactly what the transform refuses, 0 included, each
+    naming the bound its own way."""
+    name = data.draw(st.sampled_from(GENERATOR_SETS[generators]))
+    bound = data.draw(st.one_of(st.sampled_from([0.0, -0.0, 1e-300, -1.0]), st.floats()), label="bound")
+    spec = _refusal(lambda: JobSpec(generators=generators, max_range={name: bound}))
+    transform = _refusal(lambda: AffineAugmentation(generators=generators, max_range={name: bound}))
+    assert (spec is None) == (transform is None)
+    if bound == 0:  # the rule itself (a negative or non-finite bound is refused before it, as not a half-width)
+        assert isinstance(transform, RangeError) and (transform.keyword, transform.generator) == ("max_range", name)
+        assert str(transform) == f"max_range[{name!r}] must be > 0, got {bound}"
+        assert str(spec) == f"max_range {name}={bound:g} must be > 0: a range bounded at 0 cannot be learned"
+
+
+@AGREE
+@given(generators=st.sampled_from(list(GENERATOR_SETS)), data=st.data())
+def test_a_start_is_ruled_on_once_and_the_command_line_and_the_transform_agree(generators, data) -> None:
+    """An initial range must lie within its bound: written once (``ranges.learning_start``), so
+    ``--init`` (``check_job``) refuses exactly the starts the transform refuses, at the edge too (the bound as
+    float32 reads it back is within), and names the bound the transform would learn within."""
+    name = data.draw(st.sampled_from(GENERATOR_SETS[generators]))
+    raised = data.draw(st.none() | st.floats(1e-3, 10.0), label="max_range")
+    bound = DEFAULT_MAX_RANGE[name] if raised is None else raised
+    edges = [bound, _float32(bound), math.nextafter(bound, math.inf), math.nextafter(_float32(bound), math.inf)]
+    start = data.draw(st.sampled_from(edges) | st.floats(0.0, 3 * bound), label="init")  # --init's are >= 0
+    max_range = None if raised is None else {name: raised}
+    spec = JobSpec(generators=generators, init={name: start}, max_range=max_range)
+    command_line = _refusal(lambda: check_job(spec))
+    transform = _refusal(lambda: AffineAugmentation(generators=generators, init={name: start}, max_range=max_range))
+    assert (command_line is None) == (transform is None)
+    if transform is not None:
+        assert isinstance(transform, RangeError) and (transform.generator, transform.value) == (name, start)
+        assert str(command_line) == (
+            f"--init {name}={start} is outside the range it is learned in, [0, {bound:.6g}]; "
+            f"pass {name}={bound:.6g} or less, or raise its bound with --max-range {name}=VALUE"
+        )
+
+
+def test_init_takes_back_a_range_learned_at_its_bound() -> None:
+    """A range learned up to its bound reads back as the bound rounded to float32 (pi -> 3.1415927...): ``--init``
+    takes it back as the transform does (it refused it while it kept its own copy of the rule)."""
+    at_bound = _float32(math.pi)
+    assert at_bound > math.pi and check_job(JobSpec(init={"rotation": at_bound})) is None
+    assert AffineAugmentation(init={"rotation": at_bound}).hyperparameters()["rotation"] == at_bound
+
+
+@pytest.mark.parametrize("name", RANGE_NAMES)
+def test_the_torch_free_float32_rounds_every_bound_and_start_as_torch_stores_it(name) -> None:
+    """``ranges.float32``, which the start rule reads a bound back with before torch loads (``--init``), is
+    torch's float32: for every default bound (pi included) and wide start."""
+    for value in (DEFAULT_MAX_RANGE[name], WIDE_START[name], math.pi):
+        assert float32(value) == _float32(value) and float32(-value) == _float32(-value)
+    assert float32(math.pi) == 3.1415927410125732 != math.pi
+
+
+@AGREE
+@given(value=st.floats(allow_nan=False))
+def test_the_torch_free_float32_is_torchs_for_any_bound(value) -> None:
+    """Also at the edges: subnormals, halfway cases and values past float32's largest (an infinity, as torch's)."""
+    assert float32(value) == _float32(value)

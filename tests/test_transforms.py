@@ -12,8 +12,8 @@ from torch import nn
 
 from partition_fx.choices import RANGE_NAMES
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
+from partition_fx.ranges import DEFAULT_MAX_RANGE
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout, HyperparameterModule, InputMask
-from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
 ALL = AffineAugmentation().generators  # the default set (choices.GENERATOR_SETS["xy"])
 FAST = settings(max_examples=15, deadline=None)

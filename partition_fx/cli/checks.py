@@ -3,7 +3,7 @@
 A command's own checks are its declaration's (``cli.commands``).
 
 The commands run the same checks again where Python callers reach them without the command line
-(``cli.job.build_job`` for ``train_job`` and the benchmarks): nothing here is only a fast path.
+(``jobs.build_job`` for ``jobs.train_job`` and the benchmarks): nothing here is only a fast path.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 from .._validation import check_num_partitions, check_proportions
 from ..choices import GENERATOR_SETS
 from ..datasets.registry import split_data_spec
-from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, RangeError
 from ..job_spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
+from ..ranges import learning_bounds, learning_start
 from .runs import learned_ranges
 
 
@@ -123,20 +124,21 @@ def _check_max_range(spec: JobSpec, fixed: dict[str, float] | None) -> None:
 
 def _check_init(spec: JobSpec) -> None:
     """``--init``: for the ranges ``--augment affine`` learns, each within the bound it is learned in (its
-    ``--max-range``, else its default)."""
-    from ..transforms.affine import DEFAULT_MAX_RANGE  # imports torch: not when only parsing
-
+    ``--max-range``, else its default), as the transform rules (``ranges.learning_start``), its refusal said with
+    the options."""
     if spec.augment != "affine":
         raise PartitionArgumentError(f"--init starts the ranges of --augment affine; drop --augment {spec.augment}")
-    if isinstance(spec.init, str):  # a named start, within the bounds by construction
+    if spec.init is None:  # the transform's own start
         return
-    bounds = {**DEFAULT_MAX_RANGE, **(spec.max_range or {})}
-    for name, value in spec.init.items():  # type: ignore[union-attr]
-        if value > bounds[name]:
-            raise PartitionArgumentError(
-                f"--init {name}={value} is outside the range it is learned in, [0, {bounds[name]:.6g}]; "
-                f"pass {name}={bounds[name]:.6g} or less, or raise its bound with --max-range {name}=VALUE"
-            )
+    bounds = learning_bounds(spec.max_range, spec.generators)
+    try:
+        learning_start(spec.init, bounds)
+    except RangeError as e:
+        name, bound = e.generator, e.bound
+        raise PartitionArgumentError(
+            f"--init {name}={e.value} is outside the range it is learned in, [0, {bound:.6g}]; "
+            f"pass {name}={bound:.6g} or less, or raise its bound with --max-range {name}=VALUE"
+        ) from None
 
 
 def fixed_ranges(spec: JobSpec) -> dict[str, float] | None:

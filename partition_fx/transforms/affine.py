@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,16 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validation import check_choice, check_int, check_real
+from .._validation import check_choice, check_int
 from ..choices import (
     AFFINE_GENERATORS,
     AUGMENTATION_DRAWS,
-    GENERATOR_SETS,
     RANGE_NAMES,
-    RANGE_STARTS,
     generator_set_name,
 )
 from ..errors import PartitionArgumentError, PartitionCheckpointError
+from ..ranges import DEFAULT_MAX_RANGE, generator_names, learning_bounds, learning_start
 from .base import HyperparameterModule, Widenable
 
 # Lie-algebra generators of the affine group as 3x3 homogeneous matrices in the normalised [-1, 1]
@@ -39,43 +37,6 @@ GENERATORS: dict[str, tuple[tuple[float, ...], ...]] = {
     "stretch": ((1, 0, 0), (0, -1, 0), (0, 0, 0)),
 }
 assert tuple(GENERATORS) == RANGE_NAMES  # the command line names them without importing torch
-
-# Default bounds on |range| enforced by ``constrain_``, in the coefficient units of GENERATORS.
-DEFAULT_MAX_RANGE: dict[str, float] = {
-    # Normalised coordinates span [-1, 1], so 1.0 shifts by half the image; beyond that most of the
-    # content leaves the frame and the samples are mostly padding.
-    "translation_x": 1.0,
-    "translation_y": 1.0,
-    # Radians. Rotations are periodic, so [-pi, pi] already covers every angle; a larger range only
-    # re-weights angles and is not identifiable.
-    "rotation": math.pi,
-    # exp(s * G) stretches the sampling grid by e^s, i.e. zooms the image by e^-s: log 2 allows
-    # anything from half to double size, enough for natural-image augmentation without degenerate maps.
-    "scale_x": math.log(2.0),
-    "scale_y": math.log(2.0),
-    # The symmetric shear generator stretches one diagonal by e^s and squeezes the other by e^-s;
-    # bounded like the scales for the same reason.
-    "shear": math.log(2.0),
-    "scale": math.log(2.0),
-    # The stretch is the shear turned by 45 degrees (x by e^s, y by e^-s): bounded as the shear.
-    "stretch": math.log(2.0),
-}
-
-# ``init="wide"``, the default: every range away from 0, where the LML's gradient is exactly 0 and a range leaves
-# only by a random walk, and none where the transform destroys the image, so that the evidence can shrink what the
-# data does not hold (docs/history.md, "The first wide default"). Every angle (a rotation
-# keeps the content), an eighth of the image's width of shift, zooms, stretch and shear of about 20%.
-WIDE_START: dict[str, float] = {
-    "translation_x": 0.25,
-    "translation_y": 0.25,
-    "rotation": math.pi,
-    "scale_x": 0.2,
-    "scale_y": 0.2,
-    "shear": 0.2,
-    "scale": 0.2,
-    "stretch": 0.2,
-}
-assert tuple(WIDE_START) == RANGE_NAMES
 
 PADDING_MODES = ("zeros", "border", "reflection")
 
@@ -106,12 +67,12 @@ class AffineAugmentation(Widenable, HyperparameterModule):
     uniform on [-1, 1], so the expected loss is the same; its average over the S samples varies less, which lets
     the hyperparameter step use few samples. ``"uniform"`` (the paper's) draws every coefficient independently.
 
-    **Where learning starts.** ``init="wide"`` (the default) starts every range at ``WIDE_START`` (within its
+    **Where learning starts.** ``init="wide"`` (the default) starts every range at ``ranges.WIDE_START`` (within its
     bound): wide augmentation that keeps the image, for the LML to shrink where the data does not hold it (with
     ``train_range_factor`` < 1, the default, the subnetworks that score psi are trained narrower than psi, which
     pulls such ranges down). ``init="zero"`` (or ``0.0``, the paper's start) starts every range at 0, a number
     every range there, a mapping the ranges it names (the others at 0) and ``init="bounds"`` every range at its
-    bound (``max_range``, default ``DEFAULT_MAX_RANGE``). ``docs/benchmarks.md`` measures these starts.
+    bound (``max_range``, default ``ranges.DEFAULT_MAX_RANGE``). ``docs/benchmarks.md`` measures these starts.
 
     Example::
 
@@ -127,6 +88,11 @@ class AffineAugmentation(Widenable, HyperparameterModule):
         True
     """
 
+    # The buffers __init__ registers (nn.Module's __getattr__ would type them Tensor | Module).
+    generator_ids: torch.Tensor
+    generator_matrices: torch.Tensor
+    max_ranges: torch.Tensor
+
     def __init__(
         self,
         num_samples: int = 8,
@@ -139,31 +105,13 @@ class AffineAugmentation(Widenable, HyperparameterModule):
     ) -> None:
         super().__init__()
         self.num_samples = _check_num_samples(num_samples)
-        self.generators: tuple[str, ...] = _check_generators(generators)
+        self.generators: tuple[str, ...] = generator_names(generators)
         self.draws = check_choice("draws", draws, AUGMENTATION_DRAWS)
         self.padding_mode = check_choice("padding_mode", padding_mode, PADDING_MODES)  # F.grid_sample's modes
         self.align_corners = bool(align_corners)
-        bounds = {name: DEFAULT_MAX_RANGE[name] for name in self.generators}
-        bounds.update(_check_per_generator(max_range or {}, self.generators, "max_range", positive=True))
+        bounds = learning_bounds(max_range, self.generators)
         self.max_range: dict[str, float] = bounds
-        if isinstance(init, str):
-            check_choice("init", init, RANGE_STARTS)
-            named = {"bounds": bounds, "zero": dict.fromkeys(bounds, 0.0), "wide": WIDE_START}[init]
-            start = {name: min(named[name], bounds[name]) for name in self.generators}
-        elif isinstance(init, Mapping):
-            start = {name: 0.0 for name in self.generators}
-            start.update(_check_per_generator(init, self.generators, "init", positive=False))
-        else:
-            value = check_real("init", init)
-            start = {name: value for name in self.generators}
-        for name, value in start.items():
-            # Ranges live in float32, so a range clamped to its bound reads back as the bound rounded to
-            # float32 (pi -> 3.1415927...): accept that, so ``init=other.hyperparameters()`` always works.
-            if abs(value) > bounds[name] and abs(value) > float(torch.tensor(bounds[name], dtype=torch.float32)):
-                raise PartitionArgumentError(
-                    f"init for {name!r} is {value}, outside the bound [-{bounds[name]}, {bounds[name]}]; "
-                    f"pass a smaller init or raise max_range={{{name!r}: ...}}"
-                )
+        start = learning_start(init, bounds)
         self.ranges = nn.Parameter(torch.tensor([start[name] for name in self.generators], dtype=torch.float32))
         # Which generator each range belongs to (its index in RANGE_NAMES), saved beside the ranges: the xy and
         # augerino sets both have six, so without it a checkpoint of one would load into the other without a word.
@@ -182,6 +130,7 @@ class AffineAugmentation(Widenable, HyperparameterModule):
         bound (``DEFAULT_MAX_RANGE``: rotation 3.1416 > pi): the bound of a fixed range is raised to hold it.
         ``options``: the constructor's others (``generators``, ``draws``, ``padding_mode``, ``align_corners``).
 
+        >>> import math
         >>> aug = AffineAugmentation.fixed({"rotation": math.pi}, num_samples=2)
         >>> aug.hyperparameters()["rotation"] == float(torch.tensor(math.pi)), aug.ranges.requires_grad
         (True, False)
@@ -282,12 +231,18 @@ class AffineAugmentation(Widenable, HyperparameterModule):
         with torch.autocast(eps.device.type, enabled=False):
             coefficients = eps.to(dtype) * self.ranges.to(dtype)
             algebra = torch.einsum("...g,gij->...ij", coefficients, self.generator_matrices.to(dtype))
-            return torch.linalg.matrix_exp(algebra)[..., :2, :]
+            # torch.linalg's functions come from torch._C._linalg, which has no stubs: the type is said here.
+            exponential: torch.Tensor = torch.linalg.matrix_exp(algebra)
+            return exponential[..., :2, :]
+
+    def range_values(self) -> dict[str, float]:
+        """{generator name: |range|} as plain floats; rotation in radians, the others in coefficient units."""
+        values: list[float] = self.ranges.detach().abs().tolist()
+        return dict(zip(self.generators, values))
 
     def hyperparameters(self) -> dict[str, float | list[float]]:
-        """{generator name: |range|} as plain floats; rotation in radians, the others in coefficient units."""
-        values = self.ranges.detach().abs().tolist()
-        return dict(zip(self.generators, values))
+        """The :meth:`range_values`."""
+        return {**self.range_values()}
 
     @torch.no_grad()
     def constrain_(self) -> None:
@@ -337,38 +292,3 @@ def _check_images(x: torch.Tensor) -> None:
 
 def _check_num_samples(value: object) -> int:
     return check_int("num_samples", value, hint="; pass e.g. num_samples=8")
-
-
-def _check_generators(generators: Sequence[str] | str) -> tuple[str, ...]:
-    if isinstance(generators, str) and generators in GENERATOR_SETS:
-        return GENERATOR_SETS[generators]
-    if isinstance(generators, str) or not isinstance(generators, Sequence) or len(generators) == 0:
-        raise PartitionArgumentError(
-            f"generators must be a non-empty sequence of names from {tuple(GENERATORS)}, or one of the sets "
-            f"{', '.join(map(repr, GENERATOR_SETS))}, got {generators!r}"
-        )
-    unknown = [g for g in generators if g not in GENERATORS]
-    if unknown:
-        raise PartitionArgumentError(f"generators has unknown names {unknown}; choose from {tuple(GENERATORS)}")
-    duplicates = sorted({g for g in generators if list(generators).count(g) > 1})
-    if duplicates:
-        raise PartitionArgumentError(f"generators lists {duplicates} more than once; give each generator once")
-    return tuple(generators)
-
-
-def _check_per_generator(
-    values: Mapping[str, float], generators: tuple[str, ...], name: str, *, positive: bool
-) -> dict[str, float]:
-    if not isinstance(values, Mapping):
-        raise PartitionArgumentError(f"{name} must be a mapping from generator name to number, got {values!r}")
-    out = {}
-    for key, value in values.items():
-        if key not in generators:
-            raise PartitionArgumentError(
-                f"{name} has key {key!r}, which is not one of this module's generators {generators}; "
-                f"remove it or add it to generators"
-            )
-        out[key] = check_real(f"{name}[{key!r}]", value)
-        if positive and out[key] <= 0:
-            raise PartitionArgumentError(f"{name}[{key!r}] must be > 0, got {out[key]}")
-    return out
