@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     # 3. the loop
     for draw, (x, y) in zip(batches.draws(), loader):
         steps.take(draw, x, y)  # a parameter step of draw.partitions, a hyperparameter step when due
-        if config.evaluates_at(steps.step) and not steps.finetuning:
+        if steps.schedule.evaluates_at(steps.step) and not steps.finetuning:
             with torch.random.fork_rng():  # the estimate draws augmentation; the run's draws stay as they were
                 lml = estimate_lml(pmodel, Examples(data.train), chunks, steps.likelihood, augment)
             rotation = augment.hyperparameters()["rotation"]

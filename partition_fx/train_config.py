@@ -28,7 +28,7 @@ from .settings import SettingError, Settings, setting
 
 HYPER_CHUNKS = ("one", "all")
 """How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted
-(the estimators of ``training.iteration``)."""
+(the estimators of ``training.estimators``)."""
 WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
 """How partition k's weight decay is scaled by |D_1:k| (``training.optim.weight_decay_scales``)."""
 OPTIMIZERS = ("adam", "sgd")
@@ -434,18 +434,6 @@ class TrainConfig(Settings):
         """
         steps = self.optimization.steps
         return self.evaluation.every or max(steps // 10, min(steps, MIN_EVAL_EVERY))
-
-    def evaluates_at(self, step: int) -> bool:
-        """Whether the LML is estimated (and a run checkpointed) once ``step`` iterations are done: every
-        :attr:`eval_every`, at the last partitioned iteration (before fine-tuning begins) and at the end. ``fit``,
-        your own loop and the Lightning module evaluate at these steps.
-
-        >>> config = TrainConfig.recommended(steps=20)  # fine-tunes the last 8
-        >>> [step for step in range(1, 21) if config.evaluates_at(step)]
-        [12, 20]
-        """
-        steps, finetune = self.optimization.steps, self.finetune_steps
-        return step % self.eval_every == 0 or step == steps or (finetune > 0 and step == steps - finetune)
 
 
 __all__ = [

@@ -27,10 +27,10 @@ from partition_fx.training import (
     recalibrate_norm_statistics,
     split_into_chunks,
 )
-from partition_fx.training.iteration import TrainingSteps
 from partition_fx.training.lml import LMLEvaluator, evidence, lml_fields, recalibrated_states
 from partition_fx.training.objective import Objective
 from partition_fx.training.stepping import Stepper
+from partition_fx.training.steps import TrainingSteps
 from partition_fx.transforms import InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -185,7 +185,7 @@ def test_trained_modules_save_load_restore_and_recalibrate_on_a_copy():
     assert not set(states["model"]) & set(pmodel.rebuilt_buffers(defaults=True))
     assert trained.omitted()["omitted"] == "layouts+defaults"
     path = Path(tempfile.mkdtemp()) / "last.safetensors"
-    trained.save(path, 7, states, {"lml": -3.0, "conditional_lml": -1.0})
+    trained.save(path, 7, states, lml=-3.0, conditional_lml=-1.0)
     with torch.no_grad():
         for p in [*pmodel.parameters(), mask.logits]:
             p.add_(1.0)

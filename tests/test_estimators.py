@@ -1,4 +1,4 @@
-"""The hyperparameter-gradient estimators (``training.iteration``) against their definitions.
+"""The hyperparameter-gradient estimators (``training.estimators``) against their definitions.
 
 * ``OneChunk`` (``hyper_chunks="one"``, the paper's): one chunk k ~ Cat(u_2..u_C renormalised), weight 1;
 * ``AllChunks`` (``hyper_chunks="all"``): the hyper-gradient is the sum over chunks k=2..C of
@@ -18,7 +18,7 @@ from models_for_tests import gradient_step_trainer
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.train_config import HYPER_CHUNKS
 from partition_fx.training import PartitionedSampler, split_into_chunks
-from partition_fx.training.iteration import AllChunks, HyperEstimator, OneChunk, estimator_for
+from partition_fx.training.estimators import AllChunks, HyperEstimator, OneChunk, estimator_for
 from partition_fx.training.lml import forward_log_likelihood
 
 _trainer = gradient_step_trainer
@@ -89,9 +89,6 @@ def test_all_chunks_weights_every_chunk_by_the_probability_one_chunk_draws_it():
 def test_each_name_the_options_accept_picks_its_estimator():
     assert [type(estimator_for(name)) for name in HYPER_CHUNKS] == [OneChunk, AllChunks]
     assert all(isinstance(estimator_for(name), HyperEstimator) for name in HYPER_CHUNKS)
-    assert (
-        type(_trainer(hyper_chunks="all").iterations.estimator) is AllChunks
-        and type(_trainer().iterations.estimator) is OneChunk
-    )
+    assert type(_trainer(hyper_chunks="all").estimator) is AllChunks and type(_trainer().estimator) is OneChunk
     with pytest.raises(PartitionArgumentError, match="hyper_chunks"):  # the configuration knows the names
         _trainer(hyper_chunks="both")

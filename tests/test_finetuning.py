@@ -81,7 +81,7 @@ def test_train_range_factor_widens_parameter_steps_only(every_partition):
     _, hyper_loss = widened.hyper_step(2, torch.arange(4))
     torch.set_rng_state(widened_rng)
     assert torch.equal(hyper_loss, plain.hyper_step(2, torch.arange(4))[1])
-    widened.begin_finetuning(), plain.begin_finetuning()
+    widened.steps.begin_finetuning(), plain.steps.begin_finetuning()
     widened_rng = torch.get_rng_state()
     finetune_loss = widened.finetune_step(torch.arange(8))
     torch.set_rng_state(widened_rng)
@@ -130,7 +130,7 @@ def test_the_hyper_scheduler_follows_hyperparameter_steps():
 
 def test_a_finetuning_step_trains_every_weight_on_all_data_through_the_final_subnetwork():
     trainer = _trainer()
-    trainer.begin_finetuning()
+    trainer.steps.begin_finetuning()
     ranges = trainer.steps.hyper.ranges.detach().clone()
     indices = torch.arange(60)[::3]  # examples of every chunk
     assert all(any(int(i) in set(trainer.chunks.chunk(k).tolist()) for i in indices) for k in (1, 2, 3))
@@ -335,3 +335,30 @@ def test_recalibrating_a_copy_mid_run_changes_no_later_draw():
 
     for a, b in zip(trained([]), trained([RecalibrateACopy()])):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("finetune_steps", [8, 0])  # patience begins fine-tuning early; patience ends the run
+def test_a_run_stopped_where_patience_ended_partitioned_training_resumes_to_the_uninterrupted_run(
+    tmp_path, finetune_steps
+):
+    """The run's schedule applies patience's decision at the evaluation, before the checkpoint is written there, and
+    the resume state carries it: a run interrupted right after that evaluation fine-tunes from there (or ends) as
+    the uninterrupted run does, instead of training partitioned to the planned switch."""
+    options = {"steps": 24, "finetune_steps": finetune_steps, "patience": 1}
+    reference = _pmodel()
+    expected = _fit(reference, **options)
+    ended_at = expected.finetune_start if finetune_steps else expected.steps
+    assert expected.stopped_early and ended_at < 24 - finetune_steps
+
+    stop = [lambda trainer, record: record["step"] == ended_at]
+    _fit(_pmodel(), checkpoint_dir=tmp_path, callbacks=stop, **options)
+    state = json.loads((tmp_path / "resume" / "state.json").read_text())
+    assert (state["step"], state["partitioned_ended_at"]) == (ended_at, ended_at)
+    resumed_model = _pmodel()
+    resumed = _fit(resumed_model, resume=tmp_path / "resume", **options)
+
+    strip = lambda history: [{k: v for k, v in r.items() if k != "seconds"} for r in history]  # noqa: E731
+    assert strip(resumed.history) == strip(expected.history) and resumed.stopped_early
+    assert (resumed.steps, resumed.finetune_start) == (expected.steps, expected.finetune_start)
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed_model.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -462,7 +462,7 @@ def test_good_train_input_reaches_training_with_only_a_report_written(options):
         options["eval-every"] or max(options["steps"] // 10, min(options["steps"], 20))
     )
     assert trainer.sampler.batch_size == options["batch-size"] and trainer.config.runtime.seed == options["seed"]
-    assert (trainer.iterations.hyper_every, trainer.iterations.warmup_steps) == (
+    assert (trainer.schedule.hyper_every, trainer.schedule.warmup_steps) == (
         options["hyper-every"],
         options["warmup-steps"],
     )

@@ -24,7 +24,9 @@ AVX-512 machine (they do not depend on the CPU: the statistics are computed in f
 value kept as the AVX2 machine wrote it. The hyper-gradient's settings joined the training configuration and the
 resume fingerprint (``hyper_gradient`` ``fixed``, ``implicit_terms`` 5, ``implicit_lr`` 0.01) and were added to every
 record that holds either the same way, by hand, and so was ``max_range`` (null, the default bounds) to the job's
-config when ``--max-range`` joined it. Before that, ``cli_train_export``'s record
+config when ``--max-range`` joined it; and ``fit_patience_restore_best``'s resume state gained
+``partitioned_ended_at`` (4) by hand when the run's patience began to be saved with it (the run's schedule), every
+tensor and every other value unchanged on an AVX-512 machine. Before that, ``cli_train_export``'s record
 was written again four times, each time
 with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer
 carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's config gains

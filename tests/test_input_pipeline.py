@@ -20,6 +20,7 @@ from partition_fx.errors import PartitionError
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.training.data import StepInputs, planned_batches
+from partition_fx.training.schedule import draw_iteration
 from partition_fx.transforms import AffineAugmentation
 
 CONFIG = TrainConfig.recommended(
@@ -101,7 +102,9 @@ def test_a_resumed_streaming_run_continues_the_same_stream(folder, tmp_path, eve
 
 def test_the_plan_is_what_the_sampler_then_draws_and_a_batch_asked_otherwise_is_read_directly(folder) -> None:
     trainer = _trainer(image_folder(folder, in_memory=False).train, 1)
-    upcoming = lambda sampler, step: trainer.iterations.draw(sampler, step, finetuning=False).reads()  # noqa: E731
+    upcoming = lambda sampler, step: draw_iteration(  # noqa: E731
+        trainer.scheme, trainer.estimator, trainer.schedule, sampler, step, finetuning=False
+    ).reads()
     plan = planned_batches(upcoming, trainer.sampler, trainer.step)
     _, indices = trainer.sampler.copy().parameter_batch()
     assert torch.equal(next(plan), indices)  # the sampler itself has drawn nothing

@@ -1,4 +1,4 @@
-"""The iteration schemes (``training.iteration``) against their definitions: each iteration's updates are the
+"""The iteration schemes (``training.schemes``) against their definitions: each iteration's updates are the
 gradients of appendix I.1's steps, taken one example and one chunk at a time (DESIGN.md invariant 4); each
 combination of the options names its scheme."""
 
@@ -13,7 +13,7 @@ from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.testing import perturb_partitions
 from partition_fx.train_config import TrainConfig
-from partition_fx.training.iteration import (
+from partition_fx.training.schemes import (
     Alternating,
     Draw,
     EveryPartition,
@@ -190,7 +190,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
     with every_partition) at the current weights; THEN psi's gradient at the updated weights, from the hyper
     batch of D_k through subnetwork k-1 (every chunk's, weighted by its probability, with hyper_chunks="all")."""
     trainer = _trainer(every_partition=every_partition, hyper_chunks=hyper_chunks)
-    assert type(trainer.iterations.scheme) is (EveryPartition if every_partition else Alternating)
+    assert type(trainer.scheme) is (EveryPartition if every_partition else Alternating)
     reference = _trainer()
     before = _snapshot(trainer)
     trainer.iteration()
@@ -215,7 +215,7 @@ def test_an_alternating_iteration_gives_the_gradients_of_the_papers_two_steps(ev
 
 def test_each_combination_of_the_options_names_its_scheme():
     chosen = {
-        (fused, every): type(_trainer(fused=fused, every_partition=every).iterations.scheme)
+        (fused, every): type(_trainer(fused=fused, every_partition=every).scheme)
         for fused in (False, True)
         for every in (False, True)
     }
@@ -246,7 +246,7 @@ def test_a_new_scheme_is_one_class_behind_the_interface():
                 steps.hyper_step(batch.hyper, draw.hyper_what)
 
     trainer = _trainer(hyper_chunks="all")
-    trainer.iterations.scheme = HyperOnly()
+    trainer.scheme = HyperOnly()
     parts = [p.detach().clone() for p in _parts(trainer.pmodel)]
     result = trainer.run(4, eval_every=2, progress=False)
     assert result.steps == 4 and [r["train_loss"] for r in result.history] == [None, None]

@@ -22,7 +22,7 @@ Not supported, and refused in one line that says what works instead:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,12 +34,16 @@ from ..extras import import_extra
 from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from ..training.data import Examples, split_into_chunks
-from ..training.iteration import PartitionedBatchSampler, TrainingSteps
 from ..training.likelihoods import Likelihood
-from ..training.lml import evaluation_record, recalibrate_norm_statistics
+from ..training.lml import recalibrate_norm_statistics
+from ..training.schedule import PartitionedBatchSampler
+from ..training.steps import TrainingSteps
 from ..training.tracking import evaluation_metrics
 
-L = import_extra("partition_fx.integrations.lightning", "lightning")  # one line naming the install, if missing
+if TYPE_CHECKING:  # the test extra installs lightning: mypy reads its types
+    import lightning as L
+else:
+    L = import_extra("partition_fx.integrations.lightning", "lightning")  # one line naming the install, if missing
 
 
 class PartitionedLightningModule(L.LightningModule):
@@ -50,7 +54,7 @@ class PartitionedLightningModule(L.LightningModule):
     (``setup("fit")``, then ``train_dataloader().dataset``) is read through the partitioned sampler (its own
     batch size and sampling are not used).
 
-    It logs, through the trainer's loggers at each evaluation (``config.evaluates_at``, as ``fit``), what
+    It logs, through the trainer's loggers at each evaluation (where its steps' schedule says, as ``fit``), what
     ``partition-fx train --log`` logs: the conditional and full LML, the LML per chunk, the losses, the
     learning rates and every hyperparameter by name (``training.tracking.evaluation_metrics``). Lightning's
     checkpoints hold the model, the input transform and the optimisers. At the run's last iteration BatchNorm's
@@ -146,7 +150,8 @@ class PartitionedLightningModule(L.LightningModule):
         )
 
     def on_train_start(self) -> None:
-        if self._batches is None or self.trainer.train_dataloader.batch_sampler is not self._batches:
+        loader = self.trainer.train_dataloader
+        if self._batches is None or loader is None or loader.batch_sampler is not self._batches:
             raise PartitionArgumentError(
                 "the batches of a PartitionedLightningModule are drawn by its partitioned sampler: give the dataset "
                 "or LightningDataModule to PartitionedLightningModule(pmodel, data), and call trainer.fit(module) "
@@ -161,6 +166,7 @@ class PartitionedLightningModule(L.LightningModule):
         torch.manual_seed(self.config.runtime.seed)  # as fit seeds it: the augmentation's and dropout's draws
         # the weights' steps through Lightning's wrapper of their optimiser, which counts trainer.global_step
         wrapped = self.optimizers(use_pl_optimizer=True)
+        # a LightningOptimizer: at runtime an instance of a subclass of the optimiser's class, which it steps
         self.steps.stepper.optimizer = wrapped[0] if isinstance(wrapped, list) else wrapped  # type: ignore[assignment]
         assert self._batches is not None
         self._draws = iter(self._batches.draws())
@@ -168,11 +174,13 @@ class PartitionedLightningModule(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
-        self.steps.take(next(self._draws), x, y)
-        step, end = self.steps.step, self.config.optimization.steps
-        if self.config.evaluates_at(step):
+        steps = self.steps
+        steps.take(next(self._draws), x, y)
+        schedule = steps.schedule
+        assert schedule is not None  # TrainingSteps.create builds one
+        if schedule.evaluates_at(steps.step):
             self._log_evaluation()
-        if step >= end:
+        if steps.step >= schedule.end:
             # the end of the run, before the epoch's end, where Lightning's checkpoints are written: they then hold
             # the final model as export() returns it
             recalibrate_norm_statistics(self.pmodel, Examples(self.dataset))
@@ -185,16 +193,11 @@ class PartitionedLightningModule(L.LightningModule):
         return export_subnetwork(self.pmodel)
 
     def _log_evaluation(self) -> None:
-        """The evaluation record of ``fit`` (no LML in fine-tuning, where every subnetwork has seen every chunk),
-        logged as ``partition-fx train --log`` logs it."""
-        stepper, steps = self.steps.stepper, self.steps
-        losses = stepper.pending_losses()
-        stepper.clear_losses()
-        estimate = None if steps.finetuning else steps.evaluator.estimate()  # type: ignore[union-attr]
-        values = steps.objective.hyperparameter_values()
-        seconds = time.perf_counter() - self._started
-        record = evaluation_record(steps.step, estimate, sum(self.chunks.sizes[1:]), losses, values, seconds)
-        metrics = evaluation_metrics(record, stepper.optimizer, stepper.hyper_optimizer)
+        """The evaluation ``fit`` records (``TrainingSteps.evaluation``), logged as ``partition-fx train --log``
+        logs it."""
+        steps = self.steps
+        record = steps.evaluation(time.perf_counter() - self._started)
+        metrics = evaluation_metrics(record, steps.stepper.optimizer, steps.stepper.hyper_optimizer)
         # to the loggers directly, at the iteration's number: self.log would log only every log_every_n_steps
         for logger in self.loggers:
             logger.log_metrics(metrics, step=steps.step)

@@ -13,7 +13,7 @@ validation split (``docs/benchmarks.md``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PartitionArgumentError
 from ..extras import import_extra
@@ -22,7 +22,10 @@ from ..train_config import TrainConfig
 from ..training.fit import fit
 from ..training.lml import NO_EVIDENCE, EvaluationRecord, evidence
 
-optuna = import_extra("partition_fx.integrations.optuna", "optuna")  # one line naming the install, if missing
+if TYPE_CHECKING:  # the test extra installs optuna: mypy reads its types
+    import optuna
+else:
+    optuna = import_extra("partition_fx.integrations.optuna", "optuna")  # one line naming the install, if missing
 
 Build = Callable[["optuna.Trial"], tuple[PartitionedModel, Mapping[str, Any]]]
 """``build(trial) -> (pmodel, keywords)``: the trial's partitioned model and ``fit``'s keywords for it (``lr=``,
@@ -104,4 +107,6 @@ class LMLObjective:
         trial.set_user_attr("lml", result.lml)
         trial.set_user_attr("hyperparameters", result.hyperparameters)
         trial.set_user_attr("best_step", result.best_step)
+        if score is None:  # refused above: only a model of one partition has no conditional LML
+            raise PartitionArgumentError(f"LMLObjective scores a trial by its evidence; {NO_EVIDENCE}")
         return float(score)

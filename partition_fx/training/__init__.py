@@ -5,28 +5,40 @@ your own loop takes them on your ``DataLoader``'s batches with ``PartitionedBatc
 (``docs/loops.md``); ``load_checkpoint(pmodel, path)`` restores a run's checkpoint file without any of them.
 """
 
+from ..choices import Phase
 from ..errors import PartitionCheckpointError
 from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
 from .components import Components
-from .data import DataChunks, Examples, PartitionedSampler, chunks_from_assignment, split_into_chunks
+from .data import (
+    DataChunks,
+    Examples,
+    PartitionedSampler,
+    chunks_from_assignment,
+    hyper_step_batch_size,
+    split_into_chunks,
+)
 from .fit import fit
 from .hooks import BestState, CallbackHook, CheckpointWriter, Patience, TrainingHook
-from .iteration import Draw, IterationBatch, PartitionedBatchSampler, TrainingSteps
 from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, ModelLoss, resolve_likelihood
 from .lml import (
     EvaluationRecord,
     LMLEstimate,
     LMLEvaluator,
-    Phase,
+    buffers_restored,
+    conditional_lml_of_draws,
     estimate_lml,
     evaluation_record,
     evidence,
+    log_likelihood_of_draws,
     recalibrate_norm_statistics,
 )
 from .metrics import evaluate_averaged, evaluate_classifier
 from .objective import Objective
 from .optim import partition_optimizer, weight_decay_scales
+from .schedule import PartitionedBatchSampler, Schedule
+from .schemes import Draw, IterationBatch
+from .steps import TrainingSteps
 from .tracking import CSVTracker, MLflowTracker, TensorBoardTracker, Tracker
 from .trainer import FitResult, PartitionedTrainer
 
@@ -57,20 +69,25 @@ __all__ = [
     "PartitionedTrainer",
     "Patience",
     "Phase",
+    "Schedule",
     "TensorBoardTracker",
     "Tracker",
     "TrainConfig",
     "TrainingHook",
     "TrainingSteps",
+    "buffers_restored",
     "chunks_from_assignment",
+    "conditional_lml_of_draws",
     "estimate_lml",
     "evaluate_averaged",
     "evaluate_classifier",
     "evaluation_record",
     "evidence",
     "fit",
+    "hyper_step_batch_size",
     "load_checkpoint",
     "load_training_state",
+    "log_likelihood_of_draws",
     "partition_optimizer",
     "recalibrate_norm_statistics",
     "resolve_likelihood",

@@ -62,7 +62,8 @@ def norm_statistics(meta: dict[str, Any]) -> str:
     >>> norm_statistics({"norm_statistics": "final", "final": True})
     'final'
     """
-    return meta["norm_statistics"]
+    statistics: str = meta["norm_statistics"]
+    return statistics
 
 
 def needs_recalibration(meta: dict[str, Any], subnetwork: int, num_partitions: int) -> bool:
@@ -346,6 +347,8 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
         "grad_scaler": state["grad_scaler"],
         "fingerprint": state["fingerprint"],
     }
+    if state["partitioned_ended_at"] is not None:  # only when patience ended partitioned training early
+        plain["partitioned_ended_at"] = state["partitioned_ended_at"]
     if state["hooks"]:  # only when a hook holds state: the states of runs whose hooks hold none stay as they were
         plain["hooks"] = state["hooks"]
     try:
@@ -382,7 +385,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "evaluation under checkpoint_dir/resume when fit(..., checkpoint_dir=...) runs)"
         )
     try:
-        plain = json.loads((directory / STATE).read_text())
+        plain: dict[str, Any] = json.loads((directory / STATE).read_text())
         with safe_open(str(directory / TENSORS), framework="pt") as f:
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError, OSError) as e:
@@ -417,6 +420,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "optimizer": _join_optimizer(plain["optimizer"], "optimizer", tensors),
             "hyper_optimizer": _join_optimizer(plain["hyper_optimizer"], "hyper_optimizer", tensors),
             **{key: plain[key] for key in ("scheduler", "hyper_scheduler", "finetune_start")},
+            "partitioned_ended_at": plain.get("partitioned_ended_at"),  # absent: partitioned training ran as planned
             "grad_scaler": plain["grad_scaler"],  # fp16 runs' loss scale
             "hooks": plain.get("hooks", {}),  # absent: no hook held state when it was saved
             "rng": {

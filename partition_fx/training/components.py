@@ -146,8 +146,8 @@ def check_sequence_of(
     ``many``/``one`` name what it holds in the refusal."""
     if callable(values) or isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise PartitionTypeError(f"{name} must be a list of {many}, got {values!r}")
-    values = tuple(values)
-    for i, value in enumerate(values):
+    items: tuple[Any, ...] = tuple(values)
+    for i, value in enumerate(items):
         if not (isinstance(value, kind) if isinstance(kind, type) else kind(value)):
             raise PartitionTypeError(f"{name}[{i}] must be {one}, got {value!r}")
-    return values
+    return items

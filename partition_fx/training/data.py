@@ -248,7 +248,7 @@ class Examples:
 
     def loader(
         self, batch_sampler: Iterable[list[int]], device: torch.device | None, persistent: bool = False
-    ) -> DataLoader:
+    ) -> DataLoader[Any]:
         """A ``DataLoader`` of the dataset's batches ``batch_sampler`` yields, with the workers: ``persistent``
         keeps them between passes (the input pipeline restarts its plan on the same processes)."""
         return DataLoader(
@@ -272,6 +272,17 @@ class Examples:
 
 
 # --- the sampler -----------------------------------------------------------------------------------------------------
+
+
+def hyper_step_batch_size(batch_size: int, hyper_batch_size: int | None) -> int:
+    """The examples a hyperparameter step draws from each chunk it scores: ``hyper_batch_size``, or the parameter
+    steps' ``batch_size`` where it is None (``TrainConfig.hyper.batch_size`` left unset). The one place this rule
+    is written: the sampler draws by it, and ``jobs.build_job`` checks a job's batches against its chunks by it.
+
+    >>> hyper_step_batch_size(64, None), hyper_step_batch_size(64, 16)
+    (64, 16)
+    """
+    return batch_size if hyper_batch_size is None else hyper_batch_size
 
 
 class PartitionedSampler:
@@ -309,7 +320,7 @@ class PartitionedSampler:
                 raise PartitionArgumentError(f"{name} must be a positive int, got {value!r}")
         self.chunks = chunks
         self.batch_size = batch_size
-        self.hyper_batch_size = hyper_batch_size or batch_size
+        self.hyper_batch_size = hyper_step_batch_size(batch_size, hyper_batch_size)
         sizes = torch.tensor(chunks.sizes, dtype=torch.float64)
         self.partition_probabilities = sizes / sizes.sum()
         later = sizes[1:]
@@ -452,7 +463,7 @@ class StepInputs:
         self.plan: Callable[[], Iterator[torch.Tensor]] | None = None
         self.pending: deque[torch.Tensor] = deque()
         """Index batches the loader has taken from the plan and not yet returned, oldest first."""
-        self._loader: DataLoader | None = None
+        self._loader: DataLoader[Any] | None = None
         self._iterator: Iterator[Any] | None = None
         self.read_ahead_batches = 0
         """Batches served from the read-ahead (the rest were read when asked)."""

@@ -29,9 +29,9 @@ from ..choices import GENERATOR_SETS, generator_set_name
 from ..errors import PartitionArgumentError
 from ..job_spec import JobSpec
 from ..partitioned_model import PartitionedModel
+from ..ranges import DEFAULT_MAX_RANGE
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
-from ..transforms.affine import DEFAULT_MAX_RANGE
 from .checkpoint import load_training_state
 from .components import check_run_arguments, resolve
 from .hooks import Callback, TrainingHook
@@ -68,7 +68,9 @@ def _command_config(
         return "the data is not the train split of partition_fx.datasets.load_dataset"
     if model["in_chans"] != (data["channels"] or model["in_chans"]):
         return f"the model takes {model['in_chans']} input channels and the data has {data['channels']}"
-    fixed = isinstance(hyper, AffineAugmentation) and hyper.is_fixed
+    # fixed ranges: where learned ranges started (init) does not matter
+    fix = hyper.range_values() if isinstance(hyper, AffineAugmentation) and hyper.is_fixed else None
+    fixed = fix is not None
     # the command builds every generator set, learned from any start within any bounds (--max-range), or fixed
     if hyper is not None and not (type(hyper) is AffineAugmentation and hyper.generators in GENERATOR_SETS.values()):
         return (
@@ -95,15 +97,19 @@ def _command_config(
         **(_augmentation(hyper) if hyper is not None else {}),
         samples=hyper.num_samples if hyper is not None else 1,
         test_time_samples=0,  # fit reports no test-time averaged scores
-        fix=hyper.hyperparameters() if fixed else None,  # where learned ranges started (init) does not matter
+        fix=fix,
         max_range=_raised_bounds(hyper) if hyper is not None and not fixed else None,
         train=config,
     ).to_dict()
 
 
 def _augmentation(hyper: AffineAugmentation) -> dict[str, str]:
-    """The command's ``--generators`` and ``--draws`` that build ``hyper``'s."""
-    return {"generators": generator_set_name(hyper.generators), "draws": hyper.draws}
+    """The command's ``--generators`` and ``--draws`` that build ``hyper``'s (of a named generator set, the only
+    ones :func:`_command_config` asks for)."""
+    generators = generator_set_name(hyper.generators)
+    if generators is None:
+        raise PartitionArgumentError(f"the generators {hyper.generators} are not a named set: the command has none")
+    return {"generators": generators, "draws": hyper.draws}
 
 
 def _raised_bounds(hyper: AffineAugmentation) -> dict[str, float] | None:
@@ -223,7 +229,7 @@ def fit(
     check_flag("record_run", record_run)
     torch.manual_seed(config.runtime.seed)
     if components.checkpoint_dir is not None and record_run:  # written with the first checkpoint
-        record = RunRecordWriter(components.checkpoint_dir, dataset)
+        record = RunRecordWriter(Path(components.checkpoint_dir), dataset)  # Components stores it as a Path
         components = dataclasses.replace(components, hooks=(*components.hooks, record))
     trainer = PartitionedTrainer(pmodel, dataset, config, components=components)
     if resume is not None:

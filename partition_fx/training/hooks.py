@@ -1,7 +1,7 @@
 """What a run calls around its evaluations: the hook protocol (:class:`TrainingHook`), a run's ``callbacks=`` as a
 hook, and the policies that come with the package, each holding its own rule and state: writing checkpoints
-(:class:`CheckpointWriter`), the best state by its evidence (:class:`BestState`) and early stopping
-(:class:`Patience`).
+(:class:`CheckpointWriter`), the best state by its evidence (:class:`BestState`) and the early stopping rule
+(:class:`Patience`, whose decision the run's schedule applies).
 
 Every hook and callback takes the run's :class:`~partition_fx.training.lml.EvaluationRecord`.
 """
@@ -151,30 +151,29 @@ class BestState:
             self.score, self.step, self.states = state["best"]["score"], state["best"]["step"], state["best_modules"]
 
 
-class Patience(TrainingHook):
-    """Ends partitioned training after ``patience`` evaluations without a better state (:class:`BestState`; None:
-    never): when the run is to fine-tune, fine-tuning begins now and runs to the end; otherwise the run stops.
-    :attr:`ended` says whether it did. The training loop asks it last.
+class Patience:
+    """The run's early stopping rule: partitioned training has run out of patience once ``patience`` evaluations
+    have passed without a better state (:class:`BestState`; None: never). It decides and the run's schedule
+    applies the decision (``Schedule.end_partitioned_training``): the fine-tuning the run plans begins now and
+    runs to the end, or a run that plans none ends here. The trainer asks it at each partitioned evaluation,
+    before its hooks, so that the checkpoint written there holds the decision.
 
-    >>> Patience(None).should_stop(None, {}), Patience(None).ended
-    (False, False)
+    >>> history = [{"step": s} for s in (2, 4, 6)]
+    >>> Patience(2).exhausted(history, best_step=2), Patience(3).exhausted(history, best_step=2)
+    (True, False)
+    >>> Patience(None).exhausted(history, best_step=2)
+    False
     """
 
     def __init__(self, patience: int | None) -> None:
         self.patience = patience
-        self.ended = False
 
-    def should_stop(self, trainer: PartitionedTrainer, record: EvaluationRecord) -> bool:
-        if self.patience is None or trainer.finetuning:
+    def exhausted(self, history: Sequence[EvaluationRecord], best_step: int | None) -> bool:
+        """Whether the evaluations in ``history`` after the best one (at ``best_step``) number ``patience``."""
+        if self.patience is None or best_step is None:
             return False
-        best = next(i for i, r in enumerate(trainer.history) if r["step"] == trainer.best.step)
-        if len(trainer.history) - 1 - best < self.patience:
-            return False
-        self.ended = True
-        if trainer.finetune_at is None:
-            return True
-        trainer.finetune_at = trainer.step  # end partitioned training now; fine-tune until the end
-        return False
+        best = next(i for i, r in enumerate(history) if r["step"] == best_step)
+        return len(history) - 1 - best >= self.patience
 
 
 class CheckpointWriter(TrainingHook):

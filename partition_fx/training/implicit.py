@@ -111,5 +111,6 @@ def through_training(
         u = neumann_inverse([g for g, _, _ in used], [w for _, w, _ in used], [vi for _, _, vi in used], terms, lr)
         # d/dpsi of -lr <u, dL_p/dw_p(psi)> with u held: -lr u^T d2L_p/dw_p dpsi, the implicit term
         dot = sum((ui * g).sum() for ui, (g, _, _) in zip(u, used))
+        assert isinstance(dot, torch.Tensor)  # used is not empty: a sum of tensors, not sum's 0
         total = total - lr * (dot - dot.detach())
     return total

@@ -9,7 +9,8 @@ computed stably with ``logsumexp``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,10 @@ from ..transforms.base import HyperparameterModule
 
 class Likelihood(nn.Module):
     """Base class: ``log_prob(outputs, targets) -> [B]`` per example; ``forward`` adds sample averaging."""
+
+    if TYPE_CHECKING:  # torch types nn.Module.__call__ (forward and its hooks) as returning Any: typed as forward
+
+        def __call__(self, outputs: torch.Tensor, targets: torch.Tensor, num_samples: int = 1) -> torch.Tensor: ...
 
     def log_prob(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise PartitionNotImplementedError(f"{type(self).__name__} must implement log_prob(outputs, targets)")
@@ -121,7 +126,11 @@ class ModelLoss(Likelihood):
     tensor([-0.7500, -0.7500])
     """
 
-    def forward(self, outputs: object, targets: object, num_samples: int = 1) -> torch.Tensor:
+    if TYPE_CHECKING:  # as Likelihood's, of what forward takes
+
+        def __call__(self, outputs: object, targets: Sized, num_samples: int = 1) -> torch.Tensor: ...
+
+    def forward(self, outputs: object, targets: Sized, num_samples: int = 1) -> torch.Tensor:
         if isinstance(outputs, dict) and outputs and all(isinstance(v, torch.Tensor) for v in outputs.values()):
             total = torch.stack([v.sum() for v in outputs.values()]).sum()
         elif isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
@@ -132,7 +141,7 @@ class ModelLoss(Likelihood):
                 f"{type(outputs).__name__}: the model returns its losses in training mode only (model.train()); "
                 "evaluate its predictions in eval mode yourself"
             )
-        return -total.expand(len(targets))  # type: ignore[arg-type]
+        return -total.expand(len(targets))
 
 
 def resolve_likelihood(spec: str | Likelihood | Callable[..., torch.Tensor]) -> Likelihood:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
@@ -24,9 +24,12 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, needs_recalibration
 from .data import DataChunks, Examples
-from .likelihoods import Likelihood, ModelLoss
+from .likelihoods import Categorical, Likelihood, ModelLoss
 from .objective import Objective, running_norms
 from .stepping import Precision
+
+if TYPE_CHECKING:
+    from ..transforms import AffineAugmentation
 
 # --- the losses through the subnetworks ------------------------------------------------------------------------------
 
@@ -55,7 +58,7 @@ def apply_transform(
 def _transforming(hyper: nn.Module, grad: bool, widen: float) -> Iterator[None]:
     """How an input transform runs in a loss: with autograd only when ``grad`` (and it is on), from its ranges
     times ``widen``."""
-    widened = hyper.widened(widen) if widen != 1.0 else nullcontext()
+    widened = hyper.widened(widen) if widen != 1.0 else nullcontext()  # type: ignore[operator]  # hyper is a Widenable when widen != 1 (objective.widens); nn.Module types it Tensor | Module
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()), widened:
         yield
 
@@ -119,6 +122,35 @@ def hyper_loss(
     return total
 
 
+def log_likelihood_of_draws(
+    pmodel: PartitionedModel,
+    augmentation: AffineAugmentation,
+    draws: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    subnetwork: int,
+    likelihood: Likelihood | None = None,
+) -> torch.Tensor:
+    """Per-example log (1/S) sum_s p(y_i | x_i transformed by ``draws[s]``) through ``subnetwork``: the S fixed
+    coefficient vectors ``draws`` [S, G] of ``augmentation`` (its ``transform``), the same for every example
+    (common random numbers: two ranges, or two weights, compared on the same draws), in one forward; ``likelihood``
+    averages the S samples' predictive (default: :class:`Categorical`). Differentiable in the weights and in the
+    augmentation's ranges: a hyper-gradient without sampling noise. The model runs in its current mode.
+
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.transforms import AffineAugmentation, averaging_coefficients
+    >>> pmodel = partitionify(nn.Sequential(nn.Flatten(), nn.Linear(64, 3)), 2, seed=0)
+    >>> rotation = AffineAugmentation.fixed({"rotation": 1.0}, generators=["rotation"])
+    >>> x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
+    >>> draws = averaging_coefficients(8, 1)  # the midpoints of 8 equal parts of [-1, 1]
+    >>> log_likelihood_of_draws(pmodel, rotation, draws, x, y, subnetwork=1).shape
+    torch.Size([4])
+    """
+    samples = draws.shape[0]
+    inputs = augmentation.transform(x, draws[:, None, :].expand(samples, x.shape[0], draws.shape[1]))
+    return (likelihood or Categorical())(pmodel(inputs, subnetwork=subnetwork), y, samples)
+
+
 def hyper_step_norms(model: nn.Module, statistics: str) -> contextlib.AbstractContextManager[None]:
     """Inside the block, what ``model``'s BatchNorm layers normalise a hyperparameter step's batches with
     (``TrainConfig.hyper.norm_statistics``, ``train_config.HYPER_NORMS``): ``"batch"``, their own statistics as
@@ -143,7 +175,7 @@ def hyper_step_norms(model: nn.Module, statistics: str) -> contextlib.AbstractCo
         return nullcontext()
     if statistics == "running":
         return _in_eval_mode([m for m in norms if m.track_running_stats])
-    return _hooked(norms, _detached_batch_statistics)
+    return _hooked([*norms], _detached_batch_statistics)  # a list[nn.Module] (a list's item type is invariant)
 
 
 @contextlib.contextmanager
@@ -183,10 +215,13 @@ def _detached_batch_statistics(module: nn.modules.batchnorm._BatchNorm, inputs: 
     return y
 
 
-def _detached_likelihood(likelihood: Likelihood, outputs: torch.Tensor, targets: torch.Tensor, samples: int):
+def _detached_likelihood(
+    likelihood: Likelihood, outputs: torch.Tensor, targets: torch.Tensor, samples: int
+) -> torch.Tensor:
     """The likelihood with its own hyperparameters (a noise scale) detached: a parameter loss."""
     detached = {name: p.detach() for name, p in likelihood.named_parameters()}
-    return torch.func.functional_call(likelihood, detached, (outputs, targets, samples))
+    scores: torch.Tensor = torch.func.functional_call(likelihood, detached, (outputs, targets, samples))  # Any
+    return scores
 
 
 def routed_losses(
@@ -242,6 +277,48 @@ def buffers_restored(*modules: nn.Module | None) -> Iterator[None]:
         with torch.no_grad():
             for b, value in saved:
                 b.copy_(value)
+
+
+def conditional_lml_of_draws(
+    pmodel: PartitionedModel,
+    augmentation: AffineAugmentation,
+    draws: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    chunks: DataChunks,
+    likelihood: Likelihood | None = None,
+) -> float:
+    """The conditional LML of ``pmodel`` on the examples ``x``, ``y`` split into ``chunks``, under the fixed
+    ``draws`` of ``augmentation``: the sum over k = 2..C of chunk k's :func:`log_likelihood_of_draws` through
+    subnetwork k-1. Each chunk is one forward in training mode, BatchNorm on that chunk's batch statistics (as a
+    hyperparameter step sees them); no gradients, and the model's buffers and mode are left as they were. Where
+    :func:`estimate_lml` is a Monte Carlo estimate (fresh augmentation samples), this is a deterministic
+    function of the weights and the ranges: scores of two weights or two ranges differ by them alone.
+
+    >>> from partition_fx import partitionify
+    >>> from partition_fx.training import split_into_chunks
+    >>> from partition_fx.transforms import AffineAugmentation, averaging_coefficients
+    >>> pmodel = partitionify(nn.Sequential(nn.Flatten(), nn.Linear(64, 3)), 3, seed=0)
+    >>> x, y, chunks = torch.rand(30, 1, 8, 8), torch.arange(30) % 3, split_into_chunks(30, (0.6, 0.2, 0.2))
+    >>> draws = averaging_coefficients(8, 1)
+    >>> scores = [conditional_lml_of_draws(pmodel, AffineAugmentation.fixed({"rotation": r}, generators=["rotation"]),
+    ...                                     draws, x, y, chunks) for r in (0.5, 0.5, 1.5)]
+    >>> scores[0] == scores[1] != scores[2], scores[0] < 0
+    (True, True)
+    """
+    was_training = pmodel.training
+    total = 0.0
+    pmodel.train()
+    try:
+        with torch.no_grad(), buffers_restored(pmodel):
+            for k in range(2, chunks.num_chunks + 1):
+                rows = chunks.chunk(k)
+                total += float(
+                    log_likelihood_of_draws(pmodel, augmentation, draws, x[rows], y[rows], k - 1, likelihood).sum()
+                )
+    finally:
+        pmodel.train(was_training)
+    return total
 
 
 @dataclass(frozen=True)
@@ -306,12 +383,12 @@ def evaluation_record(
     return {
         "step": step,
         "phase": (Phase.PARTITIONED if estimate is not None else Phase.FINETUNE).value,  # a plain str, as JSON holds it
-        **lml_fields(estimate, scored),
+        **lml_fields(estimate, scored),  # type: ignore[typeddict-item]  # a plain dict of the record's LML fields
         "train_loss": mean(losses[0]),
         "hyper_loss": mean(losses[1]),
         "hyperparameters": hyperparameters,
         "seconds": round(seconds, 3),
-    }  # type: ignore[typeddict-item]
+    }
 
 
 def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, Any]:
@@ -327,8 +404,8 @@ def lml_fields(estimate: LMLEstimate | None, scored: int) -> dict[str, Any]:
         "lml": None if estimate is None else estimate.total,
         "lml_per_chunk": None if estimate is None else estimate.per_chunk,
         "lml_per_example": None if estimate is None else estimate.per_example,
-        "conditional_lml": estimate.conditional if conditional else None,
-        "conditional_lml_per_example": estimate.conditional / scored if conditional else None,
+        "conditional_lml": estimate.conditional if conditional and estimate is not None else None,
+        "conditional_lml_per_example": estimate.conditional / scored if conditional and estimate is not None else None,
     }
 
 
@@ -551,7 +628,7 @@ class LMLEvaluator:
                     self.objective.pmodel,
                     self.examples,
                     self.chunks,
-                    self.objective.likelihood,
+                    self.objective.required_likelihood,
                     self.objective.hyper,
                     batch_size=self.batch_size,
                     max_examples_per_chunk=self.max_examples_per_chunk,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from .data import Examples
 
 
 def _batches(
-    x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int, workers: int
+    x: torch.Tensor | Dataset[Any], y: torch.Tensor | None, batch_size: int, workers: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(inputs, targets)`` in batches of ``batch_size``: of tensors ``x`` and ``y``, or of a dataset ``x``
     (``y`` None) read by ``workers`` processes."""
@@ -29,7 +30,7 @@ def _batches(
 @torch.no_grad()
 def evaluate_classifier(
     model: torch.nn.Module,
-    x: torch.Tensor | Dataset,
+    x: torch.Tensor | Dataset[Any],
     y: torch.Tensor | None = None,
     batch_size: int = 512,
     workers: int = 0,
@@ -64,7 +65,7 @@ def evaluate_averaged(
     model: nn.Module,
     augmentation: nn.Module | None,
     samples: int,
-    x: torch.Tensor | Dataset,
+    x: torch.Tensor | Dataset[Any],
     y: torch.Tensor | None = None,
     workers: int = 0,
 ) -> tuple[float | None, float | None]:

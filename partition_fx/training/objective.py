@@ -22,6 +22,7 @@ from .checkpoint import (
     state_tensors,
     write_checkpoint,
 )
+from .likelihoods import Likelihood
 
 ModuleStates = dict[str, dict[str, torch.Tensor]]
 """``{"model": ..., "hyper": ..., "likelihood": ...}``: each module's state without what checkpoints leave out."""
@@ -45,7 +46,7 @@ class Objective:
         >>> objective = Objective(partitionify(nn.Linear(2, 2), 2))
         >>> kept = objective.states(copy_values=True)
         >>> path = Path(tempfile.mkdtemp()) / "last.safetensors"
-        >>> objective.save(path, 3, kept, {"lml": -1.5})
+        >>> objective.save(path, 3, kept, lml=-1.5)
         >>> objective.load(path)["step"], objective.is_current(kept)
         (3, True)
     """
@@ -54,7 +55,7 @@ class Objective:
         self,
         pmodel: PartitionedModel,
         hyper: nn.Module | None = None,
-        likelihood: nn.Module | None = None,
+        likelihood: Likelihood | None = None,
         *,
         checkpoint_defaults: bool = True,
     ) -> None:
@@ -74,6 +75,17 @@ class Objective:
             for m in self.modules().values():
                 m.to(device)
         return device
+
+    @property
+    def required_likelihood(self) -> Likelihood:
+        """:attr:`likelihood`, for what scores examples through it (the training steps, the LML estimate): refused
+        when the objective has none."""
+        if self.likelihood is None:
+            raise PartitionArgumentError(
+                "this objective has no likelihood to score examples with: Objective(pmodel, hyper, Categorical()), "
+                "or TrainingSteps.create(...), whose default is Categorical()"
+            )
+        return self.likelihood
 
     def modules(self) -> dict[str, nn.Module]:
         """The modules by the name their states are kept under."""
@@ -111,20 +123,28 @@ class Objective:
         path: str | Path,
         step: int,
         states: ModuleStates,
-        record: dict[str, Any],
         *,
+        lml: float | None = None,
+        conditional_lml: float | None = None,
         final: bool = False,
         norm_statistics: str | None = None,
     ) -> None:
         """``states`` (as :meth:`states` gives them) in one safetensors file (atomic replace), with ``step``,
-        the LMLs of its evaluation ``record``, the configuration, ``final`` and ``norm_statistics`` (default
+        the ``lml`` and ``conditional_lml`` of its evaluation (None: none estimated there), the configuration,
+        ``final`` and ``norm_statistics`` (default
         ``"training"``, or ``"none"`` for a model without running statistics: see
         ``checkpoint.NORM_STATISTICS``) in its metadata."""
         if norm_statistics is None:
             norm_statistics = "training" if running_norms(self.pmodel) else "none"
         tensors = state_tensors(states, ".")
-        lml = {"lml": record.get("lml"), "conditional_lml": record.get("conditional_lml")}  # the step's estimates
-        meta = {"step": step, **lml, "final": final, "norm_statistics": norm_statistics, "storage": "flat"}
+        meta = {
+            "step": step,
+            "lml": lml,
+            "conditional_lml": conditional_lml,
+            "final": final,
+            "norm_statistics": norm_statistics,
+            "storage": "flat",
+        }
         write_checkpoint(path, tensors, {**meta, **self.identity(), **self.omitted()})
 
     def load(self, path: str | Path) -> dict[str, Any]:
@@ -189,9 +209,9 @@ class Objective:
         seen: dict[int, nn.Parameter] = {}
         for _, m in pmodel.hyperparameter_modules():
             seen.update((id(p), p) for p in m.parameters() if p.requires_grad)
-        for m in (self.hyper, self.likelihood):
-            if m is not None:
-                seen.update((id(p), p) for p in m.parameters() if p.requires_grad)
+        for module in (self.hyper, self.likelihood):
+            if module is not None:
+                seen.update((id(p), p) for p in module.parameters() if p.requires_grad)
         model_params = {id(p) for k in range(1, pmodel.num_partitions + 1) for p in pmodel.partition_parameters(k)}
         if model_params & seen.keys():
             raise PartitionArgumentError("a hyperparameter is also a model parameter; hyper modules must be separate")

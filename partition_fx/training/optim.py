@@ -192,6 +192,7 @@ def configured_factories(
     ({'lr': 0.001, 'weight_decay': 0.0}, {'lr': 0.05}, 0.005)
     """
     optimization = config.optimization
+    model: OptimizerFactory
     if optimization.optimizer == "sgd":
         model = partial(
             torch.optim.SGD, lr=optimization.lr, momentum=optimization.momentum, weight_decay=optimization.weight_decay

@@ -116,10 +116,11 @@ class DataParallel:
         if not params and not given:
             return list(losses)
         device = params[0].device if params else given[0].device
-        missing = [p.grad is None for p in params]
+        own = [p.grad for p in params]
+        missing = [g is None for g in own]
         grads = [
-            p.new_zeros(p.numel(), dtype=torch.float32) if absent else p.grad.reshape(-1).float()
-            for p, absent in zip(params, missing)
+            p.new_zeros(p.numel(), dtype=torch.float32) if g is None else g.reshape(-1).float()
+            for p, g in zip(params, own)
         ]
         present = torch.tensor([not absent for absent in missing], dtype=torch.float32, device=device)
         flat = torch.cat([*grads, present, *given])
@@ -127,13 +128,13 @@ class DataParallel:
         flat.div_(self.world_size)
         *averaged, counts, averaged_losses = flat.split([g.numel() for g in grads] + [len(params), len(given)])
         anywhere = counts.gt(0).tolist() if any(missing) else [True] * len(params)
-        for p, grad, absent, received in zip(params, averaged, missing, anywhere):
+        for p, g, grad, received in zip(params, own, averaged, anywhere):
             if not received:
                 p.grad = None
-            elif absent:
+            elif g is None:
                 p.grad = grad.view_as(p).to(p.dtype)
             else:
-                p.grad.copy_(grad.view_as(p))
+                g.copy_(grad.view_as(p))
         values = iter(averaged_losses)
         return [None if loss is None else next(values).to(loss.dtype).reshape(loss.shape) for loss in losses]
 
@@ -141,13 +142,13 @@ class DataParallel:
 # --- what makes a step go wrong --------------------------------------------------------------------------------------
 
 
-def gradient_norm(params: list[torch.Tensor]) -> float:
+def gradient_norm(params: Sequence[torch.Tensor]) -> float:
     """The total 2-norm of the gradients that exist (0.0 when none does)."""
     grads = [p.grad for p in params if p.grad is not None]
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
-def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[[], dict[int, str]]) -> str | None:
+def nonfinite_problem(value: float, params: Sequence[torch.Tensor], names: Callable[[], dict[int, str]]) -> str | None:
     """None if ``value`` and the gradients of ``params`` are finite, else what is not, e.g.
     ``gradient norm nan (in 0.weight partition 2, mask.logits)``. ``names()`` maps ``id(tensor)`` to a name;
     it is called only when something is not finite (every step runs this check).
@@ -166,6 +167,14 @@ def nonfinite_problem(value: float, params: list[torch.Tensor], names: Callable[
     named = names()
     bad = [named.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
     return f"gradient norm {norm} (in {first_names(bad)})"
+
+
+def _summed(*losses: torch.Tensor | None) -> torch.Tensor:
+    """The sum of the ``losses`` given (not None), added as ``sum`` adds them (from 0); a step has at least one."""
+    total = sum(loss for loss in losses if loss is not None)
+    if not isinstance(total, torch.Tensor):
+        raise PartitionArgumentError("a step needs a loss: the parameter loss, the hyperparameter loss or both")
+    return total
 
 
 def warn_about_shared_parameters(pmodel: PartitionedModel) -> None:
@@ -232,11 +241,11 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def backward(self, total: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+    def backward(self, total: torch.Tensor, inputs: Sequence[torch.Tensor]) -> None:
         """``total.backward(inputs=inputs)``, the loss scaled first under fp16."""
         (total if self.scaler is None else self.scaler.scale(total)).backward(inputs=inputs)
 
-    def unscale(self, optimizers: list[torch.optim.Optimizer]) -> None:
+    def unscale(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Bring the gradients back to their true scale (fp16), so checks and stepping see true values."""
         if self.scaler is not None:
             for optimizer in optimizers:
@@ -295,14 +304,14 @@ class NonfiniteWatch:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def record(self, step: int, what: str, total: torch.Tensor, params: list[torch.Tensor]) -> None:
+    def record(self, step: int, what: str, total: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
         """Note step ``step``'s loss ``total`` and the gradients of ``params``, without reading them."""
         with_grad = [p for p in params if p.grad is not None]
         grads_finite = None
         if with_grad:
             # One fused norm kernel per device and dtype (what torch.nn.utils.get_total_norm runs inside),
             # however many tensors: a flat group's storage is one of them.
-            norms = torch._foreach_norm([p.grad for p in with_grad])  # type: ignore[attr-defined]
+            norms = torch._foreach_norm([g for p in with_grad if (g := p.grad) is not None])
             grads_finite = torch.stack([n.to(total.device) for n in norms]).isfinite()
         self._pending.append(_Pending(step, what, total.detach().isfinite(), grads_finite, with_grad))
 
@@ -408,7 +417,8 @@ class Stepper:
         ``backward(inputs=...)`` gives .grad only to ``params`` (the partitions being trained) and, with a
         hyper loss, to psi: every other part keeps grad None, which stock optimisers skip, so a partition's
         state advances only when it is stepped. The LR scheduler follows parameter steps."""
-        if hyper_loss is not None and self.hyper_optimizer is None:  # every scheme's hyperparameter step comes here
+        hyper_optimizer = self.hyper_optimizer
+        if hyper_loss is not None and hyper_optimizer is None:  # every scheme's hyperparameter step comes here
             raise PartitionArgumentError(
                 "this iteration has a hyperparameter step, but these training steps learn no hyperparameters (the "
                 "input transform's are fixed, or there is none): draw the iterations with "
@@ -417,15 +427,17 @@ class Stepper:
         inputs = list(params) if loss is not None else []
         if hyper_loss is not None:
             inputs += self.hyperparameters
-        total = sum(x for x in (loss, hyper_loss) if x is not None)
-        stepped = [o for o, lo in ((self.optimizer, loss), (self.hyper_optimizer, hyper_loss)) if lo is not None]
+        total = _summed(loss, hyper_loss)
+        stepped = [
+            o for o, lo in ((self.optimizer, loss), (hyper_optimizer, hyper_loss)) if o is not None and lo is not None
+        ]
         self._zero_grads()
         scaled = bool(inputs) and total.requires_grad
         if scaled:
             self.precision.backward(total, inputs)
         if self.data_parallel is not None:  # every rank steps on the global minibatch's gradients and losses
             loss, hyper_loss = self.data_parallel.average(inputs if scaled else [], [loss, hyper_loss])
-            total = sum(x for x in (loss, hyper_loss) if x is not None)
+            total = _summed(loss, hyper_loss)
         if scaled:
             self.precision.unscale(stepped)
         total = total.detach()
@@ -436,8 +448,8 @@ class Stepper:
             if loss is not None:
                 self.precision.step(self.optimizer, scaled)
                 self.losses.append(loss.detach())
-            if hyper_loss is not None:
-                self.precision.step(self.hyper_optimizer, scaled)  # type: ignore[arg-type]
+            if hyper_loss is not None and hyper_optimizer is not None:  # both or neither (refused above)
+                self.precision.step(hyper_optimizer, scaled)
                 for m in self.hyperparameter_modules:
                     m.constrain_()
                 if self.hyper_scheduler is not None:
@@ -461,7 +473,7 @@ class Stepper:
         """Whether finiteness is read every ``check_every`` steps rather than before each step."""
         return self.check_every > 1 and self.on_nonfinite == "raise"
 
-    def _finite(self, total: torch.Tensor, what: str, params: list[torch.Tensor], at: int) -> bool:
+    def _finite(self, total: torch.Tensor, what: str, params: Sequence[torch.Tensor], at: int) -> bool:
         """Whether to step: always when checking lazily (the flags are read later), otherwise whether the loss
         and gradients are finite now (raising, or counting a skipped step, when not)."""
         if self.checks_lazily:

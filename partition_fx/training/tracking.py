@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._io import replace_file
-from ..choices import TRACKER_FILES, TRACKERS, RunStatus
+from ..choices import TRACKER_FILES, TRACKERS, Phase, RunStatus
 from ..errors import PartitionArgumentError, PartitionError, first_line
 from ..extras import require as require_extra
 from .hooks import TrainingHook
-from .lml import EvaluationRecord, Phase
+from .lml import EvaluationRecord
 
 if TYPE_CHECKING:
     from .trainer import FitResult, PartitionedTrainer

@@ -9,10 +9,12 @@ the hyperparameter optimiser holds psi: the parameters of ``hyper`` (an input tr
 likelihood (a Gaussian's noise scale).
 
 The trainer reads the data (``training.data``: the examples, their chunks, the sampler), and its steps are built
-by the one assembly of a run, ``TrainingSteps.create`` (``training.iteration``: what is trained, the optimisers
-and their stepper, the LML evaluator), as your own loop's and the Lightning module's are. It keeps its own state
-(the evaluations, the best one, the fine-tuning phase's start) and the run; a run reads the configuration again
-for what may be changed for it (``run(..., eval_every=...)``). The hooks it calls are ``training.hooks``'.
+by the one assembly of a run, ``TrainingSteps.create`` (``training.steps``: what is trained, the optimisers
+and their stepper, the LML evaluator, the run's timeline), as your own loop's and the Lightning module's are. It
+keeps its own state (the evaluations, the best one) and the run, which follows its ``Schedule``
+(``training.schedule``: the phases, the evaluations, an early end of partitioned training); a run reads the
+configuration again for what may be changed for it (``run(..., eval_every=...)``). The hooks it calls are
+``training.hooks``'.
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from ..train_config import TrainConfig
 from .checkpoint import differences
 from .components import Components, check_run_arguments, resolve
 from .data import Examples, PartitionedSampler, ScoredIndices, default_workers, planned_batches, resolve_chunks
+from .estimators import AllChunks, OneChunk
 from .hooks import BestState, Callback, CallbackHook, CheckpointWriter, Patience, TrainingHook
-from .iteration import AllChunks, Iterations, OneChunk, TrainingSteps, scheme_for
-from .lml import EvaluationRecord, LMLEstimate, ScoredBatch, evaluation_record, evidence, recalibrate_norm_statistics
+from .lml import EvaluationRecord, LMLEstimate, ScoredBatch, evidence, recalibrate_norm_statistics
 from .objective import ModuleStates
 from .progress import ProgressLines, progress_outputs
+from .schedule import Schedule, configured_iterations, draw_iteration
+from .schemes import Draw, scheme_for
 from .stepping import DataParallel
+from .steps import TrainingSteps
 
 
 @dataclass
@@ -80,11 +85,9 @@ class FitResult:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """One run of the loop: iterate until step ``end``, switch to fine-tuning at step ``switch`` (None: never),
-    evaluate, stop and finish as ``config`` says, call ``callbacks`` after each evaluation, show ``progress``."""
+    """One run of the loop: the run's ``config`` (its timeline is the steps' schedule for it), ``callbacks``
+    called after each evaluation, ``progress`` shown."""
 
-    end: int
-    switch: int | None
     config: TrainConfig
     callbacks: Sequence[Callback] = ()
     progress: bool | None = None
@@ -100,9 +103,10 @@ class PartitionedTrainer:
     :func:`~partition_fx.training.fit` is (or from ``components`` already resolved); exposes the single steps
     (``parameter_step``, ``hyper_step``, ``evaluate``) for custom loops and tests, and
     ``state_dict()``/``load_state_dict()`` for everything a resumed run needs: the iterations done, the evaluations
-    (``history``), the best one so far (``best``, a :class:`~partition_fx.training.hooks.BestState`), the step
-    fine-tuning began at (``finetune_start``), the modules, the optimisers, schedulers and pending losses, and every
-    random generator (torch's, the sampler's and the LML estimate's).
+    (``history``), the best one so far (``best``, a :class:`~partition_fx.training.hooks.BestState`), where the run
+    is on its timeline (:attr:`schedule`'s state: the step fine-tuning began at, an early end of partitioned
+    training), the modules, the optimisers, schedulers and pending losses, and every random generator (torch's, the
+    sampler's and the LML estimate's).
 
     What is trained, its optimisers and the LML evaluator are its :attr:`steps`' (``steps.objective``,
     ``steps.stepper``, ``steps.evaluator``).
@@ -135,7 +139,7 @@ class PartitionedTrainer:
             raise PartitionTypeError(
                 f"fit needs a PartitionedModel (from partitionify(model)), got {type(pmodel).__name__}"
             )
-        self.config: TrainConfig = config  # type: ignore[assignment]
+        self.config: TrainConfig = config
         self.components = components
         self.pmodel = pmodel
         runtime = config.runtime
@@ -154,36 +158,33 @@ class PartitionedTrainer:
             pmodel,
             self.chunks,
             hyper=components.hyper,
-            likelihood=components.likelihood,  # type: ignore[arg-type]
+            likelihood=components.likelihood,  # type: ignore[arg-type]  # Components stores it resolved: a Likelihood
             config=config,
             optimizer=components.optimizer,
             hyper_optimizer=components.hyper_optimizer,
             scheduler=components.scheduler,
             hyper_scheduler=components.hyper_scheduler,
-            device=components.device,  # type: ignore[arg-type]
+            device=components.device,  # type: ignore[arg-type]  # Components stores it resolved: a torch.device or None
             scored=self.examples,
             read_ahead=self.examples,
             data_parallel=self.data_parallel,
-            checkpoint_dir=components.checkpoint_dir,  # type: ignore[arg-type]
+            checkpoint_dir=components.checkpoint_dir,  # type: ignore[arg-type]  # Components stores it resolved: a Path or None
         )
         """What is trained and how each step trains it (the one assembly: ``TrainingSteps.create``)."""
-        self.iterations = Iterations.configured(config, self.steps.stepper.hyper_optimizer is not None)
-        """What each iteration does: the scheme's, with a hyperparameter step when due, or a fine-tuning step."""
+        self.scheme, self.estimator = configured_iterations(config, self.steps.stepper.hyper_optimizer is not None)
+        """What each partitioned iteration draws and takes, and how its hyperparameter step (when the schedule says
+        one is due) draws its batches."""
         self.configuration = config.flat(fingerprint=True)
         """The options that change the iteration: a saved state must match them to resume this trainer."""
         self.history: list[EvaluationRecord] = []
         """Every evaluation's record, in order."""
         self.best = BestState()
         """The best evaluation so far and its modules' states (by its evidence: ``training.lml.evidence``)."""
-        self.finetune_start: int | None = None
-        """The step the fine-tuning phase began at (None while partitioned training goes on)."""
-        self.finetune_at: int | None = None
-        """While a run goes on, the step it begins fine-tuning at (None: it does not); :class:`Patience` moves it."""
         self.hooks: list[TrainingHook] = list(components.hooks)
         """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
         (``hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""
         if components.checkpoint_dir is not None and (self.data_parallel is None or self.data_parallel.is_writer):
-            self.hooks.append(CheckpointWriter(components.checkpoint_dir))  # type: ignore[arg-type]
+            self.hooks.append(CheckpointWriter(components.checkpoint_dir))
 
     # --- what the steps hold, read here often --------------------------------------------------------
 
@@ -202,9 +203,14 @@ class PartitionedTrainer:
         return self.steps.stepper.optimizer
 
     @property
+    def schedule(self) -> Schedule:
+        """The run's timeline (the steps': which phase an iteration is in, whether it evaluates, where
+        partitioned training ends, and where the run is on it)."""
+        return self.steps.schedule  # type: ignore[return-value]  # TrainingSteps.create always builds one
+
+    @property
     def finetuning(self) -> bool:
-        """Whether partitioned training has ended and the final subnetwork is being fine-tuned (the steps' one
-        phase flag)."""
+        """Whether partitioned training has ended and the final subnetwork is being fine-tuned (the schedule's)."""
         return self.steps.finetuning
 
     # --- steps -------------------------------------------------------------------------------------
@@ -243,37 +249,40 @@ class PartitionedTrainer:
     def iteration(self) -> None:
         """One iteration of the configured scheme (the paper's parameter step then hyperparameter step when due,
         or both in one forward and one backward with ``fused=True``), the hyperparameter step by the configured
-        estimator; in the fine-tuning phase, a ``finetune_step`` (``self.iterations``)."""
-        iterations, finetuning = self.iterations, self.finetuning
-        steps = self.steps
-        upcoming = lambda sampler, step: [steps.local_indices(iterations.draw(sampler, step, finetuning))]  # noqa: E731
-        steps.examples.start(lambda: planned_batches(upcoming, self.sampler, self.step))
-        steps.take(iterations.draw(self.sampler, self.step + 1, finetuning))
+        estimator when the :attr:`schedule` says one is due); in the fine-tuning phase, a ``finetune_step``."""
+        steps, schedule, finetuning = self.steps, self.schedule, self.finetuning
+
+        def draw(sampler: PartitionedSampler, step: int) -> Draw:
+            return draw_iteration(self.scheme, self.estimator, schedule, sampler, step, finetuning)
+
+        def upcoming(sampler: PartitionedSampler, step: int) -> list[torch.Tensor]:
+            return [steps.local_indices(draw(sampler, step))]
+
+        steps.read_ahead.start(lambda: planned_batches(upcoming, self.sampler, self.step))
+        steps.take(draw(self.sampler, self.step + 1))
 
     def fused_iteration(self) -> None:
         """One iteration of the fused scheme (every-partition with ``every_partition``), whatever the configured
         one: the parameter step and (when due) the hyperparameter step in ONE forward and ONE backward."""
         fused = scheme_for(fused=True, every_partition=self.config.runtime.every_partition)
-        self.steps.take(fused.draw(self.sampler, self.iterations.estimator_for(self.step + 1)))
+        estimator = self.estimator if self.schedule.hyper_due(self.step + 1) else None
+        self.steps.take(fused.draw(self.sampler, estimator))
 
     # --- the fine-tuning phase ---------------------------------------------------------------------
 
-    def begin_finetuning(self, restore_best: bool = False, *, steps: int | None = None) -> None:
+    def _begin_finetuning(self, restore_best: bool) -> None:
         """End partitioned training (paper, Table 2): from here psi is frozen and every weight of the final
         subnetwork (all partitions together, as ``export_subnetwork`` merges them) trains on ALL the data.
 
         With ``restore_best`` the state with the best LML is restored first. Then the steps switch phase
-        (``TrainingSteps.begin_finetuning``: unscaled weight decay, the LR schedule carried on or restarted over
-        ``steps`` iterations, default to the configuration's ``steps``) and each hook's ``before_finetuning``
-        runs. Draws no random number, so a resumed run that repeats it stays exact."""
-        if self.finetuning:
-            return
+        (``TrainingSteps.begin_finetuning``, the one switch: unscaled weight decay, the LR schedule carried on or
+        restarted over the rest of the run's schedule) and each hook's ``before_finetuning`` runs. Draws no random
+        number, so a resumed run that repeats it stays exact."""
         self.steps.stepper.check_nonfinite(self.step)
         if restore_best and self.best.states is not None and self.best.step != self.step:
             self.steps.objective.restore(self.best.states)
-        self.finetune_start = self.step
-        self.steps.examples.stop()  # what was read ahead is of partitioned iterations
-        self.steps.begin_finetuning(steps)
+        self.steps.read_ahead.stop()  # what was read ahead is of partitioned iterations
+        self.steps.begin_finetuning()
         for hook in self.hooks:
             hook.before_finetuning(self)
 
@@ -288,24 +297,17 @@ class PartitionedTrainer:
     def estimate_lml(self) -> LMLEstimate:
         """The LML of the current model and hyperparameters (:meth:`LMLEvaluator.estimate`: its noise from its
         own generator, so how often it is estimated does not change the training path)."""
-        return self.steps.evaluator.estimate()  # type: ignore[union-attr]
+        return self.steps.evaluator.estimate()  # type: ignore[union-attr]  # built: the trainer passes scored=
 
-    def evaluate(self, started: float) -> EvaluationRecord:
-        """Estimate the LML (not in the fine-tuning phase), append a history record, keep the best state (by its
-        evidence), run the evaluation hooks (with ``checkpoint_dir``: write the checkpoints and the resume
-        directory)."""
-        stepper = self.steps.stepper
-        stepper.check_nonfinite(self.step)  # before anything is recorded or written from these weights
-        self.steps.same_running_statistics()
-        losses = stepper.pending_losses()
-        # Once fine-tuning has trained every weight on every chunk, no subnetwork k-1 is unseen by chunk k:
-        # there is no partitioned LML to estimate.
-        estimate = None if self.finetuning else self.estimate_lml()
-        scored = sum(self.chunks.sizes[1:])
-        values = self.steps.objective.hyperparameter_values()
-        record = evaluation_record(self.step, estimate, scored, losses, values, time.perf_counter() - started)
-        stepper.clear_losses()
+    def evaluate(self, started: float, patience: Patience | None = None) -> EvaluationRecord:
+        """Evaluate (``TrainingSteps.evaluation``: the LML estimate, not in the fine-tuning phase), append the
+        record to the history, keep the best state (by its evidence), apply ``patience``'s decision to the
+        schedule (ending partitioned training now), then run the evaluation hooks (with ``checkpoint_dir``: write
+        the checkpoints and the resume directory, which so hold the decision)."""
+        record = self.steps.evaluation(time.perf_counter() - started, self.estimate_lml)
         improved = self.record_evaluation(record)
+        if patience is not None and not self.finetuning and patience.exhausted(self.history, self.best.step):
+            self.schedule.end_partitioned_training(self.step)
         for hook in self.hooks:
             hook.after_evaluation(self, record, improved)
         return record
@@ -330,24 +332,26 @@ class PartitionedTrainer:
         and stopping as the configuration says; ``overrides`` (``eval_every``, ``finetune_steps``, ``patience``,
         ... by their keywords) change it for this run. ``steps``: run that many iterations from the current step
         instead, as if the configuration's ``steps`` ended there (its evaluation interval and fine-tuning share
-        are then of those); the LR schedule built with the trainer is not changed."""
+        are then of those); the LR schedule built with the trainer is not changed. The run's timeline becomes the
+        trainer's :attr:`schedule`, carrying where the trainer was on it (a resumed run's phase and any early end
+        of partitioned training)."""
         if steps is not None:
             overrides = {**overrides, "steps": self.step + steps}
         config = self.config.replace(**overrides) if overrides else self.config
-        end = config.optimization.steps
-        switch = end - config.finetune_steps if config.finetune_steps else None
+        self.steps.schedule = self.schedule.for_run(config)
         try:
-            result = self._loop(RunPlan(end, switch, config, callbacks, progress))
+            result = self._loop(RunPlan(config, callbacks, progress))
         finally:
-            self.steps.examples.close()  # the workers end with the run; another run starts new ones
+            self.steps.read_ahead.close()  # the workers end with the run; another run starts new ones
         for hook in self.hooks:
             hook.after_run(self, result)
         return result
 
     def _loop(self, plan: RunPlan) -> FitResult:
-        """Iterate from the current step to ``plan.end``: evaluate every ``eval_every`` iterations and at the end;
-        after each evaluation ask the hooks, then the run's callbacks (a ``CallbackHook``) and then its patience (a
-        :class:`Patience`) whether to stop; restore the best state (``restore_best``) and recalibrate BatchNorm
+        """Iterate from the current step to the end of the :attr:`schedule`, beginning fine-tuning and evaluating
+        where it says; at each evaluation the run's patience (a :class:`Patience`) may end partitioned training
+        (the schedule applies it), and then the hooks and the run's callbacks (a ``CallbackHook``) are asked
+        whether to stop; at the end restore the best state (``restore_best``) and recalibrate BatchNorm
         statistics for the final subnetwork (``recalibrate_norms``), as ``plan.config`` says.
 
         Progress (``plan.progress``): None shows a tqdm bar when stderr is a terminal and otherwise writes one line
@@ -355,18 +359,17 @@ class PartitionedTrainer:
         from tqdm.auto import tqdm
 
         show, write_lines = progress_outputs(plan.progress)
-        evaluation = plan.config.evaluation
-        eval_every = plan.config.eval_every  # of the whole run (TrainConfig.eval_every), also when resumed
+        evaluation, schedule = plan.config.evaluation, self.schedule
         started = time.perf_counter()
-        stopped_early = False
-        end, self.finetune_at = plan.end, plan.switch  # patience may move the switch to fine-tuning earlier
-        lines = ProgressLines(self.step, end, started) if write_lines else None
-        asked = (*self.hooks, CallbackHook(plan.callbacks), patience := Patience(evaluation.patience))
-        total = end - self.step
+        stopped = False
+        lines = ProgressLines(self.step, schedule.end, started) if write_lines else None
+        asked = (*self.hooks, CallbackHook(plan.callbacks))
+        patience = Patience(evaluation.patience)
+        total = schedule.end - self.step
         for hook in self.hooks:
             hook.before_run(self)
         bar = tqdm(total=total, disable=not show, desc="partitioned training", unit="it", dynamic_ncols=True)
-        compiling = plan.config.runtime.compile is not None and self.step < end
+        compiling = plan.config.runtime.compile is not None and self.step < schedule.end
         if compiling:  # the first iteration compiles: minutes on a CPU with nothing else to show
             bar.set_description("compiling (torch.compile, the first step)")
             if lines is not None:
@@ -374,9 +377,9 @@ class PartitionedTrainer:
                     "partition-fx: torch.compile compiles the model in the first step: minutes on a CPU", first=False
                 )
         try:
-            while self.step < end:
-                if self.finetune_at is not None and self.step >= self.finetune_at and not self.finetuning:
-                    self.begin_finetuning(evaluation.restore_best, steps=end - self.step)
+            while self.step < schedule.end:
+                if schedule.begins_finetuning(self.step):
+                    self._begin_finetuning(evaluation.restore_best)
                     bar.set_description("fine-tuning")
                 self.iteration()
                 bar.update(1)
@@ -387,8 +390,8 @@ class PartitionedTrainer:
                     if self.step == lines.first + 1:  # the first step's one-time costs (workers, compiling) say
                         lines.restart_pace(self.step)  # nothing of the pace of the rest
                     lines.after_iteration(self.step)
-                if self.step % eval_every == 0 or self.step in (end, self.finetune_at):
-                    record = self.evaluate(started)
+                if schedule.evaluates_at(self.step):
+                    record = self.evaluate(started, patience)
                     score = evidence(record)
                     loss = f"{record['train_loss'] or float('nan'):.3f}"
                     if score is not None:
@@ -398,12 +401,10 @@ class PartitionedTrainer:
                     if lines is not None:
                         lines(record)
                     if any(hook.should_stop(self, record) for hook in asked):
-                        stopped_early = True
+                        stopped = True
                         break
         finally:
             bar.close()
-            self.finetune_at = None
-        stopped_early = stopped_early or patience.ended
         best_step, best_state = self.best.step, self.best.states
         assert best_step is not None and best_state is not None
         partitioned = [r for r in self.history if r["lml"] is not None]  # fine-tuning estimates no LML
@@ -411,7 +412,7 @@ class PartitionedTrainer:
         best = next(r for r in partitioned if r["step"] == best_step)
         if evaluation.restore_best:
             final = best
-            if best_step != self.step and not self.finetuning:  # begin_finetuning restored it already
+            if best_step != self.step and not self.finetuning:  # _begin_finetuning restored it already
                 self.steps.objective.restore(best_state)
         recalibrated = 0
         if evaluation.recalibrate_norms:
@@ -419,20 +420,20 @@ class PartitionedTrainer:
                 self.pmodel, self.examples, batch_size=self.config.evaluation.batch_size, device=self.steps.device
             )
         return FitResult(
-            lml=final["lml"],  # type: ignore[arg-type]
+            lml=final["lml"],  # type: ignore[arg-type]  # a partitioned record: its lml is a float
             conditional_lml=final["conditional_lml"],
             history=self.history,
             hyperparameters=self.steps.objective.hyperparameter_values(),
             steps=self.step,
             best_step=best_step,
-            best_lml=best["lml"],  # type: ignore[arg-type]
+            best_lml=best["lml"],  # type: ignore[arg-type]  # a partitioned record: its lml is a float
             best_conditional_lml=best["conditional_lml"],
-            stopped_early=stopped_early,
+            stopped_early=stopped or schedule.ended_early,
             chunk_sizes=self.chunks.sizes,
             seconds=round(time.perf_counter() - started, 3),
             skipped_steps=self.steps.stepper.skipped_steps,
             recalibrated_norms=recalibrated,
-            finetune_start=self.finetune_start,
+            finetune_start=schedule.finetune_start,
         )
 
     # --- saving and restoring ----------------------------------------------------------------------
@@ -446,7 +447,7 @@ class PartitionedTrainer:
             **objective.omitted(),
             "default": self.pmodel.default,
             "chunk_sizes": self.sampler.chunks.sizes,
-            "num_examples": len(self.steps.examples),  # type: ignore[arg-type]
+            "num_examples": len(self.steps.read_ahead),
             **self.configuration,
             "parameters": {name: list(p.shape) for name, p in self.pmodel.named_parameters()},
             "hyperparameters": [list(p.shape) for p in self.steps.stepper.hyperparameters],
@@ -464,12 +465,12 @@ class PartitionedTrainer:
             **self.best.state_dict(),  # best: score and step; best_modules
             **stepper.state_dict(),  # skipped steps, pending losses, loss scale, optimisers, schedulers
             "modules": self.steps.objective.states(),
-            "finetune_start": self.finetune_start,
+            **self.schedule.state_dict(),  # finetune_start, partitioned_ended_at
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if cuda else [],
                 "sampler": self.sampler.state_dict(),
-                "lml": self.steps.evaluator.generator.get_state(),  # type: ignore[union-attr]
+                "lml": self.steps.evaluator.generator.get_state(),  # type: ignore[union-attr]  # built: the trainer passes scored=
             },
             "fingerprint": self.fingerprint(),
             "hooks": self._hook_states(),
@@ -499,8 +500,10 @@ class PartitionedTrainer:
         steps = self.steps
         steps.objective.restore(state["modules"], source)
         steps.stepper.load_state_dict(state)
-        self.finetune_start = state["finetune_start"]
-        steps.finetuning = self.finetune_start is not None  # the schedule's state came with the stepper's
+        # where the run is on its timeline (the LR schedule's state came with the stepper's)
+        self.schedule.load_state_dict(
+            {"finetune_start": state["finetune_start"], "partitioned_ended_at": state["partitioned_ended_at"]}
+        )
         self.step = state["step"]
         self.history = state["history"]
         self.best.load_state_dict(state)
@@ -508,12 +511,12 @@ class PartitionedTrainer:
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.sampler.load_state_dict(state["rng"]["sampler"])
-        steps.evaluator.generator.set_state(state["rng"]["lml"])  # type: ignore[union-attr]
+        steps.evaluator.generator.set_state(state["rng"]["lml"])  # type: ignore[union-attr]  # built: the trainer passes scored=
         saved = state.get("hooks", {})  # a state saved while no hook held any has none
         for hook in self.hooks:
             if hook.state_key in saved:
                 hook.load_state_dict(saved[hook.state_key])
-        steps.examples.stop()  # type: ignore[union-attr]  # the sampler and step are the loaded ones: read from there
+        steps.read_ahead.stop()  # the sampler and step are the loaded ones: read from there
 
     def save_checkpoint(
         self,
@@ -528,12 +531,16 @@ class PartitionedTrainer:
         ``best``: a ``(score, step, module states)`` to write instead of the current state (as :attr:`best`
         keeps them)."""
         if best is not None:
-            _, step, states = best
-            record: Any = next((r for r in self.history if r["step"] == step), {})
+            _, best_step, states = best
+            if best_step is None:
+                raise PartitionArgumentError("save_checkpoint(best=...) needs the step of the state it holds")
+            step = best_step
+            record = next((r for r in self.history if r["step"] == step), None)
         else:
             step, states = self.step, self.steps.objective.states()
-            record = self.history[-1] if self.history else {}
-        self.steps.objective.save(path, step, states, record, final=final, norm_statistics=norm_statistics)  # type: ignore[arg-type]
+            record = self.history[-1] if self.history else None
+        lml = {"lml": record["lml"], "conditional_lml": record["conditional_lml"]} if record is not None else {}
+        self.steps.objective.save(path, step, states, **lml, final=final, norm_statistics=norm_statistics)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Load the model, input transform and likelihood tensors :meth:`save_checkpoint` wrote (as
