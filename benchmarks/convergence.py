@@ -3,7 +3,7 @@
 Every variant is the `partition-fx train` default job (resnet10t on rotdigits at 28 px, batch 64, Adam
 1e-3 cosine-annealed to 1e-5 over ``--steps``, hyperparameter Adam 0.05, 4 affine augmentation samples, the
 same initial weights, data chunks and sampler seed), built with the command's own parser and helpers, with
-the paper's hyperparameter step and no fine-tuning (``_common.paper_scheme``):
+the paper's hyperparameter step and no fine-tuning (``common.paper_scheme``):
 
 * (a) ``paper``: ``fit(...)``, the paper's scheme: one partition per parameter step, C=3, 0.8/0.1/0.1;
 * (b) ``every_partition``: ``fit(..., every_partition=True)``: each example of a parameter batch trains
@@ -41,9 +41,9 @@ from typing import Any
 import torch
 
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, paper_scheme, results, write_results
+from benchmarks.common import RESULTS, header, paper_scheme, results, write_results
 from partition_fx import export_subnetwork
-from partition_fx.cli import train_job
+from partition_fx.jobs import train_job
 from partition_fx.training import evaluate_classifier, fit
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE

@@ -18,7 +18,7 @@ import torch
 
 import partition_fx  # noqa: F401  (registers the shipped models)
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 
 INPUT = {"fixup_resnet14": 32, "cifar_wrn16_4": 32, "vit_tiny_patch16_224": 224}

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import RESULTS, header, results, write_results
 from partition_fx.federated.job import LAST_EVALUATIONS, mean_of_last
 
 ARMS = ("partitioned", "baseline", "partitioned-fixed")

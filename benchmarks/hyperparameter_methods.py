@@ -66,10 +66,9 @@ from typing import Any
 import torch
 
 from benchmarks import methods, tables
-from benchmarks._common import RESULTS, header, summary, write_results
-from benchmarks._common import results as results_object
+from benchmarks.common import RESULTS, header, summary, write_results, write_text
+from benchmarks.common import results as results_object
 from benchmarks.tables import STRONG_AUGERINO
-from partition_fx._io import replace_file
 
 DEFAULT_PAIRS = ",".join(
     [
@@ -95,7 +94,7 @@ AVERAGED = ("averaged_test_accuracy", "averaged_test_log_likelihood")
 
 @cache
 def load_task(name: str, image_size: int, folder: str) -> methods.Task:
-    from partition_fx.datasets import image_folder, load_dataset
+    from partition_fx.datasets import image_folder, load_dataset, named_dataset
 
     if name == "scattered":
         truth = json.loads((Path(folder) / "invariances.json").read_text())
@@ -103,9 +102,10 @@ def load_task(name: str, image_size: int, folder: str) -> methods.Task:
         ranges |= {"scale_x": truth["scale"], "scale_y": truth["scale"]}
         return methods.Task(name, image_folder(folder, channels=1), ranges, ranges | {"rotation": 0.0})
     data = load_dataset(name, size=image_size)
-    if name == "rotdigits":
-        return methods.Task(name, data, {"rotation": math.pi}, {"rotation": math.pi})
-    return methods.Task(name, data, {"rotation": math.radians(15), "translation_x": 0.1, "translation_y": 0.1}, {})
+    truth = dict(named_dataset(name).true_ranges or {})  # rotdigits: every angle; digits: none
+    if name == "rotdigits":  # the hand-chosen augmentation is the truth (the oracle)
+        return methods.Task(name, data, dict(truth), truth)
+    return methods.Task(name, data, {"rotation": math.radians(15), "translation_x": 0.1, "translation_y": 0.1}, truth)
 
 
 def _scattered_folder(runs: Path, quick: bool) -> str:
@@ -194,7 +194,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         seconds=round(result["seconds"], 2),
         steps=result["steps"],
     )
-    replace_file(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
+    write_text(path, json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -555,11 +555,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(tables.hyperparameter_methods(result) + "\n\n" + tables.hyperparameter_methods_runs(result))
     out = args.out if not args.quick else args.runs / "hyperparameter_methods.json"
     write_results(out, result)
-    replace_file(
+    write_text(
         out.with_suffix(".md"),
-        lambda tmp: tmp.write_text(
-            tables.results_markdown(result, tables.hyperparameter_methods, tables.hyperparameter_methods_runs)
-        ),
+        tables.results_markdown(result, tables.hyperparameter_methods, tables.hyperparameter_methods_runs),
     )
     if args.figure:
         _plot(args, results, out.with_name(out.stem + "_rotation.png"))

@@ -41,13 +41,12 @@ import torch
 
 import partition_fx  # noqa: F401  (registers the shipped models)
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import RESULTS, header, results, write_results
 from partition_fx import partitionify
 from partition_fx.datasets import image_folder
-from partition_fx.models.factory import build_model
-from partition_fx.train_config import TrainConfig
-from partition_fx.training import PartitionedTrainer
-from partition_fx.training.data import Examples, PartitionedSampler, StepInputs
+from partition_fx.models import build_model
+from partition_fx.training import Examples, PartitionedSampler, PartitionedTrainer, TrainConfig
+from partition_fx.training.data import StepInputs
 from partition_fx.transforms import AffineAugmentation
 
 CLASSES = 10

@@ -24,7 +24,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 import partition_fx  # noqa: F401  (registers the shipped models)
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.training import PartitionedTrainer
 

@@ -30,8 +30,7 @@ from torch import nn
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.choices import AFFINE_GENERATORS
 from partition_fx.models import build_model
-from partition_fx.train_config import TrainConfig
-from partition_fx.training import Categorical, evaluate_classifier, fit, split_into_chunks
+from partition_fx.training import Categorical, TrainConfig, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training import evaluate_averaged as evaluate_classifier_averaged
 from partition_fx.training.lml import apply_transform
 from partition_fx.training.optim import configured_factories

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, ROOT, header, load_results, results, write_results
+from benchmarks.common import RESULTS, ROOT, header, load_results, results, write_results
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantization")
 

@@ -34,10 +34,9 @@ import torch
 from torch import nn
 
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import RESULTS, header, results, write_results, write_text
 from benchmarks.methods import PassCounter
 from partition_fx import export_subnetwork, partitionify
-from partition_fx._io import replace_file
 from partition_fx.datasets import input_selection
 from partition_fx.training import Gaussian, fit
 from partition_fx.transforms import InputMask
@@ -173,11 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(tables.model_selection(result) + "\n\n" + tables.model_selection_candidates(result))
     if not args.quick:
         write_results(args.out, result)
-        replace_file(
+        write_text(
             args.out.with_suffix(".md"),
-            lambda tmp: tmp.write_text(
-                tables.results_markdown(result, tables.model_selection, tables.model_selection_candidates)
-            ),
+            tables.results_markdown(result, tables.model_selection, tables.model_selection_candidates),
         )
     return result
 

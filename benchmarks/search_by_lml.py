@@ -31,11 +31,10 @@ import torch
 from torch import nn
 
 from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import RESULTS, header, results, write_results, write_text
 from partition_fx import partitionify
-from partition_fx._io import replace_file
 from partition_fx.datasets import load_dataset
-from partition_fx.train_config import TrainConfig
+from partition_fx.training import TrainConfig
 
 QUICK = {"trials": 3, "steps": 30}
 DEFAULT = {"lr": 1e-3, "weight_decay": 0.0, "width": 64}
@@ -170,10 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(tables.search_by_lml(result))
     if not args.quick:
         write_results(args.out, result)
-        replace_file(
-            args.out.replace(".json", ".md"),
-            lambda tmp: tmp.write_text(tables.results_markdown(result, tables.search_by_lml)),
-        )
+        write_text(args.out.replace(".json", ".md"), tables.results_markdown(result, tables.search_by_lml))
     return result
 
 

@@ -9,7 +9,7 @@ import torch
 from models_for_tests import small_images, small_partitioned_cnn
 
 from benchmarks import methods
-from benchmarks.learned_augmentation import training_images
+from benchmarks.arms import training_images
 from partition_fx.train_config import TrainConfig
 from partition_fx.training import fit
 from partition_fx.training.data import split_into_chunks

@@ -13,11 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED_DOCS = [*USER_DOCS, ROOT / "CHANGELOG.md"]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = [ROOT / "benchmarks" / "results", ROOT / "research" / "results"]
 TRACKER_NUMBER = re.compile(r"(?i)\bissues?\s*#?\d+")
 """'issue 43', 'Issue 28's leads', 'issues 27 and 42', 'issue #5', and file names such as issue43_default.json."""
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-RESULTS_PATH = re.compile(r"benchmarks/results/([\w.{},*-]+)")
+RESULTS_PATH = re.compile(r"((?:benchmarks|research)/results)/([\w.{},*-]+)")
 
 
 def _ids(path: Path) -> str:
@@ -70,16 +70,26 @@ def test_user_docs_name_no_tracker_numbers(path):
 
 
 def test_results_files_name_no_tracker_numbers():
-    hits = [path.name for path in RESULTS.iterdir() if TRACKER_NUMBER.search(path.name.replace("_", " "))]
+    hits = [
+        path.name
+        for folder in RESULTS
+        for path in folder.iterdir()
+        if TRACKER_NUMBER.search(path.name.replace("_", " "))
+    ]
     assert not hits, f"name results by what they measured: {hits}"
 
 
 @pytest.mark.parametrize("path", USER_DOCS, ids=_ids)
 def test_results_files_the_docs_name_exist_and_name_no_tracker_numbers(path):
-    named = {name for _, line in _prose(path) for pattern in RESULTS_PATH.findall(line) for name in _expand(pattern)}
-    named = {name.rstrip(".,") for name in named if "*" not in name and name.rstrip(".,")}
-    assert not [name for name in named if TRACKER_NUMBER.search(name.replace("_", " "))]
-    missing = sorted(name for name in named if not (RESULTS / name).exists())
+    named = {
+        (folder, name)
+        for _, line in _prose(path)
+        for folder, pattern in RESULTS_PATH.findall(line)
+        for name in _expand(pattern)
+    }
+    named = {(folder, name.rstrip(".,")) for folder, name in named if "*" not in name and name.rstrip(".,")}
+    assert not [name for _, name in named if TRACKER_NUMBER.search(name.replace("_", " "))]
+    missing = sorted(f"{folder}/{name}" for folder, name in named if not (ROOT / folder / name).exists())
     assert not missing, f"{path.name} names results that do not exist: {missing}"
 
 

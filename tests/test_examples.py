@@ -30,6 +30,11 @@ def _benchmark(name: str):
     return importlib.import_module(f"benchmarks.{name}")
 
 
+def _research(name: str):
+    """``research.NAME`` (run as ``python -m research.NAME``), to call its ``main``."""
+    return importlib.import_module(f"research.{name}")
+
+
 def test_rotation_invariance_example(capsys):
     results = _load("rotation_invariance").main(["--quick"])
     assert [(r["dataset"], r["augment"]) for r in results] == [
@@ -243,7 +248,7 @@ def test_model_selection_benchmark_quick(capsys):
 
 def test_hyper_estimators_benchmark_quick(tmp_path, capsys):
     """Every variant builds and trains (worker processes); the table has one line per variant."""
-    module = _benchmark("hyper_estimators")
+    module = _research("hyper_estimators")
     variants = ["paper", "all_s16_b16_every2_ft25", "digits_all_s16_b16_every2_lr1_ft25", "plain_oracle"]
     argv = ["--quick", "--seeds", "0", "--steps", "4", "--workers", "2", "--scratch", str(tmp_path)]
     result = module.main([*argv, "--variants", ",".join(variants)])
@@ -256,7 +261,7 @@ def test_hyper_estimators_benchmark_quick(tmp_path, capsys):
 
 
 def test_hyper_gradient_variance_benchmark_quick(capsys):
-    module = _benchmark("hyper_gradient_variance")
+    module = _research("hyper_gradient_variance")
     result = module.main(["--quick", "--at", "2", "--draws", "3"])
     assert [r["estimator"] for r in result["rows"]] == list(module.ESTIMATORS)
     assert all(len(r["draws"]) == 3 and r["sd"] >= 0 for r in result["rows"])
@@ -274,14 +279,14 @@ def test_model_coverage_benchmark_quick(capsys):
 
 
 def test_hyper_gradient_direction_benchmark_quick(capsys):
-    (row,) = _benchmark("hyper_gradient_direction").main(["--quick"])["rows"]
+    (row,) = _research("hyper_gradient_direction").main(["--quick"])["rows"]
     assert row["data"] == "rotdigits" and {"fixed", "implicit_0", "implicit_1"} <= row.keys()
     assert row["implicit_0"] != row["fixed"]  # the term through training is there
     assert "rotdigits r=0.50 seed 0" in capsys.readouterr().out
 
 
 def test_branch_check_benchmark_quick(capsys):
-    result = _benchmark("branch_check").main(["--quick"])
+    result = _research("branch_check").main(["--quick"])
     rows = result["rows"]
     assert [r["repeat"] for r in rows] == [0, 1] and {"total", "through", "direct", "fixed", "implicit_0"} <= rows[
         0
@@ -293,13 +298,13 @@ def test_branch_check_benchmark_quick(capsys):
     (line,) = result["summary"]["derivatives"]
     assert line["n"] == 2 and math.isclose(line["total"]["mean"], (rows[0]["total"] + rows[1]["total"]) / 2)
     assert "rotdigits rotation r=0.50 seed 0 repeat 1" in capsys.readouterr().out
-    from benchmarks import tables
+    from research import tables
 
     assert "branches: through training" in tables.TABLES["branch_check"](result)
 
 
 def test_implicit_cost_benchmark_quick(capsys):
-    rows = _benchmark("implicit_cost").main(["--quick"])["rows"]
+    rows = _research("implicit_cost").main(["--quick"])["rows"]
     assert [r["step"] for r in rows] == [
         "parameter step",
         "hyper step, fixed weights",
@@ -349,10 +354,10 @@ def test_a_population_of_one_is_the_jobs_own_run():
     """With one member nothing is copied or explored: the benchmark's run is ``fit``'s, bit for bit."""
     import torch
 
-    population = _benchmark("population")
-    from benchmarks.learned_augmentation import ARMS
-    from partition_fx.cli.job import train_job
+    population = _research("population")
+    from benchmarks.arms import ARMS
     from partition_fx.export import export_subnetwork
+    from partition_fx.jobs import train_job
     from partition_fx.training import fit
 
     (row,) = population.main(["--quick", "--members", "1"])["rows"]
@@ -373,8 +378,8 @@ def test_a_population_copy_continues_as_its_source(capsys):
     draws); ``explore`` moves each range by e^+-delta from at least its floor, never past its bound."""
     import torch
 
-    population = _benchmark("population")
-    from partition_fx.cli.job import train_job
+    population = _research("population")
+    from partition_fx.jobs import train_job
 
     job = train_job(["--data", "rotdigits", "--init", "zero", "--seed", "0", "--device", "cpu", *population.QUICK_JOB])
     explored = torch.Generator().manual_seed(0)
@@ -402,7 +407,7 @@ def test_a_population_copy_continues_as_its_source(capsys):
 
 
 def test_population_benchmark_quick(capsys):
-    result = _benchmark("population").main(["--quick"])
+    result = _research("population").main(["--quick"])
     (row,) = result["rows"]
     assert [entry["step"] for entry in row["rounds"]] == [2, 4, 6] and row["members"] == 3
     for entry in row["rounds"]:
@@ -412,7 +417,7 @@ def test_population_benchmark_quick(capsys):
     assert row["conditional_lml"] == max(row["rounds"][-1]["fitness"])
     assert 0 <= row["test_accuracy"] <= 1 and row["training_images"] > row["plain_training_images"]
     assert "rotdigits:zero seed 0 step 6" in capsys.readouterr().out
-    from benchmarks import tables
+    from research import tables
 
     assert "".join(map(str, row["ancestry"])) in tables.TABLES["population"](result)
     last = row["rounds"][-1]["fitness"]
@@ -427,7 +432,7 @@ def test_last_layer_evidence_is_the_laplace_evidence_of_the_exact_hessian_for_re
     prior precision it reports, which maximises it over the grid."""
     import torch
 
-    occam = _benchmark("occam")
+    occam = _research("occam")
     g = torch.Generator().manual_seed(0)
     features = torch.randn(1, 3, generator=g, dtype=torch.float64).expand(3, 3)  # 3 copies of one example
     weight, bias = torch.randn(4, 3, generator=g), torch.randn(4, generator=g)
@@ -455,7 +460,7 @@ def test_last_layer_evidence_is_the_laplace_evidence_of_the_exact_hessian_for_re
 
 
 def test_occam_benchmark_quick(capsys):
-    result = _benchmark("occam").main(["--quick"])
+    result = _research("occam").main(["--quick"])
     rows = result["rows"]
     assert [r["offset"] for r in rows] == [None, -0.8, -0.4, 0.0, 0.4, 0.8] and rows[0]["scored_at"] == 0.0
     assert all(math.isclose(r["evidence"], r["loglik"] + r["occam"]) for r in rows)
@@ -465,14 +470,14 @@ def test_occam_benchmark_quick(capsys):
     assert math.isclose(line["evidence"]["secant"], (at[0.4]["evidence"] - at[-0.4]["evidence"]) / width)
     assert line["evidence"]["preferred"] == [max(rows, key=lambda r: r["evidence"])["scored_at"]]
     assert "rotdigits rotation trained at 0.500 seed 0, scored at 0.000" in capsys.readouterr().out
-    from benchmarks import tables
+    from research import tables
 
     assert "Laplace: Occam: secant" in tables.TABLES["occam"](result)
     json.dumps(result)  # as it is written
 
 
 def test_occam_follow_moves_to_the_best_scored_range(capsys):
-    occam = _benchmark("occam")
+    occam = _research("occam")
     result = occam.main(["--quick", "--follow", "--objectives", "evidence", "conditional_lml"])
     assert [row["objective"] for row in result["rows"]] == ["evidence", "conditional_lml"]
     for row in result["rows"]:
@@ -482,14 +487,14 @@ def test_occam_follow_moves_to_the_best_scored_range(capsys):
         best = max(scored, key=scored.get)
         assert math.isclose(decision["chosen"], 0.5 * math.exp(int(best) * 0.4)) and row["final"] == decision["chosen"]
     assert "rotdigits rotation from 0.500 seed 0 (conditional_lml): " in capsys.readouterr().out
-    from benchmarks import tables
+    from research import tables
 
     assert f"{result['rows'][0]['final']:.3f}" in tables.TABLES["occam_follow"](result)
     json.dumps(result)  # as it is written
 
 
 def test_targets_judge_each_run_and_paired_differences_by_their_definitions(tmp_path, monkeypatch):
-    targets = _benchmark("targets")
+    targets = _research("targets")
     meta = {"benchmark": "learned_augmentation", "device": "cpu", "machine": "x86_64"}
 
     def arm(augment, seeds, rotations, accuracies, averaged):
@@ -525,13 +530,13 @@ def test_targets_judge_each_run_and_paired_differences_by_their_definitions(tmp_
     assert plain["met"] and not plain_ahead["met"]  # within one SE of the reference, not ahead of it
     # averaged: +1 and 0 points, mean +0.5 and standard error 0.5: within, and not ahead by more than one SE
     assert math.isclose(averaged["mean"], 0.5) and averaged["met"] and not averaged_ahead["met"]
-    from benchmarks import tables
+    from research import tables
 
     assert "2.40, 2.60, 3.00 | 2.67 ± 0.18 | 2 of 3" in tables.TABLES["target_ranges"]({"rows": [ranges]})
 
 
 def test_targets_benchmark_quick_reads_every_target_from_the_committed_results(capsys):
-    targets = _benchmark("targets")
+    targets = _research("targets")
     rows = targets.main(["--quick"])["rows"]
     assert len(rows) == len(targets.RANGE_TARGETS) + 2 * len(targets.MODEL_TARGETS)
     assert all(0 <= row["met"] <= row["runs"] for row in rows if row["kind"] == "ranges")

@@ -14,38 +14,17 @@ long it takes: docs/benchmarks.md), on CUDA when available (``--device auto``).
 One module per purpose: ``parser`` (every command's options, help and defaults; the training options generated
 from ``JobSpec`` and ``TrainConfig``, the federated ones from ``FederatedConfig``), ``argparsing`` (the parsing
 machinery: the parser class, option types, options generated from a ``Settings`` declaration), ``checks`` (every
-torch-free check), ``dispatch`` (the entry point, one-line errors), ``job`` (a train job before training: its spec
-checked, data, model, conversion), ``runs`` (run directories, reports, a run's ``JobSpec`` from the options and
-from its report, ``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe), ``federated`` and
-``plots``.
+torch-free check), ``dispatch`` (the entry point, one-line errors), ``runs`` (run directories, reports, a run's
+``JobSpec`` from its report, ``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe),
+``federated`` and ``plots``. A train job before training (its spec checked, data, model, conversion) is built by
+:mod:`partition_fx.jobs`, which the commands and Python scripts share.
 
-Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once);
-``TrainJob`` and ``train_job`` are loaded on first use.
-
-For scripts and benchmarks that train exactly what the command trains::
-
-    job = train_job(["--steps", "100"])          # TrainJob(spec, data, model, pmodel, hyper, device)
-    fit(job.pmodel, job.data.train, job.config, hyper=job.hyper, device=job.device)
+Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from .dispatch import main
 from .parser import build_parser
 
-if TYPE_CHECKING:
-    from .job import TrainJob as TrainJob
-    from .job import train_job as train_job
-
-__all__ = ["TrainJob", "build_parser", "main", "train_job"]
-_FROM_JOB = ("TrainJob", "train_job")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _FROM_JOB:
-        from . import job
-
-        return getattr(job, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["build_parser", "main"]

@@ -22,11 +22,11 @@ from .._io import write_json
 from .._validation import check_fits_in_memory
 from ..datasets import normalized_digits
 from ..export import export_onnx, export_subnetwork
+from ..jobs import partitionify_with
 from ..models import build_model
 from ..partitioned_model import PartitionedModel
 from ..testing import max_relative_difference
 from .commands.convert import ConversionOptions, ConvertOptions
-from .job import partitionify_with
 from .runs import check_out, write_run
 
 VERIFY_IMAGES = 16  # digits each subnetwork is compared with the original on

@@ -7,7 +7,7 @@ split="test")``: the model's input shape and classes, and the examples the expor
 checkpoint is loaded (``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to
 ``--out`` (default ``RUN/export``) with an ``export.json`` summary. The training split is loaded only to
 recalibrate BatchNorm statistics where they need it (below). ``export.json`` and the ONNX file's metadata also
-record what using the model needs (``cli.job.model_record``: class names, preprocessing, architecture, the ONNX input
+record what using the model needs (``jobs.model_record``: class names, preprocessing, architecture, the ONNX input
 ``images`` and output ``logits``, or ``log_probs`` for the test-time-averaged model), which ``partition-fx predict``
 reads.
 
@@ -31,11 +31,11 @@ from .. import __version__
 from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_subnetwork
+from ..jobs import build_job, load_job_data, model_record, write_onnx
 from ..training.checkpoint import norm_statistics
 from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .commands.export import ExportRequest
-from .job import build_job, load_job_data, model_record, write_onnx
 from .runs import CHECKPOINT_STATES, read_json, write_run
 
 
@@ -78,7 +78,8 @@ def run_export(request: ExportRequest) -> dict[str, Any]:
     exported = export_subnetwork(pmodel, subnetwork).eval()
     accuracy, loglik = job.test_scores(exported)
     averaged, averaged_loglik = job.averaged_test_scores(exported, samples)
-    wrap = None if averaged is None else (lambda model: TestTimeAveraged(model, job.hyper, samples))
+    hyper = job.hyper  # not None when averaged is not
+    wrap = None if averaged is None or hyper is None else (lambda model: TestTimeAveraged(model, hyper, samples))
     summary = {
         "command": "export",
         "version": __version__,

@@ -46,7 +46,7 @@ EPILOG = (
 def build_parser() -> argparse.ArgumentParser:
     """The ``partition-fx`` parser with its commands (``cli.commands``), each with the options it declares.
 
-    ``--proportions`` is None when not given: :func:`partition_fx.cli.job.partitionify_with` reads that
+    ``--proportions`` is None when not given: :func:`partition_fx.jobs.partitionify_with` reads that
     as 0.8,0.1,0.1 with 3 partitions and equal shares with any other number.
 
     >>> args = build_parser().parse_args(["describe", "--model", "fixup_resnet8"])

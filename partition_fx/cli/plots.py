@@ -173,7 +173,7 @@ def figure_hyperparameters(
         _panel(ax, group, groups[group], series, bounds or {}, False, pad)
         small.append(ax)
     for ax in fig.axes:
-        if ax.get_subplotspec() is not None and ax.get_subplotspec().is_last_row():
+        if (spec := ax.get_subplotspec()) is not None and spec.is_last_row():
             ax.set_xlabel("iteration")
     _start_at_zero(main_ax, steps)
     for ax in (main_ax, *small):

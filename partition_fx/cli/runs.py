@@ -22,6 +22,7 @@ from .._io import remove_path, staging_directory, swap_in
 from ..choices import TRACKER_FILES, RunStatus
 from ..errors import PartitionArgumentError, PartitionError, PartitionWarning, earlier_version, first_names
 from ..job_spec import JobSpec
+from ..record_format import CHECKS_RECORD, MODEL_RECORD
 from ..settings import MissingSettings, SettingError, SettingTypeError
 from ..train_config import RUN_FILE
 
@@ -471,16 +472,8 @@ def read_spec(config: Any, source: str = "the run's config") -> JobSpec:
         raise PartitionError(earlier_version(source, f"a configuration this version reads: {e}")) from None
 
 
-MODEL_RECORD = ("classes", "preprocessing", "architecture", "onnx_names")
-"""What using an exported model needs beyond its weights, recorded with it (``cli.job.model_record``) in
-``report.json``, ``export.json`` and the ONNX file's metadata, and read by ``predict``."""
-CHECKS_RECORD = ("input_statistics",)
-"""What a model record may hold beyond :data:`MODEL_RECORD` (earlier versions did not write it): the training
-images' statistics ``predict`` compares new images with."""
-
-
 def exported_model(run: Path, option: str) -> tuple[dict[str, Any], Path]:
-    """The record (:data:`MODEL_RECORD`, from ``export.json`` or ``report.json``) and the plain exported model
+    """The record (``record_format.MODEL_RECORD``, from ``export.json`` or ``report.json``) and the plain exported model
     (``model.safetensors``) of a ``partition-fx export`` directory or a completed ``train`` run; anything else,
     or a record an earlier version wrote, is refused saying what to do.
 

@@ -13,7 +13,7 @@ with ``fit`` and writes to ``--out``:
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime; input ``images``,
   output ``logits``), with what using them needs in ``report.json`` and the ONNX file's metadata: ``classes``,
-  ``preprocessing``, ``architecture``, ``onnx_names`` (``cli.job.model_record``; ``partition-fx predict``);
+  ``preprocessing``, ``architecture``, ``onnx_names`` (``jobs.model_record``; ``partition-fx predict``);
 * ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
 
 Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
@@ -38,10 +38,12 @@ from ..choices import RunStatus
 from ..errors import PartitionCheckpointError
 from ..export import export_subnetwork
 from ..job_spec import JobSpec
+from ..jobs import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
 from ..models import check_model_name
 from ..training import (
     FitResult,
     PartitionedTrainer,
+    Schedule,
     TrainingHook,
     fit,
     recalibrate_norm_statistics,
@@ -52,7 +54,6 @@ from ..training.tracking import check_trackers, tracker_files, trackers_for
 from .checks import with_fixed_ranges
 from .commands.train import RunOptions, TrainRequest
 from .config_files import config_text
-from .job import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
 from .launch import barrier, processes, torchrun_group
 from .plots import plot_curves, plot_hyperparameters
 from .runs import CHECKPOINT_STATES, check_out, prepare_out, read_run, starting_report
@@ -81,7 +82,7 @@ TEST_METRICS = (
 )
 """What the trackers of ``--log`` get of the exported model's test results, at the run's last step."""
 
-FILES = {
+FILES: dict[str, Any] = {  # a file's name, or a list of names
     "model": "model.safetensors",
     "onnx": "model.onnx",
     "plots": ["lml.png", "hyperparameters.png"],
@@ -229,19 +230,21 @@ def plan_text(job: TrainJob, resumed: bool = False) -> str:
     """What a run is about to do, in one line: the model, the data's sizes (and the files of an image folder that
     were skipped, not being images), the steps of each phase and how often progress is said.
 
-    >>> from partition_fx.cli.job import build_job
+    >>> from partition_fx.jobs import build_job
     >>> from partition_fx.job_spec import JobSpec
     >>> print(plan_text(build_job(JobSpec.from_keywords(model="fixup_resnet8", image_size=8, steps=20))))
     train fixup_resnet8 on rotdigits (1438 training images, 359 test) for 20 steps: 12 partitioned, then 8 ...
     """
     config, data = job.config, job.data
-    steps, finetune = config.optimization.steps, config.finetune_steps
-    phases = f"{steps - finetune} partitioned, then {finetune} fine-tuning" if finetune else "all partitioned"
+    schedule = Schedule.configured(config)
+    steps, switch = schedule.end, schedule.finetune_from
+    finetune = steps - switch if switch is not None else 0
+    phases = f"{switch} partitioned, then {finetune} fine-tuning" if switch is not None else "all partitioned"
     if job.pmodel.num_partitions == 1:
         phases = "one partition: plain training" + (f", the last {finetune} fine-tuning" if finetune else "")
     line = (
         f"{'resume' if resumed else 'train'} {job.spec.model} on {data.name} ({len(data.train)} training images, "
-        f"{len(data.test)} test) for {steps} steps: {phases}; evaluated every {config.eval_every} steps"
+        f"{len(data.test)} test) for {steps} steps: {phases}; evaluated every {schedule.eval_every} steps"
     )
     skipped = data.info.get("skipped_files") or []
     if skipped:

@@ -12,14 +12,16 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
   (never downloaded), optionally each image rotated by a fixed angle (``rotcifar10``, ...).
 * :func:`image_folder` -- a torchvision ``ImageFolder``-style folder of any size, with or without
   ``train/``/``test/``, decoded into memory or read from disk as training asks.
-* :func:`write_scattered_digits` -- writes an image folder of digits at random positions and sizes.
+* :func:`write_scattered_digits` -- writes an image folder of digits at random positions and sizes
+  (:func:`scattered_digits_ranges`: the ranges they are drawn under).
 * :func:`input_selection` -- the synthetic regression task of the paper's input-selection experiment.
 * :func:`load_dataset` -- a registered name (``digits``, ``rotdigits``, ``input_selection``), or a folder path.
 
 One module per source: ``sklearn_digits``, ``standard``, ``folder`` and ``synthetic``; ``splits`` holds what
 they share (the seeded random streams, one per purpose, and the stratified split), ``images`` how an image is
-decoded, ``registry`` the named datasets (:func:`register_dataset`). The loaders are imported on first use
-(PEP 562), so that the command line reads the names without importing torch.
+decoded, ``truths`` the ranges the built-in images are drawn under (each named dataset's
+``NamedDataset.true_ranges``), ``registry`` the named datasets (:func:`register_dataset`). The loaders are imported
+on first use (PEP 562), so that the command line reads the names without importing torch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .registry import NamedDataset, dataset_names, load_dataset, named_dataset, register_dataset
+from .truths import scattered_digits_ranges
 
 if TYPE_CHECKING:
     from .folder import image_folder as image_folder
@@ -57,6 +60,7 @@ __all__ = [
     "register_dataset",
     "rotdigits",
     "scaledigits",
+    "scattered_digits_ranges",
     "standard_dataset",
     "write_scattered_digits",
 ]

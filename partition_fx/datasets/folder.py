@@ -36,6 +36,7 @@ from .splits import (
     BOTH_SPLITS_HINT,
     PLACEMENT_STREAM,
     SPLIT_STREAM,
+    SPLITS,
     DatasetSplits,
     Split,
     check_split,
@@ -44,6 +45,7 @@ from .splits import (
     stratified_split,
     wanted,
 )
+from .truths import scattered_digits_ranges
 
 
 def image_extensions() -> tuple[str, ...]:
@@ -239,7 +241,7 @@ def image_folder(
         labels = np.array([i for i, paths in enumerate(found.values()) for _ in paths])
         train_idx, test_idx = stratified_split(labels, test_fraction, seed, classes)
         layout = f"stratified split {len(train_idx)} train / {len(test_idx)} test (seed {seed})"
-    asked = [idx for which, idx in (("train", train_idx), ("test", test_idx)) if wanted(split, which)]
+    asked = [idx for which, idx in zip(SPLITS, (train_idx, test_idx)) if wanted(split, which)]
     rows = np.sort(np.concatenate(asked))
     first_mode, _ = _header(files[0])  # the folder's first file fixes every image's mode, whichever split is asked
     _, first_size = _header(files[rows[0]])  # and the split's first its size (unless resized)
@@ -313,9 +315,9 @@ def write_scattered_digits(
     translation and scale over known ranges, not to rotation. Files go to ``root/train/<digit>/`` and
     ``root/test/<digit>/`` (PNG, greyscale), with the stratified split of :func:`digits`; ``root`` must not
     exist or be empty. Returns (and writes to ``root/invariances.json``) the data's true ranges in the units of
-    :class:`~partition_fx.transforms.AffineAugmentation`: ``translation_x``/``translation_y`` =
-    ``max_shift / (size / 2)`` (normalised coordinates) and ``scale`` = ``log(max / min) / 2`` (the zoom's
-    log half-width around the geometric middle size).
+    :class:`~partition_fx.transforms.AffineAugmentation` (:func:`~partition_fx.datasets.scattered_digits_ranges`:
+    ``translation_x``/``translation_y`` = ``max_shift / (size / 2)`` in normalised coordinates, ``scale`` =
+    ``log(max / min) / 2``, the zoom's log half-width around the geometric middle size) and how it was drawn.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -355,10 +357,7 @@ def write_scattered_digits(
         pixels = (canvas * 255).round().to(torch.uint8).numpy()
         Image.fromarray(pixels).save(folder / f"{i:04d}.png")
     truth = {
-        "translation_x": max_shift / (size / 2),
-        "translation_y": max_shift / (size / 2),
-        "scale": math.log(high / low) / 2,
-        "rotation": 0.0,
+        **scattered_digits_ranges(size, (low, high), max_shift),
         "size": size,
         "side_range": [low, high],
         "max_shift": max_shift,

@@ -535,7 +535,9 @@ def decoded_bytes(count: int, shape: Sequence[int]) -> int:
     return count * math.prod(shape) * 4
 
 
-def in_memory_or_streamed(images: Dataset, shape: Sequence[int], in_memory: bool | None, budget: int) -> Dataset:
+def in_memory_or_streamed(
+    images: DecodedImages, shape: Sequence[int], in_memory: bool | None, budget: int
+) -> TensorDataset | DecodedImages:
     """``images`` decoded into memory (``in_memory=True``, or None and their decoded size within ``budget``
     bytes), else as they are, decoded one example at a time when training reads it.
 

@@ -7,8 +7,8 @@ a plugin's entry point is. A new dataset is one :func:`register_dataset` call.
 
 >>> dataset_names()[:4], dataset_names(task="images")[:4]
 (('digits', 'rotdigits', 'scaledigits', 'input_selection'), ('digits', 'rotdigits', 'scaledigits', 'cifar10'))
->>> named_dataset("rotdigits").images
-1797
+>>> named_dataset("rotdigits").images, named_dataset("rotdigits").true_ranges
+(1797, {'rotation': 3.141592653589793})
 """
 
 from __future__ import annotations
@@ -16,17 +16,26 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from ..errors import PartitionArgumentError, PartitionError
+from .truths import MAX_ROTATION, MAX_ZOOM
 
 if TYPE_CHECKING:
     from .splits import DatasetSplits, Split
 
 Task = Literal["images", "regression"]
+
+
+class _RecordsSource(Protocol):
+    """A split :func:`load_dataset` has marked with how the command line loads it again (``--data``,
+    ``--image-size``, ``--channels``): ``training.fit`` reads it, so a run on it can be written down as a command."""
+
+    partition_fx_source: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,9 @@ class NamedDataset:
         keywords: passed to the loader before the caller's (``rotate=True`` for ``rotcifar10``).
         on_disk: it reads a copy the user has on disk, under ``root=`` (``--data NAME:DIR``); nothing is
             downloaded.
+        true_ranges: the ``AffineAugmentation`` ranges its images were drawn under, by generator name (rotation in
+            radians, ``scale`` a log-scale half-width; ``datasets.truths``): what a range learned on it is judged
+            by and what an oracle fixes; ``{}`` for images drawn under none, None where it is not known.
     """
 
     name: str
@@ -54,6 +66,7 @@ class NamedDataset:
     images: int | None = None
     keywords: Mapping[str, Any] = field(default_factory=dict)
     on_disk: bool = False
+    true_ranges: Mapping[str, float] | None = None
 
     def load_function(self) -> Callable[..., DatasetSplits]:
         """The loader (imported now if named by path).
@@ -199,7 +212,7 @@ def load_dataset(name_or_path: str, *, split: Split | None = None, **kwargs: Any
         data = f"{name}:{kwargs['root']}" if named is not None and named.on_disk else str(name_or_path)
         source = {"data": data, "image_size": splits.input_shape[-1], "channels": kwargs.get("channels")}
         for part in (splits.train, splits.test):
-            part.partition_fx_source = source
+            cast(_RecordsSource, part).partition_fx_source = source  # a plain instance attribute
     return splits
 
 
@@ -211,6 +224,7 @@ register_dataset(
         "partition_fx.datasets.sklearn_digits:digits",
         "scikit-learn's 8x8 digits, centred on a larger canvas",
         images=_DIGITS,
+        true_ranges={},
     )
 )
 register_dataset(
@@ -219,6 +233,7 @@ register_dataset(
         "partition_fx.datasets.sklearn_digits:rotdigits",
         "the digits, each rotated by a fixed random angle (a RotMNIST analogue)",
         images=_DIGITS,
+        true_ranges={"rotation": MAX_ROTATION},
     )
 )
 register_dataset(
@@ -227,6 +242,7 @@ register_dataset(
         "partition_fx.datasets.sklearn_digits:scaledigits",
         "the digits, each zoomed by a fixed random factor log-uniform on [1/2, 2] (a ScaledMNIST analogue)",
         images=_DIGITS,
+        true_ranges={"scale": math.log(MAX_ZOOM)},
     )
 )
 register_dataset(
@@ -256,5 +272,6 @@ for _name, _images, _what in _STANDARD:
                 images=_images,
                 keywords={"name": _name, "rotate": _rotate},
                 on_disk=True,
+                true_ranges={"rotation": MAX_ROTATION} if _rotate else None,  # the originals' own: not known
             )
         )

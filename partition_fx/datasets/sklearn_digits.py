@@ -26,6 +26,7 @@ from .splits import (
     only_split,
     stratified_split,
 )
+from .truths import MAX_ZOOM
 
 NUM_DIGITS = 1797
 """How many images scikit-learn's digits hold: the size of ``--data digits`` and ``rotdigits``."""
@@ -71,11 +72,6 @@ def _digit_canvas(size: int) -> torch.Tensor:
     return canvas.clamp_(0.0, 1.0)
 
 
-MAX_ZOOM = 2.0
-"""``scaledigits``' zooms are log-uniform on [1/MAX_ZOOM, MAX_ZOOM] about the middle size: the truth of a learned
-isotropic scale range is log(MAX_ZOOM), as LILA's ScaledMNIST."""
-
-
 def _digits_splits(
     name: str,
     size: int,
@@ -100,8 +96,8 @@ def _digits_splits(
     if zoom:  # drawn at the middle size, 1/MAX_ZOOM of the safe square, so the largest zoom fills it uncut
         log_scales = fixed_zooms(NUM_DIGITS, seed, MAX_ZOOM)
         x = zoom_images(x, log_scales - math.log(MAX_ZOOM)).clamp_(0.0, 1.0)
-    train_idx, test_idx = stratified_split(targets.numpy(), test_fraction, seed)
-    train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+    train_rows, test_rows = stratified_split(targets.numpy(), test_fraction, seed)
+    train_idx, test_idx = torch.from_numpy(train_rows), torch.from_numpy(test_rows)
     info["train_indices"], info["test_indices"] = train_idx, test_idx
     if rotate:
         info["train_angles"], info["test_angles"] = angles[train_idx], angles[test_idx]
@@ -180,7 +176,7 @@ def scaledigits(
     size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0, split: Split | None = None
 ) -> DatasetSplits:
     """:func:`digits` with every image (train and test) zoomed about the canvas centre by its own fixed factor,
-    log-uniform on [1/2, 2] (:data:`MAX_ZOOM`) about a digit half the side of ``digits``' square: its largest zoom
+    log-uniform on [1/2, 2] (``truths.MAX_ZOOM``) about a digit half the side of ``digits``' square: its largest zoom
     fills that square, so no zoom cuts the digit (a ScaledMNIST analogue with a known truth: an isotropic
     log-scale range of log 2, Augerino's ``scale`` generator). The log-scales come from a stream of ``seed`` of
     their own (``splits.fixed_zooms``); ``info`` adds ``train_log_scales``/``test_log_scales``. At 28 px the digit

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..errors import PartitionArgumentError, PartitionError
+from .truths import MAX_ROTATION
 
 if TYPE_CHECKING:
     from .images import ImagePreprocessing
@@ -87,7 +88,7 @@ def check_split(split: object) -> Split | None:
     """
     if split is not None and split not in SPLITS:
         raise PartitionArgumentError(f"split must be 'train', 'test' or None (both), got {split!r}")
-    return split  # type: ignore[return-value]
+    return split
 
 
 def wanted(split: Split | None, which: Split) -> bool:
@@ -113,10 +114,11 @@ def only_split(splits: DatasetSplits, split: Split | None) -> DatasetSplits:
     """
     if check_split(split) is None:
         return splits
-    empty = {
-        which: TensorDataset(*(t[:0] for t in getattr(splits, which).tensors)) for which in SPLITS if which != split
-    }
-    return replace(splits, **empty, split=split)
+
+    def emptied(part: TensorDataset, which: Split) -> TensorDataset:
+        return part if which == split else TensorDataset(*(t[:0] for t in part.tensors))
+
+    return replace(splits, train=emptied(splits.train, "train"), test=emptied(splits.test, "test"), split=split)
 
 
 def seeded_rng(seed: int, stream: int) -> np.random.Generator:
@@ -129,8 +131,9 @@ def seeded_rng(seed: int, stream: int) -> np.random.Generator:
 
 
 def fixed_angles(count: int, seed: int, part: int = 0) -> torch.Tensor:
-    """``count`` angles uniform on [-pi, pi], one per image, from ``seed``'s angle stream; ``part`` > 0 draws
-    from a stream of its own (a dataset's train images and test images each get one; 0 is rotdigits' stream).
+    """``count`` angles uniform on [-pi, pi] (``truths.MAX_ROTATION``), one per image, from ``seed``'s angle
+    stream; ``part`` > 0 draws from a stream of its own (a dataset's train images and test images each get one; 0 is
+    rotdigits' stream).
 
     >>> torch.equal(fixed_angles(5, seed=0), fixed_angles(8, seed=0)[:5])
     True
@@ -138,7 +141,7 @@ def fixed_angles(count: int, seed: int, part: int = 0) -> torch.Tensor:
     True
     """
     key = [seed, ANGLE_STREAM] if part == 0 else [seed, ANGLE_STREAM, part]
-    return torch.from_numpy(np.random.default_rng(key).uniform(-math.pi, math.pi, count)).float()
+    return torch.from_numpy(np.random.default_rng(key).uniform(-MAX_ROTATION, MAX_ROTATION, count)).float()
 
 
 def fixed_zooms(count: int, seed: int, max_zoom: float) -> torch.Tensor:

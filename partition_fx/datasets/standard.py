@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import TensorDataset
 
 from .._validation import check_image_options, check_int
 from ..errors import PartitionArgumentError, PartitionError
@@ -26,7 +26,7 @@ from .images import (
     in_memory_or_streamed,
     pil_mode,
 )
-from .splits import DatasetSplits, Split, check_split, fixed_angles, wanted
+from .splits import SPLITS, DatasetSplits, Split, check_split, fixed_angles, wanted
 
 
 @dataclass(frozen=True)
@@ -164,12 +164,12 @@ def standard_dataset(
     mode = pil_mode(channels or spec.channels, "L")
     side = size or spec.size
     shape = (len(mode), side, side)
-    parts: dict[str, Dataset] = {}
+    parts: dict[Split, TensorDataset | DecodedImages] = {}
     classes = tuple(str(digit) for digit in range(10))  # SVHN's (torchvision names none): label i is the digit i
-    for part, which in enumerate(("train", "test"), start=1):
+    for part, which in enumerate(SPLITS, start=1):
         if not wanted(split, which):
             continue
-        source = _open(spec, root, which)  # type: ignore[arg-type]
+        source = _open(spec, root, which)
         classes = tuple(getattr(source, "classes", classes))  # torchvision's names, in label order
         angles = fixed_angles(len(source), seed, part) if rotate else None
         images = DecodedImages(PairImages(source, spec.name), len(source), mode, size, angles)

@@ -1,39 +1,49 @@
 """A ``partition-fx train`` job before any training: its :class:`~partition_fx.job_spec.JobSpec` checked, the data
-loaded and the model built and converted (:func:`train_job`, :func:`build_job`).
+loaded and the model built and converted (:func:`train_job`, :func:`build_job`), and what using the model it trains
+needs (:func:`model_record`, :func:`write_onnx`).
 
-Everything that can fail on bad input fails here, before an output directory is touched. The benchmarks
-build their runs with these same functions, so they train exactly what the command trains.
+Everything that can fail on bad input fails here, before an output directory is touched. The command line
+(``partition-fx train``, ``export``, ``convert``) and the benchmarks build their runs with these same functions, so a
+script trains exactly what the command trains::
+
+    job = train_job(["--steps", "100"])          # TrainJob(spec, data, model, pmodel, hyper, device)
+    fit(job.pmodel, job.data.train, job.config, hyper=job.hyper, device=job.device)
+
+The job's torch-free parts stay with the command line, which answers ``--help`` and refuses bad options before
+torch loads: the options' parser (``cli.parser``) and the checks of a job's options together (``cli.checks``). This
+module uses them; nothing in ``cli`` imports it before a command runs. A model record's keys are
+``record_format``'s.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 
-from .._validation import batch_pools, check_batches_fit, check_fits_in_memory
-from ..datasets import DatasetSplits, load_dataset, named_dataset
-from ..datasets.images import InputStatistics
-from ..datasets.splits import Split
-from ..errors import PartitionArgumentError, PartitionError, PartitionWarning
-from ..export import export_onnx
-from ..job_spec import JobSpec
-from ..models import build_model
-from ..partitioned_model import PartitionedModel
-from ..rewrite import partitionify
-from ..train_config import TrainConfig
-from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
-from ..training.data import default_workers
-from ..transforms import AffineAugmentation
-from .checks import check_job, checked_proportions, proportions_text, with_fixed_ranges
-from .commands.train import job_spec
-from .parser import parse_train, train_defaults
-from .runs import CHECKS_RECORD, MODEL_RECORD
+from ._validation import batch_pools, check_batches_fit, check_fits_in_memory
+from .cli.checks import check_job, checked_proportions, proportions_text, with_fixed_ranges
+from .cli.commands.train import job_spec
+from .cli.parser import parse_train
+from .datasets import DatasetSplits, load_dataset, named_dataset
+from .datasets.images import InputStatistics
+from .datasets.splits import Split
+from .errors import PartitionArgumentError, PartitionError, PartitionWarning
+from .export import export_onnx
+from .job_spec import JobSpec
+from .models import build_model
+from .partitioned_model import PartitionedModel
+from .record_format import CHECKS_RECORD, MODEL_RECORD, ONNX_INPUT, ONNX_OUTPUTS
+from .rewrite import partitionify
+from .train_config import TrainConfig
+from .training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
+from .training.data import default_workers, hyper_step_batch_size
+from .transforms import AffineAugmentation
 
 
 @dataclass
@@ -78,12 +88,6 @@ class TrainJob:
         return examples.batch(torch.arange(min(count, len(examples))))[0]
 
 
-ONNX_INPUT = "images"
-"""The input of every ONNX file ``train`` and ``export`` write: a float32 NCHW batch, as ``preprocessing`` says."""
-ONNX_OUTPUTS = {False: "logits", True: "log_probs"}
-"""Their output: the plain model's logits, or the test-time-averaged model's log-probabilities (by ``averaged``)."""
-
-
 def model_record(job: TrainJob, averaged: bool = False, statistics: dict[str, Any] | None = None) -> dict[str, Any]:
     """What using the model ``job`` trains needs, beyond its weights: the ``classes`` in label order (its output i
     is ``classes[i]``), the ``preprocessing`` that makes an image one of its inputs (the data's
@@ -105,7 +109,7 @@ def model_record(job: TrainJob, averaged: bool = False, statistics: dict[str, An
     return {
         "classes": list(classes),
         "preprocessing": data.preprocessing.to_dict() if data.preprocessing is not None else None,
-        "architecture": {  # as cli.job builds it (its --checkpoint aside: the weights are the exported ones)
+        "architecture": {  # as build_job builds it (its --checkpoint aside: the weights are the exported ones)
             "model": job.spec.model,
             "num_classes": data.num_classes,
             "in_chans": data.input_shape[0],
@@ -141,6 +145,18 @@ def write_onnx(pmodel: PartitionedModel, path: Path, job: TrainJob, record: dict
     )
 
 
+def train_spec(argv: Sequence[str]) -> JobSpec:
+    """The job ``partition-fx train ARGV`` asks for (``argv`` without the word ``train``), with the command's own
+    defaults, before anything is loaded or built: as its report records it, but for ``proportions``, which the
+    report records as the model was partitioned (None here when ``--proportions`` is not given).
+
+    >>> spec = train_spec(["--data", "digits", "--steps", "40"])
+    >>> spec.data, spec.train.optimization.steps, spec.proportions
+    ('digits', 40, None)
+    """
+    return job_spec(parse_train(list(argv)))
+
+
 def train_job(argv: Sequence[str]) -> TrainJob:
     """The job ``partition-fx train ARGV`` would run (``argv`` without the word ``train``), with the command's
     own defaults and checks; nothing is trained or written.
@@ -149,7 +165,7 @@ def train_job(argv: Sequence[str]) -> TrainJob:
     >>> job.config.optimization.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__
     (400, 'digits', 3, 'AffineAugmentation')
     """
-    return build_job(job_spec(parse_train(list(argv))))
+    return build_job(train_spec(argv))
 
 
 def resolve_device(requested: str) -> str:
@@ -171,11 +187,17 @@ class PartitionOptions(Protocol):
     """The conversion's options, as a :class:`~partition_fx.job_spec.JobSpec` or ``convert``'s parsed command
     line holds them."""
 
-    partitions: int
-    proportions: tuple[float, ...] | None
-    scheme: str
-    default: str
-    assignments: str
+    # Read-only (properties): the frozen dataclasses that hold them (``JobSpec``, ``ConversionOptions``) match.
+    @property
+    def partitions(self) -> int: ...
+    @property
+    def proportions(self) -> tuple[float, ...] | None: ...
+    @property
+    def scheme(self) -> str: ...
+    @property
+    def default(self) -> str: ...
+    @property
+    def assignments(self) -> str: ...
 
 
 def partitionify_with(model: torch.nn.Module, options: PartitionOptions, seed: int) -> PartitionedModel:
@@ -221,6 +243,7 @@ def build_job(spec: JobSpec, *, split: Split | None = None) -> TrainJob:
         spec = with_fixed_ranges(spec)
     device = resolve_device(spec.device)  # refuses --device cuda where there is none
     data = load_job_data(spec, split)
+    assert data.num_classes is not None  # load_job_data refuses regression data
     torch.manual_seed(spec.train.runtime.seed)
     model = build_model(spec.model, data.num_classes, spec.checkpoint, data.input_shape[0], data.input_shape[-1])
     pmodel = partitionify_with(model, spec, spec.train.runtime.seed)
@@ -229,6 +252,16 @@ def build_job(spec: JobSpec, *, split: Split | None = None) -> TrainJob:
     spec = spec.replace(proportions=pmodel.proportions)  # as the run records them
     hyper = build_augmentation(spec)
     return TrainJob(spec=spec, data=data, model=model, pmodel=pmodel, hyper=hyper, device=device)
+
+
+class _AugmentationOptions(TypedDict, total=False):
+    """The ``AffineAugmentation`` keywords :func:`build_augmentation` passes; one left out is the transform's own."""
+
+    num_samples: int
+    generators: Sequence[str] | str
+    draws: str
+    init: float | Mapping[str, float] | str
+    max_range: Mapping[str, float] | None
 
 
 def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
@@ -247,13 +280,14 @@ def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
     """
     if spec.augment != "affine":
         return None
-    options = {"num_samples": spec.samples, "generators": spec.generators, "draws": spec.draws}
+    options: _AugmentationOptions = {"num_samples": spec.samples, "generators": spec.generators, "draws": spec.draws}
     if spec.fix is not None:
         return AffineAugmentation.fixed(spec.fix, **options)
-    learned = {"init": spec.init} if spec.init is not None else {}
+    if spec.init is not None:
+        options["init"] = spec.init
     if spec.max_range is not None:
-        learned["max_range"] = dict(spec.max_range)
-    return AffineAugmentation(**learned, **options)
+        options["max_range"] = dict(spec.max_range)
+    return AffineAugmentation(**options)
 
 
 def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:
@@ -303,8 +337,8 @@ def load_job_data(spec: JobSpec, split: Split | None = None) -> DatasetSplits:
     batch_size, samples, partitions = spec.train.optimization.batch_size, spec.samples, spec.partitions
     batch = batch_size * samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(f"--batch-size {batch_size} --samples {samples}", "one batch of inputs", batch)
-    step = spec.train.hyper  # None: the parameter step's batch, the transform's own samples
-    hyper_batch, hyper_samples = step.batch_size or batch_size, step.samples or samples
+    step = spec.train.hyper  # samples None: the transform's own
+    hyper_batch, hyper_samples = hyper_step_batch_size(batch_size, step.batch_size), step.samples or samples
     chunks = max(1, partitions - 1)  # a hyperparameter step takes a batch from each chunk 2..C
     hyper = chunks * hyper_batch * hyper_samples * math.prod(data.input_shape) * 4
     check_fits_in_memory(
@@ -330,7 +364,7 @@ def _check_chunks(spec: JobSpec, num_train: int, pmodel: PartitionedModel) -> Jo
         raise PartitionArgumentError(f"--proportions {given} of {num_train} examples: {e}") from None
     spec = _default_batches_fitted(spec, chunks.sizes)
     batch_size = spec.train.optimization.batch_size
-    hyper_batch = spec.train.hyper.batch_size or batch_size  # None: the parameter steps' batch size
+    hyper_batch = hyper_step_batch_size(batch_size, spec.train.hyper.batch_size)
     check_batches_fit(chunks.sizes, batch_size, hyper_batch, ("--batch-size", "--hyper-batch-size"))
     scale = max(weight_decay_scales(chunks.sizes))
     weight_decay = spec.train.optimization.weight_decay
@@ -344,8 +378,9 @@ def _check_chunks(spec: JobSpec, num_train: int, pmodel: PartitionedModel) -> Jo
 
 def _default_batches_fitted(spec: JobSpec, chunk_sizes: list[int]) -> JobSpec:
     """``spec`` with ``--batch-size`` / ``--hyper-batch-size`` lowered to the examples they are drawn from where
-    they were left at defaults larger than that (a small folder), one warning each; ``spec`` itself if none was."""
-    defaults = train_defaults()
+    they were left at defaults larger than that (a small folder), one warning each; ``spec`` itself if none was.
+    The defaults are ``JobSpec``'s, which the command's options are generated from."""
+    defaults = JobSpec()
     parameter, hyper = batch_pools(chunk_sizes)
     pools = {"batch_size": (parameter, "partition 1's parameter steps draw from")}
     if hyper is not None and spec.train.hyper.batch_size is not None:
@@ -353,7 +388,7 @@ def _default_batches_fitted(spec: JobSpec, chunk_sizes: list[int]) -> JobSpec:
     lowered = {}
     for name, ((k, examples), what) in pools.items():
         value = spec.value(name)
-        if value == defaults[name] and value > examples:
+        if value == defaults.value(name) and value > examples:
             option = "--" + name.replace("_", "-")
             warnings.warn(
                 f"{option} {value} (the default) is larger than the {examples} examples of chunk {k}, which {what}: "

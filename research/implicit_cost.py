@@ -2,14 +2,14 @@
 the fixed-weight one and against a parameter step, on the default job's model and data.
 
 The default job (``partition-fx train``: resnet10t on rotdigits, C = 3, batch 64, every chunk scored with 6
-augmentation samples of 16 examples) is built by ``cli.train_job``; each step is timed in turn in one process
+augmentation samples of 16 examples) is built by ``jobs.train_job``; each step is timed in turn in one process
 (round robin), medians over repeats, and reported in parameter steps (one forward and one backward of a batch of
 64 through subnetwork k): the hyperparameter step at fixed weights and through training for each K, and the
 iteration of the default recipe (a parameter step, a hyperparameter step every 2nd iteration), which gives the
 run's partitioned phase's cost relative to the fixed-weight run's.
 
-    python -m benchmarks.implicit_cost            # K in 0, 1, 5, 20; 7 repeats
-    python -m benchmarks.implicit_cost --quick    # a smoke run; writes nothing
+    python -m research.implicit_cost            # K in 0, 1, 5, 20; 7 repeats
+    python -m research.implicit_cost --quick    # a smoke run; writes nothing
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
-from partition_fx.cli.job import train_job
+from benchmarks.common import header, results, write_results
+from partition_fx.jobs import TrainJob, train_job
 from partition_fx.training import PartitionedSampler, TrainingSteps, split_into_chunks
+from research import RESULTS, tables
 
 
-def _steps(job: Any, gradient: str, terms: int) -> tuple[TrainingSteps, PartitionedSampler]:
+def _steps(job: TrainJob, gradient: str, terms: int) -> tuple[TrainingSteps, PartitionedSampler]:
     config = job.config.replace(hyper_gradient=gradient, implicit_terms=terms)
     chunks = split_into_chunks(len(job.data.train), job.pmodel.proportions, 0)
     steps = TrainingSteps.create(job.pmodel, chunks, hyper=job.hyper, config=config)

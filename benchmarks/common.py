@@ -1,4 +1,5 @@
-"""What every benchmark shares: the results header, the one results format, Markdown tables, mean ± sd.
+"""What every benchmark and research diagnostic shares: the results header, the one results format, Markdown tables,
+mean ± sd, and the files they write.
 
 A results file is one JSON object::
 
@@ -13,8 +14,8 @@ A results file is one JSON object::
 ``meta`` says when (``date``, ISO 8601 UTC), where (``machine``: architecture, cores, threads, CPU;
 ``device``: ``cpu`` or the GPU's name) and with what (``torch``, the git ``commit``, ``-dirty`` when the
 working tree had changes) the numbers were measured; results from before this format have
-``machine``/``commit`` null where they were not recorded. Files are written atomically
-(:func:`partition_fx._io.write_json`, through :func:`write_results`).
+``machine``/``commit`` null where they were not recorded. Files are written whole or not at all
+(:func:`write_text`, through :func:`write_results` and :func:`write_json`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,34 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from partition_fx._io import write_json
-
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 EXTRA_KEYS = ("runs", "summary")  # the only top-level keys besides meta, config and rows
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed onto it: an interrupted benchmark
+    leaves the earlier file (hours of runs, or a generated page) as it was, never half of a new one. Its folder is
+    made if need be.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> write_text(folder / "new" / "a.md", "# a"); (folder / "new" / "a.md").read_text()
+    '# a'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the user's umask, as path would be
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_json(path: str | os.PathLike[str], payload: Any) -> None:
+    """``payload`` as indented JSON, written whole (:func:`write_text`)."""
+    write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 def git_commit() -> str | None:

@@ -23,9 +23,9 @@ For each: the mean and standard deviation of the rotation component over the dra
 ratio |mean| / sd of ONE draw, and the images one draw puts through the network. The weights are those of
 the paper's scheme at ``--at``; every estimator has the same expected gradient except ``s16`` (more samples
 change the objective: log of a mean of more probabilities). Prints a table and writes
-``benchmarks/results/hyper_gradient_variance.json``.
+``research/results/hyper_gradient_variance.json``.
 
-    python -m benchmarks.hyper_gradient_variance [--at 200] [--draws 48] [--seed 0] [--quick]
+    python -m research.hyper_gradient_variance [--at 200] [--draws 48] [--seed 0] [--quick]
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from benchmarks import tables
-from benchmarks._common import RESULTS, header, paper_scheme, results, write_results
+from benchmarks.common import header, paper_scheme, results, write_results
+from research import RESULTS, tables
 
 ESTIMATORS = (
     "paper", "fixed_chunk", "fixed_batch", "fixed_noise", "all", "s16", "all_s16_b16", "all_s16_b16_stratified",
@@ -100,7 +100,7 @@ def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.G
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from partition_fx.cli import train_job
+    from partition_fx.jobs import train_job
     from partition_fx.training import PartitionedTrainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,14 +1,15 @@
 """Every target learned ranges and the final model are held to, read from the results they were measured in:
 each run's value, the mean and its standard error over seeds, and how many runs meet the target.
 
-It trains nothing. Each target names a results file of ``benchmarks/results/`` and the rows it reads (written by
-``learned_augmentation``, ``population`` or ``hyperparameter_methods``); the table says where each was measured.
+It trains nothing. Each target names a results file of ``research/results/`` or ``benchmarks/results/`` and the
+rows it reads (written by ``learned_augmentation``, ``population`` or ``hyperparameter_methods``); the table says
+where each was measured. A truth is the data's own (``partition_fx.datasets``' ``true_ranges``).
 Ranges are judged run by run (a start-independence target holds on every seed or not at all); the final model
 by paired differences over the seeds both arms ran (same seed, same data order), at or above the reference
 within one standard error, or ahead of it by more than one. Writes
-``benchmarks/results/targets.json``.
+``research/results/targets.json``.
 
-    python -m benchmarks.targets [--results DIR] [--out FILE] [--quick]
+    python -m research.targets [--results DIR ...] [--out FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import tables
-from benchmarks._common import RESULTS, header, load_results, results, summary, write_results
+from benchmarks.common import RESULTS as BENCHMARK_RESULTS
+from benchmarks.common import header, load_results, results, summary, write_results
+from partition_fx.datasets import named_dataset
+from research import RESULTS, tables
 
 Ranges = dict[str, float]
-SCALE_TRUTH = math.log(2.0)
-"""scaledigits' truth: an isotropic log-scale range of log 2 (``datasets.scaledigits``)."""
+SCALE_TRUTH = (named_dataset("scaledigits").true_ranges or {})["scale"]
+"""scaledigits' truth: an isotropic log-scale range of log 2 (Augerino's ``scale``)."""
+FOLDERS = (RESULTS, BENCHMARK_RESULTS)
+"""Where the results the targets read are: the diagnostics' and the benchmarks'."""
 
 
 @dataclass(frozen=True)
@@ -267,13 +272,17 @@ def _files(target: RangeTarget | ModelTarget) -> list[str]:
     return target.file.split("+")
 
 
-def gather(directory: Path = RESULTS) -> list[dict]:
-    """Every target's rows, from the results files in ``directory``."""
+def gather(*folders: Path) -> list[dict]:
+    """Every target's rows, from the results files in ``folders`` (the first that holds a file; default
+    :data:`FOLDERS`)."""
     loaded: dict[str, dict] = {}
 
     def load(file: str) -> dict:
         if file not in loaded:
-            loaded[file] = load_results(directory / file)
+            where = next((folder for folder in folders or FOLDERS if (folder / file).is_file()), None)
+            if where is None:
+                raise FileNotFoundError(f"{file}: in none of {', '.join(map(str, folders or FOLDERS))}")
+            loaded[file] = load_results(where / file)
         return loaded[file]
 
     rows = [range_row(target, [load(file) for file in _files(target)]) for target in RANGE_TARGETS]
@@ -284,11 +293,13 @@ def gather(directory: Path = RESULTS) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the directory of the results read")
+    parser.add_argument(
+        "--results", type=Path, nargs="+", default=list(FOLDERS), help="the folders of the results read, in order"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "targets.json")
     parser.add_argument("--quick", action="store_true", help="print the table and write nothing")
     args = parser.parse_args(argv)
-    rows = gather(args.results)
+    rows = gather(*args.results)
     meta = header("targets", quick=args.quick, machine="each row's own machine (read from its results, column on)")
     files = sorted({file for target in [*RANGE_TARGETS, *MODEL_TARGETS] for file in _files(target)})
     result = results(meta, {"files": files}, rows)

@@ -7,7 +7,7 @@ gradient: the default job's partitioned model is trained with one range FIXED at
 default; every other range at 0) for ``--steps`` iterations, then the run's last ``--branch`` iterations are run
 three times from that state, with the range at r e^-delta, r and r e^+delta, on the same examples and the same
 augmentation draws (common random numbers), and each branch's weights are scored by the conditional LML (a midpoint
-rule over the generator's coefficient, the same for every score, ``hyper_gradient_direction``'s). Its secant has two
+rule over the generator's coefficient, the same for every score: ``research.probes``). Its secant has two
 parts, which add up to it to first order (the rest is the cross term: weights trained on a wider range lose less
 when scored wider):
 
@@ -15,14 +15,14 @@ when scored wider):
 * ``through``: the weights trained at r e^+-delta, scored at r: what the range does through training;
 * ``direct``: the weights trained at r, scored at r e^+-delta: what the range does at fixed weights.
 
-Beside them, at the middle branch's weights, the derivatives the estimators follow (``hyper_gradient_direction``):
+Beside them, at the middle branch's weights, the derivatives the estimators follow (``research.probes``):
 at fixed weights and with the implicit term (a Neumann series of K terms). Each repeat continues the run on other
 examples and other draws; the rows give each repeat, the summary their means with standard errors.
 
-    python -m benchmarks.branch_check            # rotdigits at 0.5 and 1.5, digits at 0.5; seeds 0 and 1
-    # branches of the whole run, from the initialisation (benchmarks/results/branch_check_whole_run.json):
-    python -m benchmarks.branch_check --steps 0 --branch 360 --repeats 2 --seeds 0 --out FILE
-    python -m benchmarks.branch_check --quick    # a smoke run
+    python -m research.branch_check            # rotdigits at 0.5 and 1.5, digits at 0.5; seeds 0 and 1
+    # branches of the whole run, from the initialisation (research/results/branch_check_whole_run.json):
+    python -m research.branch_check --steps 0 --branch 360 --repeats 2 --seeds 0 --out FILE
+    python -m research.branch_check --quick    # a smoke run
 """
 
 from __future__ import annotations
@@ -32,103 +32,31 @@ import copy
 import math
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, results, write_results
-from benchmarks.hyper_gradient_direction import chunk_log_likelihood, derivatives, midpoints
-from partition_fx.cli.job import TrainJob, train_job
-from partition_fx.training import PartitionedBatchSampler, TrainingSteps, split_into_chunks
-from partition_fx.training.lml import buffers_restored
+from benchmarks.common import header, results, write_results
+from partition_fx import PartitionedModel
+from partition_fx.training import PartitionedBatchSampler, TrainingSteps
 from partition_fx.transforms import AffineAugmentation
+from research import RESULTS
+from research.fixed_range import train_at_fixed_range, train_draws
+from research.probes import SAMPLES, conditional_lml, derivatives
 
 SIGNS = (0, -1, 1)
 """The branches: the range at r e^(sign delta), the middle one first."""
 
 
-def conditional_lml(pmodel, generator: str, r: float, x: torch.Tensor, y: torch.Tensor, chunks) -> float:
-    """The conditional LML of ``pmodel`` with ``generator``'s range at ``r``: sum over k = 2..C of chunk k's
-    log-likelihoods through subnetwork k-1, BatchNorm on each chunk's batch statistics (as a hyperparameter step
-    sees them), the running statistics left as they were."""
-    aug = AffineAugmentation.fixed({generator: r}, generators=[generator])
-    eps = midpoints()
-    pmodel.train()
-    with torch.no_grad(), buffers_restored(pmodel):
-        return sum(
-            float(chunk_log_likelihood(pmodel, aug, x, y, chunks.chunk(k), k, eps).sum())
-            for k in range(2, pmodel.num_partitions + 1)
-        )
-
-
-def _state(pmodel, steps: TrainingSteps) -> dict[str, Any]:
+def _state(pmodel: PartitionedModel, steps: TrainingSteps) -> dict[str, Any]:
     return copy.deepcopy({"model": pmodel.state_dict(), "stepper": steps.stepper.state_dict(), "step": steps.step})
 
 
-def _restore(pmodel, steps: TrainingSteps, state: dict[str, Any]) -> None:
+def _restore(pmodel: PartitionedModel, steps: TrainingSteps, state: dict[str, Any]) -> None:
     state = copy.deepcopy(state)  # an optimiser loads its state's tensors as they are: the branch would step them
     pmodel.load_state_dict(state["model"])
     steps.stepper.load_state_dict(state["stepper"])
     steps.step = state["step"]
-
-
-def _train(steps: TrainingSteps, draws: list, x: torch.Tensor, y: torch.Tensor) -> None:
-    for draw in draws:
-        rows = steps.local_indices(draw)
-        steps.take(draw, x[rows], y[rows])
-
-
-@dataclass
-class FixedRangeRun:
-    """The default job's partitioned run with ``generator``'s range fixed: its job, training steps, chunks, the
-    training split, the run's draws, how many of them it has trained and in how many seconds."""
-
-    job: TrainJob
-    generator: str
-    steps: TrainingSteps
-    chunks: Any
-    x: torch.Tensor
-    y: torch.Tensor
-    draws: list
-    trained: int = 0
-    seconds: float = 0.0
-
-    @property
-    def pmodel(self):
-        return self.job.pmodel
-
-    def train_to(self, step: int) -> None:
-        """Train the run's draws up to iteration ``step``."""
-        started = time.perf_counter()
-        _train(self.steps, self.draws[self.trained : step], self.x, self.y)
-        self.trained = max(self.trained, step)
-        self.seconds += time.perf_counter() - started
-
-    def set_range(self, value: float) -> None:
-        """Fix the generator's range at ``value`` from the next iteration on."""
-        with torch.no_grad():
-            self.job.hyper.ranges[self.job.hyper.generators.index(self.generator)] = value
-
-
-def train_at_fixed_range(
-    data: str, generator: str, r: float, seed: int, *, steps: int, image_size: int, total: int | None = None
-) -> FixedRangeRun:
-    """The default job (no fine-tuning, ``image_size`` pixels, ``total`` iterations planned, default ``steps``)
-    with ``generator``'s range fixed at ``r`` (every other range 0; Augerino's set for scale and stretch, else the
-    x/y set), trained for its first ``steps`` iterations from torch's seed ``seed``."""
-    argv = ["--data", data, "--seed", str(seed), "--steps", str(total or steps), "--finetune-steps", "0",
-            "--device", "cpu", "--quiet", "--image-size", str(image_size), "--fix", f"{generator}={r}",
-            "--generators", "augerino" if generator in ("scale", "stretch") else "xy"]  # fmt: skip
-    job = train_job(argv)
-    x, y = job.data.train.tensors
-    chunks = split_into_chunks(len(x), job.pmodel.proportions, seed)
-    training = TrainingSteps.create(job.pmodel, chunks, hyper=job.hyper, config=job.config)
-    draws = list(PartitionedBatchSampler(chunks, job.config, hyperparameters=False).draws())
-    fixed = FixedRangeRun(job, generator, training, chunks, x, y, draws)
-    torch.manual_seed(seed)
-    fixed.train_to(steps)
-    return fixed
 
 
 def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -160,11 +88,11 @@ def run(data: str, r: float, seed: int, args: argparse.Namespace) -> list[dict[s
             _restore(pmodel, steps, base)
             fixed.set_range(ranges[trained_at])  # every other range stays at 0
             torch.manual_seed(1000 * seed + repeat)  # the same draws in every branch of this repeat
-            _train(steps, continuation, x, y)
+            train_draws(steps, continuation, x, y)
             for scored_at in SIGNS if trained_at == 0 else (0, trained_at):
                 scores[trained_at, scored_at] = conditional_lml(pmodel, generator, ranges[scored_at], x, y, chunks)
             if trained_at == 0:  # what the estimators see at the middle branch's weights
-                probe = AffineAugmentation(num_samples=len(midpoints()), generators=[generator],
+                probe = AffineAugmentation(num_samples=SAMPLES, generators=[generator],
                                            init={generator: r}, max_range={generator: 4.0})  # fmt: skip
                 probe.train()
                 found = derivatives(pmodel, probe, x, y, chunks, args.alpha, args.neumann, inner_size=256, seed=seed)

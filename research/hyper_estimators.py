@@ -8,9 +8,9 @@ oracle). ``all_s16_b16_every2_ft25`` is the command's defaults (:data:`COMMAND`)
 step without fine-tuning. Each run reports the learned ranges after every evaluation, the test accuracy of the exported
 final model (the test split is used only for that) and its wall time. Runs go in parallel processes (one
 thread each), so variants share the machine alike. Prints a table and writes
-``benchmarks/results/hyper_estimators.json``.
+``research/results/hyper_estimators.json``.
 
-    python -m benchmarks.hyper_estimators [--variants paper,all,...] [--seeds 0,1,2,3,4] [--steps 400]
+    python -m research.hyper_estimators [--variants paper,all,...] [--seeds 0,1,2,3,4] [--steps 400]
         [--workers 2] [--device cpu] [--quick]
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -31,8 +30,9 @@ from typing import Any
 
 import torch
 
-from benchmarks import tables
-from benchmarks._common import RESULTS, header, results, write_results
+from benchmarks.common import header, results, write_results
+from partition_fx.datasets import named_dataset
+from research import RESULTS, tables
 
 PAPER: dict[str, Any] = {
     "data": "rotdigits",
@@ -75,7 +75,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "paper_ft25": {"finetune": 0.25},
     # References without partitioning (C=1): no augmentation, and full rotation fixed by hand.
     "plain_none": {"plain": None},
-    "plain_oracle": {"plain": {"rotation": math.pi}},
+    "plain_oracle": {"plain": dict(named_dataset("rotdigits").true_ranges or {})},  # the truth, every angle
 }
 
 
@@ -86,7 +86,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand
     do not depend on the model)."""
     from benchmarks.methods import PassCounter
     from partition_fx import export_subnetwork
-    from partition_fx.cli import train_job
+    from partition_fx.jobs import train_job
     from partition_fx.training import evaluate_classifier, fit
     from partition_fx.transforms import AffineAugmentation
 
@@ -158,7 +158,7 @@ def _launch(job: tuple[str, int, int], device: str, quick: bool, scratch: Path) 
     if out.is_file():
         return json.loads(out.read_text())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "benchmarks.hyper_estimators", "--worker"]
+    command = [sys.executable, "-m", "research.hyper_estimators", "--worker"]
     command += [variant, str(seed), str(steps), device, "1" if quick else "0", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -9,12 +9,13 @@ respect to the range is taken two ways:
   1..k-1: - v^T [alpha sum_{j<=K} (I - alpha H)^j] d2L/dw dr, with v = dLML/dw, H and L the partition's training
   loss and its Hessian (Lorraine, Vicol & Duvenaud 2020; K = 0 is the one-step unroll).
 
-Everything uses common random numbers: a midpoint rule over the rotation coefficient, the same for every term.
+Everything uses common random numbers: a midpoint rule over the rotation coefficient, the same for every term
+(``research.probes``).
 A range the data holds (rotdigits: every angle) should get a positive derivative below the truth; one it does not
 (digits: none) a negative one.
 
-    python -m benchmarks.hyper_gradient_direction            # rotdigits and digits, r in 0.5, 1.5, pi; 2 seeds
-    python -m benchmarks.hyper_gradient_direction --quick    # a smoke run
+    python -m research.hyper_gradient_direction            # rotdigits and digits, r in 0.5, 1.5, pi; 2 seeds
+    python -m research.hyper_gradient_direction --quick    # a smoke run
 """
 
 from __future__ import annotations
@@ -26,66 +27,12 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, results, write_results
-from partition_fx.cli.job import train_job
+from benchmarks.common import header, results, write_results
+from partition_fx.jobs import train_job
 from partition_fx.training import fit, split_into_chunks
-from partition_fx.training.implicit import neumann_inverse
-from partition_fx.training.lml import buffers_restored
 from partition_fx.transforms import AffineAugmentation
-
-SAMPLES = 8
-"""Rotation coefficients of the midpoint rule (common random numbers)."""
-
-
-def chunk_log_likelihood(pmodel, aug, x, y, rows: torch.Tensor, k: int, eps: torch.Tensor) -> torch.Tensor:
-    """log (1/S) sum_s p(y_i | subnetwork k - 1, x_i rotated by eps_s times ``aug``'s range) of each example i of
-    ``rows``, one batch, with the rotation coefficients ``eps`` [S] the same for every example (a midpoint rule:
-    common random numbers)."""
-    samples, batch = len(eps), len(rows)
-    xs = aug.transform(x[rows], eps.view(samples, 1, 1).expand(samples, batch, 1))
-    logp = torch.log_softmax(pmodel(xs, subnetwork=k - 1), -1).view(samples, batch, -1)
-    picked = logp.gather(-1, y[rows].view(1, -1, 1).expand(samples, -1, 1)).squeeze(-1)
-    return torch.logsumexp(picked, 0) - math.log(samples)
-
-
-def midpoints(samples: int = SAMPLES) -> torch.Tensor:
-    """The midpoints of ``samples`` equal parts of [-1, 1]: the rotation coefficients of the midpoint rule."""
-    return (torch.arange(samples, dtype=torch.float32) * 2 + 1) / samples - 1
-
-
-def _lml_and_inner(pmodel, aug, x, y, chunks, k: int, inner: torch.Tensor, scored: torch.Tensor, eps):
-    """The chunk-k term of the conditional LML (its examples ``scored``) through subnetwork k-1, and partition
-    k-1's training loss on ``inner`` (examples of chunks 1..k-1) through subnetwork k-1, both under ``aug``."""
-    return (
-        chunk_log_likelihood(pmodel, aug, x, y, scored, k, eps).sum(),
-        -chunk_log_likelihood(pmodel, aug, x, y, inner, k, eps).mean(),
-    )
-
-
-def derivatives(pmodel, aug, x, y, chunks, alpha: float, ks: list[int], inner_size: int, seed: int) -> dict:
-    """d LML_cond / d r at fixed weights, and with the implicit term for each K in ``ks``."""
-    eps = midpoints()
-    generator = torch.Generator().manual_seed(seed)
-    fixed = 0.0
-    implicit = {k_: 0.0 for k_ in ks}
-    pmodel.train()
-    with buffers_restored(pmodel):
-        for k in range(2, pmodel.num_partitions + 1):
-            params = list(pmodel.partition_parameters(k - 1))
-            earlier = torch.cat([chunks.chunk(j) for j in range(1, k)])
-            inner = earlier[torch.randperm(len(earlier), generator=generator)[:inner_size]]
-            lml, loss = _lml_and_inner(pmodel, aug, x, y, chunks, k, inner, chunks.chunk(k), eps)
-            (direct,) = torch.autograd.grad(lml, aug.ranges, retain_graph=True)
-            v = torch.autograd.grad(lml, params)
-            grads = torch.autograd.grad(loss, params, create_graph=True)
-
-            fixed += float(direct)
-            for K in ks:
-                total = neumann_inverse(grads, params, v, K, alpha)  # training.implicit's series
-                # - alpha * total^T d2L/dw dr
-                (mixed,) = torch.autograd.grad(grads, aug.ranges, grad_outputs=total, retain_graph=True)
-                implicit[K] += float(direct) - alpha * float(mixed)
-    return {"fixed": fixed, **{f"implicit_{K}": value for K, value in implicit.items()}}
+from research import RESULTS
+from research.probes import SAMPLES, derivatives
 
 
 def run(data: str, r: float, seed: int, steps: int, size: int, alpha: float, ks: list[int]) -> dict[str, Any]:

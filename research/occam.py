@@ -7,11 +7,10 @@ truth (``branch_check --generator scale``). LILA (Immer, van der Ouderaa et al. 
 the Laplace evidence of an invariant model, log p(D | w) + log p(w) - 1/2 log det(H / 2 pi): its log-determinant
 is an Occam term that acts at fixed weights. This check measures whether such a term points the right way here:
 the default job's partitioned model is trained ``--steps`` iterations with one range FIXED at r (every other 0;
-``branch_check.train_at_fixed_range``), and then, at those weights, scored at ranges r' = 0 and r e^g (g in
-``--offsets``) by
+``research.fixed_range``), and then, at those weights, scored at ranges r' = 0 and r e^g (g in ``--offsets``) by
 
-* ``conditional_lml``: the partitioned objective (``branch_check.conditional_lml``: chunks 2..C through subnetworks
-  1..C-1, a midpoint rule over the range's coefficient);
+* ``conditional_lml``: the partitioned objective (``research.probes.conditional_lml``: chunks 2..C through
+  subnetworks 1..C-1, a midpoint rule over the range's coefficient);
 * the **last-layer Laplace evidence** of the final subnetwork on the whole training split, LILA's objective with
   its Kronecker-factored (KFAC) curvature restricted to the classifier: the invariant model's logits are the mean
   over the midpoint views of the logits (the classifier is linear, so the mean of the views' features goes through
@@ -31,9 +30,9 @@ best of them (one run per objective of ``--objectives``: the conditional LML, th
 conditional LML plus the Occam part), and so on to the end of the run (a coordinate ascent with the weights
 following, as LILA alternates). Rows are kept per run under ``--runs`` and reused with the same settings.
 
-    python -m benchmarks.occam    # scaledigits' zoom at the truth and at 0.16, rotdigits at 1.0, digits at 0.5
-    python -m benchmarks.occam --follow --configs scaledigits:scale:0.1:0+1 --objectives evidence --out FILE
-    python -m benchmarks.occam --quick    # a smoke run
+    python -m research.occam    # scaledigits' zoom at the truth and at 0.16, rotdigits at 1.0, digits at 0.5
+    python -m research.occam --follow --configs scaledigits:scale:0.1:0+1 --objectives evidence --out FILE
+    python -m research.occam --quick    # a smoke run
 """
 
 from __future__ import annotations
@@ -48,12 +47,12 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, results, write_results
-from benchmarks.branch_check import FixedRangeRun, conditional_lml, train_at_fixed_range
-from benchmarks.hyper_gradient_direction import midpoints
-from partition_fx._io import write_json
-from partition_fx.export import export_subnetwork
+from benchmarks.common import header, results, write_json, write_results
+from partition_fx import export_subnetwork
 from partition_fx.transforms import AffineAugmentation
+from research import RESULTS
+from research.fixed_range import FixedRangeRun, train_at_fixed_range
+from research.probes import conditional_lml, midpoint_draws
 
 PRIOR_PRECISIONS = torch.logspace(-4, 4, 801, dtype=torch.float64)
 """The prior precisions the evidence is maximised over at each range (a grid of 100 per decade)."""
@@ -63,13 +62,13 @@ PRIOR_PRECISIONS = torch.logspace(-4, 4, 801, dtype=torch.float64)
 def invariant_features(model: torch.nn.Module, aug: AffineAugmentation, x: torch.Tensor, batch: int) -> torch.Tensor:
     """The mean over the midpoint views of ``model``'s pre-logit features (timm's ``forward_head(pre_logits=True)``)
     of each example of ``x``, in float64; BatchNorm on each batch's views' statistics."""
-    eps = midpoints()
-    samples = len(eps)
+    draws = midpoint_draws()
+    samples = len(draws)
     model.train()
     out = []
     for start in range(0, len(x), batch):
         xb = x[start : start + batch]
-        views = aug.transform(xb, eps.view(samples, 1, 1).expand(samples, len(xb), 1))
+        views = aug.transform(xb, draws[:, None, :].expand(samples, len(xb), 1))
         features = model.forward_head(model.forward_features(views), pre_logits=True)
         out.append(features.view(samples, len(xb), -1).mean(0).double())
     return torch.cat(out)

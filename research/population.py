@@ -1,7 +1,7 @@
 """Population-based training with the conditional LML as its fitness: does comparing runs make the learned range
 independent of its start?
 
-The branch check (``benchmarks/branch_check.py``) found the conditional LML right over a whole run (it rewards the
+The branch check (``research/branch_check.py``) found the conditional LML right over a whole run (it rewards the
 wider rotation on rotdigits, the narrower on digits) but flat over the iterations a hyperparameter step sees ahead of
 it. Population-based training (Jaderberg et al. 2017; PBA, Ho et al. 2019, for augmentation) compares runs instead
 of following a gradient: ``--members`` copies of the default job's partitioned run train side by side, each still
@@ -16,8 +16,8 @@ The members read the same examples and draw the same augmentations (each member'
 the same at the start; a copy takes its source's), and their evaluations draw the same noise (the evaluator's own
 generator, advanced alike by every member), so a comparison differs in the ranges and what they trained.
 
-    python -m benchmarks.population --configs rotdigits:zero digits:zero --seeds 0 1 2
-    python -m benchmarks.population --quick    # a smoke run
+    python -m research.population --configs rotdigits:zero digits:zero --seeds 0 1 2
+    python -m research.population --quick    # a smoke run
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, results, write_results
-from benchmarks.learned_augmentation import ARMS, data_arm_seeds, training_images
-from partition_fx._io import write_json
-from partition_fx.cli.job import TrainJob, train_job
-from partition_fx.export import export_subnetwork
-from partition_fx.training import PartitionedTrainer
+from benchmarks.arms import ARMS, data_arm_seeds, training_images
+from benchmarks.common import header, results, write_json, write_results
+from partition_fx import PartitionedTrainer, export_subnetwork
+from partition_fx.jobs import TrainJob, train_job
 from partition_fx.transforms import AffineAugmentation
+from research import RESULTS
 
 QUICK_JOB = ["--steps", "10", "--batch-size", "8", "--samples", "2", "--image-size", "8", "--eval-every", "5",
              "--hyper-batch-size", "8"]  # fmt: skip
