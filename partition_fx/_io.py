@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def replace_file(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it onto ``path``.
+def replace_file(path: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it onto ``path`` (what ``write``
+    returns, such as ``Path.write_text``'s count, is ignored).
 
     The file gets the mode of any file the user creates (0666 less the umask), although ``mkstemp`` made
     the temporary one private.

@@ -71,7 +71,7 @@ def check_image_options(size: object, channels: object, *, own_channels: str) ->
         raise PartitionArgumentError(
             f"channels must be 1 (greyscale), 3 (RGB) or None ({own_channels}), got {channels!r}"
         )
-    return size, channels  # type: ignore[return-value]
+    return size, channels
 
 
 def check_flag(name: str, value: object) -> bool:
@@ -90,7 +90,7 @@ def check_real(name: str, value: object) -> float:
 
 def check_open_unit(name: str, value: object, *, hint: str = "") -> float:
     """``value`` as a float strictly between 0 and 1 (a probability or a fraction of the data)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 1:
         raise PartitionArgumentError(f"{name} must be a number strictly between 0 and 1, got {value!r}{hint}")
     return float(value)
 
@@ -99,7 +99,7 @@ def check_seed(name: str, value: object) -> int:
     """``value`` as a seed in 0..MAX_SEED, or a clear error naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise PartitionTypeError(f"{name} must be an int in 0..2**63-1, got {value!r} ({type(value).__name__})")
-    if not 0 <= value <= MAX_SEED:
+    if not 0 <= int(value) <= MAX_SEED:
         raise PartitionArgumentError(f"{name} must be an int in 0..2**63-1, got {value}")
     return int(value)
 
@@ -123,9 +123,9 @@ def check_num_partitions(num_partitions: object) -> int:
         raise PartitionTypeError(
             f"num_partitions must be an int >= 1, got {num_partitions!r} ({type(num_partitions).__name__})"
         )
-    if num_partitions < 1:
+    if int(num_partitions) < 1:
         raise PartitionArgumentError(f"num_partitions must be >= 1, got {num_partitions}")
-    if num_partitions > 255:
+    if int(num_partitions) > 255:
         raise PartitionArgumentError(f"num_partitions must be <= 255, got {num_partitions}")
     return int(num_partitions)
 
@@ -143,7 +143,7 @@ def check_proportions(proportions: Sequence[float] | None, num_partitions: int) 
             f"proportions has {len(proportions)} entries but num_partitions={num_partitions}; "
             f"give one proportion per partition (or proportions=None for equal shares)"
         )
-    values = []
+    values: list[float] = []
     for i, p in enumerate(proportions):
         if isinstance(p, bool) or not isinstance(p, numbers.Real):
             raise PartitionTypeError(f"proportions[{i}] must be a number, got {p!r}")
@@ -212,7 +212,7 @@ def check_positive(name: str, value: object, *, hint: str = "") -> float:
         ...
         partition_fx.errors.PartitionArgumentError: temperature must be a finite number > 0, got 0; e.g. 0.1
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
         raise PartitionArgumentError(f"{name} must be a finite number > 0, got {value!r}{hint}")
     return float(value)
 
@@ -231,7 +231,7 @@ def check_concentration(value: object, *, option: str | None = None) -> float:
         ...
         partition_fx.errors.PartitionArgumentError: --alpha 0.0: the Dirichlet concentration must be > 0 and ...
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
         if option is not None:
             raise PartitionArgumentError(
                 f"{option} {value}: the Dirichlet concentration must be > 0 and finite (0.1: most clients hold "
@@ -274,7 +274,7 @@ def check_subnetwork(value: object, num_partitions: int) -> int:
         raise PartitionTypeError(
             f"subnetwork must be an int in 0..{num_partitions}, got {value!r} ({type(value).__name__})"
         )
-    k = operator.index(value)  # type: ignore[arg-type]
+    k = operator.index(value)
     if not 0 <= k <= num_partitions:
         raise PartitionArgumentError(
             f"subnetwork must be in 0..{num_partitions} (0 = all defaults, {num_partitions} = final model), got {k}"

@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 import torch
 from torch import nn
@@ -54,9 +54,9 @@ def export_subnetwork(pmodel: PartitionedModel, k: int | None = None) -> nn.Modu
             new_params[id(meta)] = nn.Parameter(state[name], requires_grad=meta.requires_grad)
         _assign(exported, name, new_params[id(meta)], buffer=False)
     new_buffers: dict[int, torch.Tensor] = {}
-    for name, meta in buffers:
-        new_buffers.setdefault(id(meta), state[name])
-        _assign(exported, name, new_buffers[id(meta)], buffer=True)
+    for name, meta_buffer in buffers:
+        new_buffers.setdefault(id(meta_buffer), state[name])
+        _assign(exported, name, new_buffers[id(meta_buffer)], buffer=True)
     return exported.train(pmodel.training)
 
 
@@ -126,7 +126,10 @@ def export_onnx(
         'm.onnx'
     """
     inputs = _as_tuple(example_inputs)
-    names = {"input_names": _names(input_names, "input_names"), "output_names": _names(output_names, "output_names")}
+    names: _OnnxNames = {
+        "input_names": _names(input_names, "input_names"),
+        "output_names": _names(output_names, "output_names"),
+    }
     properties = _metadata_props(metadata)
     model = export_subnetwork(pmodel, subnetwork)
     model = (wrap(model) if wrap is not None else model).eval()
@@ -138,6 +141,13 @@ def export_onnx(
     except _ExportFailed as failed:
         raise PartitionError(_export_failure(failed.error, pmodel, model, inputs, dynamic_batch)) from failed.error
     return path
+
+
+class _OnnxNames(TypedDict):
+    """``torch.onnx.export``'s keywords that name the graph's inputs and outputs."""
+
+    input_names: list[str] | None
+    output_names: list[str] | None
 
 
 def _names(names: Sequence[str] | None, what: str) -> list[str] | None:
@@ -171,7 +181,7 @@ def _write_verified_onnx(
     dynamic_batch: bool,
     atol: float,
     rtol: float,
-    names: Mapping[str, list[str] | None],
+    names: _OnnxNames,
     metadata: Mapping[str, str],
 ) -> None:
     """Export ``model`` to ``path`` (its inputs and outputs ``names``, ``metadata`` in its ``metadata_props``),
@@ -209,8 +219,8 @@ def _write_verified_onnx(
     got = session.run(None, feeds)
     if len(got) != len(expected):
         raise PartitionError(f"onnxruntime returned {len(got)} outputs, PyTorch {len(expected)}")
-    for i, (e, g) in enumerate(zip(expected, got)):
-        e_np = e.detach().cpu().float().numpy()
+    for i, (want, g) in enumerate(zip(expected, got)):
+        e_np = want.detach().cpu().float().numpy()
         diff = float(abs(e_np - g).max()) if e_np.size else 0.0
         bound = atol + rtol * float(abs(e_np).max()) if e_np.size else atol
         if e_np.shape != g.shape or diff > bound:
@@ -264,7 +274,7 @@ class _WithoutPartialGraphs:
 
 
 def _without_partial_graphs() -> contextlib.AbstractContextManager[Any]:
-    return contextlib.redirect_stderr(_WithoutPartialGraphs(sys.stderr))  # type: ignore[arg-type]
+    return contextlib.redirect_stderr(_WithoutPartialGraphs(sys.stderr))
 
 
 def _causes(error: BaseException) -> list[BaseException]:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, cast, overload
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from torch import nn
 from .assign import assignment_from_index, normal_segments
 from .errors import PartitionError
 from .kinds import PARTITION_KINDS, partition_kind
-from .params import HAND_OVER, PartitionedTensor, grad_partition
+from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, grad_partition
 from .regenerated import FEISTEL_BATCHED_ENTRIES, FeistelSegments, scatter_by_membership
 
 GROUP_ENTRIES = 1 << 22
@@ -67,11 +67,14 @@ def _group_key(pt: PartitionedTensor) -> tuple[Any, ...]:
     return (pt.kind, *by_kind, part.dtype, part.device, part.requires_grad, pt.num_partitions)
 
 
-def _regenerated_order(members: list[PartitionedTensor]) -> list[PartitionedTensor]:
+def _regenerated_order(members: list[RandomPartitionedTensor]) -> list[RandomPartitionedTensor]:
     """Regenerated members sorted by shape, the shapes with few entries in all first: ``FeistelSegments`` then
     makes one pass over those and one batch per shape with many entries."""
-    factors = [pt.feistel_factors for pt in members]
-    entries = collections.Counter()
+    factors: list[tuple[int, int]] = []
+    for pt in members:
+        assert pt.feistel_factors is not None  # a regenerated layout
+        factors.append(pt.feistel_factors)
+    entries: collections.Counter[tuple[int, int]] = collections.Counter()
     for a, b in factors:
         entries[(a, b)] += a * b
     order = sorted(range(len(members)), key=lambda i: (entries[factors[i]] >= FEISTEL_BATCHED_ENTRIES, factors[i]))
@@ -96,7 +99,8 @@ def flat_groups(tensors: Sequence[PartitionedTensor]) -> list[FlatGroup]:
     groups = []
     for members in by_key.values():
         blocks: list[list[PartitionedTensor]] = [[]]
-        for pt in _regenerated_order(members) if getattr(members[0], "regenerated", False) else members:
+        regenerated = getattr(members[0], "regenerated", False)
+        for pt in _regenerated_order(cast("list[RandomPartitionedTensor]", members)) if regenerated else members:
             if blocks[-1] and sum(m.part(1).numel() for m in blocks[-1]) + pt.part(1).numel() > GROUP_ENTRIES:
                 blocks.append([])
             blocks[-1].append(pt)
@@ -108,6 +112,12 @@ class FlatGroup(nn.Module):
     """C flat parameters holding the parts of its member tensors; ``forward(k)`` returns every member's
     effective tensor of subnetwork k (under ``HAND_OVER``: the members themselves). Build with
     :func:`flat_groups`, which also hands each member its slot."""
+
+    members: list[PartitionedTensor]  # kept in __dict__ (see __init__)
+    part1: nn.Parameter  # part1 .. partC: registered in __init__
+    index: torch.Tensor | None  # buffers
+    default: torch.Tensor | None
+    combine: Callable[[Any, Any], Any] | None
 
     def __init__(self, members: Sequence[PartitionedTensor]) -> None:
         super().__init__()
@@ -122,11 +132,11 @@ class FlatGroup(nn.Module):
         self.shapes = [tuple(m.shape) for m in members]
         self.numels = [math.prod(shape) for shape in self.shapes]
         # Entries gathered together: a node-partitioned tensor's output unit (its row), else one entry.
-        self.row = first.per_unit if kind.units else 1
+        self.row: int = cast(RandomPartitionedTensor, first).per_unit if kind.units else 1
         c = self.num_partitions
         # sizes[k][i]: entries of member i in partition k (1-based k); starts: where they begin in group part k
-        self.sizes = [[]] + [[m.part(k).numel() for m in members] for k in range(1, c + 1)]
-        self.starts = [[]] + [[sum(row[:i]) for i in range(len(row))] for row in self.sizes[1:]]
+        self.sizes: list[list[int]] = [[]] + [[m.part(k).numel() for m in members] for k in range(1, c + 1)]
+        self.starts: list[list[int]] = [[]] + [[sum(row[:i]) for i in range(len(row))] for row in self.sizes[1:]]
         # Where each group part begins in cat(part1, ..., partC).
         self.offsets = [0]
         for k in range(1, c + 1):
@@ -140,31 +150,40 @@ class FlatGroup(nn.Module):
         elif self.gathered:
             # The index addresses rows: units of node-partitioned tensors, entries otherwise.
             positions = [
-                self._positions(i, m.layout_index().long() * self.row) // self.row for i, m in enumerate(members)
+                self._positions(i, m.layout_index().long() * self.row) // self.row
+                for i, m in enumerate(self._layout_members)
             ]
             dtype = torch.int32 if self.offsets[-1] < 2**31 else torch.int64
             self.register_buffer("index", torch.cat(positions).to(dtype))
         if self.gathered:
-            defaults = [m.stored_defaults() for m in members]
-            self.register_buffer("default", None if defaults[0] is None else self._partition_major(defaults))
+            defaults = [m.stored_defaults() for m in members]  # one group, one default mode: all None or none
+            self.register_buffer(
+                "default", None if defaults[0] is None else self._partition_major(cast("list[torch.Tensor]", defaults))
+            )
             self.seeded = first.default_mode == "seed"
         else:
-            self.register_buffer("default", torch.cat([m.stored_defaults().reshape(-1) for m in members]))
+            scales = cast("list[ScalePartitionedTensor]", members)
+            self.register_buffer("default", torch.cat([m.stored_defaults().reshape(-1) for m in scales]))
         for slot, member in enumerate(members):
             member.attach(self, slot)
 
     # --- layout ---------------------------------------------------------------------------------------------
 
+    @property
+    def _layout_members(self) -> list[RandomPartitionedTensor]:
+        """The members of a group with a layout (``gathered``): random-weight or node-partitioned tensors."""
+        return cast("list[RandomPartitionedTensor]", self.members)
+
     def _bases(self, slot: int) -> torch.Tensor:
         """Per partition (0-based): what to add to member ``slot``'s own layout position to get its position
         in the group's cat(part1, ..., partC)."""
-        member = self.members[slot]
+        member = self._layout_members[slot]
         c = self.num_partitions
         bases = [self.offsets[k - 1] + self.starts[k][slot] - member.offsets[k - 1] for k in range(1, c + 1)]
         return torch.tensor(bases, dtype=torch.int64)
 
     def _positions(self, slot: int, layout: torch.Tensor) -> torch.Tensor:
-        member = self.members[slot]
+        member = self._layout_members[slot]
         sizes = [b - a for a, b in zip(member.offsets, member.offsets[1:])]
         partition = assignment_from_index(layout, sizes).long()
         return layout + self._bases(slot).to(layout.device)[partition]
@@ -173,7 +192,7 @@ class FlatGroup(nn.Module):
         """Member tensors in their own layout order -> one flat tensor in the group's partition-major order."""
         pieces = []
         for k in range(1, self.num_partitions + 1):
-            for member, values in zip(self.members, per_member):
+            for member, values in zip(self._layout_members, per_member):
                 pieces.append(values.reshape(-1)[member.offsets[k - 1] : member.offsets[k]])
         return torch.cat(pieces)
 
@@ -185,8 +204,13 @@ class FlatGroup(nn.Module):
 
     def storage(self, k: int) -> nn.Parameter:
         """Group part k: the parameter an optimiser steps for partition k of every member."""
-        return getattr(self, f"part{k}")
+        part: nn.Parameter = getattr(self, f"part{k}")
+        return part
 
+    @overload
+    def member_part(self, slot: int, k: int, grad: Literal[False] = False) -> torch.Tensor: ...
+    @overload
+    def member_part(self, slot: int, k: int, grad: bool) -> torch.Tensor | None: ...
     def member_part(self, slot: int, k: int, grad: bool = False) -> torch.Tensor | None:
         """Member ``slot``'s part k: a view of group part k (of its ``.grad`` with ``grad=True``; None if
         there is none), flat for random-weight tensors and in the tensor's shape for scales."""
@@ -204,9 +228,11 @@ class FlatGroup(nn.Module):
         if self.regenerated:
             raise PartitionError("this group regenerates its layout: use membership()")
         cache = self.__dict__.setdefault("_unit_index_cache", {})
+        assert self.index is not None  # a stored layout
         key = (slot, self.index.device, self.index.data_ptr())
         if self.row > 1 and key in cache:
-            return cache[key]
+            cached: torch.Tensor = cache[key]
+            return cached
         index = self._layout_index(slot)
         if self.row > 1:
             cache[key] = index
@@ -232,13 +258,15 @@ class FlatGroup(nn.Module):
         device = self.part1.device
         cache = self.__dict__.setdefault("_feistel_cache", {})
         if device not in cache:
-            layouts = [m.feistel_layout() for m in self.members]
+            layouts = [m.feistel_layout() for m in self._layout_members]
             sizes = [[self.sizes[k][i] for k in range(1, self.num_partitions + 1)] for i in range(len(self.members))]
             cache[device] = FeistelSegments([(a, b) for a, b, _ in layouts], [t for _, _, t in layouts], sizes)
-        return cache[device]
+        segments: FeistelSegments = cache[device]
+        return segments
 
     def _layout_index(self, slot: int) -> torch.Tensor:
         start, end = (i // self.row for i in self._member_span(slot))
+        assert self.index is not None  # a stored layout
         positions = self.index[start:end].long() * self.row
         partition = assignment_from_index(positions, [b - a for a, b in zip(self.offsets, self.offsets[1:])]).long()
         return ((positions - self._bases(slot).to(positions.device)[partition]) // self.row).to(torch.int32)
@@ -261,7 +289,7 @@ class FlatGroup(nn.Module):
 
     def _trained(self, k: int) -> list[torch.Tensor]:
         only = grad_partition()
-        parts = [self.storage(i) for i in range(1, k + 1)]
+        parts: list[torch.Tensor] = [self.storage(i) for i in range(1, k + 1)]
         if only is None:
             return parts
         return [p if i == only else p.detach() for i, p in enumerate(parts, start=1)]
@@ -269,6 +297,7 @@ class FlatGroup(nn.Module):
     def flat_value(self, k: int) -> torch.Tensor:
         """Every member's effective tensor of subnetwork k, flat and concatenated in member order."""
         if not self.gathered:
+            assert self.default is not None and self.combine is not None  # whole copies: both always there
             if k == 0:
                 return self.default
             first, *rest = self._trained(k)
@@ -287,6 +316,7 @@ class FlatGroup(nn.Module):
             else:
                 pieces.append(self.part1.new_zeros(self.offsets[-1] - self.offsets[k]))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        assert self.index is not None  # a stored layout
         if self.row == 1:
             return source.index_select(0, self.index)
         return source.view(-1, self.row).index_select(0, self.index).view(-1)
@@ -308,11 +338,11 @@ class FlatGroup(nn.Module):
         device = self.part1.device
         cache = self.__dict__.setdefault("_segments_cache", {})
         if (k, device) not in cache:
-            generators = [m.default_generator() for m in self.members]
+            generators = [m.default_generator() for m in self._layout_members]
             segments = [
                 (stream, m.offsets[p - 1], self.sizes[p][i], mean, std)
                 for p in range(k + 1, self.num_partitions + 1)
-                for i, (m, (stream, mean, std)) in enumerate(zip(self.members, generators))
+                for i, (m, (stream, mean, std)) in enumerate(zip(self._layout_members, generators))
             ]
             streams, starts, sizes, means, stds = zip(*segments)
             as_int = lambda values: torch.tensor(values, dtype=torch.int64, device=device)  # noqa: E731

@@ -81,7 +81,8 @@ class PartitionKind:
         if isinstance(self.tensor, type):
             return self.tensor
         module, _, name = self.tensor.partition(":")
-        return getattr(importlib.import_module(module), name)
+        tensor_class: type = getattr(importlib.import_module(module), name)
+        return tensor_class
 
 
 PARTITION_KINDS: dict[str, PartitionKind] = {}

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from .assign import (
 from .errors import PartitionCheckpointError, PartitionError, PartitionNotImplementedError, earlier_version
 from .kinds import partition_kind, partition_kinds
 from .regenerated import scatter_by_membership
+
+if TYPE_CHECKING:
+    from .flat import FlatGroup
 
 _GRAD_PARTITION: ContextVar[int | None] = ContextVar("partition_fx_grad_partition", default=None)
 # While set, calling a PartitionedTensor returns the tensor object itself, so that the rewritten graph hands
@@ -72,7 +75,9 @@ class PartitionedTensor(nn.Module):
 
     kind: str
     num_partitions: int
-    _flat: tuple[Any, int] | None = None  # (FlatGroup, slot) once in flat storage
+    shape: tuple[int, ...]
+    default_mode: str
+    _flat: tuple[FlatGroup, int] | None = None  # (FlatGroup, slot) once in flat storage
 
     @property
     def is_flat(self) -> bool:
@@ -94,7 +99,8 @@ class PartitionedTensor(nn.Module):
         if self._flat is not None:
             group, slot = self._flat
             return group.member_part(slot, k)
-        return getattr(self, f"part{k}")
+        part: nn.Parameter = getattr(self, f"part{k}")
+        return part
 
     def storage(self, k: int) -> nn.Parameter:
         """The parameter that holds partition k's values (shared with the other tensors of a flat group).
@@ -105,7 +111,8 @@ class PartitionedTensor(nn.Module):
         """
         if self._flat is not None:
             return self._flat[0].storage(k)
-        return getattr(self, f"part{k}")
+        part: nn.Parameter = getattr(self, f"part{k}")
+        return part
 
     def part_grad(self, k: int) -> torch.Tensor | None:
         """The gradient of part k (None when partition k received none)."""
@@ -131,7 +138,8 @@ class PartitionedTensor(nn.Module):
         if self._flat is not None:
             group, slot = self._flat
             return group.member_defaults(slot)
-        return getattr(self, "default", None)
+        default: torch.Tensor | None = getattr(self, "default", None)
+        return default
 
     def partition_sizes(self) -> list[int]:
         """Number of trainable entries each partition holds for this tensor."""
@@ -197,6 +205,12 @@ class RandomPartitionedTensor(PartitionedTensor):
     """
 
     kind = "random"
+    # Buffers, each registered only where the layout and default need it (see above).
+    index: torch.Tensor
+    unit_index: torch.Tensor
+    generator: torch.Tensor
+    moments: torch.Tensor
+    default: torch.Tensor | None
 
     def __init__(
         self,
@@ -424,7 +438,9 @@ class ScalePartitionedTensor(PartitionedTensor):
         self.default_mode = default
         trainable = value.requires_grad
         value = value.detach()
-        identity = torch.full_like(value, partition_kind(kind).identity)
+        identity_value = partition_kind(kind).identity
+        assert identity_value is not None  # every "copies" kind has one (register_kind)
+        identity = torch.full_like(value, identity_value)
         for k in range(1, num_partitions + 1):
             start = value.clone() if k == 1 else identity.clone()
             self.register_parameter(f"part{k}", nn.Parameter(start, requires_grad=trainable))
@@ -440,9 +456,15 @@ class ScalePartitionedTensor(PartitionedTensor):
         first, *rest = self.trained_parts(k)
         out = first.view(self.shape)
         combine = partition_kind(self.kind).combine
+        assert combine is not None  # every "copies" kind has one (register_kind)
         for part in rest:
             out = combine(out, part)
         return out
+
+    def stored_defaults(self) -> torch.Tensor:
+        default = super().stored_defaults()
+        assert default is not None  # a scale always stores its default
+        return default
 
     @classmethod
     def from_parameter(

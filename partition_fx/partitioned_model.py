@@ -38,6 +38,13 @@ class PartitionedModel(nn.Module):
     their defaults (k=0: all defaults; k=C, the default: the final model).
     """
 
+    # Plain attributes kept in __dict__ (see __init__), not submodules or buffers.
+    _records: list[ParameterRecord]
+    _skeleton: nn.Module
+    _root_leaf: bool
+    _container: str | None
+    _one_pass_supported: bool | None
+
     def __init__(
         self,
         module: nn.Module,
@@ -242,13 +249,19 @@ class PartitionedModel(nn.Module):
         >>> partitionify(model, 2, scheme="node").supports_one_pass(), partitionify(model, 2).supports_one_pass()
         (True, False)
         """
-        if self._one_pass_supported is None:
+        supported = self._one_pass_supported
+        if supported is None:
             kinds = (PartitionedTensor, FlatGroup)
             tensors = {name: m for name, m in self.module.named_modules() if isinstance(m, kinds)}
-            routed = partition_kind(self.scheme).one_pass == "layer"  # the scheme's conv/linear tensors are routed
-            ok = routed and not self._root_leaf and isinstance(self.module, torch.fx.GraphModule)
-            self.__dict__["_one_pass_supported"] = ok and supports_one_pass(self.module, tensors, LEAF_CALLERS)
-        return self._one_pass_supported
+            module = self.module
+            supported = (
+                partition_kind(self.scheme).one_pass == "layer"  # the scheme's conv/linear tensors are routed
+                and not self._root_leaf
+                and isinstance(module, torch.fx.GraphModule)
+                and supports_one_pass(module, tensors, LEAF_CALLERS)
+            )
+            self.__dict__["_one_pass_supported"] = supported
+        return supported
 
     def partitioned_tensors(self) -> Iterator[tuple[str, PartitionedTensor]]:
         """``(original name, PartitionedTensor)`` for every partitioned tensor (tied tensors once).
@@ -319,7 +332,7 @@ class PartitionedModel(nn.Module):
         """
         k = self.check_subnetwork(k)
         grouped = {id(m): v for _, group in self.flat_groups() for m, v in zip(group.members, group(k))}
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for record in self._records:
             if record.partitioned is not None:
                 pt = record.partitioned

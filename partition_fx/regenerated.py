@@ -55,8 +55,8 @@ class FeistelSegments:
     ) -> None:
         self.blocks: list[_SmallTensors | _SameShape] = []
         small: list[tuple[tuple[int, int], Sequence[torch.Tensor], Sequence[int]]] = []
-        for (a, b), run in itertools.groupby(zip(factors, tables, partition_sizes), key=lambda m: m[0]):
-            run = list(run)
+        for (a, b), same_shape in itertools.groupby(zip(factors, tables, partition_sizes), key=lambda m: m[0]):
+            run = list(same_shape)
             if len(run) * a * b < FEISTEL_BATCHED_ENTRIES:
                 small += run
                 continue

@@ -413,10 +413,15 @@ def _refuse_in_place_update(node: fx.Node, model: nn.Module) -> None:
             if user.op == "call_function" and user.target is getattr and user.args[1:] == ("data",):
                 same_storage.append(user)
                 continue
-            method = user.op == "call_method" and user.target.endswith("_") and not user.target.startswith("__")
+            method = (
+                user.op == "call_method"
+                and isinstance(user.target, str)
+                and user.target.endswith("_")
+                and not user.target.startswith("__")
+            )
             operator_ = user.op == "call_function" and user.target in _IN_PLACE_OPERATORS
             if (method or operator_) and user.args[0] is tensor:
-                what = user.target if method else user.target.__name__
+                what = user.target if isinstance(user.target, str) else user.target.__name__
                 stack = list((user.meta.get("nn_module_stack") or {}).values())
                 path = stack[-1][0] if stack else ""
                 where = f"module '{path or '<root>'}' ({type(model.get_submodule(path)).__name__})"

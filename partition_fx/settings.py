@@ -149,7 +149,7 @@ class Settings:
         >>> next(TrainConfig.fields()).keyword
         'steps'
         """
-        own, sections = _declared(cls)
+        own, sections = _declared(cls)  # type: ignore[arg-type]  # mypy: cls's unbound __hash__ taken for Hashable's
         for name in (f.name for f in dataclasses.fields(cls)):  # type: ignore[arg-type]
             if name in own:
                 yield own[name]
@@ -160,7 +160,7 @@ class Settings:
     @classmethod
     def sections(cls) -> dict[str, type[Settings]]:
         """The nested sections, by attribute name."""
-        return dict(_declared(cls)[1])
+        return dict(_declared(cls)[1])  # type: ignore[arg-type]  # as in fields()
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as nested plain values (JSON-ready); ``from_dict`` reads it back."""
@@ -343,30 +343,32 @@ def _checked(f: Field, value: Any) -> Any:
     if f.kind is int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise SettingTypeError(f, f"must be {_expected(f)}, got {value!r} ({type(value).__name__})")
-        if option.seed and not 0 <= value <= MAX_SEED:
+        integer = int(value)
+        if option.seed and not 0 <= integer <= MAX_SEED:
             raise SettingError(f, f"must be an int in 0..2**63-1, got {value!r}")
-        if option.minimum is not None and value < option.minimum:
+        if option.minimum is not None and integer < option.minimum:
             raise SettingError(
                 f, f"must be >= {option.minimum:g}, got {value!r}", f"must be {_expected(f)}, got {value!r}"
             )
-        if option.maximum is not None and value > option.maximum:
+        if option.maximum is not None and integer > option.maximum:
             raise SettingError(f, f"must be <= {option.maximum:g}, got {value!r}")
-        return int(value)
+        return integer
     if f.kind is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise SettingTypeError(f, f"must be a number, got {value!r} ({type(value).__name__})")
+        number = float(value)
         if option.maximum is not None:
-            low_ok = value > 0 if option.positive else value >= 0
-            if not (low_ok and value <= option.maximum):  # NaN too
+            low_ok = number > 0 if option.positive else number >= 0
+            if not (low_ok and number <= option.maximum):  # NaN too
                 raise SettingError(
                     f, f"must be in {'(' if option.positive else '['}0, {option.maximum:g}], got {value!r}"
                 )
-            return float(value)
-        if option.positive and not (math.isfinite(value) and value > 0):
+            return number
+        if option.positive and not (math.isfinite(number) and number > 0):
             raise SettingError(f, f"must be positive (finite and > 0), got {value!r}")
-        if not (math.isfinite(value) and value >= 0):
+        if not (math.isfinite(number) and number >= 0):
             raise SettingError(f, f"must be finite and >= 0, got {value!r}")
-        return float(value)
+        return number
     if not isinstance(value, f.kind):
         raise SettingTypeError(f, f"must be a {f.kind.__name__}, got {value!r}")
     return value

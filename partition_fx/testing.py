@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .export import export_subnetwork, flat_tensors
 from .kinds import partition_kind
-from .params import PartitionedTensor
+from .params import PartitionedTensor, RandomPartitionedTensor
 from .partitioned_model import PartitionedModel
 
 
@@ -80,7 +80,9 @@ def _definition_of(pt: PartitionedTensor) -> Any:
     kind = partition_kind(pt.kind)
     with torch.no_grad():
         if kind.storage == "copies":
-            default = pt.stored_defaults().detach().clone()
+            stored, combine = pt.stored_defaults(), kind.combine
+            assert stored is not None and combine is not None  # copies store their default and combine them
+            default = stored.detach().clone()
             parts = [p.detach().clone().view(pt.shape) for p in pt.parts()]
 
             def copies(k: int) -> torch.Tensor:
@@ -88,15 +90,16 @@ def _definition_of(pt: PartitionedTensor) -> Any:
                     return default
                 out = parts[0]
                 for part in parts[1:k]:
-                    out = kind.combine(out, part)
+                    out = combine(out, part)
                 return out
 
             return copies
         assert kind.storage == "layout", f"{pt.kind}: no definition of this storage"
-        membership = pt.membership().long()
+        layout = cast(RandomPartitionedTensor, pt)  # the layout kinds' tensor class
+        membership = layout.membership().long()
         order = torch.argsort(membership, stable=True)  # entries partition by partition, flat order within
         trained = _by_entry(membership, order, torch.cat([p.detach().reshape(-1) for p in pt.parts()]))
-        defaults = _by_entry(membership, order, pt.default_values().detach())
+        defaults = _by_entry(membership, order, layout.default_values().detach())
 
     def entries(k: int) -> torch.Tensor:
         return torch.where(membership < k, trained, defaults).view(pt.shape)

@@ -15,6 +15,7 @@ from torch import nn
 from .assign import name_salt
 from .config import PartitionConfig
 from .kinds import partition_kind
+from .params import PartitionedTensor
 from .records import ParameterRecord
 from .transforms.base import HyperparameterModule
 
@@ -70,9 +71,9 @@ def _auto_kind(local_name: str, owner: nn.Module, param: torch.Tensor, get_attrs
         kind = "product" if local_name == "weight" else "sum"
         return kind, f"affine of {type(owner).__name__}"
     if param.numel() == 1 and get_attrs:
-        kind = _use_kind(get_attrs)
-        if kind is not None:
-            return kind, "scalar " + ("scale" if kind == "product" else "bias")
+        use = _use_kind(get_attrs)
+        if use is not None:
+            return use, "scalar " + ("scale" if use == "product" else "bias")
     return "random", f"{local_name} of {type(owner).__name__}"
 
 
@@ -129,7 +130,9 @@ def treat_parameters(
             if kind == "random" and partition_kind(scheme).units and _has_output_units(owner, local, p):
                 kind, reason = scheme, f"output units of {type(owner).__name__}"
             spec = partition_kind(kind)
-            pt = spec.tensor_class().from_parameter(
+            # kinds.py types tensor_class as any class (it may be named by a path); each builds a PartitionedTensor.
+            tensor_class: type[PartitionedTensor] = spec.tensor_class()
+            pt = tensor_class.from_parameter(
                 p,
                 kind,
                 proportions,

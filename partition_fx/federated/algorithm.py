@@ -13,8 +13,9 @@ FedAdam, the baseline.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -159,19 +160,24 @@ class FederatedServer:
                 continue  # grad None: Adam skips these parameters and keeps their state
             weights = _weights(senders)
             for i, p in enumerate(params):
-                delta = sum(w * (u.partitions[j][i] - p.detach()) for w, u in zip(weights, senders))
-                p.grad = -delta
+                p.grad = -_weighted_sum(weights, (u.partitions[j][i] - p.detach() for u in senders))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         senders = [u for u in updates if u.psi_gradient is not None]
+        gradients = [u.psi_gradient for u in updates if u.psi_gradient is not None]
         if self.hyper_optimizer is not None and senders:
             weights = _weights(senders)
             for i, p in enumerate(self.psi):
-                p.grad = sum(w * u.psi_gradient[i] for w, u in zip(weights, senders))  # type: ignore[index]
+                p.grad = _weighted_sum(weights, (g[i] for g in gradients))
             self.hyper_optimizer.step()
             self.hyper_optimizer.zero_grad(set_to_none=True)
             for _, module in Objective(self.pmodel, self.hyper, self.likelihood).hyperparameter_modules():
                 module.constrain_()
+
+
+def _weighted_sum(weights: Sequence[float], tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``sum(w * t)`` over one term or more (Python's ``sum``: 0 plus the first term is that term)."""
+    return cast(torch.Tensor, sum(w * t for w, t in zip(weights, tensors)))
 
 
 def _weights(updates: Sequence[ClientUpdate]) -> list[float]:

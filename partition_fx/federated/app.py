@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -44,7 +44,7 @@ from .job import (
     plan_clients,
     train_client,
 )
-from .messages import load_state, train_reply
+from .messages import array_record, load_state, record_number, train_reply
 from .models import FederatedModel
 from .strategy import PartitionedFedAdam
 
@@ -69,9 +69,10 @@ def _client(
         plan = plan_clients(data, clients, config.alpha, config.proportions, config.seed)
         _CLIENT_STATE[key] = (data, plan, federated_model(config, data))
     data, plan, model = _CLIENT_STATE[key]
-    if (*key, client) not in _CLIENT_SHARES:
-        _CLIENT_SHARES[(*key, client)] = client_data(data, plan, client)
-    return config, client, _CLIENT_SHARES[(*key, client)], model
+    share = (*key, client)
+    if share not in _CLIENT_SHARES:
+        _CLIENT_SHARES[share] = client_data(data, plan, client)
+    return config, client, _CLIENT_SHARES[share], model
 
 
 def client_train(message: Message, context: Context, config: FederatedConfig | None = None) -> Message:
@@ -80,8 +81,9 @@ def client_train(message: Message, context: Context, config: FederatedConfig | N
 
     It is public so that an app can wrap it, e.g. a ``ClientApp`` of its own that adds privacy or logging."""
     run_config, client, share, model = _client(config, context)
-    load_state(model, message.content["arrays"])
-    update = train_client(model, run_config, share, client, int(message.content["config"]["server-round"]))
+    load_state(model, array_record(message.content))
+    server_round = int(record_number(message.content, "config", "server-round"))
+    update = train_client(model, run_config, share, client, server_round)
     return Message(train_reply(update), reply_to=message)
 
 
@@ -89,9 +91,12 @@ def client_evaluate(message: Message, context: Context, config: FederatedConfig 
     """A client's evaluation of the server's model on its own test share: ``eval-accuracy``,
     ``eval-accuracy-averaged`` (over ``test_samples`` augmentations), ``eval-nll`` and ``num-examples``."""
     run_config, _, share, model = _client(config, context)
-    load_state(model, message.content["arrays"])
+    load_state(model, array_record(message.content))
     scores = evaluate_model(model, share.test, run_config.test_samples)
-    metrics = {"num-examples": len(share.test[1]), **{f"eval-{key}": value for key, value in scores.items()}}
+    metrics: dict[str, MetricRecordValues] = {
+        "num-examples": len(share.test[1]),
+        **{f"eval-{key}": value for key, value in scores.items()},
+    }
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)
 
 
@@ -173,7 +178,10 @@ def _serve(grid: Grid, config: FederatedConfig, on_round: OnRound | None, min_av
     )
     run.seconds = time.perf_counter() - started[0]
     run.client_train_metrics = strategy.client_train_metrics
-    run.federated_evaluation = {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
+    # The clients' evaluate metrics: numbers (client_evaluate), which Flower types as any metric value.
+    run.federated_evaluation = {
+        r: cast("dict[str, float]", dict(m)) for r, m in result.evaluate_metrics_clientapp.items()
+    }
     run.failures = strategy.failures
     return run
 

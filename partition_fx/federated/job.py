@@ -101,6 +101,8 @@ def load_federated_data(config: FederatedConfig) -> DatasetSplits:
 
 def federated_model(config: FederatedConfig, data: DatasetSplits) -> FederatedModel:
     """The run's model for ``data``'s images (the server's and every client's)."""
+    if data.num_classes is None:
+        raise PartitionArgumentError(f"federated training classifies images; {config.data!r} is a regression dataset")
     return build_federated_model(config, tuple(data.input_shape), data.num_classes)
 
 
@@ -120,9 +122,7 @@ def train_client(
     )  # fmt: skip
 
 
-def evaluate_model(
-    model: FederatedModel, data: tuple[torch.Tensor, torch.Tensor], test_samples: int
-) -> dict[str, float]:
+def evaluate_model(model: FederatedModel, data: tuple[torch.Tensor, ...], test_samples: int) -> dict[str, float]:
     """Accuracy and mean negative log-likelihood of the exported final model on ``data``, and its accuracy
     averaged over ``test_samples`` fixed transforms of the learned augmentation (the paper averages 10 at
     inference; equal to the plain accuracy when every range is 0)."""

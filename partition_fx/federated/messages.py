@@ -8,7 +8,7 @@ replies of one round have different keys; ``PartitionedFedAdam`` aggregates them
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -22,7 +22,7 @@ from .models import FederatedModel
 
 def _state_tensors(pmodel: PartitionedModel, likelihood: Any, hyper: Any) -> dict[str, torch.Tensor]:
     """The tensors the server sends, by their keys: every partition's, then psi's."""
-    tensors = {
+    tensors: dict[str, torch.Tensor] = {
         f"p{j}.{i}": p
         for j in range(1, pmodel.num_partitions + 1)
         for i, p in enumerate(pmodel.partition_parameters(j))
@@ -58,15 +58,28 @@ def update_record(update: ClientUpdate) -> ArrayRecord:
     return ArrayRecord({key: Array(t.detach().cpu().numpy()) for key, t in arrays.items()})
 
 
+def array_record(content: RecordDict, key: str = "arrays") -> ArrayRecord:
+    """``content[key]``: the values a server or client sent (Flower types a record dict's entries as any record)."""
+    return cast(ArrayRecord, content[key])
+
+
+def record_number(content: RecordDict, record: str, key: str) -> float:
+    """``content[record][key]``: a number a server or client sent in a metric or config record (Flower types a
+    record's entries as any value a record holds, lists and arrays included)."""
+    return cast(float, content[record][key])
+
+
 def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> list[ClientUpdate]:
     """The ``ClientUpdate`` s of a round's (error-free) replies; their ``metrics`` name the client, its chunk
     and its number of examples."""
     updates = []
     for reply in replies:
-        metrics = reply.content["metrics"]
+        client, chunk, examples = (
+            int(record_number(reply.content, "metrics", key)) for key in ("client", "chunk", "num-examples")
+        )
         partitions: dict[int, dict[int, torch.Tensor]] = {}
         psi: dict[int, torch.Tensor] = {}
-        for key, array in reply.content[arrays_key].items():
+        for key, array in array_record(reply.content, arrays_key).items():
             name, index = key.split(".")
             tensor = torch.from_numpy(array.numpy().copy())
             if name == "psi":
@@ -75,9 +88,7 @@ def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> li
                 partitions.setdefault(int(name[1:]), {})[int(index)] = tensor
         ordered = {j: [tensors[i] for i in range(len(tensors))] for j, tensors in partitions.items()}
         gradient = [psi[i] for i in range(len(psi))] if psi else None
-        updates.append(
-            ClientUpdate(int(metrics["client"]), int(metrics["chunk"]), int(metrics["num-examples"]), ordered, gradient)
-        )
+        updates.append(ClientUpdate(client, chunk, examples, ordered, gradient))
     return updates
 
 
@@ -89,7 +100,7 @@ def train_instruction(state: ArrayRecord, server_round: int) -> RecordDict:
 
 def train_reply(update: ClientUpdate) -> RecordDict:
     """What a client sends back: its update and its metrics (``strategy.CLIENT_METRICS``)."""
-    return RecordDict({"arrays": update_record(update), "metrics": MetricRecord(client_metrics(update))})
+    return RecordDict({"arrays": update_record(update), "metrics": MetricRecord({**client_metrics(update)})})
 
 
 def client_metrics(update: ClientUpdate) -> dict[str, float]:

@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..errors import PartitionError
 from .algorithm import FederatedServer
-from .messages import client_updates, record_bytes, state_record
+from .messages import client_updates, record_bytes, record_number, state_record
 
 CLIENT_METRICS = ("client", "chunk", "num-examples", "train-loss")
 """The metrics each client's train reply carries (``client`` is its partition id, ``chunk`` its k)."""
@@ -110,7 +110,7 @@ class PartitionedFedAdam(FedAvg):
         self.bytes_up += sum(record_bytes(m.content) for m in valid)
         updates = client_updates(valid, self.arrayrecord_key)
         self.server.apply(updates)
-        clients = [{key: float(m.content["metrics"][key]) for key in CLIENT_METRICS} for m in valid]
+        clients = [{key: float(record_number(m.content, "metrics", key)) for key in CLIENT_METRICS} for m in valid]
         self.client_train_metrics[server_round] = sorted(clients, key=lambda c: c["client"])
         total = sum(c["num-examples"] for c in clients)
         loss = sum(c["train-loss"] * c["num-examples"] for c in clients) / total
@@ -135,7 +135,7 @@ class PartitionedFedAdam(FedAvg):
         message) and say so in a warning, or raise if failures are not accepted."""
         if not failed:
             return
-        last_lines = [(m.error.reason.strip().splitlines() or [""])[-1] for m in failed]
+        last_lines = [((m.error.reason or "").strip().splitlines() or [""])[-1] for m in failed]
         reasons = [f"{stage}: {line}" for line in last_lines]
         self.failures.setdefault(server_round, []).extend(reasons)
         if not self.accept_failures:

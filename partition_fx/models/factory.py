@@ -63,7 +63,8 @@ def build_model(
             raise PartitionCheckpointError(f"--{e}") from e.__cause__
     # How to build it again: partitionify keeps it (PartitionedModel.build), so a run of it records its name
     # and `partition-fx export` can rebuild it (training.fit).
-    model.partition_fx_build = {"name": name, "num_classes": num_classes, "in_chans": in_chans}
+    # torch annotates Module.__setattr__ for tensors and modules; any other value is a plain attribute.
+    model.partition_fx_build = {"name": name, "num_classes": num_classes, "in_chans": in_chans}  # type: ignore[assignment]
     return model
 
 

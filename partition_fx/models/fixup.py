@@ -13,6 +13,7 @@ torch.Size([2, 10])
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -123,7 +124,7 @@ def cifar_cfg(**kwargs: object) -> dict[str, object]:
 default_cfgs = generate_default_cfgs({f"fixup_resnet{d}": cifar_cfg() for d in (8, 14, 20, 26)})
 
 
-def _create(variant: str, depth: int, pretrained: bool, **kwargs: object) -> FixupResNet:
+def _create(variant: str, depth: int, pretrained: bool, **kwargs: Any) -> FixupResNet:
     return build_model_with_cfg(FixupResNet, variant, pretrained, depth=depth, **kwargs)
 
 

@@ -68,19 +68,20 @@ def build_torchvision_model(
 def _adapt_stem(model: torch.nn.Module, in_chans: int) -> None:
     """Replace the first ``Conv2d`` by one taking ``in_chans`` channels, its weights adapted from the original's."""
     stem_name, stem = next((n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d))
+    # A Conv2d's sizes are pairs; torch annotates the attributes as tuple[int, ...] (its _ConvNd's).
     new = torch.nn.Conv2d(
         in_chans,
         stem.out_channels,
-        stem.kernel_size,
-        stem.stride,
-        stem.padding,
-        stem.dilation,
+        stem.kernel_size,  # type: ignore[arg-type]
+        stem.stride,  # type: ignore[arg-type]
+        stem.padding,  # type: ignore[arg-type]
+        stem.dilation,  # type: ignore[arg-type]
         stem.groups,
         stem.bias is not None,
         stem.padding_mode,
     )
     with torch.no_grad():
         new.weight.copy_(adapt_input_conv(in_chans, stem.weight))
-        if stem.bias is not None:
+        if stem.bias is not None and new.bias is not None:  # new has a bias where stem has
             new.bias.copy_(stem.bias)
     model.set_submodule(stem_name, new)

@@ -9,6 +9,7 @@ torch.Size([2, 10])
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -109,7 +110,7 @@ class CifarWideResNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-_VARIANTS = {
+_VARIANTS: dict[str, dict[str, Any]] = {
     "cifar_wrn16_4": dict(depth=16, width=4),
     "cifar_wrn16_8": dict(depth=16, width=8),
     "cifar_wrn28_2": dict(depth=28, width=2),
@@ -120,7 +121,7 @@ _VARIANTS = {
 default_cfgs = generate_default_cfgs({name: cifar_cfg() for name in _VARIANTS})
 
 
-def _create(variant: str, pretrained: bool, **kwargs: object) -> CifarWideResNet:
+def _create(variant: str, pretrained: bool, **kwargs: Any) -> CifarWideResNet:
     return build_model_with_cfg(CifarWideResNet, variant, pretrained, **{**_VARIANTS[variant], **kwargs})
 
 

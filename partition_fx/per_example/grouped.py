@@ -36,7 +36,9 @@ def forward_grouped(
     batch = ks.numel()
     flat_args, spec = pytree.tree_flatten((args, kwargs))
     keys = ks * (num_partitions + 1) + (gs if gs is not None else 0)
-    order, outputs, out_spec = [], [], None
+    order: list[torch.Tensor] = []
+    outputs: list[list[Any]] = []
+    out_spec: pytree.TreeSpec | None = None
     for key in torch.unique(keys).tolist():
         idx = torch.nonzero(keys == key).flatten()
         k, g = divmod(key, num_partitions + 1)
@@ -56,6 +58,7 @@ def forward_grouped(
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(batch, device=perm.device)
     merged = [torch.cat(group).index_select(0, inverse.to(group[0].device)) for group in zip(*outputs)]
+    assert out_spec is not None  # the batch has at least one example
     return pytree.tree_unflatten(merged, out_spec)
 
 

@@ -19,10 +19,10 @@ Which kinds play which part is their ``one_pass`` entry in ``partition_fx.kinds`
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,12 @@ from ..kinds import PARTITION_KINDS, OnePass
 from ..params import HAND_OVER, PartitionedTensor, gradient_only_to
 from .routing import Routing
 
+if TYPE_CHECKING:
+    from ..flat import FlatGroup
+
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+_Layer = nn.Linear | nn.Conv1d | nn.Conv2d | nn.Conv3d
 
 
 _ROUTING: ContextVar[Routing | None] = ContextVar("partition_fx_one_pass_routing", default=None)
@@ -76,7 +80,7 @@ def forward_one_pass(gm: torch.fx.GraphModule, num_partitions: int, args: tuple,
         return gm(num_partitions, *args, **kwargs)
 
 
-def _tensor_nodes(gm: torch.fx.GraphModule, modules: dict[str, nn.Module]) -> dict[torch.fx.Node, Any] | None:
+def _tensor_nodes(gm: torch.fx.GraphModule, modules: Mapping[str, nn.Module]) -> dict[torch.fx.Node, Any] | None:
     """The graph node that yields each partitioned tensor: its module's call, or the item of its flat group's
     call (``partition_fx.flat``); None if a group's call is used otherwise."""
     found: dict[torch.fx.Node, Any] = {}
@@ -88,12 +92,12 @@ def _tensor_nodes(gm: torch.fx.GraphModule, modules: dict[str, nn.Module]) -> di
             for user in node.users:
                 if user.op != "call_function" or user.target is not operator.getitem:
                     return None
-                found[user] = module.members[user.args[1]]
+                found[user] = cast("FlatGroup", module).members[cast(int, user.args[1])]
     return found
 
 
 def supports_one_pass(
-    gm: torch.fx.GraphModule, modules: dict[str, nn.Module], leaf_callers: Collection[Callable[..., Any]]
+    gm: torch.fx.GraphModule, modules: Mapping[str, nn.Module], leaf_callers: Collection[Callable[..., Any]]
 ) -> bool:
     """Whether every partitioned tensor (``modules``: the ``PartitionedTensor`` s and ``FlatGroup`` s of
     ``gm`` by name) is node-partitioned and used only as the weight or bias of a ``Linear``/``Conv``, or is
@@ -104,12 +108,16 @@ def supports_one_pass(
         return False
     for node, pt in tensors.items():
         for user in node.users:
-            if user.op != "call_function" or user.target not in leaf_callers or user.args[0].op != "get_attr":
+            # A leaf caller's arguments: the leaf's get_attr node, then its parameters by name (runtime.py).
+            if user.op != "call_function" or user.target not in leaf_callers:
                 return False
-            leaf = gm.get_submodule(user.args[0].target)
-            params = user.args[1]
+            leaf_node = cast(torch.fx.Node, user.args[0])
+            if leaf_node.op != "get_attr":
+                return False
+            leaf = gm.get_submodule(cast(str, leaf_node.target))
+            params = cast("dict[str, Any]", user.args[1])  # its nodes by parameter name
             if isinstance(leaf, _LAYERS):
-                weight = tensors.get(params.get("weight"))
+                weight = tensors.get(params["weight"]) if "weight" in params else None
                 ok = _role(weight) == "layer"
                 ok = ok and all(v is node or k in ("weight", "bias") for k, v in params.items())
                 ok = ok and (pt is weight or _role(pt) == "layer")
@@ -137,7 +145,7 @@ def _value(module: nn.Module, params: dict[str, Any], name: str, k: int) -> torc
     return getattr(module, name)
 
 
-def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
+def _layer(module: _Layer, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
     weight_pt = params["weight"]
     if _role(weight_pt) != "layer":
         raise PartitionTypeError(f"one-pass routing needs a node-partitioned weight, got {weight_pt!r}")
@@ -148,7 +156,7 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
     if isinstance(module, nn.Linear):
         shape = (-1,) + (1,) * (x.dim() - 2) + (unit_part.numel(),)
     with gradient_only_to(None):
-        weight, bias = _value(module, params, "weight", c), _value(module, params, "bias", c)
+        weight, bias = weight_pt.value(c), _value(module, params, "bias", c)
     if routing.grad_partitions is None:
         out = _forward(module, x, weight, bias)
     else:
@@ -158,7 +166,7 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
     trained = (unit_part[None, :] <= ks.to(x.device)[:, None]).view(shape)  # ks itself stays on the host
     if bool(trained.all()):
         return out
-    bias_pt = params.get("bias")
+    bias_pt: Any = params.get("bias")
     zero_bias = module.bias is None if bias_pt is None else bias_pt.default_mode == "zero"
     if weight_pt.default_mode == "zero" and zero_bias:
         return out * trained.to(out.dtype)  # the all-defaults output is zero: no second pass
@@ -186,10 +194,10 @@ def _layer(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch
     return out.index_copy(dim % out.dim(), units, mixed)
 
 
-def _forward(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _forward(module: _Layer, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if isinstance(module, nn.Linear):
         return F.linear(x, weight, bias)
-    return module._conv_forward(x, weight, bias)  # type: ignore[operator]
+    return module._conv_forward(x, weight, bias)
 
 
 class _RoutedLayer(torch.autograd.Function):
@@ -231,7 +239,8 @@ class _RoutedLayer(torch.autograd.Function):
 
 def _norm(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.Tensor) -> torch.Tensor:
     """Normalise without the affine, then apply each example's subnetwork's scale and shift."""
-    neutral = {name: None for name in ("weight", "bias") if getattr(module, name, None) is not None}
+    # None in place of the affine: functional_call takes it (its annotation says tensors only).
+    neutral: dict[str, Any] = {name: None for name in ("weight", "bias") if getattr(module, name, None) is not None}
     y = torch.func.functional_call(module, neutral, (x,), tie_weights=False, strict=False)
     if isinstance(module, nn.LayerNorm):
         view = (x.shape[0],) + (1,) * (x.dim() - 1 - len(module.normalized_shape)) + tuple(module.normalized_shape)
@@ -248,7 +257,7 @@ def _norm(module: nn.Module, params: dict[str, Any], routing: Routing, x: torch.
 
 def _per_example(module: nn.Module, params: dict[str, Any], name: str, routing: Routing) -> torch.Tensor | None:
     """One row per example: the value its subnetwork uses, with gradients to its grad partition only."""
-    pt = params.get(name)
+    pt: Any = params.get(name)
     if _role(pt) != "norm":
         value = getattr(module, name, None)
         return None if value is None else value.expand(routing.subnetworks.numel(), *value.shape)

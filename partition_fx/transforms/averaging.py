@@ -58,6 +58,7 @@ class TestTimeAveraged(nn.Module):
     """
 
     __test__ = False  # not a pytest test class, whatever its name
+    theta: torch.Tensor  # a buffer: the K fixed transforms [K, 2, 3]
 
     def __init__(self, model: nn.Module, augmentation: AffineAugmentation, samples: int = 8, seed: int = 0) -> None:
         super().__init__()

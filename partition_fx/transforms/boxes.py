@@ -53,7 +53,9 @@ class BoxZoom(Widenable, HyperparameterModule):
         with torch.no_grad():
             self.range.clamp_(0.0, self.max_range)
 
-    def forward(self, images: Sequence[torch.Tensor] | torch.Tensor, targets: Sequence[Target]) -> tuple[Any, list]:
+    def forward(
+        self, images: Sequence[torch.Tensor] | torch.Tensor, targets: Sequence[Target]
+    ) -> tuple[Any, list[Target]]:
         if not self.training:
             return images, list(targets)
         eps = torch.rand(len(images), device=self.range.device) * 2 - 1

@@ -62,10 +62,10 @@ class ConcreteDropout(HyperparameterModule):
             )
         if not math.isfinite(temperature):
             raise PartitionArgumentError(f"temperature must be finite, got {temperature!r}; 0.1 is the usual choice")
-        self.temperature = float(temperature)
-        self.p_min = p_min
-        self.p_max = p_max
-        self.logit_p = nn.Parameter(torch.tensor(math.log(p) - math.log1p(-p), dtype=torch.float32))
+        self.temperature: float = float(temperature)
+        self.p_min: float = p_min
+        self.p_max: float = p_max
+        self.logit_p: nn.Parameter = nn.Parameter(torch.tensor(math.log(p) - math.log1p(-p), dtype=torch.float32))
 
     @property
     def p(self) -> torch.Tensor:

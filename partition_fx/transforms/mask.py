@@ -52,7 +52,7 @@ class InputMask(HyperparameterModule):
                 f"init={init} is outside the mask range [{low:.3g}, {high:.3g}] allowed by max_logit={self.max_logit}; "
                 f"choose an init inside it or raise max_logit"
             )
-        self.logits = nn.Parameter(torch.full(self.shape, logit, dtype=torch.float32))
+        self.logits: nn.Parameter = nn.Parameter(torch.full(self.shape, logit, dtype=torch.float32))
 
     def mask(self) -> torch.Tensor:
         """The mask sigmoid(logits), shape ``shape``, differentiable."""
