@@ -189,68 +189,67 @@ def data_parallel(result: Results) -> str:
     )
 
 
+FEDERATED_ARMS = {
+    "partitioned": "partitioned (learned psi)",
+    "fedadam": "FedAdam, no augmentation",
+    "oracle": "FedAdam, rotation pi",
+    "fedex-equal": "FedEx-style, equal rounds",
+    "fedex": "FedEx-style, 4x rounds",
+}
+
+
 def federated(result: Results) -> str:
-    """Per data set, means (min-max) over the seeds: the mean of the last 10 evaluations of each arm, the
-    baseline's at the partitioned run's traffic, upload and traffic shares, seconds per round."""
-
-    def spread(row: dict[str, Any], key: str, percent: bool = False) -> str:
-        scale = 100 if percent else 1
-        mean, low, high = (scale * row[k] for k in (key, f"{key}_min", f"{key}_max"))
-        return f"{mean:.1f}% ({low:.1f}-{high:.1f})" if percent else f"{mean:.3f} ({low:.3f}-{high:.3f})"
-
-    header = ["data", "seeds", "partitioned (averaged over 10 augmentations)", "partitioned, plain",
-              "FedAdam baseline", "baseline at equal bytes", "upload, % of baseline", "traffic, % of baseline",
-              "s/round, partitioned / baseline"]  # fmt: skip
-    body = [
-        [
-            row["data"],
-            row["seeds"],
-            spread(row, "partitioned_last_averaged"),
-            spread(row, "partitioned_last"),
-            spread(row, "baseline_last"),
-            spread(row, "baseline_last_at_bytes"),
-            spread(row, "upload_share", True),
-            spread(row, "traffic_share", True),
-            f"{row['seconds_per_round']:.2f} / {row['baseline_seconds_per_round']:.2f}",
-        ]
-        for row in result["rows"]
-    ]
-    return markdown_table(header, body)
-
-
-def federated_ablation(result: Results) -> str:
-    """The seeds with the partitioned-fixed arm: partitioning alone, psi learned, and the baseline."""
-    header = ["data", "seed", "partitioned, psi fixed", "partitioned, psi learned", "baseline"]
-    body = [
-        [
-            run["data"],
-            run["seed"],
-            f"{run['partitioned_fixed_last']:.3f}",
-            f"{run['partitioned_last']:.3f}",
-            f"{run['baseline_last']:.3f}",
-        ]
-        for run in result["runs"]
-        if "partitioned_fixed_last" in run
-    ]
+    """Per data set: each arm's test accuracy (mean ± SE over the seeds) and the partitioned run's paired
+    difference to it (points), at equal rounds and, against FedAdam, at equal bytes; traffic and rounds."""
+    header = ["data", "seeds", *FEDERATED_ARMS.values(), "FedAdam at the partitioned run's bytes",
+              "partitioned traffic, % of FedAdam's"]  # fmt: skip
+    body = []
+    for row in result["rows"]:
+        cells = [row["data"], len(row["seeds"])]
+        for arm in FEDERATED_ARMS:
+            mean, se = row[arm]
+            paired = "" if arm == "partitioned" else " ({:+.1f} ± {:.1f})".format(*row[f"partitioned-minus-{arm}"])
+            cells.append(f"{mean:.3f} ± {se:.3f}{paired}")
+        cells.append("({:+.1f} ± {:.1f})".format(*row["partitioned-minus-fedadam-at-bytes"]))
+        cells.append(f"{100 * row['traffic_share']:.0f}%")
+        body.append(cells)
     return markdown_table(header, body)
 
 
 def federated_seeds(result: Results) -> str:
-    """Per seed: the learned rotation and dropout, each arm's mean of the last 10 evaluations."""
-    header = ["data", "seed", "rotation (rad)", "dropout rates", "partitioned, averaged", "partitioned, plain",
-              "baseline", "baseline at equal bytes"]  # fmt: skip
+    """Per seed: what each tuned arm chose, the learned rotation, each arm's test accuracy, its rounds and
+    seconds per round."""
+    header = ["data", "seed", "FedAdam server lr", "FedEx rotation (equal / 4x)", "learned rotation (rad)",
+              *FEDERATED_ARMS.values(), "s/round, partitioned / FedAdam"]  # fmt: skip
     body = [
         [
             run["data"],
             run["seed"],
-            f"{run['rotation']:.2f}",
-            " / ".join(f"{p:.2f}" for p in run["dropout"]),
-            f"{run['partitioned_last_averaged']:.3f}",
-            f"{run['partitioned_last']:.3f}",
-            f"{run['baseline_last']:.3f}",
-            f"{run['baseline_last_at_bytes']:.3f}",
+            f"{run['server_lr']:g}",
+            f"{run['fedex_equal_rotation']:.2f} / {run['fedex_rotation']:.2f}",
+            f"{run['hyperparameters'].get('rotation', 0.0):.2f}",
+            *(f"{run[arm]['test']:.3f}" for arm in FEDERATED_ARMS),
+            f"{run['partitioned']['seconds_per_round']:.2f} / {run['fedadam']['seconds_per_round']:.2f}",
         ]
         for run in result["runs"]
+    ]
+    return markdown_table(header, body)
+
+
+def federated_lessons(result: Results) -> str:
+    """The partitioned run with each lesson undone: test and validation accuracy, the learned rotation."""
+    header = ["data", "seed", "run", "test accuracy", "validation accuracy", "rotation (rad)"]
+    body = [
+        [
+            lesson["data"],
+            lesson["seed"],
+            name,
+            f"{run['test']:.3f}",
+            f"{run['validation']:.3f}",
+            f"{run['rotation']:.2f}",
+        ]
+        for lesson in result.get("summary", {}).get("lessons", [])
+        for name, run in lesson["runs"].items()
     ]
     return markdown_table(header, body)
 
@@ -604,7 +603,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "data_parallel": data_parallel,
     "federated": federated,
     "federated_seeds": federated_seeds,
-    "federated_ablation": federated_ablation,
+    "federated_lessons": federated_lessons,
     "convergence": convergence,
     "memory": memory,
     "input_pipeline": input_pipeline,

@@ -135,32 +135,28 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
 
 
 def test_federated_benchmark_quick(tmp_path, capsys):
-    """Both data sets, the three arms (the ablation on seed 0), the Flower timing, the tables; a second call
-    reuses every cached run, and a cached run of another config is trained again."""
-    pytest.importorskip("flwr", reason="the federated extra: pip install -e '.[federated]'")
+    """Both data sets, every arm chosen on validation (the FedAdam rate, the FedEx rotation), the lessons, the
+    tables; a second call reuses every cached run."""
     from benchmarks import tables
 
     module = _benchmark("federated")
-    argv = ["--quick", "--scratch", str(tmp_path / "runs"), "--out", str(tmp_path / "federated.json")]
+    argv = ["--quick", "--lessons", "--server-lrs", "0.001,0.003", "--scratch", str(tmp_path / "runs"), "--out",
+            str(tmp_path / "federated.json")]  # fmt: skip
     rows = module.main(argv)
-    assert [r["data"] for r in rows] == ["rotdigits", "digits"] and all(r["seeds"] == 1 for r in rows)
+    assert [r["data"] for r in rows] == ["rotdigits", "digits"] and all(r["seeds"] == [0] for r in rows)
     result = json.loads((tmp_path / "federated.json").read_text())
-    assert set(result["config"]["timings"]) == {"flower_partitioned", "simulate_partitioned", "flower_baseline",
-                                                "simulate_baseline"}  # fmt: skip
-    assert all(0 < run["upload_share"] < 1 and "partitioned_fixed_last" in run for run in result["runs"])
-    assert "| rotdigits | 0 |" in tables.federated_ablation(result) and "| digits | 1 |" in tables.federated(result)
-    assert (tmp_path / "federated.png").is_file()
-    printed = capsys.readouterr().out
-    assert printed.count("seed 0 partitioned:") == 2 and printed.count("seed 0 partitioned-fixed:") == 2
-    cached = tmp_path / "runs" / "digits-0-baseline.json"
-    history = json.loads(cached.read_text())
-    cached.write_text(json.dumps(history | {"config": {**history["config"], "rounds": 99}}))
-    again = module.main([*argv, "--flower-rounds", "0"])
-    assert [(r["partitioned_last"], r["baseline_last"]) for r in again] == [
-        (r["partitioned_last"], r["baseline_last"]) for r in rows
-    ]  # the retrained run is the same run: only its seconds differ
-    printed = capsys.readouterr().out
-    assert "seed 0 partitioned:" not in printed and printed.count("digits seed 0 baseline:") == 1
+    for run in result["runs"]:
+        grid = run["server_lr_grid"]
+        assert float(max(grid, key=lambda rate: grid[rate])) == run["server_lr"]  # the validation's best
+        assert run["fedadam"]["rounds"] == 8 and run["fedex"]["rounds"] == 16 and run["fedex-equal"]["rounds"] == 4
+        assert run["oracle"]["rounds"] == run["partitioned"]["rounds"] == 4
+        assert 0 < run["partitioned"]["run_bytes"] < run["fedadam"]["run_bytes"]
+    assert "| rotdigits | 1 |" in tables.federated(result) and "| digits | 0 |" in tables.federated_seeds(result)
+    assert "no fine-tuning" in tables.federated_lessons(result) and (tmp_path / "federated.png").is_file()
+    capsys.readouterr()
+    again = module.main(argv)
+    assert [r["partitioned"] for r in again] == [r["partitioned"] for r in rows]
+    assert "validation" not in capsys.readouterr().out  # nothing trained again
 
 
 def test_step_time_benchmark_quick(capsys):

@@ -89,6 +89,54 @@ def test_a_client_trains_each_partition_alone_from_the_server_values() -> None:
     assert client_update(pmodel, likelihood, hyper, (x, y), k=1).psi_gradient is None  # chunk 1: no psi term
 
 
+def test_a_fine_tuning_round_trains_the_exported_final_model_on_all_the_clients_data() -> None:
+    """Definition: a fine-tuning round is local SGD on the final subnetwork as exported (every partition at
+    once, psi applied but not learned), whatever the client's chunk; every partition comes back, no psi
+    gradient, and the client's model is left as the server sent it."""
+    from partition_fx import export_subnetwork
+
+    torch.manual_seed(0)
+    pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)), 3)
+    x, y = _data(20, 1)
+    before = {k: v.clone() for k, v in pmodel.state_dict().items()}
+    update = client_update(pmodel, Categorical(), None, (x, y), k=3, lr=0.1, batch_size=8, seed=5, epochs=2,
+                           finetune=True)  # fmt: skip
+    assert sorted(update.partitions) == [1, 2, 3] and update.psi_gradient is None and update.num_examples == 20
+    assert all(torch.equal(v, pmodel.state_dict()[k]) for k, v in before.items())
+    final = export_subnetwork(pmodel)  # a plain Sequential with the final subnetwork's weights
+    optimizer = torch.optim.SGD(final.parameters(), lr=0.1)
+    order = torch.Generator().manual_seed(5)  # the client's epoch order
+    for _ in range(2):
+        for batch in torch.randperm(20, generator=order).split(8):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(final(x[batch]), y[batch]).backward()
+            optimizer.step()
+    names = [n for j in (1, 2, 3) for n in _partition_names(pmodel, j)]
+    values = [t for j in (1, 2, 3) for t in update.partitions[j]]
+    pmodel.load_state_dict({**pmodel.state_dict(), **dict(zip(names, values))})
+    trained = export_subnetwork(pmodel)
+    for (name, got), want in zip(trained.state_dict().items(), final.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=name)
+
+
+def _partition_names(pmodel, j: int) -> list[str]:
+    """The state-dict names of ``pmodel.partition_parameters(j)``, in its order."""
+    names = {id(p): n for n, p in pmodel.named_parameters()}
+    return [names[id(p)] for p in pmodel.partition_parameters(j)]
+
+
+def test_the_baselines_fine_tuning_round_is_its_ordinary_round() -> None:
+    """With one partition the final subnetwork is the whole model: the fine-tuning phase changes nothing for the
+    FedAdam baseline, bit for bit."""
+    torch.manual_seed(0)
+    pmodel = partitionify(torch.nn.Sequential(torch.nn.Linear(5, 8), ConcreteDropout(), torch.nn.Linear(8, 3)), 1)
+    data = _data(20, 2)
+    plain = client_update(pmodel, Categorical(), None, data, k=1, batch_size=8, seed=4)
+    tuned = client_update(pmodel, Categorical(), None, data, k=1, batch_size=8, seed=4, finetune=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain.partitions[1], tuned.partitions[1]))
+    assert plain.train_loss == tuned.train_loss
+
+
 def test_the_server_takes_a_fedadam_step_per_partition_sent() -> None:
     """Definition: Adam on minus the example-weighted mean delta; a partition nobody sent keeps its values and
     its Adam state."""
@@ -160,6 +208,71 @@ def test_the_config_is_flowers_run_config_and_scales_psis_learning_rate() -> Non
     baseline = config.baseline()
     assert baseline.proportions == (1.0,) and not baseline.partitioned and baseline.seed == 3
     assert not baseline.learn_hyperparameters and config.learn_hyperparameters
+
+
+def test_a_runs_rounds_follow_its_schedule_warm_up_partitioned_then_fine_tuning() -> None:
+    """The rounds ask the central path's Schedule: no psi step in the warm-up rounds (the clients send no psi
+    gradient), psi steps after them, psi frozen and every partition sent in the fine-tuning rounds; the server
+    evaluates after the last partitioned round too."""
+    from partition_fx.federated import simulate
+    from partition_fx.federated.job import round_schedule
+
+    config = _tiny(rounds=5, evaluate_every=1, warmup_fraction=0.4, finetune_fraction=0.4, samples=1)
+    schedule = round_schedule(config)
+    assert [r for r in range(1, 6) if schedule.hyper_due(r)] == [3, 4, 5]  # the clients skip the fine-tuning's
+    assert [r for r in range(1, 6) if schedule.finetunes(r)] == [4, 5]
+    run = simulate(config)
+    rotation = [point["hyperparameters"]["rotation"] for point in run.curve]
+    assert rotation[0] == rotation[1] == pytest.approx(config.rotation_init) != rotation[2]
+    assert rotation[2] == rotation[3] == rotation[4]
+    assert [{m["chunk"] for m in run.client_train_metrics[r]} for r in (3, 4)] == [{1, 2, 3}, {1}]
+    assert [r for r in range(1, 9) if round_schedule(config.replace(rounds=8, evaluate_every=3)).evaluates_at(r)] == [
+        3, 5, 6, 8]  # fmt: skip
+
+
+def test_each_client_keeps_a_validation_share_that_the_curve_scores() -> None:
+    """validation: each client's share of its training examples, disjoint from what it trains on, the two
+    making up its Dirichlet share; the server's curve scores their union; none without it."""
+    from partition_fx.datasets import digits
+    from partition_fx.federated import simulate
+    from partition_fx.federated.job import plan_clients, validation_data
+
+    data = digits(size=8)
+    plain, held = (plan_clients(data, 10, 0.1, (0.7, 0.2, 0.1), seed=2, validation=v) for v in (0.0, 0.25))
+    for everything, train, validation in zip(plain.clients, held.clients, held.validation_clients):
+        assert sorted(torch.cat([train, validation]).tolist()) == everything.tolist()
+        assert len(validation) == min(round(0.25 * len(everything)), len(everything) - 1) and len(train) >= 1
+    assert validation_data(data, plain) is None and len(validation_data(data, held)[1]) == 360
+    point = simulate(_tiny(rounds=1, validation=0.25)).curve[0]
+    assert 0 <= point["validation-accuracy"] <= 1 and "validation-accuracy" not in simulate(_tiny(rounds=1)).curve[0]
+
+
+def test_a_baseline_holds_its_rotation_fixed() -> None:
+    """baseline(rotation): one partition, psi frozen with the rotation range there (0: no augmentation, pi: the
+    oracle on rotated digits) and nothing else augmented."""
+    import math
+
+    from partition_fx.federated import build_federated_model
+
+    for rotation in (0.0, math.pi):
+        model = build_federated_model(_tiny().baseline(rotation=rotation), (1, 8, 8), 10)
+        ranges = model.hyper.hyperparameters()
+        assert ranges["rotation"] == pytest.approx(rotation) and ranges["translation_x"] == 0.0
+        assert not any(p.requires_grad for p in model.hyper.parameters()) and model.pmodel.num_partitions == 1
+
+
+def test_the_flower_app_ships_the_commands_defaults() -> None:
+    """examples/flower_app's run config is FederatedConfig's defaults (``num-rounds`` for ``rounds``), ``out``
+    aside: ``flwr run`` and ``partition-fx federated`` train the same run."""
+    from pathlib import Path
+
+    import tomllib
+
+    from partition_fx.federated import FederatedConfig
+
+    toml = tomllib.loads((Path(__file__).parents[1] / "examples" / "flower_app" / "pyproject.toml").read_text())
+    shipped = FederatedConfig.from_run_config(toml["tool"]["flwr"]["app"]["config"])
+    assert shipped == FederatedConfig(out="runs/flower-app")
 
 
 @pytest.fixture
@@ -257,7 +370,7 @@ def test_flower_runs_the_algorithm_of_the_plain_loop() -> None:
     pytest.importorskip("flwr", reason=FLOWER)
     from partition_fx.federated import run_flower, simulate
 
-    config = _tiny(rounds=2, evaluate_every=1, seed=3)
+    config = _tiny(rounds=3, evaluate_every=1, seed=3, finetune_fraction=0.4)  # round 3 fine-tunes
     rounds = []
     flower = run_flower(config, on_round=lambda r, point: rounds.append((r, point)))
     threads = torch.get_num_threads()
@@ -269,10 +382,12 @@ def test_flower_runs_the_algorithm_of_the_plain_loop() -> None:
     for (name, got), want in zip(flower.model.pmodel.state_dict().items(), loop.model.pmodel.state_dict().values()):
         torch.testing.assert_close(got, want, msg=name)
     torch.testing.assert_close(flower.model.hyper.ranges, loop.model.hyper.ranges)
-    assert flower.curve == loop.curve and [p["round"] for p in loop.curve] == [1, 2]
+    assert flower.curve == loop.curve and [p["round"] for p in loop.curve] == [1, 2, 3]
     assert (flower.bytes_up, flower.bytes_down) == (loop.bytes_up, loop.bytes_down)
     assert flower.client_train_metrics == loop.client_train_metrics
-    assert rounds == [(0, None), (1, flower.curve[0]), (2, flower.curve[1])]
+    assert rounds == [(0, None), *((r, flower.curve[r - 1]) for r in (1, 2, 3))]
+    assert {m["chunk"] for m in loop.client_train_metrics[3]} == {1}  # every client sends every partition
+    assert loop.curve[2]["hyperparameters"] == loop.curve[1]["hyperparameters"]  # psi frozen
     assert 0 < loop.bytes_up < loop.bytes_down
 
 

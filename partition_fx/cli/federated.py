@@ -51,7 +51,7 @@ def run_federated_command(request: FederatedRequest) -> dict[str, Any] | str:
     for backend in request.log:  # so is a tracker's
         require(backend)
     data = load_federated_data(config)
-    plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
+    plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed, config.validation)
     federated_model(config, data)  # a model the federation cannot train (BatchNorm) is refused here
     runs: dict[str, Any] = {}
     for arm, arm_config in (("partitioned", config), ("baseline", config.baseline())):

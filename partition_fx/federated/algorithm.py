@@ -4,11 +4,14 @@
 A client assigned to chunk k starts every partition j in k..C from the round's server values and trains it
 alone through subnetwork j on its own data (one epoch of local SGD; eq. 25), each j independently; it returns
 only partitions k..C (1..k-1 are untouched and not sent) and, for k >= 2, the gradient of psi through
-subnetwork k-1 at the server values on all its data (eq. 26). The server averages each partition's deltas
-over the clients that sent it, weighted by their numbers of examples, and takes a FedAdam step (Reddi et al.
-2020) per partition: a partition no client sent does not move, its Adam state included (its gradient stays
-None). psi's gradients are averaged the same way into an Adam step. With C=1 and psi frozen this is plain
-FedAdam, the baseline.
+subnetwork k-1 at the server values on all its data (eq. 26). In the fine-tuning rounds at the end of a run
+(``finetune=True``), every client trains the final subnetwork, every partition at once, on all its data with
+psi frozen, and returns every partition: the server's step is then one FedAdam over the whole model, as the
+central path's fine-tuning phase trains the final subnetwork on all the data. The server averages each
+partition's deltas over the clients that sent it, weighted by their numbers of examples, and takes a FedAdam
+step (Reddi et al. 2020) per partition: a partition no client sent does not move, its Adam state included (its
+gradient stays None). psi's gradients are averaged the same way into an Adam step. With C=1 and psi frozen
+this is plain FedAdam, the baseline.
 """
 
 from __future__ import annotations
@@ -52,10 +55,14 @@ def client_update(
     batch_size: int = 64,
     seed: int = 0,
     epochs: int = 1,
+    finetune: bool = False,
+    psi_step: bool = True,
 ) -> ClientUpdate:
     """One client's round from the server values in ``pmodel`` / ``hyper`` (left as they were): ``epochs``
     epochs of local SGD per partition. Its random numbers (the epochs' order, dropout and augmentation noise)
-    come from ``seed`` alone.
+    come from ``seed`` alone. ``finetune``: a fine-tuning round, whatever ``k``: the final subnetwork trained
+    with every partition's parameters at once (psi applied, not learned), every partition returned, no psi
+    gradient. ``psi_step`` False: no psi gradient either (psi takes no step this round, e.g. in its warm-up).
 
     >>> from partition_fx import partitionify
     >>> from partition_fx.training import Categorical
@@ -63,10 +70,69 @@ def client_update(
     >>> update = client_update(pmodel, Categorical(), None, (torch.randn(8, 4), torch.randint(0, 2, (8,))), k=2)
     >>> sorted(update.partitions), update.psi_gradient is None  # partitions 2..3; no psi to learn here
     ([2, 3], True)
+    >>> sorted(client_update(pmodel, Categorical(), None, (torch.randn(8, 4), torch.randint(0, 2, (8,))), k=2,
+    ...                      finetune=True).partitions)
+    [1, 2, 3]
     """
     with torch.random.fork_rng(devices=[]):  # the client's noise is a function of ``seed``, on any engine
         torch.manual_seed(seed)
-        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed, epochs)
+        if finetune:
+            return _finetune_update(pmodel, likelihood, hyper, data, client, lr, batch_size, seed, epochs)
+        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed, epochs, psi_step)
+
+
+def _local_sgd(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    data: tuple[torch.Tensor, torch.Tensor],
+    params: Sequence[torch.Tensor],
+    j: int,
+    lr: float,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int,
+) -> list[torch.Tensor]:
+    """``epochs`` epochs of SGD on ``params`` through subnetwork ``j``; the step's losses. Leaves ``params`` as
+    trained (the caller keeps them and restores the server's values)."""
+    x, y = data
+    optimizer = torch.optim.SGD(params, lr=lr)
+    losses = []
+    for _ in range(epochs):
+        for batch in torch.randperm(len(x), generator=generator).split(batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = -forward_log_likelihood(pmodel, likelihood, x[batch], y[batch], j, hyper, transform_grad=False)
+            loss.mean().backward(inputs=params)
+            optimizer.step()
+            losses.append(loss.detach().mean())
+    return losses
+
+
+def _finetune_update(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    data: tuple[torch.Tensor, torch.Tensor],
+    client: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    epochs: int,
+) -> ClientUpdate:
+    pmodel.train()
+    if hyper is not None:
+        hyper.train()
+    partitions = {j: pmodel.partition_parameters(j) for j in range(1, pmodel.num_partitions + 1)}
+    params = [p for group in partitions.values() for p in group]
+    server_values = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(seed)
+    losses = _local_sgd(pmodel, likelihood, hyper, data, params, pmodel.num_partitions, lr, batch_size, generator,
+                        epochs)  # fmt: skip
+    trained = {j: [p.detach().clone() for p in group] for j, group in partitions.items()}
+    with torch.no_grad():
+        for p, value in zip(params, server_values):
+            p.copy_(value)
+    return ClientUpdate(client, 1, len(data[0]), trained, None, float(torch.stack(losses).mean()))
 
 
 def _client_update(
@@ -80,6 +146,7 @@ def _client_update(
     batch_size: int,
     seed: int,
     epochs: int,
+    psi_step: bool,
 ) -> ClientUpdate:
     x, y = data
     pmodel.train()
@@ -91,19 +158,12 @@ def _client_update(
     for j in range(k, pmodel.num_partitions + 1):
         params = pmodel.partition_parameters(j)
         server_values = [p.detach().clone() for p in params]
-        optimizer = torch.optim.SGD(params, lr=lr)
-        for _ in range(epochs):
-            for batch in torch.randperm(len(x), generator=generator).split(batch_size):
-                optimizer.zero_grad(set_to_none=True)
-                loss = -forward_log_likelihood(pmodel, likelihood, x[batch], y[batch], j, hyper, transform_grad=False)
-                loss.mean().backward(inputs=params)
-                optimizer.step()
-                losses.append(loss.detach().mean())
+        losses += _local_sgd(pmodel, likelihood, hyper, data, params, j, lr, batch_size, generator, epochs)
         trained[j] = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p, value in zip(params, server_values):
                 p.copy_(value)
-    gradient = _psi_gradient(pmodel, likelihood, hyper, x, y, k)
+    gradient = _psi_gradient(pmodel, likelihood, hyper, x, y, k) if psi_step else None
     return ClientUpdate(client, k, len(x), trained, gradient, float(torch.stack(losses).mean()))
 
 

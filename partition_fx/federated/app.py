@@ -43,6 +43,7 @@ from .job import (
     load_federated_data,
     plan_clients,
     train_client,
+    validation_data,
 )
 from .messages import array_record, load_state, record_number, train_reply
 from .models import FederatedModel
@@ -66,7 +67,7 @@ def _client(
     if key not in _CLIENT_STATE:
         torch.set_num_threads(1)  # one simulated client per CPU the engine gives it
         data = load_federated_data(config)
-        plan = plan_clients(data, clients, config.alpha, config.proportions, config.seed)
+        plan = plan_clients(data, clients, config.alpha, config.proportions, config.seed, config.validation)
         _CLIENT_STATE[key] = (data, plan, federated_model(config, data))
     data, plan, model = _CLIENT_STATE[key]
     share = (*key, client)
@@ -158,6 +159,7 @@ def _serve(grid: Grid, config: FederatedConfig, on_round: OnRound | None, min_av
     )  # fmt: skip
     run = FederatedRun(model, config)
     started = [time.perf_counter()]
+    validation: list[tuple[torch.Tensor, torch.Tensor] | None] = []
 
     def evaluate_fn(server_round: int, arrays: Any) -> MetricRecord | None:  # before the rounds and after each
         if server_round == 0:
@@ -166,7 +168,12 @@ def _serve(grid: Grid, config: FederatedConfig, on_round: OnRound | None, min_av
                 on_round(0, None)
             return None
         run.bytes_up, run.bytes_down = strategy.bytes_up, strategy.bytes_down
-        point = curve_point(run, data, server_round) if is_evaluated(config, server_round) else None
+        if config.validation and not validation:  # the clients' shares: a plan over the federation's nodes
+            plan = plan_clients(data, len(list(grid.get_node_ids())), config.alpha, config.proportions, config.seed,
+                                config.validation)  # fmt: skip
+            validation.append(validation_data(data, plan))
+        held = validation[0] if validation else None
+        point = curve_point(run, data, server_round, held) if is_evaluated(config, server_round) else None
         if on_round is not None:
             on_round(server_round, point)
         if point is None:

@@ -16,7 +16,7 @@ import torch
 from ..datasets import DatasetSplits, load_dataset
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
-from ..training import evaluate_classifier
+from ..training import Schedule, evaluate_classifier
 from ..training.objective import Objective
 from ..transforms import TestTimeAveraged
 from .algorithm import ClientUpdate, FederatedServer, client_update
@@ -31,13 +31,15 @@ LAST_EVALUATIONS = 10
 
 @dataclass
 class FederatedPlan:
-    """Who holds what: each client's training examples and test examples (indices into the splits), its
-    chunk, and what the split is skewed over (``labels`` or ``rotation``)."""
+    """Who holds what: each client's training examples, validation examples and test examples (indices into the
+    splits), its chunk, and what the split is skewed over (``labels`` or ``rotation``)."""
 
     clients: list[torch.Tensor]
     chunks: list[int]
     skew: str
     test_clients: list[torch.Tensor] = field(default_factory=list)
+    validation_clients: list[torch.Tensor] = field(default_factory=list)
+    """Each client's validation share of the training split (not in ``clients``); empty lists without one."""
 
 
 def _groups(data: DatasetSplits, split: str) -> tuple[torch.Tensor, str]:
@@ -50,17 +52,26 @@ def _groups(data: DatasetSplits, split: str) -> tuple[torch.Tensor, str]:
 
 
 def plan_clients(
-    data: DatasetSplits, clients: int, alpha: float, proportions: Sequence[float], seed: int = 0
+    data: DatasetSplits,
+    clients: int,
+    alpha: float,
+    proportions: Sequence[float],
+    seed: int = 0,
+    validation: float = 0.0,
 ) -> FederatedPlan:
     """Split the training data over ``clients`` (Dirichlet ``alpha`` over labels, or over 10 rotation bins for
     rotated data), the test split the same way (each client's own test share, for federated evaluation), and
-    give each client a chunk. Every client computes the same plan from the same arguments, so a client finds
-    its share by its partition id alone. Every refusal names the option to change.
+    give each client a chunk. With ``validation``, each client keeps that share of its training examples
+    (rounded, at least one left to train on) aside as its validation share. Every client computes the same plan
+    from the same arguments, so a client finds its share by its partition id alone. Every refusal names the
+    option to change.
 
     >>> from partition_fx.datasets import digits
-    >>> plan = plan_clients(digits(size=8), clients=10, alpha=0.1, proportions=(0.7, 0.2, 0.1))
+    >>> plan = plan_clients(digits(size=8), clients=10, alpha=0.1, proportions=(0.7, 0.2, 0.1), validation=0.2)
     >>> len(plan.clients), plan.skew, plan.chunks.count(1), len(plan.test_clients)
     (10, 'labels', 7, 10)
+    >>> sum(map(len, plan.validation_clients)), sum(map(len, plan.clients))  # of the 1438 training examples
+    (290, 1148)
     """
     n = len(data.train)
     if clients > min(n, len(data.test)):
@@ -70,12 +81,32 @@ def plan_clients(
         )
     groups, skew = _groups(data, "train")
     test_groups, _ = _groups(data, "test")
+    shares = dirichlet_split(groups, clients, alpha, seed)
+    kept = [_validation_share(share, validation, seed, client) for client, share in enumerate(shares)]
     return FederatedPlan(
-        dirichlet_split(groups, clients, alpha, seed),
+        [train for train, _ in kept],
         client_chunks(clients, proportions, seed),
         skew,
         dirichlet_split(test_groups, clients, alpha, seed + 1),
+        [held for _, held in kept],
     )
+
+
+def _validation_share(share: torch.Tensor, validation: float, seed: int, client: int) -> tuple[torch.Tensor, ...]:
+    """A client's examples split into (training, validation): ``validation`` of them, rounded, drawn by the
+    run's seed and the client, at least one left to train on."""
+    count = min(round(validation * len(share)), len(share) - 1)
+    order = torch.randperm(len(share), generator=torch.Generator().manual_seed(seed * 1_000_003 + client))
+    return share[order[count:].sort().values], share[order[:count].sort().values]
+
+
+def validation_data(data: DatasetSplits, plan: FederatedPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The union of the clients' validation shares (None without any)."""
+    held = torch.cat([torch.zeros(0, dtype=torch.long), *plan.validation_clients])
+    if not len(held):
+        return None
+    x, y = data.train.tensors
+    return x[held], y[held]
 
 
 class ClientData(NamedTuple):
@@ -112,13 +143,30 @@ def client_seed(seed: int, server_round: int, client: int) -> int:
     return seed * 1_000_003 + server_round * 1009 + client
 
 
+def round_schedule(config: FederatedConfig) -> Schedule:
+    """The run's timeline over its rounds, the central path's :class:`~partition_fx.training.Schedule` with a
+    round for an iteration: partitioned rounds (psi's steps after the first ``warmup_rounds``), then the last
+    ``finetune_rounds`` fine-tuning; the server
+    evaluates every ``evaluate_every`` rounds, after the last partitioned round and after the last.
+
+    >>> schedule = round_schedule(FederatedConfig(rounds=10, finetune_fraction=0.4, evaluate_every=5))
+    >>> [r for r in range(1, 11) if schedule.finetunes(r)], [r for r in range(1, 11) if schedule.evaluates_at(r)]
+    ([7, 8, 9, 10], [5, 6, 10])
+    """
+    return Schedule(config.rounds, eval_every=config.evaluate_every, finetune_steps=config.finetune_rounds,
+                    warmup_steps=config.warmup_rounds, learns=config.learn_hyperparameters)  # fmt: skip
+
+
 def train_client(
     model: FederatedModel, config: FederatedConfig, share: ClientData, client: int, server_round: int
 ) -> ClientUpdate:
-    """One client's round (``client_update``) with the run's settings."""
+    """One client's round (``client_update``) with the run's settings: a fine-tuning round, or one that sends
+    psi's gradient, when the run's schedule says so."""
+    schedule = round_schedule(config)
     return client_update(
         model.pmodel, model.likelihood, model.hyper, share.train, share.chunk, client=client, lr=config.lr,
         batch_size=config.batch_size, seed=client_seed(config.seed, server_round, client), epochs=config.local_epochs,
+        finetune=schedule.finetunes(server_round), psi_step=schedule.hyper_due(server_round),
     )  # fmt: skip
 
 
@@ -191,18 +239,28 @@ class FederatedRun:
 
 
 def is_evaluated(config: FederatedConfig, server_round: int) -> bool:
-    """Whether the server evaluates after ``server_round``: every ``evaluate_every`` rounds and after the last."""
-    return server_round > 0 and (server_round % config.evaluate_every == 0 or server_round == config.rounds)
+    """Whether the server evaluates after ``server_round`` (:func:`round_schedule`'s ``evaluates_at``)."""
+    return server_round > 0 and round_schedule(config).evaluates_at(server_round)
 
 
-def curve_point(run: FederatedRun, data: DatasetSplits, server_round: int) -> dict[str, Any]:
-    """The server's test evaluation after ``server_round``, appended to ``run.curve``."""
+def curve_point(
+    run: FederatedRun,
+    data: DatasetSplits,
+    server_round: int,
+    validation: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """The server's test evaluation after ``server_round`` (and on the clients' ``validation`` shares, when
+    given: ``validation-accuracy``, ``validation-accuracy-averaged``), appended to ``run.curve``."""
     scores = evaluate_model(run.model, data.test.tensors, run.config.test_samples)
     point = {
         "round": server_round, "bytes": run.bytes_up + run.bytes_down, "bytes_up": run.bytes_up,
         "test-accuracy": scores["accuracy"], "test-accuracy-averaged": scores["accuracy-averaged"],
         "test-nll": scores["nll"], "hyperparameters": hyperparameters(run.model),
     }  # fmt: skip
+    if validation is not None:
+        held = evaluate_model(run.model, validation, run.config.test_samples)
+        point["validation-accuracy"] = held["accuracy"]
+        point["validation-accuracy-averaged"] = held["accuracy-averaged"]
     run.curve.append(point)
     return point
 
@@ -236,7 +294,8 @@ def simulate(
     from .messages import client_metrics, train_instruction_bytes, train_reply_bytes
 
     data = load_federated_data(config) if data is None else data
-    plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed)
+    plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed, config.validation)
+    validation = validation_data(data, plan)
     model = federated_model(config, data)
     server = federated_server(config, model)
     shares = [client_data(data, plan, c) for c in range(config.clients)]
@@ -251,7 +310,7 @@ def simulate(
         run.bytes_up += sum(train_reply_bytes(u) for u in updates)
         run.client_train_metrics[server_round] = [client_metrics(u) for u in updates]
         server.apply(updates)
-        point = curve_point(run, data, server_round) if is_evaluated(config, server_round) else None
+        point = curve_point(run, data, server_round, validation) if is_evaluated(config, server_round) else None
         if on_round is not None:
             on_round(server_round, point)
     run.seconds = time.perf_counter() - started
@@ -273,7 +332,9 @@ __all__ = [
     "load_federated_data",
     "mean_of_last",
     "plan_clients",
+    "round_schedule",
     "sample_clients",
     "simulate",
     "train_client",
+    "validation_data",
 ]

@@ -52,8 +52,8 @@ def federated_cnn(in_chans: int = 1, image_size: int = 28, num_classes: int = 10
 def build_federated_model(config: FederatedConfig, input_shape: tuple[int, ...], num_classes: int) -> FederatedModel:
     """``config``'s model for inputs of ``input_shape`` (C, H, W), the same on every call (seeded by
     ``config.seed``): partitioned into ``config.proportions`` with the rotation range starting at
-    ``config.rotation_init``; with ``learn_hyperparameters=False`` (the baseline) psi frozen at no
-    augmentation and dropout at its initial rate.
+    ``config.rotation_init``; with ``learn_hyperparameters=False`` (the baselines) psi frozen there (the rotation
+    range at ``rotation_init``, no other augmentation) and dropout at its initial rate.
 
     A model with running statistics (BatchNorm) is refused: FedAdam aggregates parameters, and each client's
     statistics would describe its own skewed data.
@@ -77,8 +77,7 @@ def build_federated_model(config: FederatedConfig, input_shape: tuple[int, ...],
         model = build_model(config.model, num_classes, in_chans=in_chans, img_size=size)
     _refuse_running_statistics(model, config.model)
     pmodel = partitionify(model, len(config.proportions), config.proportions, seed=config.seed)
-    init = {"rotation": config.rotation_init} if config.learn_hyperparameters else 0.0
-    hyper = AffineAugmentation(num_samples=config.samples, init=init)
+    hyper = AffineAugmentation(num_samples=config.samples, init={"rotation": config.rotation_init})
     if not config.learn_hyperparameters:
         for module in (hyper, *(m for _, m in pmodel.hyperparameter_modules())):
             module.requires_grad_(False)
