@@ -67,6 +67,13 @@ def _run(config: FederatedConfig, scratch: Path) -> dict[str, Any]:
     return history
 
 
+def _defaults(data: str, seed: int, args: argparse.Namespace) -> FederatedConfig:
+    """The partitioned run of ``data`` and ``seed``: the command's defaults at the benchmark's budget, with every
+    client keeping its validation share."""
+    return FederatedConfig(data=data, seed=seed, clients=args.clients, rounds=args.rounds,
+                           validation=args.validation, evaluate_every=args.evaluate_every)  # fmt: skip
+
+
 def _final(history: dict[str, Any], split: str) -> float:
     """The final model's accuracy on ``split`` (averaged over the test-time augmentations where it has any): the
     mean of the evaluations in the last quarter of the rounds (200 rounds: 160 to 200), which a 220-example
@@ -83,8 +90,7 @@ def _at_bytes(history: dict[str, Any], budget: int) -> float:
 
 def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every arm of one dataset and seed: the runs, what each chose, its test accuracy and cost."""
-    default = FederatedConfig(data=data, seed=seed, clients=args.clients, rounds=args.rounds,
-                              validation=args.validation, evaluate_every=args.evaluate_every)  # fmt: skip
+    default = _defaults(data, seed, args)
     grid = {lr: _run(default.baseline().replace(server_lr=lr), args.scratch) for lr in args.server_lrs}
     lr = max(grid, key=lambda rate: _final(grid[rate], "validation"))
     chosen = default.baseline().replace(server_lr=lr)
@@ -127,8 +133,7 @@ def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
 
 def _lessons(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The partitioned run with each lesson undone: test and validation accuracy, final rotation."""
-    default = FederatedConfig(data=data, seed=seed, clients=args.clients, rounds=args.rounds,
-                              validation=args.validation, evaluate_every=args.evaluate_every)  # fmt: skip
+    default = _defaults(data, seed, args)
     rows = {}
     for name, change in {"defaults": {}, **LESSONS}.items():
         history = _run(default.replace(**change), args.scratch)

@@ -76,9 +76,46 @@ def client_update(
     """
     with torch.random.fork_rng(devices=[]):  # the client's noise is a function of ``seed``, on any engine
         torch.manual_seed(seed)
-        if finetune:
-            return _finetune_update(pmodel, likelihood, hyper, data, client, lr, batch_size, seed, epochs)
-        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed, epochs, psi_step)
+        return _client_update(pmodel, likelihood, hyper, data, k, client, lr, batch_size, seed, epochs, finetune,
+                              psi_step)  # fmt: skip
+
+
+def _client_update(
+    pmodel: PartitionedModel,
+    likelihood: Likelihood,
+    hyper: nn.Module | None,
+    data: tuple[torch.Tensor, torch.Tensor],
+    k: int,
+    client: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    epochs: int,
+    finetune: bool,
+    psi_step: bool,
+) -> ClientUpdate:
+    x, y = data
+    pmodel.train()
+    if hyper is not None:
+        hyper.train()
+    last = pmodel.num_partitions
+    # What trains through which subnetwork: each partition j in k..C alone through subnetwork j, or (fine-tuning)
+    # every partition at once through the final subnetwork C.
+    groups = [(last, list(range(1, last + 1)))] if finetune else [(j, [j]) for j in range(k, last + 1)]
+    generator = torch.Generator().manual_seed(seed)
+    trained = {}
+    losses: list[torch.Tensor] = []
+    for subnetwork, partitions in groups:
+        params = [p for j in partitions for p in pmodel.partition_parameters(j)]
+        server_values = [p.detach().clone() for p in params]
+        losses += _local_sgd(pmodel, likelihood, hyper, data, params, subnetwork, lr, batch_size, generator, epochs)
+        for j in partitions:
+            trained[j] = [p.detach().clone() for p in pmodel.partition_parameters(j)]
+        with torch.no_grad():
+            for p, value in zip(params, server_values):
+                p.copy_(value)
+    gradient = _psi_gradient(pmodel, likelihood, hyper, x, y, k) if psi_step and not finetune else None
+    return ClientUpdate(client, 1 if finetune else k, len(x), trained, gradient, float(torch.stack(losses).mean()))
 
 
 def _local_sgd(
@@ -106,65 +143,6 @@ def _local_sgd(
             optimizer.step()
             losses.append(loss.detach().mean())
     return losses
-
-
-def _finetune_update(
-    pmodel: PartitionedModel,
-    likelihood: Likelihood,
-    hyper: nn.Module | None,
-    data: tuple[torch.Tensor, torch.Tensor],
-    client: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    epochs: int,
-) -> ClientUpdate:
-    pmodel.train()
-    if hyper is not None:
-        hyper.train()
-    partitions = {j: pmodel.partition_parameters(j) for j in range(1, pmodel.num_partitions + 1)}
-    params = [p for group in partitions.values() for p in group]
-    server_values = [p.detach().clone() for p in params]
-    generator = torch.Generator().manual_seed(seed)
-    losses = _local_sgd(pmodel, likelihood, hyper, data, params, pmodel.num_partitions, lr, batch_size, generator,
-                        epochs)  # fmt: skip
-    trained = {j: [p.detach().clone() for p in group] for j, group in partitions.items()}
-    with torch.no_grad():
-        for p, value in zip(params, server_values):
-            p.copy_(value)
-    return ClientUpdate(client, 1, len(data[0]), trained, None, float(torch.stack(losses).mean()))
-
-
-def _client_update(
-    pmodel: PartitionedModel,
-    likelihood: Likelihood,
-    hyper: nn.Module | None,
-    data: tuple[torch.Tensor, torch.Tensor],
-    k: int,
-    client: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    epochs: int,
-    psi_step: bool,
-) -> ClientUpdate:
-    x, y = data
-    pmodel.train()
-    if hyper is not None:
-        hyper.train()
-    generator = torch.Generator().manual_seed(seed)
-    trained = {}
-    losses = []
-    for j in range(k, pmodel.num_partitions + 1):
-        params = pmodel.partition_parameters(j)
-        server_values = [p.detach().clone() for p in params]
-        losses += _local_sgd(pmodel, likelihood, hyper, data, params, j, lr, batch_size, generator, epochs)
-        trained[j] = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, value in zip(params, server_values):
-                p.copy_(value)
-    gradient = _psi_gradient(pmodel, likelihood, hyper, x, y, k) if psi_step else None
-    return ClientUpdate(client, k, len(x), trained, gradient, float(torch.stack(losses).mean()))
 
 
 def _psi_gradient(

@@ -96,7 +96,8 @@ def _validation_share(share: torch.Tensor, validation: float, seed: int, client:
     """A client's examples split into (training, validation): ``validation`` of them, rounded, drawn by the
     run's seed and the client, at least one left to train on."""
     count = min(round(validation * len(share)), len(share) - 1)
-    order = torch.randperm(len(share), generator=torch.Generator().manual_seed(seed * 1_000_003 + client))
+    generator = torch.Generator().manual_seed(client_seed(seed, 0, client))  # "round 0": before any round
+    order = torch.randperm(len(share), generator=generator)
     return share[order[count:].sort().values], share[order[:count].sort().values]
 
 
@@ -146,8 +147,8 @@ def client_seed(seed: int, server_round: int, client: int) -> int:
 def round_schedule(config: FederatedConfig) -> Schedule:
     """The run's timeline over its rounds, the central path's :class:`~partition_fx.training.Schedule` with a
     round for an iteration: partitioned rounds (psi's steps after the first ``warmup_rounds``), then the last
-    ``finetune_rounds`` fine-tuning; the server
-    evaluates every ``evaluate_every`` rounds, after the last partitioned round and after the last.
+    ``finetune_rounds`` fine-tuning; the server evaluates every ``evaluate_every`` rounds, after the last
+    partitioned round and after the last.
 
     >>> schedule = round_schedule(FederatedConfig(rounds=10, finetune_fraction=0.4, evaluate_every=5))
     >>> [r for r in range(1, 11) if schedule.finetunes(r)], [r for r in range(1, 11) if schedule.evaluates_at(r)]
