@@ -16,13 +16,18 @@ clients (each keeps ``--validation`` of its training examples aside; every run t
 Each arm's accuracy is its final model's (averaged over the test-time augmentations where it has any, and over
 the evaluations of the last quarter of the rounds), the test split's read once the settings are chosen.
 Differences are paired by seed (same clients, same chunks). Also recorded: the curves against rounds and bytes,
-psi's trajectory, seconds per round, and (``--lessons``, on the first seed) the partitioned run with each of its
-departures from the paper's federated recipe undone one at a time.
+psi's trajectory, seconds per round; ``--lessons`` (on the first seed): the partitioned run with each of its
+departures from the paper's federated recipe undone, and with each alternative the issue of its settings raised;
+``--variants`` (on the first seed): the partitioned run and FedAdam at the command's defaults on other data and
+federations (``scaledigits``, Dirichlet 1.0, appendix J's 100 clients of whom a fifth train each round);
+``--paper-cost``: seconds per round at ``examples/federated_paper.yaml``'s settings, and what its 2000 rounds cost.
 
-    python -m benchmarks.federated [--seeds 0,1,2] [--lessons] [--quick]
+    python -m benchmarks.federated [--seeds 0,1,2] [--lessons] [--variants] [--paper-cost] [--quick]
 
 Runs are cached in ``--scratch`` by their config, so an interrupted benchmark resumes, and the seeds can be
-split over processes (``--seeds 0`` and ``--seeds 1`` with ``--no-write``, then all seeds to write).
+split over processes (``--seeds 0`` and ``--seeds 1`` with ``--no-write``, then all seeds to write). What the
+results file already holds at the same settings (a seed's arms, a lesson's run, a variant) is kept, with the
+commit that measured it, not run again: a further seed adds to the recorded ones.
 """
 
 from __future__ import annotations
@@ -36,16 +41,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, header, results, write_results
+import yaml
+
+from benchmarks.common import RESULTS, ROOT, git_commit, header, results, write_results
 from partition_fx.federated import FederatedConfig, simulate
 
 ROTATIONS = (0.0, math.pi / 4, math.pi / 2, math.pi)
 """The FedEx-style search's candidates (the issue's grid): none, an eighth, a quarter and every angle."""
-LESSONS = {
+LESSONS: dict[str, dict[str, Any]] = {
     "no fine-tuning": {"finetune_fraction": 0.0},
     "no psi warm-up": {"warmup_fraction": 0.0},
+    "psi lr 3x the server's (9e-3)": {"hyper_lr": 9e-3},
+    "wide start (pi)": {"rotation_init": math.pi},
+    "psi's gradient from 12 of 20 clients": {"proportions": (0.4, 0.3, 0.3)},
 }
-"""The partitioned run with one of its defaults set back to the earlier federated recipe's."""
+"""The partitioned run with one of its defaults changed: the first two set back to the earlier federated recipe's;
+then psi's learning rate at the paper's ratio to the server's (the default's is 10x), the central path's wide
+start, and more clients sending psi's gradient (the default's chunks 2 and 3 are 6 of 20 clients)."""
+VARIANTS: dict[str, dict[str, Any]] = {
+    "scaledigits": {"data": "scaledigits"},
+    "Dirichlet 1.0": {"alpha": 1.0},
+    "100 clients, a fifth per round": {"clients": 100, "fraction_train": 0.2},
+}
+"""Other data and federations, reported at the command's defaults (nothing chosen for them)."""
+PAPER = ROOT / "examples" / "federated_paper.yaml"
+PAPER_ROUNDS_TIMED = 5
+"""Rounds of appendix J's settings timed to cost its whole run."""
+SETTINGS_KEYS = ("rounds", "clients", "evaluate_every", "validation", "server_lrs", "defaults")
+"""What a recorded seed's arms depend on: a results file that agrees on them holds runs this call would repeat."""
 
 
 def _run(config: FederatedConfig, scratch: Path) -> dict[str, Any]:
@@ -62,8 +85,9 @@ def _run(config: FederatedConfig, scratch: Path) -> dict[str, Any]:
     path.write_text(json.dumps(history))
     last = history["curve"][-1]
     psi = "psi learned" if config.learn_hyperparameters else f"rotation {config.rotation_init:.2f}"
-    print(f"{config.data} seed {config.seed} {psi} lr {config.server_lr} {config.rounds} rounds: validation "
-          f"{last['validation-accuracy-averaged']:.3f} ({history['wall_seconds']} s)", flush=True)  # fmt: skip
+    split = "validation" if config.validation else "test"
+    print(f"{config.data} seed {config.seed} {psi} lr {config.server_lr} {config.rounds} rounds: {split} "
+          f"{last[f'{split}-accuracy-averaged']:.3f} ({history['wall_seconds']} s)", flush=True)  # fmt: skip
     return history
 
 
@@ -88,6 +112,27 @@ def _at_bytes(history: dict[str, Any], budget: int) -> float:
     return float(within[-1]["test-accuracy-averaged"]) if within else float("nan")
 
 
+def _recorded(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """What ``--out`` holds that was measured at ``config``'s settings: its seeds' rows by (data, seed), its
+    lessons' runs by (data, name), its variants by name (empty where the file is absent or its settings differ)."""
+    if not args.out.is_file():
+        return {"runs": {}, "lessons": {}, "variants": {}}
+    recorded = json.loads(args.out.read_text())
+    if any(recorded["config"].get(key) != config[key] for key in SETTINGS_KEYS):
+        return {"runs": {}, "lessons": {}, "variants": {}}
+    commit = recorded["meta"]["commit"]
+    summary = recorded.get("summary", {})
+    return {
+        "runs": {(r["data"], r["seed"]): {"commit": commit, **r} for r in recorded["runs"]},
+        "lessons": {
+            (lesson["data"], name): {"commit": commit, **run}
+            for lesson in summary.get("lessons", [])
+            for name, run in lesson["runs"].items()
+        },
+        "variants": {v["variant"]: {"commit": commit, **v} for v in summary.get("variants", [])},
+    }
+
+
 def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every arm of one dataset and seed: the runs, what each chose, its test accuracy and cost."""
     default = _defaults(data, seed, args)
@@ -108,8 +153,8 @@ def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
         "fedex": (fixed[fedex], list(fixed.values())),
     }
     budget = ours["curve"][-1]["bytes"]
-    row: dict[str, Any] = {"data": data, "seed": seed, "server_lr": lr, "fedex_rotation": fedex,
-                           "fedex_equal_rotation": fedex_equal}  # fmt: skip
+    row: dict[str, Any] = {"data": data, "seed": seed, "commit": git_commit(), "server_lr": lr,
+                           "fedex_rotation": fedex, "fedex_equal_rotation": fedex_equal}  # fmt: skip
     for arm, (history, spent) in arms.items():
         row[arm] = {
             "test": _final(history, "test"),
@@ -131,15 +176,46 @@ def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
     return row
 
 
-def _lessons(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+def _outcome(history: dict[str, Any]) -> dict[str, Any]:
+    """A run's final model on test and validation, its learned rotation and its cost."""
+    return {"commit": git_commit(), "test": _final(history, "test"), "validation": _final(history, "validation"),
+            "rotation": history["hyperparameters"].get("rotation"), "hyperparameters": history["hyperparameters"],
+            "bytes": history["bytes_up"] + history["bytes_down"],
+            "seconds_per_round": history["seconds_per_round"]}  # fmt: skip
+
+
+def _lessons(data: str, seed: int, args: argparse.Namespace, recorded: dict[Any, Any]) -> dict[str, Any]:
     """The partitioned run with each lesson undone: test and validation accuracy, final rotation."""
     default = _defaults(data, seed, args)
     rows = {}
     for name, change in {"defaults": {}, **LESSONS}.items():
-        history = _run(default.replace(**change), args.scratch)
-        rows[name] = {"test": _final(history, "test"), "validation": _final(history, "validation"),
-                      "rotation": history["hyperparameters"].get("rotation")}  # fmt: skip
+        kept = recorded.get((data, name))
+        rows[name] = kept or _outcome(_run(default.replace(**change), args.scratch))
     return {"data": data, "seed": seed, "runs": rows}
+
+
+def _variant(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The partitioned run and FedAdam at the command's defaults (server lr 3e-3, the grid's choice on both data
+    sets' every seed), on other data or another federation."""
+    partitioned = _defaults("rotdigits", seed, args).replace(**VARIANTS[name])
+    runs = {"partitioned": partitioned, "fedadam": partitioned.baseline()}
+    return {"variant": name, "seed": seed, "data": partitioned.data,
+            **{arm: _outcome(_run(config, args.scratch)) for arm, config in runs.items()}}  # fmt: skip
+
+
+def _paper_cost(scratch: Path) -> dict[str, Any]:
+    """Seconds per round of appendix J's settings (``examples/federated_paper.yaml``) timed over a few rounds,
+    and what its full run costs at that pace, both arms."""
+    settings = yaml.safe_load(PAPER.read_text())
+    paper = FederatedConfig(**settings)
+    timed = paper.replace(rounds=PAPER_ROUNDS_TIMED, evaluate_every=PAPER_ROUNDS_TIMED)
+    cost: dict[str, Any] = {"rounds": paper.rounds, "timed_rounds": PAPER_ROUNDS_TIMED, "commit": git_commit()}
+    for arm, config in {"partitioned": timed, "fedadam": timed.baseline()}.items():
+        history = _run(config, scratch)
+        cost[arm] = {"seconds_per_round": history["seconds_per_round"],
+                     "hours": history["seconds_per_round"] * paper.rounds / 3600,
+                     "bytes_per_round": (history["bytes_up"] + history["bytes_down"]) / PAPER_ROUNDS_TIMED}  # fmt: skip
+    return cost
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -201,6 +277,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--data", default="rotdigits,digits")
     parser.add_argument("--lessons", action="store_true", help="each lesson undone, on the first seed")
+    parser.add_argument("--variants", action="store_true", help="other data and federations, on the first seed")
+    parser.add_argument("--paper-cost", action="store_true", help="appendix J's settings timed")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 6 clients, 4 rounds, seed 0")
     parser.add_argument("--no-write", action="store_true", help="only fill the cache (for split seeds)")
     parser.add_argument("--scratch", type=Path, default=Path("runs/benchmark-federated"))
@@ -210,8 +288,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         args.rounds, args.clients, args.seeds, args.evaluate_every = 4, 6, "0", 2
     args.server_lrs = [float(lr) for lr in args.server_lrs.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    rows = [_seed_runs(data, seed, args) for data in args.data.split(",") for seed in seeds]
-    lessons = [_lessons(data, seeds[0], args) for data in args.data.split(",")] if args.lessons else []
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "scratch", "quick", "no_write")}
+    config["defaults"] = FederatedConfig().run_config()
+    recorded = _recorded(args, config)
+    rows = [recorded["runs"].get((data, seed)) or _seed_runs(data, seed, args)
+            for data in args.data.split(",") for seed in seeds]  # fmt: skip
+    lessons = (
+        [_lessons(data, seeds[0], args, recorded["lessons"]) for data in args.data.split(",")] if args.lessons else []
+    )
+    variants = (
+        [recorded["variants"].get(name) or _variant(name, seeds[0], args) for name in VARIANTS] if args.variants else []
+    )
+    paper_cost = _paper_cost(args.scratch) if args.paper_cost else None
     if args.no_write:
         return rows
     summaries = [_summary(d, [r for r in rows if r["data"] == d]) for d in args.data.split(",")]
@@ -220,10 +308,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
               f"{s['fedadam'][0]:.3f}, oracle {s['oracle'][0]:.3f}, fedex {s['fedex'][0]:.3f}; rotation "
               f"{s['rotation']}")  # fmt: skip
     _plot(rows, args.out.with_suffix(".png"))
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "scratch", "quick", "no_write")}
-    config["defaults"] = FederatedConfig().run_config()
+    summary = {"lessons": lessons, "variants": variants, "paper_cost": paper_cost}
     write_results(args.out, results(header("federated", quick=args.quick), config, summaries, runs=rows,
-                                    summary={"lessons": lessons}))  # fmt: skip
+                                    summary=summary))  # fmt: skip
     return summaries
 
 

@@ -237,19 +237,62 @@ def federated_seeds(result: Results) -> str:
 
 
 def federated_lessons(result: Results) -> str:
-    """The partitioned run with each lesson undone: test and validation accuracy, the learned rotation."""
-    header = ["data", "seed", "run", "test accuracy", "validation accuracy", "rotation (rad)"]
+    """The partitioned run with each lesson undone or each alternative tried: test and validation accuracy, its
+    difference to the defaults' (points), the learned rotation."""
+    header = ["data", "seed", "run", "test accuracy", "vs the defaults (points)", "validation accuracy",
+              "rotation (rad)"]  # fmt: skip
     body = [
         [
             lesson["data"],
             lesson["seed"],
             name,
             f"{run['test']:.3f}",
+            "" if name == "defaults" else f"{100 * (run['test'] - lesson['runs']['defaults']['test']):+.1f}",
             f"{run['validation']:.3f}",
             f"{run['rotation']:.2f}",
         ]
         for lesson in result.get("summary", {}).get("lessons", [])
         for name, run in lesson["runs"].items()
+    ]
+    return markdown_table(header, body)
+
+
+def federated_variants(result: Results) -> str:
+    """Other data and federations at the command's defaults: each arm's test accuracy, the difference (points),
+    what psi learned, the traffic."""
+    header = ["variant", "data", "seed", "partitioned", "FedAdam", "difference (points)", "learned ranges",
+              "partitioned traffic, % of FedAdam's"]  # fmt: skip
+    body = [
+        [
+            variant["variant"],
+            variant["data"],
+            variant["seed"],
+            f"{variant['partitioned']['test']:.3f}",
+            f"{variant['fedadam']['test']:.3f}",
+            f"{100 * (variant['partitioned']['test'] - variant['fedadam']['test']):+.1f}",
+            ", ".join(f"{k} {v:.2f}" for k, v in variant["partitioned"]["hyperparameters"].items()),
+            f"{100 * variant['partitioned']['bytes'] / variant['fedadam']['bytes']:.0f}%",
+        ]
+        for variant in result.get("summary", {}).get("variants", [])
+    ]
+    return markdown_table(header, body)
+
+
+def federated_paper_cost(result: Results) -> str:
+    """Appendix J's settings timed over a few rounds: seconds and traffic per round, hours for the whole run."""
+    cost = result.get("summary", {}).get("paper_cost")
+    if not cost:
+        return markdown_table(["arm", "s/round"], [])
+    header = ["arm", f"s/round (over {cost['timed_rounds']} rounds)", f"hours for {cost['rounds']} rounds",
+              "MB per round, up + down"]  # fmt: skip
+    body = [
+        [
+            arm,
+            f"{cost[arm]['seconds_per_round']:.2f}",
+            f"{cost[arm]['hours']:.1f}",
+            f"{cost[arm]['bytes_per_round'] / 1e6:.1f}",
+        ]
+        for arm in ("partitioned", "fedadam")
     ]
     return markdown_table(header, body)
 
@@ -604,6 +647,8 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "federated": federated,
     "federated_seeds": federated_seeds,
     "federated_lessons": federated_lessons,
+    "federated_variants": federated_variants,
+    "federated_paper_cost": federated_paper_cost,
     "convergence": convergence,
     "memory": memory,
     "input_pipeline": input_pipeline,

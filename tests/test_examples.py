@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,12 +137,13 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
 
 def test_federated_benchmark_quick(tmp_path, capsys):
     """Both data sets, every arm chosen on validation (the FedAdam rate, the FedEx rotation), the lessons, the
-    tables; a second call reuses every cached run."""
+    paper's cost, the tables; a second call reuses every cached run, a third (its cache gone) what the results
+    file holds."""
     from benchmarks import tables
 
     module = _benchmark("federated")
-    argv = ["--quick", "--lessons", "--server-lrs", "0.001,0.003", "--scratch", str(tmp_path / "runs"), "--out",
-            str(tmp_path / "federated.json")]  # fmt: skip
+    argv = ["--quick", "--lessons", "--paper-cost", "--server-lrs", "0.001,0.003", "--scratch",
+            str(tmp_path / "runs"), "--out", str(tmp_path / "federated.json")]  # fmt: skip
     rows = module.main(argv)
     assert [r["data"] for r in rows] == ["rotdigits", "digits"] and all(r["seeds"] == [0] for r in rows)
     result = json.loads((tmp_path / "federated.json").read_text())
@@ -153,10 +155,36 @@ def test_federated_benchmark_quick(tmp_path, capsys):
         assert 0 < run["partitioned"]["run_bytes"] < run["fedadam"]["run_bytes"]
     assert "| rotdigits | 1 |" in tables.federated(result) and "| digits | 0 |" in tables.federated_seeds(result)
     assert "no fine-tuning" in tables.federated_lessons(result) and (tmp_path / "federated.png").is_file()
+    cost = result["summary"]["paper_cost"]  # appendix J's 2000 rounds, costed from 5 timed
+    assert cost["rounds"] == 2000 and cost["fedadam"]["hours"] == pytest.approx(
+        cost["fedadam"]["seconds_per_round"] * 2000 / 3600
+    )
+    assert cost["partitioned"]["bytes_per_round"] < cost["fedadam"]["bytes_per_round"]
+    assert "| partitioned |" in tables.federated_paper_cost(result)
     capsys.readouterr()
     again = module.main(argv)
     assert [r["partitioned"] for r in again] == [r["partitioned"] for r in rows]
     assert "validation" not in capsys.readouterr().out  # nothing trained again
+    shutil.rmtree(tmp_path / "runs")
+    kept = module.main([a for a in argv if a != "--paper-cost"])
+    assert [r["partitioned"] for r in kept] == [r["partitioned"] for r in rows]
+    assert "validation" not in capsys.readouterr().out  # every seed and lesson kept from the results file
+    assert all(run["commit"] for run in json.loads((tmp_path / "federated.json").read_text())["runs"])
+
+
+@pytest.mark.slow  # about a minute and a half: 3 variants of 2 runs, and the seed's 11 runs
+def test_federated_benchmark_variants_quick(tmp_path):
+    """Other data and federations: the partitioned run and FedAdam on each, in the results and their table."""
+    from benchmarks import tables
+
+    module = _benchmark("federated")
+    module.main(["--quick", "--variants", "--data", "rotdigits", "--server-lrs", "0.003", "--scratch",
+                 str(tmp_path / "runs"), "--out", str(tmp_path / "federated.json")])  # fmt: skip
+    result = json.loads((tmp_path / "federated.json").read_text())
+    variants = result["summary"]["variants"]
+    assert [v["data"] for v in variants] == ["scaledigits", "rotdigits", "rotdigits"]
+    assert all(0 < v["partitioned"]["bytes"] < v["fedadam"]["bytes"] for v in variants)
+    assert "| 100 clients, a fifth per round | rotdigits | 0 |" in tables.federated_variants(result)
 
 
 def test_step_time_benchmark_quick(capsys):
