@@ -16,13 +16,14 @@ clients (each keeps ``--validation`` of its training examples aside; every run t
 Each arm's accuracy is its final model's (averaged over the test-time augmentations where it has any, and over
 the evaluations of the last quarter of the rounds), the test split's read once the settings are chosen.
 Differences are paired by seed (same clients, same chunks). Also recorded: the curves against rounds and bytes,
-psi's trajectory, seconds per round; ``--lessons`` (on the first seed): the partitioned run with each of its
-departures from the paper's federated recipe undone, and with each alternative the issue of its settings raised;
-``--variants`` (on the first seed): the partitioned run and FedAdam at the command's defaults on other data and
-federations (``scaledigits``, Dirichlet 1.0, appendix J's 100 clients of whom a fifth train each round);
-``--paper-cost``: seconds per round at ``examples/federated_paper.yaml``'s settings, and what its 2000 rounds cost.
+psi's trajectory, seconds per round; ``--lessons`` (on the first seed, and those named by ``--repeat-lessons`` on
+every seed): the partitioned run with each of its departures from the paper's federated recipe undone, and with
+each alternative to its settings; ``--variants`` (on the first seed): the partitioned run and FedAdam at the
+command's defaults on other data and federations (``scaledigits``, Dirichlet 1.0, appendix J's 100 clients of whom
+a fifth train each round); ``--paper-cost``: seconds per round at ``examples/federated_paper.yaml``'s settings,
+and what its 2000 rounds cost.
 
-    python -m benchmarks.federated [--seeds 0,1,2] [--lessons] [--variants] [--paper-cost] [--quick]
+    python -m benchmarks.federated [--seeds 0,1,2] [--lessons [--repeat-lessons NAMES]] [--variants] [--paper-cost]
 
 Runs are cached in ``--scratch`` by their config, so an interrupted benchmark resumes, and the seeds can be
 split over processes (``--seeds 0`` and ``--seeds 1`` with ``--no-write``, then all seeds to write). What the
@@ -73,7 +74,7 @@ SETTINGS_KEYS = ("rounds", "clients", "evaluate_every", "validation", "server_lr
 """What a recorded seed's arms depend on: a results file that agrees on them holds runs this call would repeat."""
 
 
-def _run(config: FederatedConfig, scratch: Path) -> dict[str, Any]:
+def cached_run(config: FederatedConfig, scratch: Path) -> dict[str, Any]:
     """The run's history (client metrics dropped), from the cache when its config matches."""
     key = hashlib.sha256(json.dumps(config.run_config(), sort_keys=True).encode()).hexdigest()[:16]
     path = scratch / f"{config.data}-{config.seed}-{key}.json"
@@ -100,7 +101,7 @@ def _defaults(data: str, seed: int, args: argparse.Namespace) -> FederatedConfig
                            validation=args.validation, evaluate_every=args.evaluate_every)  # fmt: skip
 
 
-def _final(history: dict[str, Any], split: str) -> float:
+def final_accuracy(history: dict[str, Any], split: str) -> float:
     """The final model's accuracy on ``split`` (averaged over the test-time augmentations where it has any): the
     mean of the evaluations in the last quarter of the rounds (200 rounds: 160 to 200), which a 220-example
     validation share needs (one evaluation moves by 1/220 per example)."""
@@ -116,7 +117,8 @@ def _at_bytes(history: dict[str, Any], budget: int) -> float:
 
 def _recorded(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
     """What ``--out`` holds that was measured at ``config``'s settings: its seeds' rows by (data, seed), its
-    lessons' runs by (data, name), its variants by name (empty where the file is absent or its settings differ)."""
+    lessons' runs by (data, seed, name), its variants by name (empty where the file is absent or its settings
+    differ)."""
     if not args.out.is_file():
         return {"runs": {}, "lessons": {}, "variants": {}}
     recorded = json.loads(args.out.read_text())
@@ -127,7 +129,7 @@ def _recorded(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any
     return {
         "runs": {(r["data"], r["seed"]): {"commit": commit, **r} for r in recorded["runs"]},
         "lessons": {
-            (lesson["data"], name): {"commit": commit, **run}
+            (lesson["data"], lesson["seed"], name): {"commit": commit, **run}
             for lesson in summary.get("lessons", [])
             for name, run in lesson["runs"].items()
         },
@@ -138,15 +140,15 @@ def _recorded(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any
 def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every arm of one dataset and seed: the runs, what each chose, its test accuracy and cost."""
     default = _defaults(data, seed, args)
-    grid = {lr: _run(default.baseline().replace(server_lr=lr), args.scratch) for lr in args.server_lrs}
-    lr = max(grid, key=lambda rate: _final(grid[rate], "validation"))
+    grid = {lr: cached_run(default.baseline().replace(server_lr=lr), args.scratch) for lr in args.server_lrs}
+    lr = max(grid, key=lambda rate: final_accuracy(grid[rate], "validation"))
     chosen = default.baseline().replace(server_lr=lr)
-    fixed = {r: _run(chosen.replace(rotation_init=r), args.scratch) for r in ROTATIONS}
+    fixed = {r: cached_run(chosen.replace(rotation_init=r), args.scratch) for r in ROTATIONS}
     short = chosen.replace(rounds=args.rounds // len(ROTATIONS))
-    fixed_short = {r: _run(short.replace(rotation_init=r), args.scratch) for r in ROTATIONS}
-    fedex = max(ROTATIONS, key=lambda r: _final(fixed[r], "validation"))
-    fedex_equal = max(ROTATIONS, key=lambda r: _final(fixed_short[r], "validation"))
-    ours = _run(default, args.scratch)
+    fixed_short = {r: cached_run(short.replace(rotation_init=r), args.scratch) for r in ROTATIONS}
+    fedex = max(ROTATIONS, key=lambda r: final_accuracy(fixed[r], "validation"))
+    fedex_equal = max(ROTATIONS, key=lambda r: final_accuracy(fixed_short[r], "validation"))
+    ours = cached_run(default, args.scratch)
     arms = {
         "partitioned": (ours, [ours]),
         "fedadam": (grid[lr], list(grid.values())),
@@ -159,9 +161,9 @@ def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
                            "fedex_rotation": fedex, "fedex_equal_rotation": fedex_equal}  # fmt: skip
     for arm, (history, spent) in arms.items():
         row[arm] = {
-            "test": _final(history, "test"),
+            "test": final_accuracy(history, "test"),
             "test_plain_final": float(history["curve"][-1]["test-accuracy"]),
-            "validation": _final(history, "validation"),
+            "validation": final_accuracy(history, "validation"),
             "rounds": sum(h["rounds"] for h in spent),
             "bytes": sum(h["bytes_up"] + h["bytes_down"] for h in spent),
             "run_bytes": history["bytes_up"] + history["bytes_down"],
@@ -174,25 +176,29 @@ def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
         for arm, (history, _) in arms.items()
     }
     row["rotation_curve"] = [[p["round"], p["hyperparameters"].get("rotation")] for p in ours["curve"]]
-    row["server_lr_grid"] = {str(rate): _final(h, "validation") for rate, h in grid.items()}
+    row["server_lr_grid"] = {str(rate): final_accuracy(h, "validation") for rate, h in grid.items()}
     return row
 
 
 def _outcome(history: dict[str, Any]) -> dict[str, Any]:
     """A run's final model on test and validation, its learned rotation and its cost."""
-    return {"commit": git_commit(), "test": _final(history, "test"), "validation": _final(history, "validation"),
+    return {"commit": git_commit(), "test": final_accuracy(history, "test"),
+            "validation": final_accuracy(history, "validation"),
             "rotation": history["hyperparameters"].get("rotation"), "hyperparameters": history["hyperparameters"],
             "bytes": history["bytes_up"] + history["bytes_down"],
             "seconds_per_round": history["seconds_per_round"]}  # fmt: skip
 
 
-def _lessons(data: str, seed: int, args: argparse.Namespace, recorded: dict[Any, Any]) -> dict[str, Any]:
-    """The partitioned run with each lesson undone: test and validation accuracy, final rotation."""
+def _lessons(
+    data: str, seed: int, names: list[str], args: argparse.Namespace, recorded: dict[Any, Any]
+) -> dict[str, Any]:
+    """The partitioned run with each lesson of ``names`` undone, and the defaults' run it pairs with: test and
+    validation accuracy, final rotation."""
     default = _defaults(data, seed, args)
     rows = {}
-    for name, change in {"defaults": {}, **LESSONS}.items():
-        kept = recorded.get((data, name))
-        rows[name] = kept or _outcome(_run(default.replace(**change), args.scratch))
+    for name, change in {"defaults": {}, **{name: LESSONS[name] for name in names}}.items():
+        kept = recorded.get((data, seed, name))
+        rows[name] = kept or _outcome(cached_run(default.replace(**change), args.scratch))
     return {"data": data, "seed": seed, "runs": rows}
 
 
@@ -202,7 +208,7 @@ def _variant(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     partitioned = _defaults("rotdigits", seed, args).replace(**VARIANTS[name])
     runs = {"partitioned": partitioned, "fedadam": partitioned.baseline()}
     return {"variant": name, "seed": seed, "data": partitioned.data,
-            **{arm: _outcome(_run(config, args.scratch)) for arm, config in runs.items()}}  # fmt: skip
+            **{arm: _outcome(cached_run(config, args.scratch)) for arm, config in runs.items()}}  # fmt: skip
 
 
 def _paper_cost(scratch: Path) -> dict[str, Any]:
@@ -213,7 +219,7 @@ def _paper_cost(scratch: Path) -> dict[str, Any]:
     timed = paper.replace(rounds=PAPER_ROUNDS_TIMED, evaluate_every=PAPER_ROUNDS_TIMED)
     cost: dict[str, Any] = {"rounds": paper.rounds, "timed_rounds": PAPER_ROUNDS_TIMED, "commit": git_commit()}
     for arm, config in {"partitioned": timed, "fedadam": timed.baseline()}.items():
-        history = _run(config, scratch)
+        history = cached_run(config, scratch)
         cost[arm] = {"seconds_per_round": history["seconds_per_round"],
                      "hours": history["seconds_per_round"] * paper.rounds / 3600,
                      "bytes_per_round": (history["bytes_up"] + history["bytes_down"]) / PAPER_ROUNDS_TIMED}  # fmt: skip
@@ -279,6 +285,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--data", default="rotdigits,digits")
     parser.add_argument("--lessons", action="store_true", help="each lesson undone, on the first seed")
+    parser.add_argument("--repeat-lessons", default="", help="lessons (names, comma-separated) run on every seed")
     parser.add_argument("--variants", action="store_true", help="other data and federations, on the first seed")
     parser.add_argument("--paper-cost", action="store_true", help="appendix J's settings timed")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 6 clients, 4 rounds, seed 0")
@@ -286,6 +293,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--scratch", type=Path, default=Path("runs/benchmark-federated"))
     parser.add_argument("--out", type=Path, default=RESULTS / "federated.json")
     args = parser.parse_args(argv)
+    repeated = [name for name in args.repeat_lessons.split(",") if name]
+    unknown = sorted(set(repeated) - set(LESSONS))
+    if unknown:
+        parser.error(f"--repeat-lessons: unknown {unknown}; the lessons are {list(LESSONS)}")
     if args.quick:
         args.rounds, args.clients, args.seeds, args.evaluate_every = 4, 6, "0", 2
     args.server_lrs = [float(lr) for lr in args.server_lrs.split(",")]
@@ -295,9 +306,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     recorded = _recorded(args, config)
     rows = [recorded["runs"].get((data, seed)) or _seed_runs(data, seed, args)
             for data in args.data.split(",") for seed in seeds]  # fmt: skip
-    lessons = (
-        [_lessons(data, seeds[0], args, recorded["lessons"]) for data in args.data.split(",")] if args.lessons else []
-    )
+    lessons = [
+        _lessons(data, seed, list(LESSONS) if seed == seeds[0] else repeated, args, recorded["lessons"])
+        for data in args.data.split(",")
+        for seed in seeds
+        if args.lessons and (seed == seeds[0] or repeated)
+    ]
     variants = (
         [recorded["variants"].get(name) or _variant(name, seeds[0], args) for name in VARIANTS] if args.variants else []
     )

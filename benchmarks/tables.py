@@ -238,9 +238,11 @@ def federated_seeds(result: Results) -> str:
 
 def federated_lessons(result: Results) -> str:
     """The partitioned run with each lesson undone or each alternative tried: test and validation accuracy, its
-    difference to the defaults' (points), the learned rotation."""
+    difference to the defaults' run of the same seed (points), the learned rotation; then, for a lesson run on
+    several seeds, the mean ± SE of its paired differences."""
     header = ["data", "seed", "run", "test accuracy", "vs the defaults (points)", "validation accuracy",
               "rotation (rad)"]  # fmt: skip
+    lessons = result.get("summary", {}).get("lessons", [])
     body = [
         [
             lesson["data"],
@@ -251,9 +253,20 @@ def federated_lessons(result: Results) -> str:
             f"{run['validation']:.3f}",
             f"{run['rotation']:.2f}",
         ]
-        for lesson in result.get("summary", {}).get("lessons", [])
+        for lesson in lessons
         for name, run in lesson["runs"].items()
     ]
+    paired: dict[tuple[str, str], list[float]] = {}
+    for lesson in lessons:
+        for name, run in lesson["runs"].items():
+            if name != "defaults":
+                difference = 100 * (run["test"] - lesson["runs"]["defaults"]["test"])
+                paired.setdefault((lesson["data"], name), []).append(difference)
+    for (data, name), differences in paired.items():
+        if len(differences) > 1:
+            mean = statistics.fmean(differences)
+            se = statistics.stdev(differences) / len(differences) ** 0.5
+            body.append([data, f"{len(differences)} seeds", name, "", f"{mean:+.1f} ± {se:.1f}", "", ""])
     return markdown_table(header, body)
 
 

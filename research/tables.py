@@ -102,6 +102,17 @@ def implicit_cost(result: Results) -> str:
     return markdown_table(["step", "seconds (median)", "in parameter steps", "partitioned iteration vs fixed"], body)
 
 
+def federated_psi(result: Results) -> str:
+    """Per data set and psi rate: each seed's final rotation, the runs meeting the target, the final models' mean
+    test accuracy."""
+    body = [
+        [r["data"], r["rate"], ", ".join(f"{v:.2f}" for v in r["rotations"]), f"{r['meets']} of {r['runs']}",
+         f"{r['test']:.3f}"]
+        for r in result["rows"]
+    ]  # fmt: skip
+    return markdown_table(["data", "psi lr", "rotation per seed (rad)", "meet the target", "test accuracy"], body)
+
+
 def population(result: Results) -> str:
     """One line per population: the ranges it learned (the rotation, the isotropic scale where the generators have
     one, and the largest other), its final model's test accuracy, the member its state descends from at each round
@@ -207,6 +218,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "hyper_gradient_direction": hyper_gradient_direction,
     "branch_check": branch_check,
     "implicit_cost": implicit_cost,
+    "federated_psi": federated_psi,
     "population": population,
     "occam": occam,
     "occam_follow": occam_follow,

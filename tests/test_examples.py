@@ -172,6 +172,25 @@ def test_federated_benchmark_quick(tmp_path, capsys):
     assert all(run["commit"] for run in json.loads((tmp_path / "federated.json").read_text())["runs"])
 
 
+def test_federated_lessons_table_pairs_each_lesson_with_its_seeds_defaults(capsys):
+    """Each lesson's difference is to the defaults' run of its own seed; a lesson on several seeds gets the mean
+    ± SE of those paired differences. An unknown lesson to repeat is refused before anything runs."""
+    from benchmarks import tables
+
+    def lesson(seed, defaults, warmup):
+        return {"data": "digits", "seed": seed, "runs": {
+            "defaults": {"test": defaults, "validation": 0.9, "rotation": 0.1},
+            "no psi warm-up": {"test": warmup, "validation": 0.9, "rotation": 0.1}}}  # fmt: skip
+
+    table = tables.federated_lessons({"summary": {"lessons": [lesson(0, 0.95, 0.96), lesson(1, 0.90, 0.88)]}})
+    assert "| digits | 0 | no psi warm-up | 0.960 | +1.0 |" in table
+    assert "| digits | 1 | no psi warm-up | 0.880 | -2.0 |" in table
+    assert "| digits | 2 seeds | no psi warm-up |  | -0.5 ± 1.5 |" in table  # mean of +1, -2; sd 2.12 / sqrt 2
+    with pytest.raises(SystemExit):
+        _benchmark("federated").main(["--quick", "--lessons", "--repeat-lessons", "no warmup"])
+    assert "unknown ['no warmup']" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # about a minute and a half: 3 variants of 2 runs, and the seed's 11 runs
 def test_federated_benchmark_variants_quick(tmp_path):
     """Other data and federations: the partitioned run and FedAdam on each, in the results and their table."""
