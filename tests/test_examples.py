@@ -328,6 +328,21 @@ def test_hyper_gradient_direction_benchmark_quick(capsys):
     assert "rotdigits r=0.50 seed 0" in capsys.readouterr().out
 
 
+def test_federated_psi_quick(tmp_path, capsys):
+    """Each data set at each psi rate, one seed: its rotation checked against the data set's target, each run
+    cached as the benchmark's."""
+    rows = _research("federated_psi").main(["--quick", "--scratch", str(tmp_path)])
+    assert [(r["data"], r["rate"], r["runs"]) for r in rows] == [
+        ("rotdigits", "default (0.03)", 1), ("rotdigits", "0.06", 1),
+        ("digits", "default (0.03)", 1), ("digits", "0.06", 1)]  # fmt: skip
+    assert all(r["meets"] == (r["rotations"][0] >= 2.5 if r["data"] == "rotdigits" else r["rotations"][0] <= 0.3)
+               for r in rows)  # fmt: skip
+    assert "digits psi lr 0.06: rotation" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("*.json"))) == 4  # one cached run per data set and rate
+    # over 4 rounds the default rate is 0.06 as well: a rate given equals the same rate by default, bit for bit
+    assert rows[0]["rotations"] == rows[1]["rotations"] and rows[2]["rotations"] == rows[3]["rotations"]
+
+
 def test_branch_check_benchmark_quick(capsys):
     result = _research("branch_check").main(["--quick"])
     rows = result["rows"]
