@@ -121,6 +121,10 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
     assert "| rotdigits | learned affine |" in out and "| rotdigits | oracle: rotation fixed at pi, C=1 |" in out
     (oracle,) = [r for r in result["rows"] if r["augment"] == "oracle"]
     assert oracle["rotation"] == [float(np.float32(3.1416))] and oracle["other_ranges_max"] == [0.0]
+    (learned,) = [r for r in result["rows"] if r["data"] == "rotdigits" and r["augment"] == "affine"]
+    (trajectory,) = learned["ranges_trajectories"]  # every range at each evaluation, the last one the learned
+    assert trajectory[-1][1] == learned["ranges"][0] and {"rotation", "scale_x"} <= trajectory[0][1].keys()
+    assert all(ranges == oracle["ranges"][0] for _, ranges in oracle["ranges_trajectories"][0])  # fixed throughout
     # a second call reuses the completed runs
     assert module.main(["--quick", "--seeds", "0", "--runs", str(tmp_path)])["rows"] == result["rows"]
     # but not one whose ranges started elsewhere (as an earlier default start would have): it is trained again
