@@ -137,6 +137,17 @@ def summary(values: Sequence[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean; 0 for one value). The mean is ``statistics.fmean``'s, in floats
+    (:func:`summary`'s ``statistics.mean`` is exact, and can differ in the last bit).
+
+    >>> mean_se([1.0, 3.0]), mean_se([2.0])
+    ((2.0, 1.0), (2.0, 0.0))
+    """
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), sd / len(values) ** 0.5
+
+
 def mean_sd(values: Sequence[float], fmt: str) -> str:
     """'mean ± sd' for a table (just the value for one)."""
     mean, sd = summary(values)

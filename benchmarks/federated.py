@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import RESULTS, ROOT, git_commit, header, results, write_results
+from benchmarks.common import RESULTS, ROOT, git_commit, header, mean_se, results, write_results, write_text
 from partition_fx.federated import FederatedConfig, simulate
 
 ROTATIONS = (0.0, math.pi / 4, math.pi / 2, math.pi)
@@ -84,8 +84,7 @@ def cached_run(config: FederatedConfig, scratch: Path) -> dict[str, Any]:
     history = simulate(config).history()
     history.pop("client_train_metrics")
     history["wall_seconds"] = round(time.perf_counter() - started, 1)
-    scratch.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(history))
+    write_text(path, json.dumps(history))  # whole or not at all: an interrupted run is not a cached one
     last = history["curve"][-1]
     psi = "psi learned" if config.learn_hyperparameters else f"rotation {config.rotation_init:.2f}"
     split = "validation" if config.validation else "test"
@@ -119,10 +118,8 @@ def _recorded(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any
     """What ``--out`` holds that was measured at ``config``'s settings: its seeds' rows by (data, seed), its
     lessons' runs by (data, seed, name), its variants by name (empty where the file is absent or its settings
     differ)."""
-    if not args.out.is_file():
-        return {"runs": {}, "lessons": {}, "variants": {}}
-    recorded = json.loads(args.out.read_text())
-    if any(recorded["config"].get(key) != config[key] for key in SETTINGS_KEYS):
+    recorded = json.loads(args.out.read_text()) if args.out.is_file() else None
+    if recorded is None or any(recorded["config"].get(key) != config[key] for key in SETTINGS_KEYS):
         return {"runs": {}, "lessons": {}, "variants": {}}
     commit = recorded["meta"]["commit"]
     summary = recorded.get("summary", {})
@@ -214,8 +211,7 @@ def _variant(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
 def _paper_cost(scratch: Path) -> dict[str, Any]:
     """Seconds per round of appendix J's settings (``examples/federated_paper.yaml``) timed over a few rounds,
     and what its full run costs at that pace, both arms."""
-    settings = yaml.safe_load(PAPER.read_text())
-    paper = FederatedConfig(**settings)
+    paper = FederatedConfig().replace(**yaml.safe_load(PAPER.read_text()))  # an unknown key is refused by name
     timed = paper.replace(rounds=PAPER_ROUNDS_TIMED, evaluate_every=PAPER_ROUNDS_TIMED)
     cost: dict[str, Any] = {"rounds": paper.rounds, "timed_rounds": PAPER_ROUNDS_TIMED, "commit": git_commit()}
     for arm, config in {"partitioned": timed, "fedadam": timed.baseline()}.items():
@@ -226,21 +222,15 @@ def _paper_cost(scratch: Path) -> dict[str, Any]:
     return cost
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error (0 for one value)."""
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
-
-
 def _summary(data: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm: mean ± SE of test accuracy; the partitioned run's paired differences (points) to each arm."""
     summary: dict[str, Any] = {"data": data, "seeds": [r["seed"] for r in rows]}
     for arm in ("partitioned", "fedadam", "oracle", "fedex-equal", "fedex"):
-        summary[arm] = _mean_se([r[arm]["test"] for r in rows])
+        summary[arm] = mean_se([r[arm]["test"] for r in rows])
         if arm != "partitioned":
-            summary[f"partitioned-minus-{arm}"] = _mean_se([100 * (r["partitioned"]["test"] - r[arm]["test"])
+            summary[f"partitioned-minus-{arm}"] = mean_se([100 * (r["partitioned"]["test"] - r[arm]["test"])
                                                             for r in rows])  # fmt: skip
-    summary["partitioned-minus-fedadam-at-bytes"] = _mean_se(
+    summary["partitioned-minus-fedadam-at-bytes"] = mean_se(
         [100 * (r["partitioned"]["test"] - r["fedadam"]["test_at_partitioned_bytes"]) for r in rows]
     )
     summary["rotation"] = [r["hyperparameters"].get("rotation") for r in rows]

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from benchmarks import tables
 from benchmarks.arms import ARMS, data_arm_seeds, training_images
 from benchmarks.common import RESULTS, header, results, write_results
-from partition_fx.cli import main as partition_fx_command  # what it measures: the command, run as users run it
 from partition_fx.job_spec import JobSpec
 from partition_fx.jobs import build_augmentation, initial_hyperparameters, train_spec
 
 CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("rotdigits", "oracle"), ("digits", "affine")]
+COMMAND = Path(sys.executable).with_name("partition-fx")
+"""What it measures: the command, run as users run it (the console script installed beside this Python)."""
 QUICK = ["--steps", "4", "--batch-size", "8", "--samples", "2", "--image-size", "16", "--eval-every", "2"]
 
 
@@ -36,7 +39,9 @@ def run(data: str, augment: str, seed: int, runs: Path, extra: list[str]) -> dic
         report = json.loads(report_path.read_text())
         if report.get("status") == "completed" and _same_run(report, argv[1:]):
             return report
-    if partition_fx_command([*argv, "--out", str(out), "--overwrite"]) != 0:
+    if not COMMAND.is_file():
+        raise SystemExit(f"{COMMAND} not found: install the package in this environment (pip install -e .)")
+    if subprocess.run([str(COMMAND), *argv, "--out", str(out), "--overwrite"]).returncode != 0:
         raise SystemExit(f"run failed: partition-fx {' '.join(argv)}")
     return json.loads(report_path.read_text())
 

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import markdown_table, mean_sd, provenance
+from benchmarks.common import markdown_table, mean_sd, mean_se, provenance
 
 Results = dict[str, Any]
 
@@ -242,31 +242,20 @@ def federated_lessons(result: Results) -> str:
     several seeds, the mean ± SE of its paired differences."""
     header = ["data", "seed", "run", "test accuracy", "vs the defaults (points)", "validation accuracy",
               "rotation (rad)"]  # fmt: skip
-    lessons = result.get("summary", {}).get("lessons", [])
-    body = [
-        [
-            lesson["data"],
-            lesson["seed"],
-            name,
-            f"{run['test']:.3f}",
-            "" if name == "defaults" else f"{100 * (run['test'] - lesson['runs']['defaults']['test']):+.1f}",
-            f"{run['validation']:.3f}",
-            f"{run['rotation']:.2f}",
-        ]
-        for lesson in lessons
-        for name, run in lesson["runs"].items()
-    ]
-    paired: dict[tuple[str, str], list[float]] = {}
-    for lesson in lessons:
+    body, paired = [], {}
+    for lesson in result.get("summary", {}).get("lessons", []):
+        defaults = lesson["runs"]["defaults"]["test"]
         for name, run in lesson["runs"].items():
+            difference = 100 * (run["test"] - defaults)
             if name != "defaults":
-                difference = 100 * (run["test"] - lesson["runs"]["defaults"]["test"])
                 paired.setdefault((lesson["data"], name), []).append(difference)
+            body.append([lesson["data"], lesson["seed"], name, f"{run['test']:.3f}",
+                         "" if name == "defaults" else f"{difference:+.1f}", f"{run['validation']:.3f}",
+                         f"{run['rotation']:.2f}"])  # fmt: skip
     for (data, name), differences in paired.items():
         if len(differences) > 1:
-            mean = statistics.fmean(differences)
-            se = statistics.stdev(differences) / len(differences) ** 0.5
-            body.append([data, f"{len(differences)} seeds", name, "", f"{mean:+.1f} ± {se:.1f}", "", ""])
+            body.append([data, f"{len(differences)} seeds", name, "", "{:+.1f} ± {:.1f}".format(*mean_se(differences)),
+                         "", ""])  # fmt: skip
     return markdown_table(header, body)
 
 
