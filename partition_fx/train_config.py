@@ -20,10 +20,14 @@ True
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import COMPILE_MODES, PRECISIONS
+from .choices import COMPILE_MODES, PRECISIONS, RANGE_NAMES
+from .errors import PartitionArgumentError, PartitionTypeError
 from .settings import SettingError, Settings, setting
 
 HYPER_CHUNKS = ("one", "all")
@@ -49,6 +53,23 @@ what the ranges do to the weights that training produces (``implicit``: ``traini
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
+
+
+def _range_factors(name: str, value: Any) -> dict[str, float]:
+    """``train_range_factors``: a factor > 0 for each affine augmentation range it names (``choices.RANGE_NAMES``)."""
+    if not isinstance(value, Mapping):
+        raise PartitionTypeError(
+            f"{name} must be a dict of factors by range name, e.g. {{'scale': 1.0}}, got {value!r}"
+        )
+    unknown = sorted(set(value) - set(RANGE_NAMES))
+    if unknown:
+        raise PartitionArgumentError(
+            f"{name} has unknown range(s) {', '.join(unknown)}; the ranges are {', '.join(RANGE_NAMES)}"
+        )
+    for key, number in value.items():
+        if isinstance(number, bool) or not isinstance(number, numbers.Real) or not 0 < float(number) < math.inf:
+            raise PartitionArgumentError(f"{name} {key}={number!r} must be a finite factor > 0")
+    return {key: float(number) for key, number in value.items()}
 
 
 @dataclass(frozen=True)
@@ -93,7 +114,8 @@ class HyperStep(Settings):
     augmentation from its ranges times F (for a transform with ``widened``, such as ``AffineAugmentation``;
     ignored by others and by fixed ranges), so the subnetworks that score psi were trained on augmentation
     narrower (F < 1, the default 0.5) or wider than psi: a range the data does not hold then costs evidence
-    that the weights do not absorb, and shrinks."""
+    that the weights do not absorb, and shrinks. ``train_range_factors`` gives the ranges it names their own F
+    (``{"scale": 1.0}``: the zoom trained at the range it is scored at, every other range at F)."""
 
     section_help = "learned hyperparameters"
     lr: float = setting(0.05, "Adam's learning rate on the hyperparameters", keyword="hyper_lr", positive=True,
@@ -129,6 +151,17 @@ class HyperStep(Settings):
         positive=True,
         metavar="F",
         fingerprint=True,
+    )
+    train_range_factors: Mapping[str, float] | None = setting(
+        None,
+        "these ranges' own --train-range-factor, e.g. scale=1 (each one of the augmentation's generators; every other "
+        "range takes --train-range-factor)",
+        keyword="train_range_factors",
+        metavar="NAME=F[,...]",
+        default_text="none, every range takes --train-range-factor",
+        validator=_range_factors,
+        fingerprint=True,
+        absent_means=None,  # configurations written before it existed widened every range alike
     )
     norm_statistics: str = setting(
         "batch",

@@ -89,6 +89,7 @@ REFUSED_WITHOUT_TORCH = [
     ["train", "--resume", "{missing}"],
     ["train", "--data", "rotdigit"],
     ["train", "--max-range", "shear=0"],
+    ["train", "--train-range-factors", "scale=0"],
     ["train", "--init", "rotation=4"],
     ["convert", "--partitions", "0", "--out", "{missing}"],
     ["convert", "--out", "{file}", "--overwrite"],

@@ -116,6 +116,45 @@ def test_train_range_factor_needs_a_transform_that_widens():
     assert aug._spread == 1.0 and aug.hyperparameters()["rotation"] == 0.5
 
 
+@pytest.mark.parametrize("every_partition", [False, True])
+def test_train_range_factors_widen_each_named_range_by_its_own(every_partition):
+    """``train_range_factors={"scale": 2.0}`` with ``train_range_factor=0.5``: a parameter step trains exactly as
+    with the zoom twice as wide and the rotation half as wide (powers of 2 scale exactly), bit for bit, and the
+    hyperparameter step scores the ranges themselves."""
+    options = {"every_partition": every_partition, "warmup_steps": 10}
+
+    def trainer(init, **factors):
+        aug = AffineAugmentation(num_samples=2, generators=["rotation", "scale"], init=init)
+        return _trainer(hyper=aug, **factors, **options)
+
+    own = trainer({"rotation": 0.4, "scale": 0.2}, train_range_factor=0.5, train_range_factors={"scale": 2.0})
+    alike = trainer({"rotation": 0.2, "scale": 0.4}, train_range_factor=1.0)
+    assert own.steps.train_range_factor == {"rotation": 0.5, "scale": 2.0}
+    for each in (own, alike):
+        torch.manual_seed(0)
+        each.run(2, finetune_steps=0, progress=False) if every_partition else each.parameter_step()
+    assert all(torch.equal(a, b) for a, b in zip(_weights(own), _weights(alike)))
+    plain = trainer({"rotation": 0.4, "scale": 0.2}, train_range_factor=1.0)
+    plain.pmodel.load_state_dict(own.pmodel.state_dict())
+    rng = torch.get_rng_state()
+    _, hyper_loss = own.hyper_step(2, torch.arange(4))
+    torch.set_rng_state(rng)
+    assert torch.equal(hyper_loss, plain.hyper_step(2, torch.arange(4))[1])
+
+
+def test_train_range_factors_name_ranges_of_the_transform():
+    refusal = r"train_range_factors names scale, but AffineAugmentation's ranges are translation_x, .*shear; name its"
+    with pytest.raises(PartitionArgumentError, match=refusal):
+        _trainer(hyper=AffineAugmentation(num_samples=2), train_range_factors={"scale": 1.0})
+    with pytest.raises(PartitionArgumentError, match=r"train_range_factors=\{'rotation': 1.0\} scales .* InputMask"):
+        PartitionedTrainer(_pmodel(), (torch.randn(60, 4), torch.zeros(60)), PAPER, hyper=InputMask(4),
+                           train_range_factors={"rotation": 1.0})  # fmt: skip
+    with pytest.raises(PartitionArgumentError, match="train_range_factors rotation=0 must be a finite factor > 0"):
+        _trainer(train_range_factors={"rotation": 0})
+    with pytest.raises(PartitionArgumentError, match="train_range_factors has unknown range"):
+        _trainer(train_range_factors={"zoom": 1.0})
+
+
 def test_the_hyper_scheduler_follows_hyperparameter_steps():
     scheduler = partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
     trainer = _trainer(hyper_scheduler=scheduler, hyper_every=2)

@@ -24,12 +24,14 @@ AVX-512 machine (they do not depend on the CPU: the statistics are computed in f
 value kept as the AVX2 machine wrote it. The hyper-gradient's settings joined the training configuration and the
 resume fingerprint (``hyper_gradient`` ``fixed``, ``implicit_terms`` 5, ``implicit_lr`` 0.01) and were added to every
 record that holds either the same way, by hand, and so was ``max_range`` (null, the default bounds) to the job's
-config when ``--max-range`` joined it; and ``fit_patience_restore_best``'s resume state gained
-``partitioned_ended_at`` (4) by hand when the run's patience began to be saved with it (the run's schedule), every
-tensor and every other value unchanged on an AVX-512 machine. Two changes made while the test skipped on AVX-512
-machines were added by hand on an AVX2 one, every tensor and every other value checked unchanged there:
+config when ``--max-range`` joined it, and ``train_range_factors`` (null, every range widened alike) to every
+record's training configuration when per-range factors joined it; and ``fit_patience_restore_best``'s resume state
+gained ``partitioned_ended_at`` (4) by hand when the run's patience began to be saved with it (the run's schedule),
+every tensor and every other value unchanged on an AVX-512 machine. Two changes made while the test skipped on
+AVX-512 machines were added by hand on an AVX2 one, every tensor and every other value checked unchanged there:
 ``train``'s summary giving the data's sizes (``cli_train_export``'s stdout) and an image folder's record of its
-skipped non-image files (``fit_folder_workers0``/``2``, ``skipped_files``: none). Before that, ``cli_train_export``'s record
+skipped non-image files (``fit_folder_workers0``/``2``, ``skipped_files``: none). Before that,
+``cli_train_export``'s record
 was written again four times, each time
 with every tensor and every other value unchanged: when hooks got state of their own (its report's history no longer
 carries ``partitioned_test_accuracy``), when ``generators`` and ``draws`` joined the job (its report's config gains

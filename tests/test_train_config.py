@@ -4,6 +4,7 @@ know, generates the command line's options, and ``fit``'s defaults are the comma
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partition_fx import partitionify
+from partition_fx.choices import RANGE_NAMES
 from partition_fx.cli.commands.train import RUN_CONTROL, job_spec
 from partition_fx.cli.parser import build_parser, parse_train, train_defaults
 from partition_fx.cli.runs import read_spec
@@ -29,6 +31,9 @@ def _value(field: Field) -> st.SearchStrategy:
         values = st.booleans()
     elif field.kind is int:
         values = st.integers(min_value=int(option.minimum or 0), max_value=2**63 - 1 if option.seed else 10_000)
+    elif field.kind is Mapping:  # a factor per affine range (train_range_factors)
+        factors = st.floats(min_value=1e-12, max_value=1e6, allow_nan=False, allow_infinity=False)
+        values = st.dictionaries(st.sampled_from(RANGE_NAMES), factors, max_size=3)
     else:
         low = 1e-12 if option.positive else 0.0
         high = option.maximum if option.maximum is not None else 1e6

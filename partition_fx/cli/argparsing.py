@@ -8,7 +8,7 @@ import argparse
 import difflib
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -268,5 +268,6 @@ def add_setting(group: Any, field: Field, **overrides: Any) -> None:
         if option.const is not None:
             kwargs.update(nargs="?", const=option.const)
         elif option.choices is None:
-            kwargs.update(type=seed if option.seed else field.kind)
+            # A mapping setting (train_range_factors) holds a value per affine range: NAME=VALUE pairs.
+            kwargs.update(type=seed if option.seed else range_values if field.kind is Mapping else field.kind)
     group.add_argument(field.flag, **{**kwargs, **overrides})

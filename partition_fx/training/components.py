@@ -19,7 +19,7 @@ from ..train_config import TrainConfig
 from .data import DataChunks
 from .hooks import Callback, TrainingHook
 from .likelihoods import Likelihood, resolve_likelihood
-from .objective import takes_num_samples, widens
+from .objective import parameter_step_spread, takes_num_samples, widens
 from .optim import OptimizerFactory, SchedulerFactory
 
 
@@ -37,13 +37,14 @@ def check_takes_num_samples(hyper: nn.Module | None) -> None:
         )
 
 
-def check_widens(hyper: nn.Module | None, factor: float) -> None:
-    """Refuse ``train_range_factor`` other than 1 given for an input transform that cannot widen its ranges."""
-    if factor != 1.0 and not widens(hyper):
+def check_widens(hyper: nn.Module | None, name: str, value: Any) -> None:
+    """Refuse ``name`` (``train_range_factor`` other than 1, or ``train_range_factors``) given for an input
+    transform that cannot widen its ranges."""
+    if not widens(hyper):
         what = "there is no input transform" if hyper is None else f"{type(hyper).__name__} has no widened()"
         raise PartitionArgumentError(
-            f"train_range_factor={factor} scales the input transform's ranges in parameter steps, but {what}; "
-            "pass an AffineAugmentation or leave train_range_factor out"
+            f"{name}={value} scales the input transform's ranges in parameter steps, but {what}; "
+            f"pass an AffineAugmentation or leave {name} out"
         )
 
 
@@ -124,8 +125,12 @@ def resolve(where: str, config: TrainConfig | None, keywords: dict[str, Any]) ->
     components = Components(**{k: v for k, v in keywords.items() if k in objects})
     if changes.get("hyper_samples") is not None:  # asked for by name: a transform must be able to take it
         check_takes_num_samples(components.hyper)
-    if "train_range_factor" in changes:  # likewise: a transform must be able to scale its ranges
-        check_widens(components.hyper, config.hyper.train_range_factor)
+    factor, factors = config.hyper.train_range_factor, config.hyper.train_range_factors
+    if "train_range_factor" in changes and factor != 1.0:  # likewise: a transform must be able to scale its ranges
+        check_widens(components.hyper, "train_range_factor", factor)
+    if changes.get("train_range_factors"):  # and to scale the ranges it names, each by its own
+        check_widens(components.hyper, "train_range_factors", factors)
+        parameter_step_spread(components.hyper, factor, factors)
     return config, components
 
 

@@ -19,7 +19,7 @@ loss then stay as they are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ def through_training(
     *,
     terms: int,
     lr: float,
-    widen: float = 1.0,
+    widen: float | Mapping[str, float] = 1.0,
 ) -> torch.Tensor:
     """A zero-valued tensor whose gradient with respect to psi is the implicit part of ``loss``'s hyper-gradient
     through the partitions of ``inner``: for each ``(p, x, y)``, partition p's training loss on those examples

@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 
 
 def apply_transform(
-    hyper: nn.Module | None, x: torch.Tensor, grad: bool = True, samples: int | None = None, widen: float = 1.0
+    hyper: nn.Module | None,
+    x: torch.Tensor,
+    grad: bool = True,
+    samples: int | None = None,
+    widen: float | Mapping[str, float] = 1.0,
 ) -> tuple[torch.Tensor, int]:
     """``(hyper(x), S)``: the input transform's S samples per example, sample major (``(x, 1)`` without one).
     ``grad=False`` runs it without autograd (a parameter loss needs no gradient of psi); ``samples`` asks
@@ -55,7 +59,7 @@ def apply_transform(
 
 
 @contextmanager
-def _transforming(hyper: nn.Module, grad: bool, widen: float) -> Iterator[None]:
+def _transforming(hyper: nn.Module, grad: bool, widen: float | Mapping[str, float]) -> Iterator[None]:
     """How an input transform runs in a loss: with autograd only when ``grad`` (and it is on), from its ranges
     times ``widen``."""
     widened = hyper.widened(widen) if widen != 1.0 else nullcontext()  # type: ignore[operator]  # hyper is a Widenable when widen != 1 (objective.widens); nn.Module types it Tensor | Module
@@ -72,7 +76,7 @@ def forward_log_likelihood(
     hyper: nn.Module | None = None,
     transform_grad: bool = True,
     samples: int | None = None,
-    widen: float = 1.0,
+    widen: float | Mapping[str, float] = 1.0,
 ) -> torch.Tensor:
     """Per-example log p(y | x) through ``subnetwork``, after the input transform ``hyper`` (whose S
     samples per example are averaged by the likelihood). ``transform_grad=False`` runs the transform
@@ -232,7 +236,7 @@ def routed_losses(
     batch: tuple[torch.Tensor, torch.Tensor],
     hyper_batches: Sequence[ScoredBatch] = (),
     samples: int | None = None,
-    widen: float = 1.0,
+    widen: float | Mapping[str, float] = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Parameter examples (example i through subnetwork ks[i], training partition ks[i]) and hyperparameter
     examples (each ``(weight, k, x, y)`` of ``hyper_batches``: chunk k through subnetwork k-1, training no

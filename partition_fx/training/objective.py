@@ -1,10 +1,11 @@
 """What is trained: the model, its input transform and its likelihood, as one :class:`Objective`; and what
-an input transform can be asked (:func:`takes_num_samples`, :func:`widens`)."""
+an input transform can be asked (:func:`takes_num_samples`, :func:`widens`, :func:`parameter_step_spread`)."""
 
 from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,39 @@ class Objective:
 def widens(hyper: nn.Module | None) -> bool:
     """Whether ``train_range_factor`` applies to ``hyper``: it can draw from scaled ranges (``widened``)."""
     return callable(getattr(hyper, "widened", None))
+
+
+def parameter_step_spread(
+    hyper: nn.Module | None, factor: float, factors: Mapping[str, float] | None
+) -> float | dict[str, float]:
+    """What partitioned training's parameter steps widen ``hyper``'s learned ranges by (``hyper.widened``):
+    ``train_range_factor`` for every range, or, where ``train_range_factors`` names ranges, each of ``hyper``'s
+    generators its own factor (those it names theirs, every other ``factor``). A name that is not one of ``hyper``'s
+    generators is refused.
+
+    >>> from partition_fx.transforms import AffineAugmentation
+    >>> aug = AffineAugmentation(generators=["rotation", "scale"])
+    >>> parameter_step_spread(aug, 0.5, None), parameter_step_spread(aug, 0.5, {"scale": 1.0})
+    (0.5, {'rotation': 0.5, 'scale': 1.0})
+    >>> parameter_step_spread(aug, 0.5, {"shear": 1.0})
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: train_range_factors names shear, but AffineAugmentation's ranges are ...
+    """
+    if not factors:
+        return factor
+    generators = tuple(getattr(hyper, "generators", ()))
+    unknown = [name for name in factors if name not in generators]
+    if unknown:
+        what = (
+            "there is no input transform"
+            if hyper is None
+            else f"{type(hyper).__name__}'s ranges are {', '.join(generators) or 'not named per generator'}"
+        )
+        raise PartitionArgumentError(
+            f"train_range_factors names {unknown[0]}, but {what}; name its ranges or leave train_range_factors out"
+        )
+    return {**dict.fromkeys(generators, factor), **factors}
 
 
 def takes_num_samples(hyper: nn.Module | None) -> bool:

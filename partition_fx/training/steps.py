@@ -13,7 +13,7 @@ scheme's (``training.schemes``), which batches a hyperparameter step scores its 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from .lml import (
     hyper_step_norms,
     routed_losses,
 )
-from .objective import Objective, running_norms, takes_num_samples, widens
+from .objective import Objective, parameter_step_spread, running_norms, takes_num_samples, widens
 from .optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -84,7 +84,7 @@ class TrainingSteps:
         device: torch.device | None = None,
         data_parallel: DataParallel | None = None,
         hyper_samples: int | None = None,
-        train_range_factor: float = 1.0,
+        train_range_factor: float | Mapping[str, float] = 1.0,
         hyper_norms: str = "batch",
         config: TrainConfig | None = None,
         evaluator: LMLEvaluator | None = None,
@@ -103,7 +103,8 @@ class TrainingSteps:
         self.hyper_samples = hyper_samples
         """Augmentation samples per example in hyperparameter steps (None: the input transform's own number)."""
         self.train_range_factor = train_range_factor
-        """Parameter steps draw the augmentation from its ranges times this (fine-tuning steps do not)."""
+        """Parameter steps draw the augmentation from its ranges times this, one factor or each generator's own
+        (fine-tuning steps do not)."""
         self.hyper_norms = hyper_norms
         """What BatchNorm normalises hyperparameter steps' batches with (``lml.hyper_step_norms``)."""
         self.step = 0
@@ -240,7 +241,11 @@ class TrainingSteps:
             data_parallel=data_parallel,
             # Fixed ranges are the augmentation chosen for the model: trained on as they are.
             hyper_samples=config.hyper.samples if takes_num_samples(hyper) else None,
-            train_range_factor=config.hyper.train_range_factor if learns and widens(hyper) else 1.0,
+            train_range_factor=(
+                parameter_step_spread(hyper, config.hyper.train_range_factor, config.hyper.train_range_factors)
+                if learns and widens(hyper)
+                else 1.0
+            ),
             hyper_norms=config.hyper.norm_statistics,
             config=config,
             evaluator=evaluator,

@@ -177,9 +177,34 @@ class AffineAugmentation(Widenable, HyperparameterModule):
             return x
         s = self.num_samples if num_samples is None else _check_num_samples(num_samples)
         eps = self.draw(s, x.shape[0], x)
-        if self._spread != 1.0:
+        if isinstance(self._spread, torch.Tensor):
+            eps = eps * self._spread.to(eps.dtype)
+        elif self._spread != 1.0:
             eps = eps * self._spread
         return self.transform(x, eps)
+
+    def spread_of(self, factor: float | Mapping[str, float]) -> float | torch.Tensor:
+        """:meth:`widened`'s factor as ``forward`` applies it: one number for every range, or a mapping from
+        generator names to each range's own factor (every range it does not name at 1), as a tensor [G].
+
+        >>> aug = AffineAugmentation(generators="augerino")
+        >>> aug.spread_of({"scale": 2.0}).tolist()
+        [1.0, 1.0, 1.0, 2.0, 1.0, 1.0]
+        >>> aug.spread_of({"scale_x": 2.0})
+        Traceback (most recent call last):
+        ...
+        partition_fx.errors.PartitionArgumentError: factor has key 'scale_x', which is not one of this module's ...
+        """
+        if not isinstance(factor, Mapping):
+            return float(super().spread_of(factor))
+        given = {name: float(super(AffineAugmentation, self).spread_of(value)) for name, value in factor.items()}
+        unknown = [name for name in given if name not in self.generators]
+        if unknown:
+            raise PartitionArgumentError(
+                f"factor has key {unknown[0]!r}, which is not one of this module's generators {self.generators}; "
+                "remove it or add it to generators"
+            )
+        return torch.tensor([given.get(name, 1.0) for name in self.generators], device=self.ranges.device)
 
     def draw(self, num_samples: int, batch: int, like: torch.Tensor) -> torch.Tensor:
         """Coefficients eps [S, B, G] in [-1, 1] for ``num_samples`` transforms of each of ``batch`` examples, as

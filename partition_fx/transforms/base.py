@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -31,15 +32,16 @@ class HyperparameterModule(nn.Module):
 class Widenable:
     """A transform that can draw from its ranges times a factor (:meth:`widened`; ``training.objective.widens``
     recognises it): its forward draws its coefficients from U[-spread, spread] with ``self._spread`` (1 outside
-    the block)."""
+    the block; per generator where a subclass takes a factor per range, :meth:`spread_of`)."""
 
-    _spread: float = 1.0
+    _spread: Any = 1.0
 
     @contextlib.contextmanager
-    def widened(self, factor: float) -> Iterator[None]:
+    def widened(self, factor: float | Mapping[str, float]) -> Iterator[None]:
         """Inside the block, ``forward`` draws its transforms from the ranges times ``factor`` (eps ~
         U[-factor, factor]); the ranges themselves, and their gradient, are unchanged. Partitioned training's
-        parameter steps use it to train on augmentation wider than the learned one (``train_range_factor``).
+        parameter steps use it to train on augmentation wider than the learned one (``train_range_factor``, and
+        per range ``train_range_factors``, for a transform whose :meth:`spread_of` takes a mapping).
 
         >>> import torch
         >>> from partition_fx.transforms import AffineAugmentation
@@ -50,14 +52,23 @@ class Widenable:
         >>> aug.hyperparameters()
         {'rotation': 0.5}
         """
-        factor = check_real("factor", factor)
-        if factor < 0:
-            raise PartitionArgumentError(f"factor must be >= 0, got {factor}")
-        previous, self._spread = self._spread, factor
+        previous, self._spread = self._spread, self.spread_of(factor)
         try:
             yield
         finally:
             self._spread = previous
+
+    def spread_of(self, factor: float | Mapping[str, float]) -> Any:
+        """What ``forward`` multiplies its coefficients by inside :meth:`widened`: here one number >= 0 for every
+        range (a transform with several ranges may take a mapping, each range's own)."""
+        if isinstance(factor, Mapping):
+            raise PartitionArgumentError(
+                f"{type(self).__name__} widens all its ranges alike: pass one factor, not a factor per range"
+            )
+        factor = check_real("factor", factor)
+        if factor < 0:
+            raise PartitionArgumentError(f"factor must be >= 0, got {factor}")
+        return factor
 
 
 def outermost_hyperparameter_modules(root: nn.Module | None) -> list[tuple[str, HyperparameterModule]]:
