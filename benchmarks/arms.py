@@ -166,6 +166,17 @@ ARMS = {
         *("--max-range", _fixed({"scale": 2 * _SCALE}), "--init", _fixed({"scale": 2 * _SCALE})),
     ],
     "oracle_scaledigits": ["--partitions", "1", "--generators", "augerino", "--fix", SCALEDIGITS_TRUTH, *SINGLE_COSINE],
+    # scaledigits' zoom with the measured confounds out (research/zoom_profile.py): the zoom trained at the range it
+    # is scored at (its own train_range_factor 1, the other ranges at the default 0.5), no hyperparameter step for
+    # the first third of the partitioned phase, a smaller hyperparameter learning rate and 16 views per example;
+    # from 0, half the truth and the truth
+    **{
+        f"zoom_confounds_out_{start}": [
+            *("--generators", "augerino", "--init", init, "--train-range-factors", "scale=1"),
+            *("--warmup-steps", "80", "--hyper-lr", "0.02", "--hyper-samples", "16"),
+        ]
+        for start, init in (("zero", "zero"), ("half", _fixed({"scale": _SCALE / 2})), ("truth", SCALEDIGITS_TRUTH))
+    },
 }
 """The command-line options of each arm (``augment`` in ``learned_augmentation``'s rows), added to the default
 job's."""

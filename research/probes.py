@@ -36,13 +36,19 @@ def midpoint_draws(samples: int = SAMPLES) -> torch.Tensor:
 
 
 def conditional_lml(
-    pmodel: PartitionedModel, generator: str, r: float, x: torch.Tensor, y: torch.Tensor, chunks: DataChunks
+    pmodel: PartitionedModel,
+    generator: str,
+    r: float,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    chunks: DataChunks,
+    samples: int = SAMPLES,
 ) -> float:
     """The conditional LML of ``pmodel`` with ``generator``'s range at ``r`` (every other range 0) on the midpoint
-    draws: ``training.conditional_lml_of_draws``, chunks 2..C each through subnetwork k-1 on its own batch
-    statistics, the running statistics left as they were."""
+    draws of ``samples`` views: ``training.conditional_lml_of_draws``, chunks 2..C each through subnetwork k-1 on its
+    own batch statistics, the running statistics left as they were."""
     augmentation = AffineAugmentation.fixed({generator: r}, generators=[generator])
-    return conditional_lml_of_draws(pmodel, augmentation, midpoint_draws(), x, y, chunks)
+    return conditional_lml_of_draws(pmodel, augmentation, midpoint_draws(samples), x, y, chunks)
 
 
 def derivatives(

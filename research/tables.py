@@ -161,6 +161,30 @@ def occam_follow(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def zoom_profile(result: Results) -> str:
+    """Per fixed zoom r: the conditional LML at weights trained at r, scored at r (the objective at
+    ``train_range_factor`` 1) and at 2r (at 0.5, the default's), and the plain model's test accuracy, plain and
+    averaged; each mean ± standard error (seeds), the largest mean in bold; a last line says at which zoom each
+    seed's curve peaks."""
+    summary = result["summary"]
+    names = ("lml_at_r", "lml_at_2r", "test_accuracy", "averaged_test_accuracy")
+
+    def cell(line: dict[str, Any], name: str) -> str:
+        if line[name] is None:
+            return "-"
+        mean, se, n = line[name]
+        text = f"{mean:.1f} ± {se:.1f} ({n})" if name.startswith("lml") else f"{100 * mean:.2f} ± {100 * se:.2f} ({n})"
+        return f"**{text}**" if line["r"] == summary["peaks"].get(name) else text
+
+    body = [[f"{line['r']:.2f}", f"{line['of_truth']:.2f}x", *(cell(line, name) for name in names)]
+            for line in summary["zooms"]]  # fmt: skip
+    body.append(["each seed's peak", "", *(", ".join(f"{r:.2f}" for r in summary["seed_peaks"][name].values())
+                                          for name in names)])  # fmt: skip
+    header = ["zoom r", "of the truth", "conditional LML at r (nats; seeds)", "conditional LML at 2r (nats; seeds)",
+              "test accuracy (%; seeds)", "averaged test accuracy (%; seeds)"]  # fmt: skip
+    return markdown_table(header, body)
+
+
 def _label(arm: str) -> str:
     return benchmark_tables.ARM_LABELS.get(arm, benchmark_tables.METHOD_LABELS.get(arm, arm))
 
@@ -222,6 +246,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "population": population,
     "occam": occam,
     "occam_follow": occam_follow,
+    "zoom_profile": zoom_profile,
     "target_ranges": target_ranges,
     "target_models": target_models,
 }

@@ -555,6 +555,31 @@ def test_occam_follow_moves_to_the_best_scored_range(capsys):
     json.dumps(result)  # as it is written
 
 
+def test_zoom_profile_scores_the_run_trained_at_each_zoom_at_r_and_2r(capsys):
+    """Each row's evidence is the conditional LML, on the midpoint views, of the run trained with the zoom fixed at
+    r, scored at r and at 2r; ``--parts evidence`` leaves the plain model's accuracy out of the rows and the table."""
+    from research import tables
+    from research.fixed_range import train_at_fixed_range
+    from research.probes import conditional_lml
+
+    result = _research("zoom_profile").main(["--quick"])
+    rows = result["rows"]
+    assert [(row["r"], row["seed"]) for row in rows] == [(0.2, 0), (0.5, 0)]
+    run = train_at_fixed_range("scaledigits", "scale", 0.5, 0, steps=3, image_size=8, total=5)
+    for scored, key in ((0.5, "lml_at_r"), (1.0, "lml_at_2r")):
+        assert rows[1][key] == conditional_lml(run.pmodel, "scale", scored, run.x, run.y, run.chunks, 4)
+    assert all(0 <= row["test_accuracy"] <= 1 for row in rows)
+    assert result["summary"]["peaks"]["lml_at_r"] == max(rows, key=lambda row: row["lml_at_r"])["r"]
+    assert "zoom 0.50 seed 0: conditional LML" in capsys.readouterr().out
+    evidence = _research("zoom_profile").main(["--quick", "--parts", "evidence"])
+    assert [row["lml_at_r"] for row in evidence["rows"]] == [row["lml_at_r"] for row in rows]
+    assert all("test_accuracy" not in row for row in evidence["rows"])
+    assert "| 0.50 | 0.72x |" in tables.TABLES["zoom_profile"](evidence) and "| - |" in tables.TABLES["zoom_profile"](
+        evidence
+    )
+    json.dumps(result)  # as it is written
+
+
 def test_targets_judge_each_run_and_paired_differences_by_their_definitions(tmp_path, monkeypatch):
     targets = _research("targets")
     meta = {"benchmark": "learned_augmentation", "device": "cpu", "machine": "x86_64"}
