@@ -177,6 +177,13 @@ ARMS = {
         ]
         for start, init in (("zero", "zero"), ("half", _fixed({"scale": _SCALE / 2})), ("truth", SCALEDIGITS_TRUTH))
     },
+    # equal compute: the default job given the training images of research/population.py's population of 4
+    # (378,880, 3.0x the default job's 125,440): 1,208 iterations instead of 400, the same fractions, so the ranges
+    # learn for 725 iterations instead of 240; from the start-independence targets' 0, 0.5 and pi/2
+    **{
+        f"equal_compute_{start}": ["--init", init, "--steps", "1208"]
+        for start, init in (("zero", "zero"), ("0.5", "rotation=0.5"), ("half_pi", "rotation=1.5708"))
+    },
 }
 """The command-line options of each arm (``augment`` in ``learned_augmentation``'s rows), added to the default
 job's."""

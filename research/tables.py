@@ -185,6 +185,22 @@ def zoom_profile(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def range_trajectories(result: Results) -> str:
+    """Per run of ``learned_augmentation``'s results: the range its data has a target for (the rotation on rotdigits
+    and digits, the zoom elsewhere) at each LML evaluation, columns headed by the iteration (those of the longest
+    run; the partitioned phase ends at 60% of the run): where it moves, and whether it was still moving when the
+    ranges froze."""
+    lines, steps = [], []
+    for r in result["rows"]:
+        name = "rotation" if r["data"] in ("rotdigits", "digits") else "scale"
+        for seed, trajectory in zip(r["seeds"], r["ranges_trajectories"] or []):
+            steps = max(steps, [step for step, _ in trajectory], key=len)
+            values = {step: f"{ranges.get(name, 0.0):.2f}" for step, ranges in trajectory}
+            lines.append(([r["data"], _label(r["augment"]), name, str(seed)], values))
+    header = ["data", "arm", "range", "seed", *map(str, steps)]
+    return markdown_table(header, [line + [values.get(step, "") for step in steps] for line, values in lines])
+
+
 def _label(arm: str) -> str:
     return benchmark_tables.ARM_LABELS.get(arm, benchmark_tables.METHOD_LABELS.get(arm, arm))
 
@@ -247,6 +263,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "occam": occam,
     "occam_follow": occam_follow,
     "zoom_profile": zoom_profile,
+    "range_trajectories": range_trajectories,
     "target_ranges": target_ranges,
     "target_models": target_models,
 }

@@ -580,6 +580,32 @@ def test_zoom_profile_scores_the_run_trained_at_each_zoom_at_r_and_2r(capsys):
     json.dumps(result)  # as it is written
 
 
+def test_range_trajectories_give_each_run_its_target_range_at_each_evaluation():
+    """One line per run: the rotation on rotdigits, the zoom on scaledigits, each value under the iteration it was
+    evaluated at; a shorter run leaves the longer run's later iterations blank."""
+    from research import tables
+
+    def ranges(rotation, scale):
+        return {"rotation": rotation, "scale": scale}
+
+    rows = [
+        {"data": "rotdigits", "augment": "zero", "seeds": [0], "ranges_trajectories": [[(40, ranges(0.5, 0.1))]]},
+        {
+            "data": "scaledigits",
+            "augment": "zero",
+            "seeds": [3, 4],
+            "ranges_trajectories": [
+                [(40, ranges(0.9, 0.125)), (80, ranges(0.9, 0.25))],
+                [(40, ranges(0.9, 0.375)), (80, ranges(0.9, 0.5))],
+            ],
+        },
+    ]
+    lines = tables.TABLES["range_trajectories"]({"rows": rows}).splitlines()
+    assert lines[0].endswith("| seed | 40 | 80 |")
+    assert lines[2].endswith("| rotation | 0 | 0.50 |  |")
+    assert lines[3].endswith("| scale | 3 | 0.12 | 0.25 |") and lines[4].endswith("| scale | 4 | 0.38 | 0.50 |")
+
+
 def test_targets_judge_each_run_and_paired_differences_by_their_definitions(tmp_path, monkeypatch):
     targets = _research("targets")
     meta = {"benchmark": "learned_augmentation", "device": "cpu", "machine": "x86_64"}
