@@ -95,6 +95,7 @@ DIGITS = "rotation <= 0.3 rad"
 SCALE = "zoom / truth in 0.8-1.25"
 SCATTERED = "translation x, y in 0.15-0.45, zoom >= 0.17"
 GPU, CPU = "default_tuning_round3_gpu.json", "start_independence_cpu.json"
+EQUAL, CONFOUNDS = "equal_compute.json", "zoom_confounds.json"
 RANGE_TARGETS = [
     RangeTarget(
         ROTATION,
@@ -113,6 +114,18 @@ RANGE_TARGETS = [
     RangeTarget(
         ROTATION, "population.json", "rotdigits", "init_half_pi", "pi/2, population", _rotation, _at_least(2.5)
     ),
+    *(
+        RangeTarget(
+            ROTATION,
+            EQUAL,
+            "rotdigits",
+            f"equal_compute_{arm}",
+            f"{start}, 3x the iterations",
+            _rotation,
+            _at_least(2.5),
+        )
+        for arm, start in (("zero", "0"), ("0.5", "0.5"), ("half_pi", "pi/2"))
+    ),
     RangeTarget(DIGITS, CPU, "digits", "zero", "0", _rotation, _at_most(0.3)),
     RangeTarget(DIGITS, GPU, "digits", "affine", "pi (the default)", _rotation, _at_most(0.3)),
     RangeTarget(DIGITS, "population.json", "digits", "zero", "0, population", _rotation, _at_most(0.3)),
@@ -127,6 +140,18 @@ RANGE_TARGETS = [
     RangeTarget(
         SCALE, "population.json", "scaledigits", "augerino_zero", "0, population", _scale_to_truth, _within(0.8, 1.25)
     ),
+    *(
+        RangeTarget(
+            SCALE,
+            CONFOUNDS,
+            "scaledigits",
+            f"zoom_confounds_out_{arm}",
+            f"{start}, confounds out",
+            _scale_to_truth,
+            _within(0.8, 1.25),
+        )
+        for arm, start in (("zero", "0"), ("half", "half the truth"), ("truth", "the truth"))
+    ),
     RangeTarget(
         SCATTERED,
         "default_tuning_round3_gpu_scattered.json",
@@ -139,7 +164,8 @@ RANGE_TARGETS = [
 ]
 """The learned ranges' targets: the rotation wherever it starts on data that holds every angle (rotdigits) and none
 (digits), the zoom on scaledigits from 0, half the truth, the truth and twice it, the translations and zoom on
-``scattered``; single runs of the default job with only the start changed, and populations of them."""
+``scattered``; single runs of the default job with only the start changed, the same given a population's training
+images (3x the iterations), the zoom with its measured confounds out, and populations of the default job."""
 ORACLE = "at or above the oracle within one SE"
 AHEAD = "ahead by more than one SE"
 SCATTERED_GPU = "default_tuning_round3_gpu_scattered.json"
