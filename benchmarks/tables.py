@@ -8,7 +8,7 @@ table always shows what its results file holds. Pure Python: rendering needs nei
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from benchmarks.common import markdown_table, mean_sd, mean_se, provenance
@@ -93,6 +93,21 @@ def learned_augmentation_seeds(result: Results) -> str:
     return markdown_table(header, body)
 
 
+ROTATION_DATA = ("rotdigits", "digits")
+"""The data whose learned-range target is the rotation (every angle held, or none); elsewhere the translations and
+the zoom."""
+
+
+def zoom(ranges: Mapping[str, float]) -> float:
+    """The learned zoom: Augerino's isotropic ``scale``, or the larger of the ``xy`` generators' ``scale_x`` and
+    ``scale_y``; 0 where nothing zooms.
+
+    >>> zoom({"scale_x": 0.1, "scale_y": 0.3}), zoom({"scale": 0.2}), zoom({"rotation": 1.0})
+    (0.3, 0.2, 0.0)
+    """
+    return max(ranges.get(name, 0.0) for name in ("scale", "scale_x", "scale_y"))
+
+
 def learned_ranges_per_seed(result: Results) -> str:
     """One line per arm, each seed's value in a cell: the learned ranges issue 43 sets targets for (the rotation on
     rotdigits and digits; elsewhere translation x / y / the larger zoom), the plain and the averaged accuracy."""
@@ -101,13 +116,11 @@ def learned_ranges_per_seed(result: Results) -> str:
     for r in result["rows"]:
         if not r["rotation"]:  # nothing learned (C=1, or --augment none)
             ranges = "-"
-        elif r["data"] in ("rotdigits", "digits"):
+        elif r["data"] in ROTATION_DATA:
             ranges = ", ".join(f"{value:.2f}" for value in r["rotation"])
         else:
             ranges = ", ".join(
-                f"{h.get('translation_x', 0):.2f}/{h.get('translation_y', 0):.2f}/"
-                f"{max(h.get(name, 0) for name in ('scale', 'scale_x', 'scale_y')):.2f}"
-                for h in r["ranges"]
+                f"{h.get('translation_x', 0):.2f}/{h.get('translation_y', 0):.2f}/{zoom(h):.2f}" for h in r["ranges"]
             )
         body.append(
             [

@@ -187,16 +187,19 @@ def zoom_profile(result: Results) -> str:
 
 def range_trajectories(result: Results) -> str:
     """Per run of ``learned_augmentation``'s results: the range its data has a target for (the rotation on rotdigits
-    and digits, the zoom elsewhere) at each LML evaluation, columns headed by the iteration (those of the longest
-    run; the partitioned phase ends at 60% of the run): where it moves, and whether it was still moving when the
-    ranges froze."""
-    lines, steps = [], []
+    and digits, the zoom elsewhere) at each LML evaluation, columns headed by the iteration (every run's; the
+    partitioned phase ends at 60% of the run): where it moves, and whether it was still moving when the ranges
+    froze."""
+    lines = []
     for r in result["rows"]:
-        name = "rotation" if r["data"] in ("rotdigits", "digits") else "scale"
+        rotation = r["data"] in benchmark_tables.ROTATION_DATA
         for seed, trajectory in zip(r["seeds"], r["ranges_trajectories"] or []):
-            steps = max(steps, [step for step, _ in trajectory], key=len)
-            values = {step: f"{ranges.get(name, 0.0):.2f}" for step, ranges in trajectory}
-            lines.append(([r["data"], _label(r["augment"]), name, str(seed)], values))
+            values = {
+                step: f"{ranges.get('rotation', 0.0) if rotation else benchmark_tables.zoom(ranges):.2f}"
+                for step, ranges in trajectory
+            }
+            lines.append(([r["data"], _label(r["augment"]), "rotation" if rotation else "scale", str(seed)], values))
+    steps = sorted({step for _, values in lines for step in values})
     header = ["data", "arm", "range", "seed", *map(str, steps)]
     return markdown_table(header, [line + [values.get(step, "") for step in steps] for line, values in lines])
 

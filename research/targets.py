@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS as BENCHMARK_RESULTS
 from benchmarks.common import header, load_results, results, summary, write_results
+from benchmarks.tables import zoom
 from partition_fx.datasets import named_dataset
 from research import RESULTS, tables
 
@@ -70,8 +71,7 @@ def _scale_to_truth(ranges: Ranges) -> tuple[float, ...]:
 
 
 def _scattered(ranges: Ranges) -> tuple[float, ...]:
-    zoom = max(ranges.get(name, 0.0) for name in ("scale", "scale_x", "scale_y"))
-    return ranges["translation_x"], ranges["translation_y"], zoom
+    return ranges["translation_x"], ranges["translation_y"], zoom(ranges)
 
 
 def _at_least(low: float) -> Callable[[tuple[float, ...]], bool]:
