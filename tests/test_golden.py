@@ -25,7 +25,10 @@ value kept as the AVX2 machine wrote it. The hyper-gradient's settings joined th
 resume fingerprint (``hyper_gradient`` ``fixed``, ``implicit_terms`` 5, ``implicit_lr`` 0.01) and were added to every
 record that holds either the same way, by hand, and so was ``max_range`` (null, the default bounds) to the job's
 config when ``--max-range`` joined it, and ``train_range_factors`` (null, every range widened alike) to every
-record's training configuration when per-range factors joined it; and ``fit_patience_restore_best``'s resume state
+record's training configuration when per-range factors joined it, and the population's settings (``population``
+1, ``population_interval`` 20, ``population_exploit`` 0.5, ``population_delta`` 0.5, ``population_floor`` 0.05) to
+every training configuration and resume fingerprint, with ``population: null`` to every ``FitResult``, when
+populations joined ``fit`` (a single run's computation untouched: the fields only record that it is one); and ``fit_patience_restore_best``'s resume state
 gained ``partitioned_ended_at`` (4) by hand when the run's patience began to be saved with it (the run's schedule),
 every tensor and every other value unchanged on an AVX-512 machine. Two changes made while the test skipped on
 AVX-512 machines were added by hand on an AVX2 one, every tensor and every other value checked unchanged there:

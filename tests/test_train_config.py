@@ -51,6 +51,8 @@ def configs(draw: st.DrawFn) -> TrainConfig:
         keywords["hyper_norm"] = "batch"
     if keywords["fused"] or keywords["precision"] == "fp16":  # second derivatives: a backward of their own
         keywords["hyper_gradient"] = "fixed"
+    if keywords["population"] > 1:  # the population's comparisons decide, not one run's patience
+        keywords["patience"] = None
     return TrainConfig.recommended(**keywords)
 
 
@@ -83,6 +85,8 @@ def test_unknown_keys_are_refused_with_the_known_ones_listed(values):
         ({"hyper_chunks": "both"}, "hyper_chunks must be one of 'one', 'all'"),
         ({"steps": 10, "finetune_steps": 10}, r"finetune_steps \(10\) must be less than steps \(10\)"),
         ({"fused": "yes"}, "fused must be True or False"),
+        ({"population": 2, "patience": 3}, "patience must be None with population >= 2"),
+        ({"population_exploit": 0.75}, "population_exploit must be"),
         ({"seed": -1}, r"seed must be an int in 0..2\*\*63-1"),
     ],
 )

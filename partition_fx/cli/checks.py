@@ -50,6 +50,13 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
             f"subnetwork k-1), got --partitions {spec.partitions}; raise --partitions, fix the ranges with --fix "
             "NAME=VALUE (or --fix-from RUN), or pass --augment none"
         )
+    members = spec.train.population.members
+    if members > 1 and (spec.augment != "affine" or fixed is not None):
+        given = f"--augment {spec.augment}" if spec.augment != "affine" else "fixed ranges"
+        raise PartitionArgumentError(
+            f"--population {members} compares runs and moves their learned ranges, and {given} learns none: "
+            "learn the ranges (--augment affine without --fix) or drop --population"
+        )
     data = spec.data
     if data == "input_selection":
         raise PartitionArgumentError(

@@ -240,6 +240,13 @@ def plan_text(job: TrainJob, resumed: bool = False) -> str:
     steps, switch = schedule.end, schedule.finetune_from
     finetune = steps - switch if switch is not None else 0
     phases = f"{switch} partitioned, then {finetune} fine-tuning" if switch is not None else "all partitioned"
+    population = config.population
+    if population.members > 1:
+        phases = phases.replace(
+            "partitioned",
+            f"partitioned by a population of {population.members} (compared every {population.interval})",
+            1,
+        )
     if job.pmodel.num_partitions == 1:
         phases = "one partition: plain training" + (f", the last {finetune} fine-tuning" if finetune else "")
     line = (
@@ -318,6 +325,8 @@ def _results(job: TrainJob, result: FitResult, partitioned: PartitionedAccuracy)
         "history": result.history,
         "chunk_sizes": result.chunk_sizes,
         "steps": result.steps,
+        # a population's comparisons (training.population), only where one ran
+        **({"population": result.population} if result.population is not None else {}),
         **model_record(job),  # the classes, preprocessing and architecture of model.safetensors and model.onnx
     }
 

@@ -92,6 +92,12 @@ class PartitionedLightningModule(L.LightningModule):
                 f"{type(pmodel).__name__}"
             )
         self.config = config if config is not None else TrainConfig()
+        if self.config.population.members > 1:
+            members = self.config.population.members
+            raise PartitionArgumentError(
+                f"PartitionedLightningModule trains one run, and config has population={members}: "
+                "train a population with fit(..., population=N) or partition-fx train --population N"
+            )
         self.pmodel = pmodel
         self.hyper = hyper
         if isinstance(dataset, L.LightningDataModule):  # its training set, read through the partitioned sampler

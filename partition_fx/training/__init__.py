@@ -36,6 +36,7 @@ from .lml import (
 from .metrics import evaluate_averaged, evaluate_classifier
 from .objective import Objective
 from .optim import partition_optimizer, weight_decay_scales
+from .population import Population
 from .schedule import PartitionedBatchSampler, Schedule
 from .schemes import Draw, IterationBatch
 from .steps import TrainingSteps
@@ -69,6 +70,7 @@ __all__ = [
     "PartitionedTrainer",
     "Patience",
     "Phase",
+    "Population",
     "Schedule",
     "TensorBoardTracker",
     "Tracker",

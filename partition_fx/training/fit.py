@@ -16,6 +16,7 @@ cannot rebuild (another model or dataset, a custom transform, rules of a ``Parti
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,11 @@ from ..partitioned_model import PartitionedModel
 from ..ranges import DEFAULT_MAX_RANGE
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
-from .checkpoint import load_training_state
+from .checkpoint import load_training_state, resume_directory
 from .components import check_run_arguments, resolve
 from .hooks import Callback, TrainingHook
 from .lml import EvaluationRecord
+from .population import POPULATION_FILE, Population, is_population_state
 from .trainer import FitResult, PartitionedTrainer
 
 # --- run.json --------------------------------------------------------------------------------------------------------
@@ -206,6 +208,8 @@ def fit(
             ``checkpoint_dir/resume``, refreshed at every evaluation) with the same configuration: training
             continues from its step to ``steps`` in total, bit for bit as if it had not stopped (on CPU).
             A directory from another configuration is refused, naming what differs.
+        population: N >= 2 (a field of the configuration) trains N members of the partitioned phase side by
+            side and fine-tunes the fittest (``training.population``); ``resume`` then continues the population.
         record_run: with ``checkpoint_dir``, write ``checkpoint_dir/run.json``: the run in the command line's
             terms, so that ``partition-fx export --run checkpoint_dir`` rebuilds and exports it, or why it cannot
             (``training.fit``). ``partition-fx train`` records its runs in its own ``report.json``.
@@ -231,12 +235,28 @@ def fit(
     if components.checkpoint_dir is not None and record_run:  # written with the first checkpoint
         record = RunRecordWriter(Path(components.checkpoint_dir), dataset)  # Components stores it as a Path
         components = dataclasses.replace(components, hooks=(*components.hooks, record))
+    if config.population.members > 1:
+        population = Population(pmodel, dataset, config, components)
+        if resume is not None:
+            population.load(resume)
+            _check_before_end(population.step, config, resume)
+        return population.run(callbacks=callbacks, progress=progress)
+    if resume is not None and is_population_state(resume):
+        members = json.loads((resume_directory(resume) / POPULATION_FILE).read_text())["members"]
+        raise PartitionArgumentError(
+            f"{resume} holds the partitioned phase of a population of {members}: resume it with population={members}"
+        )
     trainer = PartitionedTrainer(pmodel, dataset, config, components=components)
     if resume is not None:
         load_training_state(trainer, resume)
-        if trainer.step >= config.optimization.steps:
-            raise PartitionArgumentError(
-                f"the run in {resume} is at step {trainer.step}, not before steps={config.optimization.steps}: "
-                "nothing to resume; pass a larger steps to train on (with the same LR schedule arguments)"
-            )
+        _check_before_end(trainer.step, config, resume)
     return trainer.run(callbacks=callbacks, progress=progress)
+
+
+def _check_before_end(step: int, config: TrainConfig, resume: Path) -> None:
+    """Refuse to resume a run that has already reached its ``steps``."""
+    if step >= config.optimization.steps:
+        raise PartitionArgumentError(
+            f"the run in {resume} is at step {step}, not before steps={config.optimization.steps}: "
+            "nothing to resume; pass a larger steps to train on (with the same LR schedule arguments)"
+        )

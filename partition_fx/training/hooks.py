@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._io import link_file
+from ..errors import PartitionArgumentError
 from .checkpoint import save_training_state
 from .lml import EvaluationRecord, evidence, recalibrated_states
 from .objective import ModuleStates
@@ -80,6 +81,37 @@ class TrainingHook:
     def after_run(self, trainer: PartitionedTrainer, result: FitResult) -> None:
         """After a run ended (``result``: its ``FitResult``), with the model in the state the run returns:
         the best state restored if asked, BatchNorm statistics recalibrated."""
+
+
+def hook_states(hooks: Sequence[TrainingHook]) -> dict[str, dict[str, Any]]:
+    """The states of the ``hooks`` that hold one, by :attr:`TrainingHook.state_key` (what a resume directory keeps
+    of them); two hooks holding state under one key are refused.
+
+    >>> class Seen(TrainingHook):
+    ...     def state_dict(self):
+    ...         return {"seen": 1}
+    >>> hook_states([Seen(), TrainingHook()])
+    {'Seen': {'seen': 1}}
+    """
+    states: dict[str, dict[str, Any]] = {}
+    for hook in hooks:
+        state = hook.state_dict()
+        if not state:
+            continue
+        if hook.state_key in states:
+            raise PartitionArgumentError(
+                f"two hooks hold state under the state_key {hook.state_key!r}; give each its own (override "
+                "TrainingHook.state_key)"
+            )
+        states[hook.state_key] = state
+    return states
+
+
+def load_hook_states(hooks: Sequence[TrainingHook], saved: dict[str, dict[str, Any]]) -> None:
+    """Give each of ``hooks`` its state in ``saved`` (:func:`hook_states`' form), if it has one there."""
+    for hook in hooks:
+        if hook.state_key in saved:
+            hook.load_state_dict(saved[hook.state_key])
 
 
 class CallbackHook(TrainingHook):

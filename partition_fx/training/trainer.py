@@ -35,7 +35,16 @@ from .checkpoint import differences
 from .components import Components, check_run_arguments, resolve
 from .data import Examples, PartitionedSampler, ScoredIndices, default_workers, planned_batches, resolve_chunks
 from .estimators import AllChunks, OneChunk
-from .hooks import BestState, Callback, CallbackHook, CheckpointWriter, Patience, TrainingHook
+from .hooks import (
+    BestState,
+    Callback,
+    CallbackHook,
+    CheckpointWriter,
+    Patience,
+    TrainingHook,
+    hook_states,
+    load_hook_states,
+)
 from .lml import EvaluationRecord, LMLEstimate, ScoredBatch, evidence, recalibrate_norm_statistics
 from .objective import ModuleStates
 from .progress import ProgressLines, progress_outputs
@@ -78,6 +87,11 @@ class FitResult:
     finetune_start: int | None = None
     """The iteration fine-tuning began at (``fit(..., finetune_steps=...)``), or None: no fine-tuning. The
     ``lml``s are then those of partitioned training (its last or, with ``restore_best``, best evaluation)."""
+    population: dict[str, Any] | None = None
+    """With ``population=N`` (``training.population``): ``members``, each member's ``initial`` ranges, the
+    ``rounds`` (per comparison: ``step``, every member's ``fitness`` (its conditional LML) and ``ranges``, the
+    ``copies`` made, ``[source, target]``) and the ``ancestry`` of the final model (the member it descends from
+    at each comparison); None for a single run."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -473,23 +487,8 @@ class PartitionedTrainer:
                 "lml": self.steps.evaluator.generator.get_state(),  # type: ignore[union-attr]  # built: the trainer passes scored=
             },
             "fingerprint": self.fingerprint(),
-            "hooks": self._hook_states(),
+            "hooks": hook_states(self.hooks),
         }
-
-    def _hook_states(self) -> dict[str, dict[str, Any]]:
-        """The states of the hooks that hold one, by :attr:`TrainingHook.state_key`."""
-        states: dict[str, dict[str, Any]] = {}
-        for hook in self.hooks:
-            state = hook.state_dict()
-            if not state:
-                continue
-            if hook.state_key in states:
-                raise PartitionArgumentError(
-                    f"two hooks hold state under the state_key {hook.state_key!r}; give each its own (override "
-                    "TrainingHook.state_key)"
-                )
-            states[hook.state_key] = state
-        return states
 
     def load_state_dict(self, state: dict[str, Any], *, source: str = "the state") -> None:
         """Restore what :meth:`state_dict` returned; a state from another configuration is refused, naming
@@ -512,10 +511,7 @@ class PartitionedTrainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.sampler.load_state_dict(state["rng"]["sampler"])
         steps.evaluator.generator.set_state(state["rng"]["lml"])  # type: ignore[union-attr]  # built: the trainer passes scored=
-        saved = state.get("hooks", {})  # a state saved while no hook held any has none
-        for hook in self.hooks:
-            if hook.state_key in saved:
-                hook.load_state_dict(saved[hook.state_key])
+        load_hook_states(self.hooks, state.get("hooks", {}))  # a state saved while no hook held any has none
         steps.read_ahead.stop()  # the sampler and step are the loaded ones: read from there
 
     def save_checkpoint(
