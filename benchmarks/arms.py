@@ -32,6 +32,9 @@ SCATTERED_TRUTH = _fixed({name: _SCATTERED[name] for name in ("translation_x", "
 SCATTERED_SHIFTS = _fixed({name: _SCATTERED[name] for name in ("translation_x", "translation_y")})
 """``scattered``'s truth without its zoom: ``translation_x=0.3,translation_y=0.3``."""
 _SCALE = (named_dataset("scaledigits").true_ranges or {})["scale"]
+DRAWNDIGITS_TRUTH = _fixed(named_dataset("drawndigits").true_ranges or {})
+"""drawndigits' truth, an isotropic log-scale range of log sqrt 2, drawn rather than resampled: ``scale=0.3466``."""
+_DRAWN = (named_dataset("drawndigits").true_ranges or {})["scale"]
 
 NEAR_BOUNDS = "translation_x=1,translation_y=1,rotation=3.1415,scale_x=0.6931,scale_y=0.6931,shear=0.6931"
 """Every range 1e-4 or less below its bound (``--init bounds`` is the same start, to float32 rounding)."""
@@ -177,6 +180,14 @@ ARMS = {
         ]
         for start, init in (("zero", "zero"), ("half", _fixed({"scale": _SCALE / 2})), ("truth", SCALEDIGITS_TRUTH))
     },
+    # drawndigits (truth: log sqrt 2, every zoom drawn rather than resampled, the views at the truth uncut) in
+    # Augerino's generators: from the wide start (augerino) and 0 (augerino_zero) as on scaledigits, from half the
+    # truth, the truth and twice it (log 2, the default bound), and its oracle (the truth fixed, C=1)
+    **{
+        f"drawn_scale_{start}": ["--generators", "augerino", "--init", _fixed({"scale": factor * _DRAWN})]
+        for start, factor in (("half", 0.5), ("truth", 1.0), ("twice", 2.0))
+    },
+    "oracle_drawndigits": ["--partitions", "1", "--generators", "augerino", "--fix", DRAWNDIGITS_TRUTH, *SINGLE_COSINE],
     # equal compute: the default job given the training images of research/population.py's population of 4
     # (378,880, 3.0x the default job's 125,440): 1,208 iterations instead of 400, the same fractions, so the ranges
     # learn for 725 iterations instead of 240; from the start-independence targets' 0, 0.5 and pi/2

@@ -15,6 +15,8 @@ from torch.nn import functional as F
 from partition_fx.datasets import (
     DatasetSplits,
     digits,
+    drawn_digits,
+    drawndigits,
     image_folder,
     input_selection,
     load_dataset,
@@ -98,7 +100,7 @@ def test_digits_channels_are_repeated() -> None:
     assert torch.equal(rgb.train.tensors[0], grey.train.tensors[0].expand(-1, 3, -1, -1))
 
 
-@pytest.mark.parametrize("loader", [digits, rotdigits, scaledigits])
+@pytest.mark.parametrize("loader", [digits, rotdigits, scaledigits, drawndigits])
 def test_digits_deterministic_and_seeded(loader) -> None:
     a, b, other = loader(size=8), loader(size=8), loader(size=8, seed=1)
     for part in ("train", "test"):
@@ -160,6 +162,31 @@ def test_scaledigits_zoom_each_digit_by_its_recorded_factor_log_uniform_on_half_
     assert float((ratio / expected - 1).abs().max()) < 0.25  # the smallest digits span 4.5 pixels
     # no zoom cuts a digit: the largest fill digits' square, inside the canvas
     assert float(xs[:, :, 0].abs().max() + xs[:, :, -1].abs().max()) == 0.0
+
+
+def test_drawndigits_draw_each_digit_at_its_recorded_zoom_uncut_at_the_truths_views() -> None:
+    """The truth a learned scale range should find on ``drawndigits``: every example is its strokes drawn at zoom
+    exp(its log-scale), log-scales uniform on [-log sqrt 2, log sqrt 2]: the same strokes drawn at zoom 1 have their
+    ink at 1/exp(log-scale) of the distance from the centre; the augmentation's widest view at the truth (a further
+    sqrt 2) still leaves the border clear; 180 of each digit, split stratified."""
+    splits = drawndigits(size=28)
+    log_scales = torch.cat([splits.info["train_log_scales"], splits.info["test_log_scales"]]).double()
+    truth = math.log(math.sqrt(2))
+    assert float(log_scales.abs().max()) <= truth + 1e-6 and float(log_scales.std()) > 0.9 * truth / math.sqrt(3)
+    assert torch.bincount(splits.train.tensors[1]).tolist() == [144] * 10
+    labels = np.repeat(np.arange(10), drawn_digits.PER_CLASS)
+    every = torch.from_numpy(
+        np.concatenate([splits.info["train_indices"].numpy(), splits.info["test_indices"].numpy()])
+    )
+    zooms = torch.empty(len(labels))
+    zooms[every] = log_scales.float()
+    drawn = drawn_digits.drawn_images(labels, zooms, 28, seed=0)
+    assert torch.equal(drawn[splits.info["train_indices"]], splits.train.tensors[0])
+    at_one = drawn_digits.drawn_images(labels, torch.zeros(len(labels)), 28, seed=0)
+    ratio = _radius(drawn) / _radius(at_one)
+    assert float((ratio / zooms.double().exp() - 1).abs().median()) < 0.03
+    widest = drawn_digits.drawn_images(labels[::37], torch.full((len(labels[::37]),), 2 * truth), 28, seed=0)
+    assert float(widest[:, :, [0, -1]].max() + widest[:, :, :, [0, -1]].max()) == 0.0
 
 
 def test_rotation_direction_is_counter_clockwise() -> None:
@@ -360,7 +387,8 @@ def test_load_dataset_names_and_errors(tmp_path, monkeypatch) -> None:
     assert load_dataset("rotdigits", size=8, channels=3).input_shape == (3, 8, 8)
     assert load_dataset("input_selection", num_train=5, num_test=5).num_classes is None
     with pytest.raises(
-        PartitionError, match=r"unknown dataset 'imagenet'.*rotdigits, scaledigits, input_selection.*folder"
+        PartitionError,
+        match=r"unknown dataset 'imagenet'.*rotdigits, scaledigits, drawndigits, input_selection.*folder",
     ):
         load_dataset("imagenet")
     with pytest.raises(PartitionArgumentError, match=r"mnist is read from a copy on your disk.*mnist:DIR"):

@@ -12,6 +12,7 @@ from partition_fx.datasets import named_dataset, rotdigits, scaledigits, scatter
 def test_the_named_datasets_record_their_truths():
     assert named_dataset("rotdigits").true_ranges == {"rotation": math.pi}
     assert named_dataset("scaledigits").true_ranges == {"scale": math.log(2.0)}
+    assert named_dataset("drawndigits").true_ranges == {"scale": math.log(math.sqrt(2.0))}
     assert named_dataset("digits").true_ranges == {}
     assert named_dataset("rotcifar10").true_ranges == {"rotation": math.pi}
     assert named_dataset("cifar10").true_ranges is None and named_dataset("input_selection").true_ranges is None

@@ -7,6 +7,8 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
 * :func:`rotdigits` -- the same images and split, each rotated by a fixed random angle (a RotMNIST analogue).
 * :func:`scaledigits` -- the same images and split, each zoomed by a fixed log-uniform factor (a ScaledMNIST
   analogue).
+* :func:`drawndigits` -- 1800 digits drawn as pen strokes, each at a fixed log-uniform zoom drawn rather than
+  resampled (a zoom's truth where a zoom is not a blur).
 * :func:`normalized_digits` -- the first digits stretched to a size and normalised (what ``convert`` checks on).
 * :func:`standard_dataset` -- CIFAR-10/100, MNIST, Fashion-MNIST or SVHN from the user's copy, read by torchvision
   (never downloaded), optionally each image rotated by a fixed angle (``rotcifar10``, ...).
@@ -17,9 +19,9 @@ class targets (classification) or float32 targets of shape ``(N, 1)`` (regressio
 * :func:`input_selection` -- the synthetic regression task of the paper's input-selection experiment.
 * :func:`load_dataset` -- a registered name (``digits``, ``rotdigits``, ``input_selection``), or a folder path.
 
-One module per source: ``sklearn_digits``, ``standard``, ``folder`` and ``synthetic``; ``splits`` holds what
-they share (the seeded random streams, one per purpose, and the stratified split), ``images`` how an image is
-decoded, ``truths`` the ranges the built-in images are drawn under (each named dataset's
+One module per source: ``sklearn_digits``, ``drawn_digits``, ``standard``, ``folder`` and ``synthetic``;
+``splits`` holds what they share (the seeded random streams, one per purpose, and the stratified split),
+``images`` how an image is decoded, ``truths`` the ranges the built-in images are drawn under (each named dataset's
 ``NamedDataset.true_ranges``), ``registry`` the named datasets (:func:`register_dataset`). The loaders are imported
 on first use (PEP 562), so that the command line reads the names without importing torch.
 """
@@ -33,6 +35,7 @@ from .registry import NamedDataset, dataset_names, load_dataset, named_dataset, 
 from .truths import scattered_digits_ranges
 
 if TYPE_CHECKING:
+    from .drawn_digits import drawndigits as drawndigits
     from .folder import image_folder as image_folder
     from .folder import write_scattered_digits as write_scattered_digits
     from .sklearn_digits import NUM_DIGITS as NUM_DIGITS
@@ -52,6 +55,7 @@ __all__ = [
     "NamedDataset",
     "dataset_names",
     "digits",
+    "drawndigits",
     "image_folder",
     "input_selection",
     "load_dataset",
@@ -66,6 +70,7 @@ __all__ = [
 ]
 
 _HOME = {
+    "drawndigits": "drawn_digits",
     "image_folder": "folder",
     "write_scattered_digits": "folder",
     "NUM_DIGITS": "sklearn_digits",

@@ -5,8 +5,10 @@ for ``--data`` (its choices, help and did-you-mean) and sizes its memory check b
 torch, so ``partition-fx --help`` lists them: a loader is named by import path and imported on first use, as
 a plugin's entry point is. A new dataset is one :func:`register_dataset` call.
 
->>> dataset_names()[:4], dataset_names(task="images")[:4]
-(('digits', 'rotdigits', 'scaledigits', 'input_selection'), ('digits', 'rotdigits', 'scaledigits', 'cifar10'))
+>>> dataset_names()[:5]
+('digits', 'rotdigits', 'scaledigits', 'drawndigits', 'input_selection')
+>>> dataset_names(task="images")[:5]
+('digits', 'rotdigits', 'scaledigits', 'drawndigits', 'cifar10')
 >>> named_dataset("rotdigits").images, named_dataset("rotdigits").true_ranges
 (1797, {'rotation': 3.141592653589793})
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from ..errors import PartitionArgumentError, PartitionError
-from .truths import MAX_ROTATION, MAX_ZOOM
+from .truths import DRAWN_MAX_ZOOM, MAX_ROTATION, MAX_ZOOM
 
 if TYPE_CHECKING:
     from .splits import DatasetSplits, Split
@@ -108,7 +110,7 @@ def dataset_names(*, task: Task | None = None, on_disk: bool | None = None) -> t
     ones, if given), in registration order.
 
     >>> dataset_names(task="images", on_disk=False)
-    ('digits', 'rotdigits', 'scaledigits')
+    ('digits', 'rotdigits', 'scaledigits', 'drawndigits')
     """
     return tuple(
         d.name
@@ -243,6 +245,15 @@ register_dataset(
         "the digits, each zoomed by a fixed random factor log-uniform on [1/2, 2] (a ScaledMNIST analogue)",
         images=_DIGITS,
         true_ranges={"scale": math.log(MAX_ZOOM)},
+    )
+)
+register_dataset(
+    NamedDataset(
+        "drawndigits",
+        "partition_fx.datasets.drawn_digits:drawndigits",
+        "digits drawn as pen strokes at a fixed random zoom log-uniform on [1/sqrt(2), sqrt(2)], drawn, not resampled",
+        images=10 * 180,  # drawn_digits.PER_CLASS of each digit; tests/test_data.py checks it
+        true_ranges={"scale": math.log(DRAWN_MAX_ZOOM)},
     )
 )
 register_dataset(

@@ -3,7 +3,8 @@
 learned range on them is judged by, and the ranges an oracle fixes.
 
 The loaders draw their images by these same constants (``splits.fixed_angles`` by :data:`MAX_ROTATION`,
-``scaledigits`` by :data:`MAX_ZOOM`, ``write_scattered_digits`` by :func:`scattered_digits_ranges`), and the
+``scaledigits`` by :data:`MAX_ZOOM`, ``drawndigits`` by :data:`DRAWN_MAX_ZOOM`, ``write_scattered_digits`` by
+:func:`scattered_digits_ranges`), and the
 registry records each named dataset's truth from them (``NamedDataset.true_ranges``), so a truth is written once.
 This module imports no torch.
 
@@ -22,6 +23,12 @@ one per image: the truth of a learned rotation range is every angle."""
 MAX_ZOOM = 2.0
 """``scaledigits``' zooms are log-uniform on [1/MAX_ZOOM, MAX_ZOOM] about the middle size: the truth of a learned
 isotropic scale range is log(MAX_ZOOM), as LILA's ScaledMNIST."""
+
+
+DRAWN_MAX_ZOOM = math.sqrt(2.0)
+"""``drawndigits``' zooms are log-uniform on [1/DRAWN_MAX_ZOOM, DRAWN_MAX_ZOOM]: the truth of a learned isotropic
+scale range is log(DRAWN_MAX_ZOOM) (0.347), narrow enough that the augmentation's views at it stay legible and
+uncut at 28 px."""
 
 
 def scattered_digits_ranges(
