@@ -186,6 +186,23 @@ def test_a_resumed_population_finishes_as_an_uninterrupted_one(tmp_path: Path, s
         assert any("population/2/conditional_lml" in row for row in rows)
 
 
+def test_a_callback_that_stops_a_population_ends_the_run_at_that_comparison() -> None:
+    """As a single run's, a stop ends the run where it is asked for, with no fine-tuning: at the second comparison,
+    the fittest member's state there, its ranges the comparison's."""
+    pmodel, hyper = _start()
+    seen = []
+
+    def stop(trainer, record) -> bool:
+        seen.append(record["step"])
+        return record["step"] == 8
+
+    result = fit(pmodel, _data(), hyper=hyper, population=3, population_interval=4, callbacks=[stop], **RUN)
+    assert seen == [4, 8] and result.steps == 8 and result.stopped_early and result.finetune_start is None
+    last = result.population["rounds"][-1]
+    fittest = max(range(3), key=lambda i: last["fitness"][i])
+    assert result.hyperparameters == last["ranges"][fittest] and result.conditional_lml == last["fitness"][fittest]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     ranges=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),

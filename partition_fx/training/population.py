@@ -154,7 +154,7 @@ class Member:
         _set_rng_state(source.rng)
         self.trainer.load_state_dict(copy.deepcopy(source.trainer.state_dict()))
         self.rng = (source.rng[0].clone(), [s.clone() for s in source.rng[1]])
-        self.fitness = source.fitness
+        self.fitness = -math.inf  # not evaluated since: the state is the source's, its ranges are about to move
 
 
 class PopulationHistory(TrainingHook):
@@ -349,11 +349,12 @@ class Population:
         self.finished = True
 
     def _metrics(self) -> dict[str, float]:
-        """Every member's last fitness and ranges, for the trackers."""
+        """Every member's fitness and ranges at the last comparison, for the trackers."""
         metrics: dict[str, float] = {}
-        for i, member in enumerate(self.members):
-            metrics[f"population/{i}/conditional_lml"] = member.fitness
-            for name, value in self.history.rounds[-1]["ranges"][i].items():
+        entry = self.history.rounds[-1]
+        for i, fitness in enumerate(entry["fitness"]):
+            metrics[f"population/{i}/conditional_lml"] = fitness
+            for name, value in entry["ranges"][i].items():
                 if isinstance(value, float):
                     metrics[f"population/{i}/{name}"] = value
         return metrics
