@@ -2,12 +2,13 @@
 drawn, not resampled: the zoom's truth can be judged where a zoom is not a blur.
 
 ``scaledigits`` zooms scikit-learn's 8x8 digits, already upsampled, so its small digits are blurs and its large ones
-smooth; and at its truth (zooms of 1/2 to 2) the augmentation's views reach 2.25 and 36 pixels at 28. Here each of
-the ten digits is a template of strokes (lines and arcs in a unit box), every example's own: its points jittered,
-slanted, narrowed or widened and drawn with its own pen width; the whole digit, pen included, is then scaled by the
-example's zoom, log-uniform on [1/sqrt(2), sqrt(2)] (``truths.DRAWN_MAX_ZOOM``) about a digit 0.36 of the canvas high,
-and drawn anti-aliased (each pixel's coverage from its distance to the nearest stroke). At 28 px a digit is 7.1 to
-14.3 pixels high, and the views of the truth's range 5.0 to 20.2: every one legible and uncut.
+smooth; and at its truth (zooms of 1/2 to 2) the augmentation's views reach 2.25 and 36 pixels at 28. Here each of the
+ten digits is a template of strokes (lines and arcs in a unit box), every example's own: its points jittered, slanted,
+narrowed or widened, tilted, drawn with its own pen width and with two stray strokes beside it; the whole digit, pen
+included, is then scaled by the example's zoom, log-uniform on [1/sqrt(2), sqrt(2)] (``truths.DRAWN_MAX_ZOOM``) about a
+digit 0.32 of the canvas high, and drawn anti-aliased (each pixel's coverage from its distance to the nearest stroke).
+At 28 px a digit is 6.3 to 12.7 pixels high, and the views of the truth's range 4.5 to 17.9: every one legible and
+uncut.
 """
 
 from __future__ import annotations
@@ -35,11 +36,16 @@ from .truths import DRAWN_MAX_ZOOM
 
 PER_CLASS = 180
 """Examples of each digit: 1800 in all, about as many as scikit-learn's 1797."""
-MIDDLE_HEIGHT = 0.36
-"""A digit's height at zoom 1 as a share of the canvas side (10.1 px at 28)."""
-SHAPES = ((-0.2, 0.2), (0.8, 1.2), (0.09, 0.14))
-"""Each example's slant (x moves by -slant * y), width (x times it) and pen (of the digit's height), uniform on
-these."""
+MIDDLE_HEIGHT = 0.32
+"""A digit's height at zoom 1 as a share of the canvas side (9.0 px at 28)."""
+SHAPES = ((-0.3, 0.3), (0.75, 1.25), (0.07, 0.15), (-0.25, 0.25))
+"""Each example's slant (x moves by -slant * y), width (x times it), pen (of the digit's height) and tilt (radians),
+uniform on these."""
+JITTER = 0.045
+"""The standard deviation of every stroke point's own displacement, of the digit's height (cut at two of them)."""
+STRAY_STROKES = 2
+"""Short strokes drawn at random inside each digit's box with it (lengths 0.15-0.35 of its height): marks no digit
+template has, so that telling digits apart takes more than their outlines."""
 SHAPE_STREAM = 9
 """The seeded stream of the strokes' jitter, slant, width and pen (``splits.seeded_rng``; 0-8 are taken)."""
 _POINTS_PER_ARC = 12
@@ -108,10 +114,17 @@ def drawn_images(labels: np.ndarray, log_scales: torch.Tensor, size: int, seed: 
         if len(rows) == 0:
             continue
         segments = _segments(STROKES[digit]).expand(len(rows), -1, -1, -1)
-        jitter = torch.from_numpy(rng.normal(0.0, 0.025, segments.shape))
-        slant, width, pen = (torch.from_numpy(rng.uniform(low, high, len(rows))) for low, high in SHAPES)
+        jitter = torch.from_numpy(rng.normal(0.0, JITTER, segments.shape)).clamp(-2 * JITTER, 2 * JITTER)
+        slant, width, pen, tilt = (torch.from_numpy(rng.uniform(low, high, len(rows))) for low, high in SHAPES)
+        start = torch.from_numpy(rng.uniform(-0.4, 0.4, (len(rows), STRAY_STROKES, 2)))
+        angle = torch.from_numpy(rng.uniform(0, 2 * math.pi, (len(rows), STRAY_STROKES)))
+        length = torch.from_numpy(rng.uniform(0.15, 0.35, (len(rows), STRAY_STROKES)))
+        end = start + length.unsqueeze(-1) * torch.stack([angle.cos(), angle.sin()], dim=-1)
         x, y = segments[..., 0] + jitter[..., 0], segments[..., 1] + jitter[..., 1]
-        shaped = torch.stack([(x - slant.view(-1, 1, 1) * y) * width.view(-1, 1, 1), y], dim=-1)
+        x = (x - slant.view(-1, 1, 1) * y) * width.view(-1, 1, 1)
+        cos, sin = tilt.cos().view(-1, 1, 1), tilt.sin().view(-1, 1, 1)
+        shaped = torch.stack([cos * x - sin * y, sin * x + cos * y], dim=-1)
+        shaped = torch.cat([shaped, torch.stack([start, end], dim=2).clamp(-0.45, 0.45)], dim=1)
         height = MIDDLE_HEIGHT * size * log_scales[torch.from_numpy(rows)].double().exp()
         drawn = draw(shaped * height.view(-1, 1, 1, 1) + size / 2, pen * height, size)
         images[torch.from_numpy(rows), 0] = drawn.float()
@@ -122,7 +135,7 @@ def drawndigits(
     size: int = 28, channels: int = 1, test_fraction: float = 0.2, seed: int = 0, split: Split | None = None
 ) -> DatasetSplits:
     """1800 digits (180 of each) drawn as pen strokes at their own fixed zoom, log-uniform on [1/sqrt(2), sqrt(2)]
-    about a digit 0.36 of the canvas high: the truth of a learned isotropic scale range is log(sqrt(2)) (0.347), and no
+    about a digit 0.32 of the canvas high: the truth of a learned isotropic scale range is log(sqrt(2)) (0.347), and no
     zoom, nor the augmentation's views at the truth, resamples or cuts a digit (see the module docstring). The
     log-scales come from ``seed``'s zoom stream (``splits.fixed_zooms``), the shapes from a stream of their own;
     ``info`` holds ``train_log_scales``/``test_log_scales``. Values in [0, 1] on a zero background, the grey image
