@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--out", default=str(RESULTS / "population.json"))
     args = parser.parse_args(argv)
+    if args.members < 2:
+        parser.error("--members must be 2 or more (one member is the job's own run: learned_augmentation runs it)")
     torch.set_num_threads(1)
     if args.quick:
         args.configs, args.seeds, args.interval = ["rotdigits:zero"], [0], 2

@@ -412,62 +412,6 @@ def test_an_integration_whose_extra_is_missing_raises_the_package_s_one_line_err
     monkeypatch.delitem(sys.modules, f"partition_fx.integrations.{extra}", raising=False)
 
 
-def test_a_population_of_one_is_the_jobs_own_run():
-    """With one member nothing is copied or explored: the benchmark's run is ``fit``'s, bit for bit."""
-    import torch
-
-    population = _research("population")
-    from benchmarks.arms import ARMS
-    from partition_fx.export import export_subnetwork
-    from partition_fx.jobs import train_job
-    from partition_fx.training import fit
-
-    (row,) = population.main(["--quick", "--members", "1"])["rows"]
-    assert all(entry["copies"] == [] for entry in row["rounds"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the benchmark trains
-    try:
-        job = train_job(["--data", "rotdigits", *ARMS["zero"], "--seed", "0", "--device", "cpu", *population.QUICK_JOB])
-        result = fit(job.pmodel, job.data.train, job.config, hyper=job.hyper, device="cpu", progress=False)
-        accuracy, _ = job.test_scores(export_subnetwork(job.pmodel).eval())
-    finally:
-        torch.set_num_threads(threads)
-    assert row["learned"] == result.hyperparameters and row["test_accuracy"] == accuracy
-
-
-def test_a_population_copy_continues_as_its_source(capsys):
-    """After ``copy_from`` a member trains exactly as the member it copied (weights, ranges, optimisers, samplers and
-    draws); ``explore`` moves each range by e^+-delta from at least its floor, never past its bound."""
-    import torch
-
-    population = _research("population")
-    from partition_fx.jobs import train_job
-
-    job = train_job(["--data", "rotdigits", "--init", "zero", "--seed", "0", "--device", "cpu", *population.QUICK_JOB])
-    explored = torch.Generator().manual_seed(0)
-    first, second = population.members_of(job, 2, 0.5, 0.05, explored)
-    assert first.hyper.hyperparameters()["rotation"] == 0.0  # the job's own start
-    for name, value in second.hyper.hyperparameters().items():  # explored once from the floor
-        floor = 0.05 * second.hyper.max_range[name]
-        assert math.isclose(value, floor * math.exp(0.5), rel_tol=1e-6) or math.isclose(
-            value, floor * math.exp(-0.5), rel_tol=1e-6
-        )
-    first.train_to(2), second.train_to(2)
-    scored = [m.trainer.steps.evaluator.generator.get_state() for m in (first, second)]
-    assert torch.equal(*scored)  # members at different ranges are scored with the same draws
-    second.copy_from(first)
-    first.train_to(4), second.train_to(4)
-    assert first.fitness == second.fitness
-    for (name, a), b in zip(first.trainer.pmodel.state_dict().items(), second.trainer.pmodel.state_dict().values()):
-        assert torch.equal(a, b), name
-    assert first.hyper.hyperparameters() == second.hyper.hyperparameters()
-    with torch.no_grad():
-        second.hyper.ranges.fill_(100.0)
-    population.explore(second.hyper, 0.5, 0.05, explored)
-    assert all(math.isclose(v, second.hyper.max_range[n], rel_tol=1e-6) or v < second.hyper.max_range[n]
-               for n, v in second.hyper.hyperparameters().items())  # fmt: skip
-
-
 def test_population_benchmark_quick(capsys):
     result = _research("population").main(["--quick"])
     (row,) = result["rows"]

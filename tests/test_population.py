@@ -23,7 +23,8 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
 from partition_fx.training import PartitionedTrainer, fit
-from partition_fx.training.population import POPULATION_FILE, explore
+from partition_fx.training.components import resolve
+from partition_fx.training.population import POPULATION_FILE, Population, explore
 from partition_fx.training.tracking import CSVTracker
 from partition_fx.transforms import AffineAugmentation
 
@@ -145,6 +146,25 @@ def test_a_population_is_the_one_at_a_time_algorithm() -> None:
     _same_result(result, _with_population(expected, result.population))
     _same_state(pmodel, trainer.pmodel)
     _same_state(hyper, trainer.steps.hyper)
+
+
+def test_a_copied_member_continues_as_its_source() -> None:
+    """After ``copy_from`` a member trains exactly as the member it copied (weights, ranges, optimisers, samplers and
+    draws); members at different ranges are scored with the same draws."""
+    pmodel, hyper = _start()
+    run = {k: v for k, v in RUN.items() if k != "progress"}
+    config, components = resolve("fit", None, {"hyper": hyper, "population": 2, **run})
+    first, second = Population(pmodel, _data(), config, components).members
+    assert first.trainer.steps.hyper.hyperparameters() != second.trainer.steps.hyper.hyperparameters()
+    first.train_to(2, 0.0), second.train_to(2, 0.0)
+    scored = [m.trainer.steps.evaluator.generator.get_state() for m in (first, second)]
+    assert torch.equal(*scored)
+    second.copy_from(first)
+    assert second.fitness == -math.inf  # not evaluated since
+    first.train_to(4, 0.0), second.train_to(4, 0.0)
+    assert first.fitness == second.fitness
+    _same_state(first.trainer.pmodel, second.trainer.pmodel)
+    _same_state(first.trainer.steps.hyper, second.trainer.steps.hyper)
 
 
 class Interrupted(Exception):
