@@ -198,14 +198,29 @@ def range_trajectories(result: Results) -> str:
                 step: f"{ranges.get('rotation', 0.0) if rotation else benchmark_tables.zoom(ranges):.2f}"
                 for step, ranges in trajectory
             }
-            lines.append(([r["data"], _label(r["augment"]), "rotation" if rotation else "scale", str(seed)], values))
+            lines.append(
+                (
+                    [
+                        r["data"],
+                        _label(r["augment"], "learned_augmentation"),
+                        "rotation" if rotation else "scale",
+                        str(seed),
+                    ],
+                    values,
+                )
+            )
     steps = sorted({step for _, values in lines for step in values})
     header = ["data", "arm", "range", "seed", *map(str, steps)]
     return markdown_table(header, [line + [values.get(step, "") for step in steps] for line, values in lines])
 
 
-def _label(arm: str) -> str:
-    return benchmark_tables.ARM_LABELS.get(arm, benchmark_tables.METHOD_LABELS.get(arm, arm))
+def _label(arm: str, file: str) -> str:
+    """How an arm of ``file`` is named: a method of ``hyperparameter_methods``' results by its method label, an arm of
+    the default job by its arm label (the two share names: ``augerino`` is a method and an arm)."""
+    labels = (
+        benchmark_tables.METHOD_LABELS if file.startswith("hyperparameter_methods") else benchmark_tables.ARM_LABELS
+    )
+    return labels.get(arm, arm)
 
 
 def target_ranges(result: Results) -> str:
@@ -234,8 +249,8 @@ def target_models(result: Results) -> str:
         [
             r["target"],
             r["data"],
-            _label(r["arm"]),
-            _label(r["reference"]),
+            _label(r["arm"], r["file"]),
+            _label(r["reference"], r["reference_file"]),
             "averaged over 8" if r["accuracy"] == "averaged_test_accuracy" else "plain",
             r["measured_on"],
             f"{r['arm_mean']:.3f} / {r['reference_mean']:.3f}",

@@ -29,6 +29,7 @@ from research import RESULTS, tables
 
 Ranges = dict[str, float]
 SCALE_TRUTH = (named_dataset("scaledigits").true_ranges or {})["scale"]
+DRAWN_TRUTH = (named_dataset("drawndigits").true_ranges or {})["scale"]
 """scaledigits' truth: an isotropic log-scale range of log 2 (Augerino's ``scale``)."""
 FOLDERS = (RESULTS, BENCHMARK_RESULTS)
 """Where the results the targets read are: the diagnostics' and the benchmarks'."""
@@ -70,6 +71,10 @@ def _scale_to_truth(ranges: Ranges) -> tuple[float, ...]:
     return (ranges["scale"] / SCALE_TRUTH,)
 
 
+def _drawn_scale_to_truth(ranges: Ranges) -> tuple[float, ...]:
+    return (ranges["scale"] / DRAWN_TRUTH,)
+
+
 def _scattered(ranges: Ranges) -> tuple[float, ...]:
     return ranges["translation_x"], ranges["translation_y"], zoom(ranges)
 
@@ -95,7 +100,8 @@ DIGITS = "rotation <= 0.3 rad"
 SCALE = "zoom / truth in 0.8-1.25"
 SCATTERED = "translation x, y in 0.15-0.45, zoom >= 0.17"
 GPU, CPU = "default_tuning_round3_gpu.json", "start_independence_cpu.json"
-EQUAL, CONFOUNDS = "equal_compute.json", "zoom_confounds.json"
+EQUAL, CONFOUNDS = "equal_compute.json+equal_compute_s34.json", "zoom_confounds.json"
+DRAWN = "drawn_digits.json"
 RANGE_TARGETS = [
     RangeTarget(
         ROTATION,
@@ -152,6 +158,16 @@ RANGE_TARGETS = [
         )
         for arm, start in (("zero", "0"), ("half", "half the truth"), ("truth", "the truth"))
     ),
+    *(
+        RangeTarget(SCALE, DRAWN, "drawndigits", arm, start, _drawn_scale_to_truth, _within(0.8, 1.25))
+        for arm, start in (
+            ("augerino", "wide (the default)"),
+            ("augerino_zero", "0"),
+            ("drawn_scale_half", "half the truth"),
+            ("drawn_scale_truth", "the truth"),
+            ("drawn_scale_twice", "twice the truth"),
+        )
+    ),
     RangeTarget(
         SCATTERED,
         "default_tuning_round3_gpu_scattered.json",
@@ -163,7 +179,8 @@ RANGE_TARGETS = [
     ),
 ]
 """The learned ranges' targets: the rotation wherever it starts on data that holds every angle (rotdigits) and none
-(digits), the zoom on scaledigits from 0, half the truth, the truth and twice it, the translations and zoom on
+(digits), the zoom on scaledigits from 0, half the truth, the truth and twice it (and on drawndigits, where every zoom
+is drawn rather than resampled, from the wide start too), the translations and zoom on
 ``scattered``; single runs of the default job with only the start changed, the same given a population's training
 images (3x the iterations), the zoom with its measured confounds out, and populations of the default job."""
 ORACLE = "at or above the oracle within one SE"
@@ -176,6 +193,7 @@ MODEL_TARGETS = [
     ModelTarget(ORACLE, "rotdigits", GPU, "affine", GPU, "oracle", "within"),
     ModelTarget(ORACLE, "scattered", SCATTERED_GPU, "affine", SCATTERED_GPU, "oracle_scattered", "within"),
     ModelTarget(ORACLE, "scaledigits", CPU, "affine", CPU, "oracle_scaledigits", "within"),
+    ModelTarget(ORACLE, "drawndigits", DRAWN, "augerino", DRAWN, "oracle_drawndigits", "within"),
     ModelTarget(AHEAD, "rotdigits", METHODS_WIDE, PARTITIONED, METHODS_WIDE, VALIDATION, "ahead"),
     ModelTarget(AHEAD, "rotdigits", METHODS_WIDE, PARTITIONED, AUGERINO_WIDE, "augerino", "ahead"),
     *(
