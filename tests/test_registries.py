@@ -20,7 +20,7 @@ from partition_fx import PartitionConfig, job_spec, partitionify
 from partition_fx.choices import ASSIGNMENTS, COMPILE_MODES, DEFAULTS, PRECISIONS
 from partition_fx.cli import build_parser
 from partition_fx.config import Default
-from partition_fx.datasets import NUM_DIGITS, digits, load_dataset
+from partition_fx.datasets import NUM_DIGITS, digits, drawn_digits, load_dataset
 from partition_fx.datasets.registry import NAMED_DATASETS, NamedDataset, dataset_names, named_dataset, register_dataset
 from partition_fx.errors import PartitionArgumentError, PartitionError
 from partition_fx.kinds import PARTITION_KINDS, PartitionKind, kind_names, partition_kind, register_kind
@@ -53,7 +53,11 @@ def test_train_and_the_library_share_precisions_compile_modes_and_datasets() -> 
 
     assert tuple(_option("train", "precision").choices) == PRECISIONS == tuple(stepping.DTYPES)
     assert tuple(_option("train", "compile").choices) == COMPILE_MODES and train_config.COMPILE_MODES is COMPILE_MODES
-    assert job_spec.DATASETS == dataset_names(task="images", on_disk=False) == ("digits", "rotdigits", "scaledigits")
+    assert (
+        job_spec.DATASETS
+        == dataset_names(task="images", on_disk=False)
+        == ("digits", "rotdigits", "scaledigits", "drawndigits")
+    )
     assert job_spec.DISK_DATASETS == dataset_names(task="images", on_disk=True)
     assert {"cifar10", "rotcifar10", "cifar100", "mnist", "fashion_mnist", "svhn"} <= set(job_spec.DISK_DATASETS)
     assert tuple(_option("federated", "data").choices) == job_spec.DATASETS  # federated reads bundled data
@@ -69,7 +73,7 @@ def test_the_registries_and_choices_import_no_torch() -> None:
         "print(kind_names(scheme=True), dataset_names(), sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    names = "'digits', 'rotdigits', 'scaledigits', 'input_selection', 'cifar10', 'rotcifar10'"
+    names = "'digits', 'rotdigits', 'scaledigits', 'drawndigits', 'input_selection', 'cifar10', 'rotcifar10'"
     assert result.stdout.strip().startswith(f"('random', 'node') ({names}, ") and result.stdout.strip().endswith(" []")
 
 
@@ -176,7 +180,9 @@ def test_a_registered_dataset_is_loaded_by_name_and_offered_by_the_command_line(
         assert dataset_names(task="images")[-1] == "toy_images"
         assert load_dataset("toy_images", size=8).input_shape == (1, 8, 8)
         assert "toy_images" in _option("federated", "data").choices
-        with pytest.raises(PartitionError, match=r"not one of digits, rotdigits, scaledigits, input_sel.*toy_images"):
+        with pytest.raises(
+            PartitionError, match=r"not one of digits, rotdigits, scaledigits, drawndigits, input_sel.*toy_images"
+        ):
             load_dataset("toy_imagez")
         with pytest.raises(PartitionArgumentError, match="_toy_images does not take channels"):
             load_dataset("toy_images", channels=3)
@@ -199,5 +205,6 @@ def test_every_named_dataset_resolves_to_its_public_loader_and_states_its_size(n
     assert entry.load_function() is getattr(datasets, name)
     if entry.images is not None:  # what the command line's memory check counts before loading
         data = load_dataset(name, size=8)
-        assert entry.images == NUM_DIGITS == len(data.train) + len(data.test)
+        assert entry.images == len(data.train) + len(data.test)
+        assert entry.images == (10 * drawn_digits.PER_CLASS if name == "drawndigits" else NUM_DIGITS)
     assert named_dataset("./" + name) is None

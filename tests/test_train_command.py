@@ -110,7 +110,7 @@ def test_the_tool_says_its_version(capsys):
         (["--weight-decay", "inf"], "--weight-decay must be finite and >= 0"),
         (["--partitions", "1", "--proportions", "1"], "--augment affine learns its ranges"),
         (["--image-size", "1000000"], "more than this machine's"),
-        (["--data", ""], "--data must be digits, rotdigits, scaledigits or an image folder"),
+        (["--data", ""], "--data must be digits, rotdigits, scaledigits, drawndigits or an image folder"),
         # issue 41: a traceback after --out was written, and batches that only repeat the data for minutes
         (["--model", "convnext_atto", "--image-size", "28"], "convnext_atto cannot run on 28x28 images"),
         (["--model", "convnext_atto", "--image-size", "28"], "pass --image-size 32"),
