@@ -16,7 +16,6 @@ cannot rebuild (another model or dataset, a custom transform, rules of a ``Parti
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,11 @@ from ..partitioned_model import PartitionedModel
 from ..ranges import DEFAULT_MAX_RANGE
 from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
-from .checkpoint import load_training_state, resume_directory
+from .checkpoint import load_training_state
 from .components import check_run_arguments, resolve
 from .hooks import Callback, TrainingHook
 from .lml import EvaluationRecord
-from .population import POPULATION_FILE, Population, is_population_state
+from .population import Population, population_size
 from .trainer import FitResult, PartitionedTrainer
 
 # --- run.json --------------------------------------------------------------------------------------------------------
@@ -241,8 +240,8 @@ def fit(
             population.load(resume)
             _check_before_end(population.step, config, resume)
         return population.run(callbacks=callbacks, progress=progress)
-    if resume is not None and is_population_state(resume):
-        members = json.loads((resume_directory(resume) / POPULATION_FILE).read_text())["members"]
+    members = population_size(resume) if resume is not None else None
+    if members is not None:
         raise PartitionArgumentError(
             f"{resume} holds the partitioned phase of a population of {members}: resume it with population={members}"
         )

@@ -99,6 +99,15 @@ def explored_transforms(hyper: nn.Module | None) -> list[AffineAugmentation]:
     return found
 
 
+def fittest(scores: Sequence[float]) -> int:
+    """The index of the highest score (the first of equals): the member a comparison ranks first.
+
+    >>> fittest([-3.0, -1.0, -1.0])
+    1
+    """
+    return max(range(len(scores)), key=lambda i: scores[i])
+
+
 def ancestry(rounds: Sequence[dict[str, Any]]) -> list[int]:
     """The member whose state the final model descends from, at each comparison: the fittest of the last, and
     before each copy its source.
@@ -106,7 +115,7 @@ def ancestry(rounds: Sequence[dict[str, Any]]) -> list[int]:
     >>> ancestry([{"fitness": [1, 2], "copies": [[1, 0]]}, {"fitness": [3, 2], "copies": []}])
     [1, 0]
     """
-    member = max(range(len(rounds[-1]["fitness"])), key=lambda i: rounds[-1]["fitness"][i])
+    member = fittest(rounds[-1]["fitness"])
     found = [member]
     for entry in reversed(rounds[:-1]):
         member = next((source for source, target in entry["copies"] if target == member), member)
@@ -114,9 +123,11 @@ def ancestry(rounds: Sequence[dict[str, Any]]) -> list[int]:
     return found[::-1]
 
 
-def is_population_state(directory: str | Path) -> bool:
-    """Whether ``directory`` is a population's resume directory (written during its partitioned phase)."""
-    return (resume_directory(directory) / POPULATION_FILE).is_file()
+def population_size(directory: str | Path) -> int | None:
+    """The members of the population whose resume directory ``directory`` is (written during its partitioned
+    phase), or None: not a population's."""
+    path = resume_directory(directory) / POPULATION_FILE
+    return json.loads(path.read_text())["members"] if path.is_file() else None
 
 
 def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -212,7 +223,6 @@ class Population:
         if settings.members < 2:
             raise PartitionArgumentError(f"a Population needs population >= 2, got {settings.members}")
         explored_transforms(components.hyper)  # refused before anything is built
-        self.config = config
         self.settings = settings
         self.checkpoint_dir: Path | None = components.checkpoint_dir  # type: ignore[assignment]  # stored resolved
         self.generator = torch.Generator().manual_seed(10_000 + config.runtime.seed)
@@ -294,7 +304,7 @@ class Population:
                     before = member.trainer.step
                     records.append(member.train_to(boundary, started))
                     bar.update(boundary - before)
-                leader = max(range(len(self.members)), key=lambda i: self.members[i].fitness)
+                leader = fittest([m.fitness for m in self.members])
                 improved = self.best is None or self.members[leader].fitness > self.best
                 if improved:
                     self.best = self.members[leader].fitness
@@ -339,9 +349,9 @@ class Population:
     def _hand_over(self) -> None:
         """The fittest member's state to the run's trainer (whose model and transform ``fit`` was given); the other
         members are let go."""
-        fittest = max(range(len(self.members)), key=lambda i: self.members[i].fitness)
-        if fittest != 0:
-            self.members[0].copy_from(self.members[fittest])
+        best = fittest([m.fitness for m in self.members])
+        if best != 0:
+            self.members[0].copy_from(self.members[best])
         _set_rng_state(self.members[0].rng)
         for member in self.members[1:]:
             member.trainer.steps.read_ahead.close()
