@@ -157,8 +157,8 @@ def kronecker_factors(
         return lambda module, inputs, output: seen.__setitem__(name, (inputs[0], output))
 
     handles = [module.register_forward_hook(keep(name)) for name, module in layers.items()]
-    a = {name: 0.0 for name in layers}
-    b = {name: 0.0 for name in layers}
+    a: dict[str, torch.Tensor] = {}  # summed over the batches
+    b: dict[str, torch.Tensor] = {}
     loglik, positions = 0.0, {}
     model.train()
     try:
@@ -172,7 +172,8 @@ def kronecker_factors(
                 inputs = seen[name][0].detach()
                 patches = _patches(layers[name], inputs.view(samples, len(xb), *inputs.shape[1:]).mean(0))
                 positions[name] = patches.shape[1]
-                a[name] = a[name] + torch.einsum("npi,npj->ij", patches, patches)
+                moment = torch.einsum("npi,npj->ij", patches, patches)
+                a[name] = a[name] + moment if name in a else moment
             # the softmax NLL's Hessian diag(p) - p p^T = L L^T with L = diag(sqrt p) - p sqrt(p)^T
             p = torch.softmax(logits.detach(), -1)
             root = torch.diag_embed(p.sqrt()) - p[:, :, None] * p.sqrt()[:, None, :]
@@ -181,7 +182,8 @@ def kronecker_factors(
                 grads = torch.autograd.grad(logits, outputs, root[:, :, column], retain_graph=True)
                 for name, grad in zip(names, grads):
                     summed = grad.view(samples, len(xb), grad.shape[1], -1).sum(0).double()  # [n, out, positions]
-                    b[name] = b[name] + torch.einsum("nip,njp->ij", summed, summed)
+                    moment = torch.einsum("nip,njp->ij", summed, summed)
+                    b[name] = b[name] + moment if name in b else moment
             seen.clear()
     finally:
         for handle in handles:

@@ -135,17 +135,24 @@ def population(result: Results) -> str:
 def occam(result: Results) -> str:
     """Per data set, range and r (the range the weights trained at): each score's secant at r at fixed weights
     (nats per unit of range, mean ± standard error over seeds, how many positive) and the ranges it is largest at
-    (one per seed): the conditional LML, and the last-layer Laplace evidence with its two parts."""
+    (one per seed): the conditional LML, the last-layer Laplace evidence with its two parts and, where scored
+    (``--network``), the whole network's Occam term and evidence."""
     names = {"conditional_lml": "conditional LML", "loglik": "Laplace: log-likelihood", "occam": "Laplace: Occam",
-             "evidence": "Laplace: evidence"}  # fmt: skip
+             "evidence": "Laplace: evidence", "network_occam": "whole network: Occam",
+             "network_evidence": "whole network: evidence"}  # fmt: skip
+    largest = {"conditional_lml": "conditional LML", "evidence": "Laplace evidence",
+               "network_evidence": "whole-network evidence"}  # fmt: skip
+    scored = result["summary"]["secants"][0]
+    names = {k: name for k, name in names.items() if k in scored}
+    largest = {k: name for k, name in largest.items() if k in scored}
     header = ["data", "range", "trained at", "n", *(f"{name}: secant" for name in names.values()),
-              *(f"{name}: largest at" for name in ("conditional LML", "Laplace evidence"))]  # fmt: skip
+              *(f"{name}: largest at" for name in largest.values())]  # fmt: skip
     body = []
     for line in result["summary"]["secants"]:
         secants = [f"{line[k]['secant']:+.1f} ± {line[k]['se']:.1f} ({line[k]['positive']}/{line['n']} > 0)"
                    for k in names]  # fmt: skip
-        largest = [", ".join(f"{v:.2f}" for v in line[k]["preferred"]) for k in ("conditional_lml", "evidence")]
-        body.append([line["data"], line["generator"], f"{line['r']:.3f}", line["n"], *secants, *largest])
+        preferred = [", ".join(f"{v:.2f}" for v in line[k]["preferred"]) for k in largest]
+        body.append([line["data"], line["generator"], f"{line['r']:.3f}", line["n"], *secants, *preferred])
     return markdown_table(header, body)
 
 

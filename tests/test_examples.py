@@ -465,6 +465,99 @@ def test_last_layer_evidence_is_the_laplace_evidence_of_the_exact_hessian_for_re
     assert all(evidence(d) <= found["evidence"] + 1e-9 for d in occam.PRIOR_PRECISIONS.tolist())
 
 
+def _small_convnet(bias: bool):
+    """A convolution, ReLU, pooling and a classifier, without BatchNorm: its examples are independent."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3, padding=1, bias=bias), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(12, 4),
+    )  # fmt: skip
+
+
+def test_kronecker_factors_at_one_view_are_laplace_torchs():
+    """At range 0 every view is the example itself, so reducing over the views is plain KFAC: each layer's factors
+    equal laplace-torch's exact (type-2) Kronecker-factored GGN of the model on the examples (curvlinops' KFAC,
+    positions expanded), weight and bias kept apart there and joined here."""
+    import torch
+    from laplace.curvature import CurvlinopsGGN
+
+    from partition_fx.transforms import AffineAugmentation
+
+    occam = _research("occam")
+    model = _small_convnet(bias=True).double()
+    x, y = torch.randn(5, 1, 6, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 1])
+    aug = AffineAugmentation.fixed({"rotation": 0.0}, generators=["rotation"]).double()
+    loglik, factors = occam.kronecker_factors(model, aug, x, y, batch=3)
+    _, kron = CurvlinopsGGN(model, "classification").kron(x, y, N=len(x))
+    (conv_b, conv_a), (conv_bias,), (fc_b, fc_a), (fc_bias,) = kron.kfacs
+    for layer, b, a, bias_b in ((factors["0"], conv_b, conv_a, conv_bias), (factors["4"], fc_b, fc_a, fc_bias)):
+        torch.testing.assert_close(layer.b, b.double())
+        torch.testing.assert_close(layer.a[:-1, :-1], a.double())
+        torch.testing.assert_close(layer.a[-1, -1] * layer.b, bias_b.double())  # the bias's input is 1
+    assert math.isclose(loglik, float(-torch.nn.functional.cross_entropy(model(x).detach(), y, reduction="sum")))
+
+
+def test_the_classifiers_factors_over_differing_views_are_its_exact_ggn():
+    """The invariant model's logits are the classifier applied to the views' mean features, so for one example its
+    Kronecker factors are its exact generalised Gauss-Newton block J^T Lambda J (J the logits' Jacobian in the
+    classifier's weight and bias, computed densely)."""
+    import torch
+
+    from partition_fx.transforms import AffineAugmentation
+
+    occam = _research("occam")
+    model = _small_convnet(bias=False).double()
+    x, y = torch.randn(1, 1, 6, 6, dtype=torch.float64), torch.tensor([2])
+    aug = AffineAugmentation.fixed({"rotation": 1.0}, generators=["rotation"]).double()
+    _, factors = occam.kronecker_factors(model, aug, x, y, batch=1)
+    views = aug.transform(x, occam.midpoint_draws()[:, None, :])
+    features = model[:4](views).detach()
+    assert float((features - features.mean(0)).abs().max()) > 1e-3  # the views differ
+
+    def logits(theta):
+        return features.mean(0) @ theta[:, :-1].T + theta[:, -1]
+
+    theta = torch.cat([model[4].weight, model[4].bias[:, None]], 1).detach()
+    jacobian = torch.func.jacrev(logits)(theta).flatten(1)  # [classes, classes * (features + 1)]
+    p = torch.softmax(logits(theta), -1)
+    ggn = jacobian.T @ (torch.diag(p) - torch.outer(p, p)) @ jacobian  # rows ordered (class, input)
+    torch.testing.assert_close(torch.kron(factors["4"].b, factors["4"].a), ggn)
+
+
+def test_network_occam_of_a_classifier_alone_is_the_last_layer_occam():
+    """With the classifier its only layer, the whole network's Occam term and log-likelihood are the last-layer
+    evidence's: one Kronecker-factored block, its prior precision the grid's best (found coarse, then fine)."""
+    import torch
+
+    from partition_fx.transforms import AffineAugmentation
+
+    occam = _research("occam")
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 4)).double()
+    x, y = torch.randn(20, 1, 6, 6, dtype=torch.float64), torch.randint(0, 4, (20,))
+    aug = AffineAugmentation.fixed({"rotation": 0.7}, generators=["rotation"]).double()
+    loglik, factors = occam.kronecker_factors(model, aug, x, y, batch=8)
+    total, deltas = occam.network_occam(factors)
+    views = aug.transform(x, occam.midpoint_draws()[:, None, :].expand(-1, 20, 1))
+    features = views.view(8, 20, -1).mean(0)  # the transform stacks the views' batches
+    last = occam.last_layer_evidence(features, y, model[1].weight.detach(), model[1].bias.detach())
+    assert math.isclose(loglik, last["loglik"], rel_tol=1e-9)
+    assert math.isclose(total, last["occam"], rel_tol=1e-9) and deltas == {"1": last["prior_precision"]}
+
+
+def test_kronecker_factors_refuse_a_grouped_convolution():
+    import torch
+
+    from partition_fx.transforms import AffineAugmentation
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, groups=2), torch.nn.Flatten())
+    aug = AffineAugmentation.fixed({"rotation": 0.0}, generators=["rotation"])
+    with pytest.raises(ValueError, match="0 is a grouped or non-zero-padded convolution"):
+        _research("occam").kronecker_factors(model, aug, torch.zeros(1, 2, 4, 4), torch.tensor([0]), batch=1)
+
+
 def test_occam_benchmark_quick(capsys):
     result = _research("occam").main(["--quick"])
     rows = result["rows"]
@@ -478,8 +571,41 @@ def test_occam_benchmark_quick(capsys):
     assert "rotdigits rotation trained at 0.500 seed 0, scored at 0.000" in capsys.readouterr().out
     from research import tables
 
-    assert "Laplace: Occam: secant" in tables.TABLES["occam"](result)
+    table = tables.TABLES["occam"](result)
+    assert "Laplace: Occam: secant" in table and "whole network" not in table
     json.dumps(result)  # as it is written
+
+
+@pytest.mark.slow  # the whole network's factors over the training split at 6 ranges: about 10 minutes on 2 cores
+def test_occam_benchmark_quick_with_the_whole_network(capsys):
+    result = _research("occam").main(["--quick", "--network"])
+    rows = result["rows"]
+    assert all(math.isclose(r["network_evidence"], r["loglik"] + r["network_occam"]) for r in rows)
+    (line,) = result["summary"]["secants"]
+    assert line["network_evidence"]["preferred"] == [max(rows, key=lambda r: r["network_evidence"])["scored_at"]]
+    assert "network_occam" in capsys.readouterr().out
+    from research import tables
+
+    assert "whole network: Occam: secant" in tables.TABLES["occam"](result)
+
+
+def test_occam_table_shows_the_whole_network_where_it_was_scored():
+    """The summary's secants and largest-at of hand-made rows, and the table's columns for them."""
+    from research import tables
+
+    occam = _research("occam")
+    rows = [
+        {"data": "scaledigits", "generator": "scale", "r": 0.5, "seed": seed, "offset": offset, "scored_at": at,
+         "conditional_lml": -at, "loglik": 0.0, "occam": at, "evidence": at, "network_occam": 10 * at,
+         "network_evidence": 10 * at - seed}
+        for seed in (0, 1) for offset, at in ((None, 0.0), (-0.4, 0.5 * math.exp(-0.4)), (0.4, 0.5 * math.exp(0.4)))
+    ]  # fmt: skip
+    (line,) = occam.summary(rows, 0.4)
+    assert line["network_evidence"]["secant"] == pytest.approx(10) and line["network_evidence"]["positive"] == 2
+    assert line["network_evidence"]["preferred"] == [0.5 * math.exp(0.4)] * 2
+    table = tables.TABLES["occam"]({"summary": {"secants": [line]}})
+    assert "whole network: Occam: secant | whole network: evidence: secant" in table
+    assert table.endswith("| +10.0 ± 0.0 (2/2 > 0) | +10.0 ± 0.0 (2/2 > 0) | 0.00, 0.00 | 0.75, 0.75 | 0.75, 0.75 |")
 
 
 def test_occam_follow_moves_to_the_best_scored_range(capsys):
