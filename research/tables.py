@@ -6,6 +6,7 @@ the package.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +133,11 @@ def population(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def _se(se: float) -> str:
+    """`` ± SE``, or nothing for one seed (no standard error)."""
+    return "" if math.isnan(se) else f" ± {se:.1f}"
+
+
 def occam(result: Results) -> str:
     """Per data set, range and r (the range the weights trained at): each score's secant at r at fixed weights
     (nats per unit of range, mean ± standard error over seeds, how many positive) and the ranges it is largest at
@@ -149,7 +155,7 @@ def occam(result: Results) -> str:
               *(f"{name}: largest at" for name in largest.values())]  # fmt: skip
     body = []
     for line in result["summary"]["secants"]:
-        secants = [f"{line[k]['secant']:+.1f} ± {line[k]['se']:.1f} ({line[k]['positive']}/{line['n']} > 0)"
+        secants = [f"{line[k]['secant']:+.1f}{_se(line[k]['se'])} ({line[k]['positive']}/{line['n']} > 0)"
                    for k in names]  # fmt: skip
         preferred = [", ".join(f"{v:.2f}" for v in line[k]["preferred"]) for k in largest]
         body.append([line["data"], line["generator"], f"{line['r']:.3f}", line["n"], *secants, *preferred])

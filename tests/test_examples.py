@@ -606,6 +606,10 @@ def test_occam_table_shows_the_whole_network_where_it_was_scored():
     table = tables.TABLES["occam"]({"summary": {"secants": [line]}})
     assert "whole network: Occam: secant | whole network: evidence: secant" in table
     assert table.endswith("| +10.0 ± 0.0 (2/2 > 0) | +10.0 ± 0.0 (2/2 > 0) | 0.00, 0.00 | 0.75, 0.75 | 0.75, 0.75 |")
+    (one,) = occam.summary(rows[:3], 0.4)  # one seed: no standard error
+    assert "| +10.0 (1/1 > 0) | +10.0 (1/1 > 0) | 0.00 | 0.75 | 0.75 |" in tables.TABLES["occam"](
+        {"summary": {"secants": [one]}}
+    )
 
 
 def test_occam_follow_moves_to_the_best_scored_range(capsys):
