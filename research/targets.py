@@ -29,8 +29,9 @@ from research import RESULTS, tables
 
 Ranges = dict[str, float]
 SCALE_TRUTH = (named_dataset("scaledigits").true_ranges or {})["scale"]
-DRAWN_TRUTH = (named_dataset("drawndigits").true_ranges or {})["scale"]
 """scaledigits' truth: an isotropic log-scale range of log 2 (Augerino's ``scale``)."""
+DRAWN_TRUTH = (named_dataset("drawndigits").true_ranges or {})["scale"]
+"""drawndigits' truth: log sqrt 2."""
 FOLDERS = (RESULTS, BENCHMARK_RESULTS)
 """Where the results the targets read are: the diagnostics' and the benchmarks'."""
 
@@ -67,12 +68,12 @@ def _rotation(ranges: Ranges) -> tuple[float, ...]:
     return (ranges["rotation"],)
 
 
-def _scale_to_truth(ranges: Ranges) -> tuple[float, ...]:
-    return (ranges["scale"] / SCALE_TRUTH,)
+def _scale_to(truth: float) -> Callable[[Ranges], tuple[float, ...]]:
+    """The learned zoom as a share of ``truth``."""
+    return lambda ranges: (ranges["scale"] / truth,)
 
 
-def _drawn_scale_to_truth(ranges: Ranges) -> tuple[float, ...]:
-    return (ranges["scale"] / DRAWN_TRUTH,)
+_scale_to_truth, _drawn_scale_to_truth = _scale_to(SCALE_TRUTH), _scale_to(DRAWN_TRUTH)
 
 
 def _scattered(ranges: Ranges) -> tuple[float, ...]:
