@@ -67,9 +67,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "100 clients, a fifth per round": {"clients": 100, "fraction_train": 0.2},
 }
 """Other data and federations, reported at the command's defaults (nothing chosen for them)."""
+CHANCE_CEILING = 0.15
+"""A final model at or below this test accuracy is counted at chance (ten classes)."""
 PAPER = ROOT / "examples" / "federated_paper.yaml"
 PAPER_ROUNDS_TIMED = 5
 """Rounds of appendix J's settings timed to cost its whole run."""
+MAX_WIDENINGS = 3
+"""How many times FedAdam's learning-rate grid may grow past an edge that wins."""
+BUDGETS_OUT = RESULTS / "federated_budgets.json"
 SETTINGS_KEYS = ("rounds", "clients", "evaluate_every", "validation", "server_lrs", "defaults")
 """What a recorded seed's arms depend on: a results file that agrees on them holds runs this call would repeat."""
 
@@ -134,11 +139,28 @@ def _recorded(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any
     }
 
 
+def tuned_fedadam(default: FederatedConfig, args: argparse.Namespace) -> tuple[float, dict[float, dict[str, Any]]]:
+    """FedAdam's server learning rate chosen on the clients' validation shares from ``--server-lrs``, the grid
+    widened by its own outer ratio past whichever edge wins (at most ``MAX_WIDENINGS`` times) until the chosen
+    rate is interior; the rate and every run of the grid."""
+    rates = sorted(args.server_lrs)
+    grid = {lr: cached_run(default.baseline().replace(server_lr=lr), args.scratch) for lr in rates}
+    for _ in range(MAX_WIDENINGS):
+        lr = max(grid, key=lambda rate: final_accuracy(grid[rate], "validation"))
+        edges = sorted(grid)
+        if lr not in (edges[0], edges[-1]) or len(edges) < 2:
+            break
+        step = edges[-1] / edges[-2] if lr == edges[-1] else edges[1] / edges[0]
+        wider = float(f"{lr * step:.3g}") if lr == edges[-1] else float(f"{lr / step:.3g}")
+        grid[wider] = cached_run(default.baseline().replace(server_lr=wider), args.scratch)
+    lr = max(grid, key=lambda rate: final_accuracy(grid[rate], "validation"))
+    return lr, dict(sorted(grid.items()))
+
+
 def _seed_runs(data: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every arm of one dataset and seed: the runs, what each chose, its test accuracy and cost."""
     default = _defaults(data, seed, args)
-    grid = {lr: cached_run(default.baseline().replace(server_lr=lr), args.scratch) for lr in args.server_lrs}
-    lr = max(grid, key=lambda rate: final_accuracy(grid[rate], "validation"))
+    lr, grid = tuned_fedadam(default, args)
     chosen = default.baseline().replace(server_lr=lr)
     fixed = {r: cached_run(chosen.replace(rotation_init=r), args.scratch) for r in ROTATIONS}
     short = chosen.replace(rounds=args.rounds // len(ROTATIONS))
@@ -206,6 +228,42 @@ def _variant(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     runs = {"partitioned": partitioned, "fedadam": partitioned.baseline()}
     return {"variant": name, "seed": seed, "data": partitioned.data,
             **{arm: _outcome(cached_run(config, args.scratch)) for arm, config in runs.items()}}  # fmt: skip
+
+
+def budget_row(data: str, seed: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The command's defaults at ``rounds`` against FedAdam tuned at the same rounds (its rate widened until
+    interior): each one's test and validation accuracy, the paired difference, psi's warm-up (the round psi began,
+    or the note of a run whose psi learned nothing) and the learned ranges."""
+    default = _defaults(data, seed, args).replace(rounds=rounds, evaluate_every=max(1, rounds // 20))
+    lr, grid = tuned_fedadam(default, args)
+    ours = cached_run(default, args.scratch)
+    return {
+        "data": data, "seed": seed, "rounds": rounds, "commit": git_commit(), "server_lr": lr,
+        "server_lr_grid": {f"{rate:g}": final_accuracy(h, "validation") for rate, h in grid.items()},
+        "partitioned": _outcome(ours), "fedadam": _outcome(grid[lr]),
+        "difference": 100 * (final_accuracy(ours, "test") - final_accuracy(grid[lr], "test")),
+        "warmup": {key: ours.get("warmup", {}).get(key) for key in ("started_at", "partitioned_ended_at", "note")},
+        "rotation_curve": [[p["round"], p["hyperparameters"].get("rotation")] for p in ours["curve"]],
+    }  # fmt: skip
+
+
+def budget_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per data set and rounds: both arms' mean ± SE, the paired difference (points), the worst seed's, how
+    many partitioned runs ended at chance (at most 0.15) and how many learned nothing (psi never began)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["data"], row["rounds"]), []).append(row)
+    return [
+        {"data": data, "rounds": rounds, "seeds": [r["seed"] for r in group],
+         "partitioned": mean_se([r["partitioned"]["test"] for r in group]),
+         "fedadam": mean_se([r["fedadam"]["test"] for r in group]),
+         "difference": mean_se([r["difference"] for r in group]), "worst": min(r["difference"] for r in group),
+         "at_chance": sum(r["partitioned"]["test"] <= CHANCE_CEILING for r in group),
+         "learned_nothing": sum(r["warmup"]["started_at"] is None for r in group),
+         "rotation": [r["partitioned"]["rotation"] for r in group],
+         "server_lrs": [r["server_lr"] for r in group]}
+        for (data, rounds), group in sorted(groups.items())
+    ]  # fmt: skip
 
 
 def _paper_cost(scratch: Path) -> dict[str, Any]:
@@ -278,6 +336,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--repeat-lessons", default="", help="lessons (names, comma-separated) run on every seed")
     parser.add_argument("--variants", action="store_true", help="other data and federations, on the first seed")
     parser.add_argument("--paper-cost", action="store_true", help="appendix J's settings timed")
+    parser.add_argument(
+        "--budgets",
+        default="",
+        help="rounds (comma-separated): the budget sweep alone, the "
+        "partitioned run against FedAdam tuned at each, written to federated_budgets.json",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 6 clients, 4 rounds, seed 0")
     parser.add_argument("--no-write", action="store_true", help="only fill the cache (for split seeds)")
     parser.add_argument("--scratch", type=Path, default=Path("runs/benchmark-federated"))
@@ -293,6 +357,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     seeds = [int(s) for s in args.seeds.split(",")]
     config = {k: v for k, v in vars(args).items() if k not in ("out", "scratch", "quick", "no_write")}
     config["defaults"] = FederatedConfig().run_config()
+    if args.budgets:
+        return _budgets(args, config, seeds)
     recorded = _recorded(args, config)
     rows = [recorded["runs"].get((data, seed)) or _seed_runs(data, seed, args)
             for data in args.data.split(",") for seed in seeds]  # fmt: skip
@@ -317,6 +383,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     summary = {"lessons": lessons, "variants": variants, "paper_cost": paper_cost}
     write_results(args.out, results(header("federated", quick=args.quick), config, summaries, runs=rows,
                                     summary=summary))  # fmt: skip
+    return summaries
+
+
+def _budgets(args: argparse.Namespace, config: dict[str, Any], seeds: list[int]) -> list[dict[str, Any]]:
+    """The budget sweep: every data set, seed and rounds of ``--budgets``; its rows and summary."""
+    budgets = [int(r) for r in args.budgets.split(",")]
+    rows = [budget_row(data, seed, rounds, args) for rounds in budgets for data in args.data.split(",")
+            for seed in seeds]  # fmt: skip
+    if args.no_write:
+        return rows
+    summaries = budget_summary(rows)
+    for s in summaries:
+        print(f"{s['data']} {s['rounds']} rounds: partitioned {s['partitioned'][0]:.3f}, fedadam "
+              f"{s['fedadam'][0]:.3f}, difference {s['difference'][0]:+.1f} ± {s['difference'][1]:.1f} (worst "
+              f"{s['worst']:+.1f}), at chance {s['at_chance']}, learned nothing {s['learned_nothing']}")  # fmt: skip
+    out = BUDGETS_OUT if args.out == RESULTS / "federated.json" else args.out
+    write_results(out, results(header("federated_budgets", quick=args.quick), config, summaries, runs=rows))
     return summaries
 
 

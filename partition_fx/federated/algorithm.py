@@ -16,7 +16,7 @@ this is plain FedAdam, the baseline.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -27,6 +27,7 @@ from ..partitioned_model import PartitionedModel
 from ..training.likelihoods import Likelihood
 from ..training.lml import forward_log_likelihood
 from ..training.objective import Objective
+from ..training.schedule import Schedule
 
 
 @dataclass
@@ -41,6 +42,9 @@ class ClientUpdate:
     psi_gradient: list[torch.Tensor] | None
     train_loss: float = float("nan")
     """The mean negative log-likelihood of its local steps (every partition's, every epoch's)."""
+    evidence_nll: float = float("nan")
+    """With psi's gradient: the mean negative log-likelihood of its data through subnetwork k-1 (psi's evidence,
+    the loss the gradient is of)."""
 
 
 def client_update(
@@ -114,8 +118,12 @@ def _client_update(
         with torch.no_grad():
             for p, value in zip(params, server_values):
                 p.copy_(value)
-    gradient = _psi_gradient(pmodel, likelihood, hyper, x, y, k) if psi_step and not finetune else None
-    return ClientUpdate(client, 1 if finetune else k, len(x), trained, gradient, float(torch.stack(losses).mean()))
+    gradient, evidence = (None, None)
+    if psi_step and not finetune:
+        gradient, evidence = _psi_gradient(pmodel, likelihood, hyper, x, y, k)
+    train_loss = float(torch.stack(losses).mean())
+    return ClientUpdate(client, 1 if finetune else k, len(x), trained, gradient, train_loss,
+                        float("nan") if evidence is None else evidence)  # fmt: skip
 
 
 def _local_sgd(
@@ -147,17 +155,55 @@ def _local_sgd(
 
 def _psi_gradient(
     pmodel: PartitionedModel, likelihood: Likelihood, hyper: nn.Module | None, x: torch.Tensor, y: torch.Tensor, k: int
-) -> list[torch.Tensor] | None:
-    """d/dpsi of the mean negative log-likelihood of all the client's data through subnetwork k-1."""
+) -> tuple[list[torch.Tensor] | None, float | None]:
+    """d/dpsi of the mean negative log-likelihood of all the client's data through subnetwork k-1, and that
+    mean (None, None: chunk 1, or nothing to learn)."""
     psi = Objective(pmodel, hyper, likelihood).hyperparameters()
     if k < 2 or not psi:
-        return None
+        return None, None
     loss = -forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper).mean()
-    return [g.detach() for g in torch.autograd.grad(loss, psi, allow_unused=True, materialize_grads=True)]
+    gradient = torch.autograd.grad(loss, psi, allow_unused=True, materialize_grads=True)
+    return [g.detach() for g in gradient], float(loss.detach())
+
+
+class EvidenceWarmup:
+    """psi's warm-up decided by the model's progress: psi takes no step until the evidence its gradients come from
+    can tell ranges apart, the clients' held-out negative log-likelihood per example (through the subnetworks that
+    never trained on their data) at most ``threshold``; from the first round where it is (``started_at``), psi
+    steps every partitioned round. A run whose evidence is still uninformative at round ``deadline`` has no rounds
+    left for psi to learn in (:attr:`expired`).
+
+    >>> warmup = EvidenceWarmup(threshold=1.0, deadline=6)
+    >>> warmup.admits(3, 2.2), warmup.expired(6), warmup.admits(4, 0.9), warmup.admits(5, 1.5), warmup.started_at
+    (False, True, True, True, 4)
+    """
+
+    def __init__(self, threshold: float, deadline: int | None = None) -> None:
+        self.threshold = threshold
+        self.deadline = deadline
+        self.started_at: int | None = None
+        self.evidence: dict[int, float] = {}
+        """Each round's evidence (the senders' example-weighted mean negative log-likelihood)."""
+
+    def admits(self, server_round: int, evidence_nll: float) -> bool:
+        """Whether psi steps on the gradients of ``server_round``, whose evidence is ``evidence_nll``."""
+        self.evidence[server_round] = evidence_nll
+        if self.started_at is None and evidence_nll <= self.threshold:
+            self.started_at = server_round
+        return self.started_at is not None
+
+    def expired(self, server_round: int) -> bool:
+        """Whether psi has not started by ``server_round``, the last round it could start and still learn."""
+        return self.started_at is None and self.deadline is not None and server_round >= self.deadline
 
 
 class FederatedServer:
     """The server's model, psi and optimisers; ``apply`` turns a round's client updates into a step.
+
+    With a ``schedule`` (the run's rounds) and a ``warmup`` (:class:`EvidenceWarmup`), psi steps only once the
+    evidence is informative, and if it has not become so by the warm-up's deadline, partitioned training ends
+    there: ``fallback()`` (psi as the baseline's: no augmentation) is called and the remaining rounds fine-tune
+    (:meth:`finetunes` tells the clients).
 
     >>> from partition_fx import partitionify
     >>> from partition_fx.training import Categorical
@@ -179,6 +225,9 @@ class FederatedServer:
         lr: float = 1e-3,
         hyper_lr: float = 3e-3,
         learn_hyperparameters: bool = True,
+        schedule: Schedule | None = None,
+        warmup: EvidenceWarmup | None = None,
+        fallback: Callable[[], None] | None = None,
     ) -> None:
         self.pmodel, self.likelihood, self.hyper = pmodel, likelihood, hyper
         self.partitions = {j: pmodel.partition_parameters(j) for j in range(1, pmodel.num_partitions + 1)}
@@ -186,10 +235,16 @@ class FederatedServer:
         psi = Objective(pmodel, hyper, likelihood).hyperparameters() if learn_hyperparameters else []
         self.psi = psi
         self.hyper_optimizer = torch.optim.Adam(psi, lr=hyper_lr) if psi else None
+        self.schedule, self.warmup, self.fallback = schedule, warmup if psi else None, fallback
 
-    def apply(self, updates: Sequence[ClientUpdate]) -> None:
+    def finetunes(self, server_round: int) -> bool:
+        """Whether ``server_round`` is a fine-tuning round (False without a schedule)."""
+        return self.schedule is not None and self.schedule.finetunes(server_round)
+
+    def apply(self, updates: Sequence[ClientUpdate], server_round: int = 0) -> None:
         """FedAdam on each partition some client sent (pseudo-gradient: minus the example-weighted mean of
-        the deltas), Adam on psi with the example-weighted mean of the clients' gradients."""
+        the deltas), Adam on psi with the example-weighted mean of the clients' gradients (once the warm-up
+        admits them); then, if the warm-up expired at ``server_round``, the end of partitioned training."""
         updates = sorted(updates, key=lambda u: u.client)  # a fixed order: the same sums every run
         self.optimizer.zero_grad(set_to_none=True)
         for j, params in self.partitions.items():
@@ -202,15 +257,27 @@ class FederatedServer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         senders = [u for u in updates if u.psi_gradient is not None]
-        gradients = [u.psi_gradient for u in updates if u.psi_gradient is not None]
-        if self.hyper_optimizer is not None and senders:
+        if self.hyper_optimizer is not None and senders and self._admits(server_round, senders):
             weights = _weights(senders)
             for i, p in enumerate(self.psi):
-                p.grad = _weighted_sum(weights, (g[i] for g in gradients))
+                p.grad = _weighted_sum(weights, (cast(list[torch.Tensor], u.psi_gradient)[i] for u in senders))
             self.hyper_optimizer.step()
             self.hyper_optimizer.zero_grad(set_to_none=True)
             for _, module in Objective(self.pmodel, self.hyper, self.likelihood).hyperparameter_modules():
                 module.constrain_()
+        if self.warmup is not None and self.schedule is not None and not self.finetunes(server_round):
+            if self.warmup.expired(server_round) and self.schedule.finetune_from is not None:
+                self.schedule.end_partitioned_training(server_round)
+                if self.fallback is not None:
+                    self.fallback()
+
+    def _admits(self, server_round: int, senders: Sequence[ClientUpdate]) -> bool:
+        """Whether psi steps on these senders' gradients: always without a warm-up, else when it admits their
+        evidence."""
+        if self.warmup is None:
+            return True
+        evidence = _weighted_sum(_weights(senders), (torch.tensor(u.evidence_nll) for u in senders))
+        return self.warmup.admits(server_round, float(evidence))
 
 
 def _weighted_sum(weights: Sequence[float], tensors: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -223,4 +290,4 @@ def _weights(updates: Sequence[ClientUpdate]) -> list[float]:
     return [u.num_examples / total for u in updates]
 
 
-__all__ = ["ClientUpdate", "FederatedServer", "client_update"]
+__all__ = ["ClientUpdate", "EvidenceWarmup", "FederatedServer", "client_update"]

@@ -44,6 +44,7 @@ from .job import (
     plan_clients,
     train_client,
     validation_data,
+    warmup_record,
 )
 from .messages import array_record, load_state, record_number, train_reply
 from .models import FederatedModel
@@ -84,7 +85,8 @@ def client_train(message: Message, context: Context, config: FederatedConfig | N
     run_config, client, share, model = _client(config, context)
     load_state(model, array_record(message.content))
     server_round = int(record_number(message.content, "config", "server-round"))
-    update = train_client(model, run_config, share, client, server_round)
+    finetune = bool(record_number(message.content, "config", "finetune"))
+    update = train_client(model, run_config, share, client, server_round, finetune)
     return Message(train_reply(update), reply_to=message)
 
 
@@ -152,7 +154,7 @@ def make_server_app(
 def _serve(grid: Grid, config: FederatedConfig, on_round: OnRound | None, min_available_nodes: int) -> FederatedRun:
     data = load_federated_data(config)
     model = federated_model(config, data)
-    server = federated_server(config, model)
+    server = federated_server(config, model, cast(int, data.num_classes))
     strategy = PartitionedFedAdam(
         server, fraction_train=config.fraction_train, fraction_evaluate=config.fraction_evaluate,
         min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=min_available_nodes,
@@ -190,6 +192,7 @@ def _serve(grid: Grid, config: FederatedConfig, on_round: OnRound | None, min_av
         r: cast("dict[str, float]", dict(m)) for r, m in result.evaluate_metrics_clientapp.items()
     }
     run.failures = strategy.failures
+    run.warmup = warmup_record(config, server)
     return run
 
 

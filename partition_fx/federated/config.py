@@ -174,7 +174,32 @@ class FederatedConfig(Settings):
         absent_means=0.0,
     )
     """The central path's ``warmup_steps``, in rounds; the clients send no psi gradient in them. Without it, on
-    digits, the translation ranges ran to their bound (half the image) in 20 rounds and held the model at chance."""
+    digits, the translation ranges ran to their bound (half the image) in 20 rounds and held the model at chance.
+    It is the warm-up's least length: psi starts only once the evidence is informative (``warmup_evidence``)."""
+    warmup_evidence: float = setting(
+        0.5,
+        "psi takes its first step only once its evidence is informative: the held-out clients' negative "
+        "log-likelihood per example, through the subnetworks that never trained on their data, at most this share "
+        "of chance's (the log of the classes)",
+        positive=True,
+        maximum=1.0,
+        metavar="F",
+        absent_means=1.0,
+    )
+    """A fixed share of the rounds is no measure of progress: at 40 rounds (warm-up 8) the model was at 0.145
+    when psi began, the ranges ran to their bounds on the gradients of a model that had learned nothing, and the
+    final model ended at chance (digits, seed 0). 1: chance's, which an untrained model is at from the start."""
+    min_psi_fraction: float = setting(
+        0.2,
+        "psi needs this share of the rounds to learn in: if its evidence is still uninformative that many rounds "
+        "before fine-tuning would begin, fine-tuning begins there, with psi as the baseline's (no augmentation), "
+        "and the run says so; 0: psi may start until fine-tuning",
+        maximum=1.0,
+        metavar="F",
+        absent_means=0.0,
+    )
+    """A range psi never moved is its start, which no evidence chose (the rotation's pi/2 is a start to learn from,
+    not a guess of the truth): a run too short to learn anything fine-tunes as the baseline trains."""
     rotation_init: float = setting(
         math.pi / 2,
         "where the learned rotation range starts (or stays, psi fixed), in radians; at 0 it cannot move, so the "
@@ -243,6 +268,18 @@ class FederatedConfig(Settings):
     def warmup_rounds(self) -> int:
         """The first rounds that take no psi step: ``warmup_fraction`` of ``rounds``, rounded down."""
         return int(self.rounds * self.warmup_fraction)
+
+    @property
+    def psi_deadline(self) -> int | None:
+        """The last round psi may begin at: ``min_psi_fraction`` of the rounds before fine-tuning begins (None
+        without fine-tuning rounds: nothing to end early into).
+
+        >>> FederatedConfig(rounds=40).psi_deadline  # fine-tuning from round 25; psi needs 8 rounds
+        16
+        """
+        if not self.finetune_rounds:
+            return None
+        return self.rounds - self.finetune_rounds - int(self.rounds * self.min_psi_fraction)
 
     @property
     def partitioned(self) -> bool:

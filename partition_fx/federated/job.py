@@ -9,7 +9,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -19,7 +19,7 @@ from ..export import export_subnetwork
 from ..training import Schedule, evaluate_classifier
 from ..training.objective import Objective
 from ..transforms import TestTimeAveraged
-from .algorithm import ClientUpdate, FederatedServer, client_update
+from .algorithm import ClientUpdate, EvidenceWarmup, FederatedServer, client_update
 from .clients import client_chunks, dirichlet_split
 from .config import FederatedConfig
 from .models import FederatedModel, build_federated_model
@@ -159,15 +159,22 @@ def round_schedule(config: FederatedConfig) -> Schedule:
 
 
 def train_client(
-    model: FederatedModel, config: FederatedConfig, share: ClientData, client: int, server_round: int
+    model: FederatedModel,
+    config: FederatedConfig,
+    share: ClientData,
+    client: int,
+    server_round: int,
+    finetune: bool | None = None,
 ) -> ClientUpdate:
-    """One client's round (``client_update``) with the run's settings: a fine-tuning round, or one that sends
-    psi's gradient, when the run's schedule says so."""
+    """One client's round (``client_update``) with the run's settings: a fine-tuning round when the server says
+    so (``finetune``; None: when the run's schedule plans one), else one that sends psi's gradient after the
+    warm-up's least rounds."""
     schedule = round_schedule(config)
     return client_update(
         model.pmodel, model.likelihood, model.hyper, share.train, share.chunk, client=client, lr=config.lr,
         batch_size=config.batch_size, seed=client_seed(config.seed, server_round, client), epochs=config.local_epochs,
-        finetune=schedule.finetunes(server_round), psi_step=schedule.hyper_due(server_round),
+        finetune=schedule.finetunes(server_round) if finetune is None else finetune,
+        psi_step=schedule.hyper_due(server_round),
     )  # fmt: skip
 
 
@@ -185,10 +192,40 @@ def evaluate_model(model: FederatedModel, data: tuple[torch.Tensor, ...], test_s
     return scores
 
 
-def federated_server(config: FederatedConfig, model: FederatedModel) -> FederatedServer:
-    """The server's optimisers over ``model`` with the run's learning rates (psi's only if it is learned)."""
+def federated_server(config: FederatedConfig, model: FederatedModel, num_classes: int) -> FederatedServer:
+    """The server's optimisers over ``model`` with the run's learning rates (psi's only if it is learned), its
+    rounds, and psi's warm-up by the evidence: informative at ``warmup_evidence`` of chance's negative
+    log-likelihood, log ``num_classes``, by round ``psi_deadline``, or fine-tuning begins there without
+    augmentation."""
+    warmup = EvidenceWarmup(config.warmup_evidence * math.log(num_classes), config.psi_deadline)
     return FederatedServer(*model, lr=config.server_lr, hyper_lr=config.hyper_lr_value,
-                           learn_hyperparameters=config.learn_hyperparameters)  # fmt: skip
+                           learn_hyperparameters=config.learn_hyperparameters, schedule=round_schedule(config),
+                           warmup=warmup, fallback=lambda: no_augmentation(model))  # fmt: skip
+
+
+def no_augmentation(model: FederatedModel) -> None:
+    """Every range of ``model``'s augmentation at 0, as the baseline's (psi's dropout rates stay)."""
+    with torch.no_grad():
+        model.hyper.ranges.zero_()
+
+
+def warmup_record(config: FederatedConfig, server: FederatedServer) -> dict[str, Any]:
+    """What psi's warm-up did: the round psi began at (None: never), the round partitioned training ended at when
+    it ended early, each round's evidence (negative log-likelihood per example), and ``note``, one line for a run
+    whose psi learned nothing (None otherwise)."""
+    warmup, schedule = server.warmup, server.schedule
+    if warmup is None or schedule is None:
+        return {"started_at": None, "partitioned_ended_at": None, "evidence": {}, "note": None}
+    note = None
+    if warmup.started_at is None:
+        least = min(warmup.evidence.values(), default=float("nan"))
+        ended = schedule.partitioned_ended_at
+        where = f"fine-tuned from round {ended + 1} without augmentation, as the baseline" if ended else "psi unmoved"
+        note = (f"psi learned nothing in {config.rounds} rounds: its evidence never became informative (negative "
+                f"log-likelihood {least:.2f} at best, {warmup.threshold:.2f} needed); {where}. Give more --rounds "
+                "for psi to learn")  # fmt: skip
+    return {"started_at": warmup.started_at, "partitioned_ended_at": schedule.partitioned_ended_at,
+            "evidence": {str(r): round(e, 4) for r, e in warmup.evidence.items()}, "note": note}  # fmt: skip
 
 
 def mean_of_last(curve: list[dict[str, Any]], key: str) -> float:
@@ -221,6 +258,8 @@ class FederatedRun:
     federated_evaluation: dict[int, dict[str, float]] = field(default_factory=dict)
     failures: dict[int, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    warmup: dict[str, Any] = field(default_factory=dict)
+    """psi's warm-up (:func:`warmup_record`)."""
 
     def history(self) -> dict[str, Any]:
         """Everything but the model, as JSON-ready data."""
@@ -232,6 +271,7 @@ class FederatedRun:
             "seconds": round(self.seconds, 2),
             "seconds_per_round": round(self.seconds / self.config.rounds, 3),
             "hyperparameters": hyperparameters(self.model),
+            "warmup": self.warmup,
             "curve": self.curve,
             "client_train_metrics": {str(r): m for r, m in self.client_train_metrics.items()},
             "federated_evaluation": {str(r): m for r, m in self.federated_evaluation.items()},
@@ -298,7 +338,7 @@ def simulate(
     plan = plan_clients(data, config.clients, config.alpha, config.proportions, config.seed, config.validation)
     validation = validation_data(data, plan)
     model = federated_model(config, data)
-    server = federated_server(config, model)
+    server = federated_server(config, model, cast(int, data.num_classes))
     shares = [client_data(data, plan, c) for c in range(config.clients)]
     run = FederatedRun(model, config)
     if on_round is not None:
@@ -306,15 +346,17 @@ def simulate(
     started = time.perf_counter()
     for server_round in range(1, config.rounds + 1):
         clients = sample_clients(config, server_round)
+        finetune = server.finetunes(server_round)
         run.bytes_down += len(clients) * train_instruction_bytes(server, server_round)
-        updates = [train_client(model, config, shares[c], c, server_round) for c in clients]
+        updates = [train_client(model, config, shares[c], c, server_round, finetune) for c in clients]
         run.bytes_up += sum(train_reply_bytes(u) for u in updates)
         run.client_train_metrics[server_round] = [client_metrics(u) for u in updates]
-        server.apply(updates)
+        server.apply(updates, server_round)
         point = curve_point(run, data, server_round, validation) if is_evaluated(config, server_round) else None
         if on_round is not None:
             on_round(server_round, point)
     run.seconds = time.perf_counter() - started
+    run.warmup = warmup_record(config, server)
     return run
 
 
@@ -332,10 +374,12 @@ __all__ = [
     "is_evaluated",
     "load_federated_data",
     "mean_of_last",
+    "no_augmentation",
     "plan_clients",
     "round_schedule",
     "sample_clients",
     "simulate",
     "train_client",
     "validation_data",
+    "warmup_record",
 ]

@@ -70,8 +70,8 @@ def record_number(content: RecordDict, record: str, key: str) -> float:
 
 
 def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> list[ClientUpdate]:
-    """The ``ClientUpdate`` s of a round's (error-free) replies; their ``metrics`` name the client, its chunk
-    and its number of examples."""
+    """The ``ClientUpdate`` s of a round's (error-free) replies; their ``metrics`` name the client, its chunk,
+    its number of examples and its evidence."""
     updates = []
     for reply in replies:
         client, chunk, examples = (
@@ -88,14 +88,17 @@ def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> li
                 partitions.setdefault(int(name[1:]), {})[int(index)] = tensor
         ordered = {j: [tensors[i] for i in range(len(tensors))] for j, tensors in partitions.items()}
         gradient = [psi[i] for i in range(len(psi))] if psi else None
-        updates.append(ClientUpdate(client, chunk, examples, ordered, gradient))
+        evidence = reply_metrics(reply.content).get("evidence-nll", float("nan"))
+        updates.append(ClientUpdate(client, chunk, examples, ordered, gradient, evidence_nll=evidence))
     return updates
 
 
-def train_instruction(state: ArrayRecord, server_round: int) -> RecordDict:
-    """What the server sends a sampled client to train: its values and the round (Flower's ``FedAvg`` builds
-    this same content in ``configure_train``)."""
-    return RecordDict({"arrays": state, "config": ConfigRecord({"server-round": server_round})})
+def train_instruction(state: ArrayRecord, server_round: int, finetune: bool = False) -> RecordDict:
+    """What the server sends a sampled client to train: its values, the round and whether it fine-tunes
+    (``PartitionedFedAdam.configure_train`` builds this same content)."""
+    return RecordDict(
+        {"arrays": state, "config": ConfigRecord({"server-round": server_round, "finetune": int(finetune)})}
+    )
 
 
 def train_reply(update: ClientUpdate) -> RecordDict:
@@ -105,13 +108,21 @@ def train_reply(update: ClientUpdate) -> RecordDict:
 
 def client_metrics(update: ClientUpdate) -> dict[str, float]:
     """What a client reports with its update (``strategy.CLIENT_METRICS``)."""
-    return {"client": update.client, "chunk": update.k, "num-examples": update.num_examples,
-            "train-loss": update.train_loss}  # fmt: skip
+    metrics = {"client": update.client, "chunk": update.k, "num-examples": update.num_examples,
+               "train-loss": update.train_loss}  # fmt: skip
+    if update.psi_gradient is not None:  # the evidence the gradient is of
+        metrics["evidence-nll"] = update.evidence_nll
+    return metrics
+
+
+def reply_metrics(content: RecordDict) -> dict[str, float]:
+    """Every metric of a client's train reply (``client_metrics``), as floats."""
+    return {key: float(cast(float, value)) for key, value in cast(MetricRecord, content["metrics"]).items()}
 
 
 def train_instruction_bytes(server: FederatedServer, server_round: int) -> int:
     """The bytes of one client's ``train_instruction`` (for ``simulate``, counting as Flower counts)."""
-    return record_bytes(train_instruction(state_record(server), server_round))
+    return record_bytes(train_instruction(state_record(server), server_round, server.finetunes(server_round)))
 
 
 def train_reply_bytes(update: ClientUpdate) -> int:
@@ -129,6 +140,7 @@ __all__ = [
     "client_updates",
     "load_state",
     "record_bytes",
+    "reply_metrics",
     "state_record",
     "train_instruction",
     "train_instruction_bytes",

@@ -20,10 +20,11 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..errors import PartitionError
 from .algorithm import FederatedServer
-from .messages import client_updates, record_bytes, record_number, state_record
+from .messages import client_updates, record_bytes, reply_metrics, state_record
 
 CLIENT_METRICS = ("client", "chunk", "num-examples", "train-loss")
-"""The metrics each client's train reply carries (``client`` is its partition id, ``chunk`` its k)."""
+"""The metrics each client's train reply carries (``client`` is its partition id, ``chunk`` its k); one that sent
+psi's gradient also its ``evidence-nll``."""
 
 
 class PartitionedFedAdam(FedAvg):
@@ -93,6 +94,7 @@ class PartitionedFedAdam(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        config["finetune"] = int(self.server.finetunes(server_round))  # the server's schedule (the warm-up ends it)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         self.bytes_down += sum(record_bytes(m.content) for m in messages)
         return messages
@@ -109,8 +111,8 @@ class PartitionedFedAdam(FedAvg):
             return None, MetricRecord({"clients": 0, "failures": len(failed)})
         self.bytes_up += sum(record_bytes(m.content) for m in valid)
         updates = client_updates(valid, self.arrayrecord_key)
-        self.server.apply(updates)
-        clients = [{key: float(record_number(m.content, "metrics", key)) for key in CLIENT_METRICS} for m in valid]
+        self.server.apply(updates, server_round)
+        clients = [reply_metrics(m.content) for m in valid]
         self.client_train_metrics[server_round] = sorted(clients, key=lambda c: c["client"])
         total = sum(c["num-examples"] for c in clients)
         loss = sum(c["train-loss"] * c["num-examples"] for c in clients) / total
