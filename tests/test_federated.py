@@ -18,6 +18,7 @@ from partition_fx.federated import client_chunks, dirichlet_split
 from partition_fx.federated.algorithm import ClientUpdate, FederatedServer, client_update
 from partition_fx.training import Categorical
 from partition_fx.training.lml import forward_log_likelihood
+from partition_fx.training.objective import Objective
 from partition_fx.transforms import ConcreteDropout, InputMask
 
 
@@ -212,12 +213,14 @@ def test_the_config_is_flowers_run_config_and_scales_psis_learning_rate() -> Non
 
 def test_a_runs_rounds_follow_its_schedule_warm_up_partitioned_then_fine_tuning() -> None:
     """The rounds ask the central path's Schedule: no psi step in the warm-up rounds (the clients send no psi
-    gradient), psi steps after them, psi frozen and every partition sent in the fine-tuning rounds; the server
-    evaluates after the last partitioned round too."""
+    gradient), psi steps after them (any evidence admitted), psi frozen and every partition sent in the
+    fine-tuning rounds; the server evaluates after the last partitioned round too."""
     from partition_fx.federated import simulate
+    from partition_fx.federated.config import NO_EVIDENCE_GATE
     from partition_fx.federated.job import round_schedule
 
-    config = _tiny(rounds=5, evaluate_every=1, warmup_fraction=0.4, finetune_fraction=0.4, samples=1)
+    config = _tiny(rounds=5, evaluate_every=1, warmup_fraction=0.4, finetune_fraction=0.4, samples=1,
+                   warmup_evidence=NO_EVIDENCE_GATE)  # fmt: skip
     schedule = round_schedule(config)
     assert [r for r in range(1, 6) if schedule.hyper_due(r)] == [3, 4, 5]  # the clients skip the fine-tuning's
     assert [r for r in range(1, 6) if schedule.finetunes(r)] == [4, 5]
@@ -228,6 +231,63 @@ def test_a_runs_rounds_follow_its_schedule_warm_up_partitioned_then_fine_tuning(
     assert [{m["chunk"] for m in run.client_train_metrics[r]} for r in (3, 4)] == [{1, 2, 3}, {1}]
     assert [r for r in range(1, 9) if round_schedule(config.replace(rounds=8, evaluate_every=3)).evaluates_at(r)] == [
         3, 5, 6, 8]  # fmt: skip
+
+
+def _psi_updates(pmodel, evidence: float) -> list:
+    """Two clients' replies of chunk 2 with psi's gradient 1 and the given evidence."""
+    from partition_fx.federated.algorithm import ClientUpdate
+
+    psi = Objective(pmodel, None, Categorical()).hyperparameters()
+    partitions = {2: [p.detach().clone() for p in pmodel.partition_parameters(2)]}
+    return [ClientUpdate(c, 2, 10, partitions, [torch.ones_like(p) for p in psi], evidence_nll=evidence)
+            for c in range(2)]  # fmt: skip
+
+
+def test_psi_steps_only_once_its_evidence_is_informative_and_from_then_on() -> None:
+    """Definition of the warm-up by progress: no psi step on a round whose senders' evidence (example-weighted
+    negative log-likelihood) is above the threshold; the first round at or below it starts psi, which then steps
+    on every round whatever its evidence."""
+    from partition_fx.federated.algorithm import EvidenceWarmup
+
+    pmodel, likelihood, _ = _setup()
+    warmup = EvidenceWarmup(threshold=0.5)
+    server = FederatedServer(pmodel, likelihood, None, hyper_lr=0.1, warmup=warmup)
+    rate = lambda: float(next(pmodel.hyperparameter_modules())[1].p.detach())  # noqa: E731
+    start = rate()
+    server.apply(_psi_updates(pmodel, 0.9), server_round=1)
+    assert rate() == start and warmup.started_at is None and warmup.evidence == {1: pytest.approx(0.9)}
+    server.apply(_psi_updates(pmodel, 0.5), server_round=2)
+    moved = rate()
+    assert moved != start and warmup.started_at == 2
+    server.apply(_psi_updates(pmodel, 2.0), server_round=3)
+    assert rate() != moved and warmup.started_at == 2
+
+
+def test_a_run_whose_evidence_never_informs_fine_tunes_early_without_augmentation_and_says_so() -> None:
+    """If psi has not started by the deadline (min_psi_fraction of the rounds before fine-tuning), partitioned
+    training ends there: the augmentation's ranges go to 0 (the baseline's), the clients are told to fine-tune
+    from the next round, and the run's warmup record has one line saying so. Under Flower too (the server's
+    instruction carries the phase)."""
+    from partition_fx.federated import simulate
+    from partition_fx.federated.flower import run_flower
+
+    config = _tiny(rounds=6, evaluate_every=1, warmup_fraction=0.0, finetune_fraction=0.5, min_psi_fraction=0.34,
+                   warmup_evidence=1e-6, samples=1)  # fmt: skip
+    assert config.psi_deadline == 2  # psi needs rounds 2 and 3
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as Ray runs Flower's apps: the last bits depend on it
+    try:
+        run = simulate(config)
+    finally:
+        torch.set_num_threads(threads)
+    assert run.warmup["started_at"] is None and run.warmup["partitioned_ended_at"] == 2
+    note = run.warmup["note"]
+    assert "\n" not in note and "psi learned nothing in 6 rounds" in note and "--rounds" in note
+    ranges = [{k: v for k, v in p["hyperparameters"].items() if not k.startswith("dropout")} for p in run.curve]
+    assert ranges[0]["rotation"] == pytest.approx(config.rotation_init) and set(ranges[1].values()) == {0.0}
+    assert [{m["chunk"] for m in run.client_train_metrics[r]} for r in (2, 3)] == [{1, 2, 3}, {1}]  # fine-tuning
+    flower = run_flower(config)
+    assert flower.warmup == run.warmup and flower.curve == run.curve
 
 
 def test_each_client_keeps_a_validation_share_that_the_curve_scores() -> None:

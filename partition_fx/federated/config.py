@@ -31,6 +31,10 @@ PAPER_ROUNDS = 2000
 PAPER_HYPER_LR = 3e-3
 
 
+NO_EVIDENCE_GATE = 100.0
+"""A ``warmup_evidence`` that admits any evidence (100 times chance's negative log-likelihood): runs recorded
+before the rule had none."""
+
 MAX_HYPER_LR_SCALE = 20.0
 """The rule's largest scale: 0.06 at 100 rounds or fewer, the largest rate measured (docs/federated.md); a
 rate of 1 or more would throw every range to its bound in one step."""
@@ -180,15 +184,14 @@ class FederatedConfig(Settings):
         0.5,
         "psi takes its first step only once its evidence is informative: the held-out clients' negative "
         "log-likelihood per example, through the subnetworks that never trained on their data, at most this share "
-        "of chance's (the log of the classes)",
+        "of chance's (the log of the classes); a large value (100) admits any evidence, as runs without this rule",
         positive=True,
-        maximum=1.0,
         metavar="F",
-        absent_means=1.0,
+        absent_means=NO_EVIDENCE_GATE,
     )
     """A fixed share of the rounds is no measure of progress: at 40 rounds (warm-up 8) the model was at 0.145
     when psi began, the ranges ran to their bounds on the gradients of a model that had learned nothing, and the
-    final model ended at chance (digits, seed 0). 1: chance's, which an untrained model is at from the start."""
+    final model ended at chance (digits, seed 0)."""
     min_psi_fraction: float = setting(
         0.2,
         "psi needs this share of the rounds to learn in: if its evidence is still uninformative that many rounds "
@@ -271,15 +274,15 @@ class FederatedConfig(Settings):
 
     @property
     def psi_deadline(self) -> int | None:
-        """The last round psi may begin at: ``min_psi_fraction`` of the rounds before fine-tuning begins (None
-        without fine-tuning rounds: nothing to end early into).
+        """The last round psi may begin at and still step ``min_psi_fraction`` of the rounds before fine-tuning
+        begins (None without fine-tuning rounds: nothing to end early into).
 
-        >>> FederatedConfig(rounds=40).psi_deadline  # fine-tuning from round 25; psi needs 8 rounds
-        16
+        >>> FederatedConfig(rounds=40).psi_deadline  # rounds 17..24 are psi's 8; fine-tuning from round 25
+        17
         """
         if not self.finetune_rounds:
             return None
-        return self.rounds - self.finetune_rounds - int(self.rounds * self.min_psi_fraction)
+        return self.rounds - self.finetune_rounds - int(self.rounds * self.min_psi_fraction) + 1
 
     @property
     def partitioned(self) -> bool:
@@ -323,4 +326,4 @@ RUN_CONFIG_KEYS = tuple(f.key for f in FederatedConfig.fields() if f.keyword != 
 """Flower run config keys (``flwr run --run-config "rounds=5 data='digits'"``)."""
 
 
-__all__ = ["RUN_CONFIG_KEYS", "FederatedConfig", "scaled_hyper_lr"]
+__all__ = ["NO_EVIDENCE_GATE", "RUN_CONFIG_KEYS", "FederatedConfig", "scaled_hyper_lr"]
