@@ -232,33 +232,42 @@ def _variant(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def budget_row(data: str, seed: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
     """The command's defaults at ``rounds`` against FedAdam tuned at the same rounds (its rate widened until
-    interior): each one's test and validation accuracy, the paired difference, psi's warm-up (the round psi began,
-    or the note of a run whose psi learned nothing) and the learned ranges."""
+    interior): the partitioned run, the model the command hands back (the baseline's at the command's server rate
+    when psi learned nothing), FedAdam's; each one's test and validation accuracy, the handed-back model's paired
+    difference, psi's warm-up (the round psi began, or the note of a run whose psi learned nothing) and the
+    learned ranges."""
     default = _defaults(data, seed, args).replace(rounds=rounds, evaluate_every=max(1, rounds // 20))
     lr, grid = tuned_fedadam(default, args)
     ours = cached_run(default, args.scratch)
+    warmup = {key: ours.get("warmup", {}).get(key) for key in ("started_at", "partitioned_ended_at", "note")}
+    handed_back = cached_run(default.baseline(), args.scratch) if warmup["note"] else ours
     return {
         "data": data, "seed": seed, "rounds": rounds, "commit": git_commit(), "server_lr": lr,
         "server_lr_grid": {f"{rate:g}": final_accuracy(h, "validation") for rate, h in grid.items()},
-        "partitioned": _outcome(ours), "fedadam": _outcome(grid[lr]),
-        "difference": 100 * (final_accuracy(ours, "test") - final_accuracy(grid[lr], "test")),
-        "warmup": {key: ours.get("warmup", {}).get(key) for key in ("started_at", "partitioned_ended_at", "note")},
+        "partitioned": _outcome(ours), "handed_back": _outcome(handed_back), "fedadam": _outcome(grid[lr]),
+        "difference": 100 * (final_accuracy(handed_back, "test") - final_accuracy(grid[lr], "test")),
+        "partitioned_difference": 100 * (final_accuracy(ours, "test") - final_accuracy(grid[lr], "test")),
+        "warmup": warmup,
         "rotation_curve": [[p["round"], p["hyperparameters"].get("rotation")] for p in ours["curve"]],
     }  # fmt: skip
 
 
 def budget_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per data set and rounds: both arms' mean ± SE, the paired difference (points), the worst seed's, how
-    many partitioned runs ended at chance (at most 0.15) and how many learned nothing (psi never began)."""
+    """Per data set and rounds: each arm's mean ± SE, the paired differences to FedAdam (points) of the handed-back
+    model and of the partitioned run, the handed-back model's worst seed's, how many partitioned runs ended at
+    chance (at most 0.15) and how many learned nothing (psi never began)."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["data"], row["rounds"]), []).append(row)
     return [
         {"data": data, "rounds": rounds, "seeds": [r["seed"] for r in group],
          "partitioned": mean_se([r["partitioned"]["test"] for r in group]),
+         "handed_back": mean_se([r["handed_back"]["test"] for r in group]),
          "fedadam": mean_se([r["fedadam"]["test"] for r in group]),
+         "partitioned_difference": mean_se([r["partitioned_difference"] for r in group]),
          "difference": mean_se([r["difference"] for r in group]), "worst": min(r["difference"] for r in group),
-         "at_chance": sum(r["partitioned"]["test"] <= CHANCE_CEILING for r in group),
+         "at_chance": sum(r["handed_back"]["test"] <= CHANCE_CEILING for r in group),
+         "partitioned_at_chance": sum(r["partitioned"]["test"] <= CHANCE_CEILING for r in group),
          "learned_nothing": sum(r["warmup"]["started_at"] is None for r in group),
          "rotation": [r["partitioned"]["rotation"] for r in group],
          "server_lrs": [r["server_lr"] for r in group]}

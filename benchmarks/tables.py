@@ -229,6 +229,33 @@ def federated(result: Results) -> str:
     return markdown_table(header, body)
 
 
+def federated_budgets(result: Results) -> str:
+    """The budget sweep per data set and rounds: the partitioned run, the model the command hands back and FedAdam
+    tuned at the same rounds (mean ± SE), the paired differences to FedAdam (points; the worst seed's), the runs at
+    chance, the runs whose psi learned nothing, FedAdam's chosen rates and the learned rotations."""
+    header = ["data", "rounds", "seeds", "partitioned run", "handed back", "FedAdam (tuned)",
+              "handed back - FedAdam (worst seed)", "partitioned run - FedAdam", "at chance (run / handed back)",
+              "psi learned nothing", "FedAdam server lr", "learned rotation (rad)"]  # fmt: skip
+    body = [
+        [
+            row["data"],
+            row["rounds"],
+            len(row["seeds"]),
+            "{:.3f} ± {:.3f}".format(*row["partitioned"]),
+            "{:.3f} ± {:.3f}".format(*row["handed_back"]),
+            "{:.3f} ± {:.3f}".format(*row["fedadam"]),
+            "{:+.1f} ± {:.1f} ({:+.1f})".format(*row["difference"], row["worst"]),
+            "{:+.1f} ± {:.1f}".format(*row["partitioned_difference"]),
+            f"{row['partitioned_at_chance']} / {row['at_chance']}",
+            f"{row['learned_nothing']} of {len(row['seeds'])}",
+            ", ".join(f"{lr:g}" for lr in row["server_lrs"]),
+            ", ".join(f"{r:.2f}" for r in row["rotation"]),
+        ]
+        for row in result["rows"]
+    ]
+    return markdown_table(header, body)
+
+
 def federated_seeds(result: Results) -> str:
     """Per seed: what each tuned arm chose, the learned rotation, each arm's test accuracy, its rounds and
     seconds per round."""
@@ -661,6 +688,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "data_parallel": data_parallel,
     "federated": federated,
     "federated_seeds": federated_seeds,
+    "federated_budgets": federated_budgets,
     "federated_lessons": federated_lessons,
     "federated_variants": federated_variants,
     "federated_paper_cost": federated_paper_cost,

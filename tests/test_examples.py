@@ -139,6 +139,44 @@ def test_learned_augmentation_benchmark_quick(tmp_path, capsys):
     assert json.loads(path.read_text())["initial_hyperparameters"]["rotation"] == wide
 
 
+def test_fedadams_grid_widens_past_a_winning_edge_until_its_choice_is_interior(monkeypatch, tmp_path):
+    """Definition: the grid grows by its own outer ratio past the edge that wins on validation, until the best
+    rate has a worse neighbour on each side (here the optimum 0.02 from {1e-3, 3e-3}: 9e-3, 0.027, 0.081)."""
+    import argparse
+
+    from partition_fx.federated import FederatedConfig
+
+    module = _benchmark("federated")
+    scored = []
+
+    def fake_run(config, scratch):
+        scored.append(config.server_lr)
+        accuracy = 1 - abs(math.log(config.server_lr / 0.02))
+        return {"rounds": 4, "curve": [{"round": 4, "validation-accuracy-averaged": accuracy}]}
+
+    monkeypatch.setattr(module, "cached_run", fake_run)
+    args = argparse.Namespace(server_lrs=[0.001, 0.003], scratch=tmp_path)
+    lr, grid = module.tuned_fedadam(FederatedConfig(rounds=4), args)
+    assert scored == [0.001, 0.003, 0.009, 0.027, 0.081] and lr == 0.027 and list(grid) == sorted(scored)
+
+
+def test_federated_budget_sweep_quick(tmp_path, capsys):
+    """--budgets: per data set, seed and rounds the partitioned run, the model the command hands back (the
+    baseline's when psi learned nothing, as at 4 rounds) and FedAdam tuned at the same rounds; the table."""
+    from benchmarks import tables
+
+    module = _benchmark("federated")
+    argv = ["--budgets", "4", "--clients", "6", "--seeds", "0", "--data", "digits", "--server-lrs", "0.003,0.01",
+            "--scratch", str(tmp_path / "runs"), "--out", str(tmp_path / "budgets.json")]  # fmt: skip
+    module.main(argv)
+    result = json.loads((tmp_path / "budgets.json").read_text())
+    (run,) = result["runs"]
+    assert run["rounds"] == 4 and run["warmup"]["started_at"] is None and "psi learned nothing" in run["warmup"]["note"]
+    assert run["handed_back"]["hyperparameters"]["rotation"] == 0.0  # the baseline's model
+    assert run["difference"] == pytest.approx(100 * (run["handed_back"]["test"] - run["fedadam"]["test"]))
+    assert "| digits | 4 | 1 |" in tables.federated_budgets(result) and "1 of 1" in tables.federated_budgets(result)
+
+
 def test_federated_benchmark_quick(tmp_path, capsys):
     """Both data sets, every arm chosen on validation (the FedAdam rate, the FedEx rotation), the lessons, the
     paper's cost, the tables; a second call reuses every cached run, a third (its cache gone) what the results

@@ -516,6 +516,9 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys,
     assert [len(history[arm]["client_train_metrics"]["2"]) for arm in ("partitioned", "baseline")] == [6, 6]
     printed = capsys.readouterr()
     assert "test accuracy" in printed.out and all(f"{name}=" in printed.out for name in dropout), printed.out
+    # Two rounds are too few for psi's evidence to inform it: said in one line, and the model is the baseline's.
+    assert report["model"] == "baseline" and report["psi_started_at"] is None
+    assert report["note"].startswith("psi learned nothing in 2 rounds") and report["note"] in printed.out
     assert "[ROUND" not in caplog.text and "aggregate_train" not in caplog.text  # --quiet: Flower's log muted
 
 

@@ -8,10 +8,11 @@ baseline's, ``seconds_per_round``; ``baseline`` with the same for the unpartitio
 ``curves``, ``clients`` and ``config``), ``history.json`` (each run's ``FederatedRun.history``: every client's
 train metrics per round, federated evaluation, failures), ``curves.png`` (test accuracy against rounds and
 against communicated bytes, appendix J.3) and ``model.safetensors`` (the exported final model, a plain
-``nn.Sequential`` for the default CNN). Every option is checked, the clients planned and Flower imported before
-``--out`` is touched. Unless ``--quiet``, each run's start and its evaluated rounds are one line each on stderr
-(:class:`RoundLines`); Flower's own log shows only its warnings and errors (``federated.flower.flower_logging``:
-``FLWR_LOG_LEVEL=INFO`` shows all of it).
+``nn.Sequential`` for the default CNN: the partitioned run's, or, when its psi learned nothing (``note``: its
+evidence never became informative), the baseline's, as ``model`` says). Every option is checked, the clients
+planned and Flower imported before ``--out`` is touched. Unless ``--quiet``, each run's start and its evaluated
+rounds are one line each on stderr (:class:`RoundLines`); Flower's own log shows only its warnings and errors
+(``federated.flower.flower_logging``: ``FLWR_LOG_LEVEL=INFO`` shows all of it).
 """
 
 from __future__ import annotations
@@ -152,10 +153,15 @@ def _report(config: Any, plan: Any, runs: dict[str, Any]) -> dict[str, Any]:
     from ..federated.job import LAST_EVALUATIONS
 
     ours, base = runs["partitioned"], runs["baseline"]
+    note = ours.warmup.get("note")
     return {
         "command": "federated",
         "version": __version__,
         "status": RunStatus.COMPLETED.value,
+        # A run whose psi learned nothing hands back what it reduces to, trained as that is trained: the baseline.
+        "model": "baseline" if note else "partitioned",
+        "note": note,
+        "psi_started_at": ours.warmup.get("started_at"),
         **_summary(ours),
         "last_evaluations": min(LAST_EVALUATIONS, len(ours.curve)),
         "rounds": config.rounds,
@@ -189,7 +195,7 @@ def _write(out: Path, report: dict[str, Any], runs: dict[str, Any]) -> None:
     figure.tight_layout()
     figure.savefig(out / "curves.png", format="png")
     plt.close(figure)
-    model = export_subnetwork(runs["partitioned"].model.pmodel).eval()
+    model = export_subnetwork(runs[report["model"]].model.pmodel).eval()
     save_model(model, str(out / "model.safetensors"))
     write_json(out / "history.json", {name: run.history() for name, run in runs.items()})
     write_json(out / "report.json", report)

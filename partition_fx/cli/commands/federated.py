@@ -151,6 +151,9 @@ def _show(report: Any, request: FederatedRequest) -> None:
     )
     learned = ", ".join(f"{k}={v:.3f}" for k, v in report["hyperparameters"].items() if isinstance(v, float)) or "none"
     print(f"learned hyperparameters (augmentation ranges, rotation in radians; dropout rates): {learned}")
+    if report["note"]:
+        print(f"{report['note']}; model.safetensors is the FedAdam baseline's (test accuracy "
+              f"{base['test_accuracy']:.4f} against the partitioned run's {report['test_accuracy']:.4f})")  # fmt: skip
     print(f"wrote {request.out}/: report.json, history.json, curves.png, model.safetensors")
 
 
