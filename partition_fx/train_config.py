@@ -449,6 +449,18 @@ class TrainConfig(Settings):
                 "must be left out with --population (the population's comparisons decide, not one run's patience)",
                 "must be None with population >= 2 (the population's comparisons decide, not one run's patience)",
             )
+        if self.population.members == 1:
+            single = Population()
+            for field in Population.fields():
+                attribute = field.path[-1]
+                if field.keyword != "population" and getattr(self.population, attribute) != getattr(single, attribute):
+                    raise SettingError(
+                        self.keywords()[field.keyword],
+                        "sets a population's comparisons, and this run is a single one; pass --population N (2 or "
+                        "more) or drop it",
+                        "sets a population's comparisons, and this run is a single one; pass population=N (2 or "
+                        "more) or leave it out",
+                    )
         steps, finetune = self.optimization.steps, self.finetuning.steps
         if finetune is not None and finetune >= steps:
             fields = self.keywords()

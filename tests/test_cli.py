@@ -90,6 +90,9 @@ REFUSED_WITHOUT_TORCH = [
     ["train", "--data", "rotdigit"],
     ["train", "--max-range", "shear=0"],
     ["train", "--train-range-factors", "scale=0"],
+    ["train", "--train-range-factors", "scale=1"],
+    ["train", "--train-range-factors", "rotation=1", "--augment", "none"],
+    ["train", "--population-interval", "5"],
     ["train", "--init", "rotation=4"],
     ["convert", "--partitions", "0", "--out", "{missing}"],
     ["convert", "--out", "{file}", "--overwrite"],
@@ -120,6 +123,7 @@ def test_a_refused_value_answers_before_torch_is_imported(tmp_path) -> None:
     codes, torch_imported = json.loads(result.stdout)
     assert codes == [2] * len(cases) and not torch_imported
     assert (tmp_path / "afile").read_text() == "mine\n" and not (tmp_path / "missing").exists()
+    assert not (tmp_path / "runs").exists()  # the default --out was never touched
 
 
 def test_a_mistyped_option_gets_a_suggestion_and_the_commands_own_help(capsys) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
+from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.training.components import resolve
 from partition_fx.training.population import POPULATION_FILE, Population, explore
@@ -265,6 +266,15 @@ def test_patience_with_a_population_is_refused() -> None:
         fit(pmodel, _data(), hyper=hyper, population=2, patience=2, **RUN)
 
 
+@pytest.mark.parametrize("keyword", ["population_interval", "population_exploit", "population_delta"])
+def test_a_populations_setting_without_a_population_is_refused(keyword: str) -> None:
+    """A population's comparison settings do nothing in a single run: refused by name, not silently ignored."""
+    value = {"population_interval": 5, "population_exploit": 0.25, "population_delta": 0.3}[keyword]
+    with pytest.raises(PartitionArgumentError, match=f"{keyword} sets a population's comparisons.*population=N"):
+        TrainConfig.recommended(**{keyword: value})
+    assert TrainConfig.recommended(population=2, **{keyword: value}).population.members == 2
+
+
 def test_a_resume_directory_of_another_population_is_refused(tmp_path: Path) -> None:
     data = _data()
 
@@ -277,8 +287,9 @@ def test_a_resume_directory_of_another_population_is_refused(tmp_path: Path) -> 
     with pytest.raises(Interrupted):
         fit(pmodel, data, hyper=hyper, population=3, callbacks=[crash], **settings)
     pmodel, hyper = _start()
+    single = {key: value for key, value in settings.items() if key != "population_interval"}  # a single run's
     with pytest.raises(PartitionArgumentError, match="population of 3: resume it with population=3"):
-        fit(pmodel, data, hyper=hyper, resume=tmp_path / "resume", **settings)
+        fit(pmodel, data, hyper=hyper, resume=tmp_path / "resume", **single)
     with pytest.raises(PartitionCheckpointError, match="holds a population of 3, this run has population=2"):
         fit(pmodel, data, hyper=hyper, population=2, resume=tmp_path / "resume", **settings)
 

@@ -190,8 +190,9 @@ def range_start(text: str) -> dict[str, float] | str:
 
 
 def range_values(text: str) -> dict[str, float]:
-    """A ``type=`` for ``--fix``: comma-separated ``NAME=VALUE`` pairs, each an affine augmentation range
-    (``choices.RANGE_NAMES``) and a finite half-width >= 0, each name once.
+    """A ``type=`` for ``--fix``, ``--init``, ``--max-range`` and ``--train-range-factors``: comma-separated
+    ``NAME=VALUE`` pairs, each an affine augmentation range (``choices.RANGE_NAMES``) and a finite number, each name
+    once (the option's field checks the number: a half-width >= 0, a factor > 0).
 
     >>> range_values("rotation=3.1416,translation_x=0.1")
     {'rotation': 3.1416, 'translation_x': 0.1}
@@ -221,8 +222,8 @@ def range_values(text: str) -> dict[str, float]:
             number = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name}={value!r} is not a number") from None
-        if not math.isfinite(number) or number < 0:
-            raise argparse.ArgumentTypeError(f"{name}={value} must be a finite half-width >= 0")
+        if not math.isfinite(number):  # what else it must be is the option's own rule (a range's, a factor's)
+            raise argparse.ArgumentTypeError(f"{name}={value} must be a finite number")
         values[name] = number
     return values
 

@@ -40,6 +40,12 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
         raise PartitionArgumentError(f"{option} fixes the ranges of --augment affine; drop --augment {spec.augment}")
     if spec.max_range is not None:
         _check_max_range(spec, fixed)
+    factors = spec.train.hyper.train_range_factors
+    if factors and spec.augment != "affine":
+        raise PartitionArgumentError(
+            f"--train-range-factors scales the ranges of --augment affine; drop --augment {spec.augment} or "
+            "--train-range-factors"
+        )
     if spec.augment == "affine":
         _check_range_names(spec, fixed)
     if spec.init is not None:
@@ -97,7 +103,8 @@ def check_checkpoint(checkpoint: str | None) -> None:
 
 
 def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
-    """``--fix``/``--fix-from``/``--init``: only ranges the augmentation's ``--generators`` has."""
+    """``--fix``/``--fix-from``/``--init``/``--max-range``/``--train-range-factors``: only ranges the augmentation's
+    ``--generators`` has."""
     has = GENERATOR_SETS[spec.generators]
     started = dict(spec.init) if spec.init is not None and not isinstance(spec.init, str) else {}
     bounded = dict(spec.max_range or {})
@@ -105,6 +112,7 @@ def _check_range_names(spec: JobSpec, fixed: dict[str, float] | None) -> None:
         ("--fix" if spec.fix is not None else "--fix-from", fixed or {}),
         ("--init", started),
         ("--max-range", bounded),
+        ("--train-range-factors", dict(spec.train.hyper.train_range_factors or {})),
     ):
         others = [name for name in ranges if name not in has]
         if others:
