@@ -4,6 +4,7 @@ on Flower's simulation engine against the same algorithm as a plain loop in this
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 
@@ -213,14 +214,14 @@ def test_the_config_is_flowers_run_config_and_scales_psis_learning_rate() -> Non
 
 def test_a_runs_rounds_follow_its_schedule_warm_up_partitioned_then_fine_tuning() -> None:
     """The rounds ask the central path's Schedule: no psi step in the warm-up rounds (the clients send no psi
-    gradient), psi steps after them (any evidence admitted), psi frozen and every partition sent in the
+    gradient), psi steps after them (any model admitted), psi frozen and every partition sent in the
     fine-tuning rounds; the server evaluates after the last partitioned round too."""
     from partition_fx.federated import simulate
-    from partition_fx.federated.config import NO_EVIDENCE_GATE
+    from partition_fx.federated.config import NO_PROGRESS_GATE
     from partition_fx.federated.job import round_schedule
 
     config = _tiny(rounds=5, evaluate_every=1, warmup_fraction=0.4, finetune_fraction=0.4, samples=1,
-                   warmup_evidence=NO_EVIDENCE_GATE)  # fmt: skip
+                   warmup_progress=NO_PROGRESS_GATE)  # fmt: skip
     schedule = round_schedule(config)
     assert [r for r in range(1, 6) if schedule.hyper_due(r)] == [3, 4, 5]  # the clients skip the fine-tuning's
     assert [r for r in range(1, 6) if schedule.finetunes(r)] == [4, 5]
@@ -233,29 +234,42 @@ def test_a_runs_rounds_follow_its_schedule_warm_up_partitioned_then_fine_tuning(
         3, 5, 6, 8]  # fmt: skip
 
 
-def _psi_updates(pmodel, evidence: float) -> list:
-    """Two clients' replies of chunk 2 with psi's gradient 1 and the given evidence."""
+def _psi_updates(pmodel, heldout: float) -> list:
+    """Two clients' replies of chunk 2 with psi's gradient 1 and the given held-out negative log-likelihood."""
     from partition_fx.federated.algorithm import ClientUpdate
 
     psi = Objective(pmodel, None, Categorical()).hyperparameters()
     partitions = {2: [p.detach().clone() for p in pmodel.partition_parameters(2)]}
-    return [ClientUpdate(c, 2, 10, partitions, [torch.ones_like(p) for p in psi], evidence_nll=evidence)
+    return [ClientUpdate(c, 2, 10, partitions, [torch.ones_like(p) for p in psi], heldout_nll=heldout)
             for c in range(2)]  # fmt: skip
 
 
-def test_psi_steps_only_once_its_evidence_is_informative_and_from_then_on() -> None:
-    """Definition of the warm-up by progress: no psi step on a round whose senders' evidence (example-weighted
-    negative log-likelihood) is above the threshold; the first round at or below it starts psi, which then steps
-    on every round whatever its evidence."""
-    from partition_fx.federated.algorithm import EvidenceWarmup
+def test_a_client_reports_its_held_out_nll_unaugmented_through_the_subnetwork_that_scores_it() -> None:
+    """Definition: with psi's gradient, a client of chunk k sends the mean negative log-likelihood of its own data,
+    without augmentation and in eval mode, through subnetwork k-1 at the server's values; chunk 1 sends none."""
+    pmodel, likelihood, hyper = _setup()
+    data = _data(12, 3)
+    update = client_update(pmodel, likelihood, hyper, data, k=3, batch_size=4, seed=1)
+    pmodel.eval()
+    with torch.no_grad():
+        want = -forward_log_likelihood(pmodel, likelihood, *data, 2).mean()
+    assert update.heldout_nll == pytest.approx(float(want), abs=1e-6)
+    assert math.isnan(client_update(pmodel, likelihood, hyper, data, k=1, batch_size=4, seed=1).heldout_nll)
+
+
+def test_psi_steps_only_once_the_model_has_learned_and_from_then_on() -> None:
+    """Definition of the warm-up by progress: no psi step on a round whose senders' held-out negative
+    log-likelihood (example-weighted) is above the threshold; the first round at or below it starts psi, which then
+    steps on every round whatever the model's."""
+    from partition_fx.federated.algorithm import ProgressWarmup
 
     pmodel, likelihood, _ = _setup()
-    warmup = EvidenceWarmup(threshold=0.5)
+    warmup = ProgressWarmup(threshold=0.5)
     server = FederatedServer(pmodel, likelihood, None, hyper_lr=0.1, warmup=warmup)
     rate = lambda: float(next(pmodel.hyperparameter_modules())[1].p.detach())  # noqa: E731
     start = rate()
     server.apply(_psi_updates(pmodel, 0.9), server_round=1)
-    assert rate() == start and warmup.started_at is None and warmup.evidence == {1: pytest.approx(0.9)}
+    assert rate() == start and warmup.started_at is None and warmup.heldout_nll == {1: pytest.approx(0.9)}
     server.apply(_psi_updates(pmodel, 0.5), server_round=2)
     moved = rate()
     assert moved != start and warmup.started_at == 2
@@ -263,7 +277,7 @@ def test_psi_steps_only_once_its_evidence_is_informative_and_from_then_on() -> N
     assert rate() != moved and warmup.started_at == 2
 
 
-def test_a_run_whose_evidence_never_informs_fine_tunes_early_without_augmentation_and_says_so() -> None:
+def test_a_run_whose_model_never_learns_in_time_fine_tunes_early_without_augmentation_and_says_so() -> None:
     """If psi has not started by the deadline (min_psi_fraction of the rounds before fine-tuning), partitioned
     training ends there: the augmentation's ranges go to 0 (the baseline's), the clients are told to fine-tune
     from the next round, and the run's warmup record has one line saying so. Under Flower too (the server's
@@ -272,7 +286,7 @@ def test_a_run_whose_evidence_never_informs_fine_tunes_early_without_augmentatio
     from partition_fx.federated.flower import run_flower
 
     config = _tiny(rounds=6, evaluate_every=1, warmup_fraction=0.0, finetune_fraction=0.5, min_psi_fraction=0.34,
-                   warmup_evidence=1e-6, samples=1)  # fmt: skip
+                   warmup_progress=1e-6, samples=1)  # fmt: skip
     assert config.psi_deadline == 2  # psi needs rounds 2 and 3
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as Ray runs Flower's apps: the last bits depend on it
@@ -516,7 +530,7 @@ def test_federated_command_writes_the_report_with_its_baseline(tmp_path, capsys,
     assert [len(history[arm]["client_train_metrics"]["2"]) for arm in ("partitioned", "baseline")] == [6, 6]
     printed = capsys.readouterr()
     assert "test accuracy" in printed.out and all(f"{name}=" in printed.out for name in dropout), printed.out
-    # Two rounds are too few for psi's evidence to inform it: said in one line, and the model is the baseline's.
+    # Two rounds are too few for the model to learn: said in one line, and the model handed back is the baseline's.
     assert report["model"] == "baseline" and report["psi_started_at"] is None
     assert report["note"].startswith("psi learned nothing in 2 rounds") and report["note"] in printed.out
     assert "[ROUND" not in caplog.text and "aggregate_train" not in caplog.text  # --quiet: Flower's log muted

@@ -42,9 +42,9 @@ class ClientUpdate:
     psi_gradient: list[torch.Tensor] | None
     train_loss: float = float("nan")
     """The mean negative log-likelihood of its local steps (every partition's, every epoch's)."""
-    evidence_nll: float = float("nan")
-    """With psi's gradient: the mean negative log-likelihood of its data through subnetwork k-1 (psi's evidence,
-    the loss the gradient is of)."""
+    heldout_nll: float = float("nan")
+    """With psi's gradient: the mean negative log-likelihood of its own data, unaugmented, through subnetwork k-1,
+    which never trained on it (the model's progress, by which psi's warm-up ends)."""
 
 
 def client_update(
@@ -118,12 +118,12 @@ def _client_update(
         with torch.no_grad():
             for p, value in zip(params, server_values):
                 p.copy_(value)
-    gradient, evidence = (None, None)
+    gradient, heldout = (None, None)
     if psi_step and not finetune:
-        gradient, evidence = _psi_gradient(pmodel, likelihood, hyper, x, y, k)
+        gradient, heldout = _psi_gradient(pmodel, likelihood, hyper, x, y, k)
     train_loss = float(torch.stack(losses).mean())
     return ClientUpdate(client, 1 if finetune else k, len(x), trained, gradient, train_loss,
-                        float("nan") if evidence is None else evidence)  # fmt: skip
+                        float("nan") if heldout is None else heldout)  # fmt: skip
 
 
 def _local_sgd(
@@ -156,24 +156,28 @@ def _local_sgd(
 def _psi_gradient(
     pmodel: PartitionedModel, likelihood: Likelihood, hyper: nn.Module | None, x: torch.Tensor, y: torch.Tensor, k: int
 ) -> tuple[list[torch.Tensor] | None, float | None]:
-    """d/dpsi of the mean negative log-likelihood of all the client's data through subnetwork k-1, and that
-    mean (None, None: chunk 1, or nothing to learn)."""
+    """d/dpsi of the mean negative log-likelihood of all the client's data through subnetwork k-1, and the mean
+    negative log-likelihood of the data unaugmented, in eval mode (None, None: chunk 1, or nothing to learn)."""
     psi = Objective(pmodel, hyper, likelihood).hyperparameters()
     if k < 2 or not psi:
         return None, None
     loss = -forward_log_likelihood(pmodel, likelihood, x, y, k - 1, hyper).mean()
     gradient = torch.autograd.grad(loss, psi, allow_unused=True, materialize_grads=True)
-    return [g.detach() for g in gradient], float(loss.detach())
+    pmodel.eval()  # the model as it predicts: no dropout, no augmentation
+    with torch.no_grad():
+        heldout = -forward_log_likelihood(pmodel, likelihood, x, y, k - 1).mean()
+    pmodel.train()
+    return [g.detach() for g in gradient], float(heldout)
 
 
-class EvidenceWarmup:
-    """psi's warm-up decided by the model's progress: psi takes no step until the evidence its gradients come from
-    can tell ranges apart, the clients' held-out negative log-likelihood per example (through the subnetworks that
-    never trained on their data) at most ``threshold``; from the first round where it is (``started_at``), psi
-    steps every partitioned round. A run whose evidence is still uninformative at round ``deadline`` has no rounds
+class ProgressWarmup:
+    """psi's warm-up decided by the model's progress: psi takes no step until the model its gradients come through
+    has learned, the senders' held-out negative log-likelihood per example (their own data, unaugmented, through the
+    subnetworks that never trained on it) at most ``threshold``; from the first round where it is (``started_at``),
+    psi steps every partitioned round. A run whose model has still not learned at round ``deadline`` has no rounds
     left for psi to learn in (:attr:`expired`).
 
-    >>> warmup = EvidenceWarmup(threshold=1.0, deadline=6)
+    >>> warmup = ProgressWarmup(threshold=1.0, deadline=6)
     >>> warmup.admits(3, 2.2), warmup.expired(6), warmup.admits(4, 0.9), warmup.admits(5, 1.5), warmup.started_at
     (False, True, True, True, 4)
     """
@@ -182,28 +186,29 @@ class EvidenceWarmup:
         self.threshold = threshold
         self.deadline = deadline
         self.started_at: int | None = None
-        self.evidence: dict[int, float] = {}
-        """Each round's evidence (the senders' example-weighted mean negative log-likelihood)."""
+        self.heldout_nll: dict[int, float] = {}
+        """Each round's held-out negative log-likelihood (the senders' example-weighted mean)."""
 
-    def admits(self, server_round: int, evidence_nll: float) -> bool:
-        """Whether psi steps on the gradients of ``server_round``, whose evidence is ``evidence_nll``."""
-        self.evidence[server_round] = evidence_nll
-        if self.started_at is None and evidence_nll <= self.threshold:
+    def admits(self, server_round: int, heldout_nll: float) -> bool:
+        """Whether psi steps on the gradients of ``server_round``, whose senders' held-out negative
+        log-likelihood is ``heldout_nll``."""
+        self.heldout_nll[server_round] = heldout_nll
+        if self.started_at is None and heldout_nll <= self.threshold:
             self.started_at = server_round
         return self.started_at is not None
 
     def expired(self, server_round: int) -> bool:
-        """Whether psi has not started by ``server_round``, the last round it could start and still learn."""
+        """Whether psi has not started by ``server_round``, the last round it could start at and still learn."""
         return self.started_at is None and self.deadline is not None and server_round >= self.deadline
 
 
 class FederatedServer:
     """The server's model, psi and optimisers; ``apply`` turns a round's client updates into a step.
 
-    With a ``schedule`` (the run's rounds) and a ``warmup`` (:class:`EvidenceWarmup`), psi steps only once the
-    evidence is informative, and if it has not become so by the warm-up's deadline, partitioned training ends
-    there: ``fallback()`` (psi as the baseline's: no augmentation) is called and the remaining rounds fine-tune
-    (:meth:`finetunes` tells the clients).
+    With a ``schedule`` (the run's rounds) and a ``warmup`` (:class:`ProgressWarmup`), psi steps only once the
+    model has learned, and if it has not by the warm-up's deadline, partitioned training ends there: ``fallback()``
+    (psi as the baseline's: no augmentation) is called and the remaining rounds fine-tune (:meth:`finetunes` tells
+    the clients).
 
     >>> from partition_fx import partitionify
     >>> from partition_fx.training import Categorical
@@ -226,7 +231,7 @@ class FederatedServer:
         hyper_lr: float = 3e-3,
         learn_hyperparameters: bool = True,
         schedule: Schedule | None = None,
-        warmup: EvidenceWarmup | None = None,
+        warmup: ProgressWarmup | None = None,
         fallback: Callable[[], None] | None = None,
     ) -> None:
         self.pmodel, self.likelihood, self.hyper = pmodel, likelihood, hyper
@@ -273,11 +278,11 @@ class FederatedServer:
 
     def _admits(self, server_round: int, senders: Sequence[ClientUpdate]) -> bool:
         """Whether psi steps on these senders' gradients: always without a warm-up, else when it admits their
-        evidence."""
+        held-out negative log-likelihood."""
         if self.warmup is None:
             return True
-        evidence = _weighted_sum(_weights(senders), (torch.tensor(u.evidence_nll) for u in senders))
-        return self.warmup.admits(server_round, float(evidence))
+        heldout = _weighted_sum(_weights(senders), (torch.tensor(u.heldout_nll) for u in senders))
+        return self.warmup.admits(server_round, float(heldout))
 
 
 def _weighted_sum(weights: Sequence[float], tensors: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -290,4 +295,4 @@ def _weights(updates: Sequence[ClientUpdate]) -> list[float]:
     return [u.num_examples / total for u in updates]
 
 
-__all__ = ["ClientUpdate", "EvidenceWarmup", "FederatedServer", "client_update"]
+__all__ = ["ClientUpdate", "FederatedServer", "ProgressWarmup", "client_update"]

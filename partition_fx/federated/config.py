@@ -31,9 +31,9 @@ PAPER_ROUNDS = 2000
 PAPER_HYPER_LR = 3e-3
 
 
-NO_EVIDENCE_GATE = 100.0
-"""A ``warmup_evidence`` that admits any evidence (100 times chance's negative log-likelihood): runs recorded
-before the rule had none."""
+NO_PROGRESS_GATE = 100.0
+"""A ``warmup_progress`` that admits any model (100 times chance's negative log-likelihood): runs recorded before
+the rule had none."""
 
 MAX_HYPER_LR_SCALE = 20.0
 """The rule's largest scale: 0.06 at 100 rounds or fewer, the largest rate measured (docs/federated.md); a
@@ -179,22 +179,25 @@ class FederatedConfig(Settings):
     )
     """The central path's ``warmup_steps``, in rounds; the clients send no psi gradient in them. Without it, on
     digits, the translation ranges ran to their bound (half the image) in 20 rounds and held the model at chance.
-    It is the warm-up's least length: psi starts only once the evidence is informative (``warmup_evidence``)."""
-    warmup_evidence: float = setting(
+    It is the warm-up's least length: psi starts only once the model has learned (``warmup_progress``)."""
+    warmup_progress: float = setting(
         0.5,
-        "psi takes its first step only once its evidence is informative: the held-out clients' negative "
-        "log-likelihood per example, through the subnetworks that never trained on their data, at most this share "
-        "of chance's (the log of the classes); a large value (100) admits any evidence, as runs without this rule",
+        "psi takes its first step only once the model has learned: the negative log-likelihood per example of the "
+        "psi-sending clients' own images, unaugmented, through the subnetworks that never trained on them, at most "
+        "this share of chance's (the log of the classes); a large value (100) admits any model, as runs without "
+        "this rule",
         positive=True,
         metavar="F",
-        absent_means=NO_EVIDENCE_GATE,
+        absent_means=NO_PROGRESS_GATE,
     )
     """A fixed share of the rounds is no measure of progress: at 40 rounds (warm-up 8) the model was at 0.145
     when psi began, the ranges ran to their bounds on the gradients of a model that had learned nothing, and the
-    final model ended at chance (digits, seed 0)."""
+    final model ended at chance (digits, seed 0). The measure is the model's, not the augmented evidence's: on upright
+    digits the evidence under psi's start (a rotation of pi/2) stays above chance's for 200 rounds, though it is
+    exactly what tells psi to narrow the rotation."""
     min_psi_fraction: float = setting(
         0.2,
-        "psi needs this share of the rounds to learn in: if its evidence is still uninformative that many rounds "
+        "psi needs this share of the rounds to learn in: if the model has still not learned that many rounds "
         "before fine-tuning would begin, fine-tuning begins there, with psi as the baseline's (no augmentation), "
         "and the run says so; 0: psi may start until fine-tuning",
         maximum=1.0,
@@ -326,4 +329,4 @@ RUN_CONFIG_KEYS = tuple(f.key for f in FederatedConfig.fields() if f.keyword != 
 """Flower run config keys (``flwr run --run-config "rounds=5 data='digits'"``)."""
 
 
-__all__ = ["NO_EVIDENCE_GATE", "RUN_CONFIG_KEYS", "FederatedConfig", "scaled_hyper_lr"]
+__all__ = ["NO_PROGRESS_GATE", "RUN_CONFIG_KEYS", "FederatedConfig", "scaled_hyper_lr"]

@@ -19,7 +19,7 @@ from ..export import export_subnetwork
 from ..training import Schedule, evaluate_classifier
 from ..training.objective import Objective
 from ..transforms import TestTimeAveraged
-from .algorithm import ClientUpdate, EvidenceWarmup, FederatedServer, client_update
+from .algorithm import ClientUpdate, FederatedServer, ProgressWarmup, client_update
 from .clients import client_chunks, dirichlet_split
 from .config import FederatedConfig
 from .models import FederatedModel, build_federated_model
@@ -194,10 +194,10 @@ def evaluate_model(model: FederatedModel, data: tuple[torch.Tensor, ...], test_s
 
 def federated_server(config: FederatedConfig, model: FederatedModel, num_classes: int) -> FederatedServer:
     """The server's optimisers over ``model`` with the run's learning rates (psi's only if it is learned), its
-    rounds, and psi's warm-up by the evidence: informative at ``warmup_evidence`` of chance's negative
-    log-likelihood, log ``num_classes``, by round ``psi_deadline``, or fine-tuning begins there without
+    rounds, and psi's warm-up by the model's progress: a held-out negative log-likelihood at most ``warmup_progress``
+    of chance's, log ``num_classes``, by round ``psi_deadline``, or fine-tuning begins there without
     augmentation."""
-    warmup = EvidenceWarmup(config.warmup_evidence * math.log(num_classes), config.psi_deadline)
+    warmup = ProgressWarmup(config.warmup_progress * math.log(num_classes), config.psi_deadline)
     return FederatedServer(*model, lr=config.server_lr, hyper_lr=config.hyper_lr_value,
                            learn_hyperparameters=config.learn_hyperparameters, schedule=round_schedule(config),
                            warmup=warmup, fallback=lambda: no_augmentation(model))  # fmt: skip
@@ -211,21 +211,21 @@ def no_augmentation(model: FederatedModel) -> None:
 
 def warmup_record(config: FederatedConfig, server: FederatedServer) -> dict[str, Any]:
     """What psi's warm-up did: the round psi began at (None: never), the round partitioned training ended at when
-    it ended early, each round's evidence (negative log-likelihood per example), and ``note``, one line for a run
+    it ended early, each round's held-out negative log-likelihood per example, and ``note``, one line for a run
     whose psi learned nothing (None otherwise)."""
     warmup, schedule = server.warmup, server.schedule
     if warmup is None or schedule is None:
-        return {"started_at": None, "partitioned_ended_at": None, "evidence": {}, "note": None}
+        return {"started_at": None, "partitioned_ended_at": None, "heldout_nll": {}, "note": None}
     note = None
     if warmup.started_at is None:
-        least = min(warmup.evidence.values(), default=float("nan"))
+        least = min(warmup.heldout_nll.values(), default=float("nan"))
         ended = schedule.partitioned_ended_at
         where = f"fine-tuned from round {ended + 1} without augmentation, as the baseline" if ended else "psi unmoved"
-        note = (f"psi learned nothing in {config.rounds} rounds: its evidence never became informative (negative "
-                f"log-likelihood {least:.2f} at best, {warmup.threshold:.2f} needed); {where}. Give more --rounds "
-                "for psi to learn")  # fmt: skip
+        note = (f"psi learned nothing in {config.rounds} rounds: the model had not learned in time for it (held-out "
+                f"negative log-likelihood {least:.2f} at best, {warmup.threshold:.2f} needed); {where}. Give more "
+                "--rounds for psi to learn")  # fmt: skip
     return {"started_at": warmup.started_at, "partitioned_ended_at": schedule.partitioned_ended_at,
-            "evidence": {str(r): round(e, 4) for r, e in warmup.evidence.items()}, "note": note}  # fmt: skip
+            "heldout_nll": {str(r): round(e, 4) for r, e in warmup.heldout_nll.items()}, "note": note}  # fmt: skip
 
 
 def mean_of_last(curve: list[dict[str, Any]], key: str) -> float:

@@ -71,7 +71,7 @@ def record_number(content: RecordDict, record: str, key: str) -> float:
 
 def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> list[ClientUpdate]:
     """The ``ClientUpdate`` s of a round's (error-free) replies; their ``metrics`` name the client, its chunk,
-    its number of examples and its evidence."""
+    its number of examples and its held-out negative log-likelihood."""
     updates = []
     for reply in replies:
         client, chunk, examples = (
@@ -88,8 +88,8 @@ def client_updates(replies: Iterable[Message], arrays_key: str = "arrays") -> li
                 partitions.setdefault(int(name[1:]), {})[int(index)] = tensor
         ordered = {j: [tensors[i] for i in range(len(tensors))] for j, tensors in partitions.items()}
         gradient = [psi[i] for i in range(len(psi))] if psi else None
-        evidence = reply_metrics(reply.content).get("evidence-nll", float("nan"))
-        updates.append(ClientUpdate(client, chunk, examples, ordered, gradient, evidence_nll=evidence))
+        heldout = reply_metrics(reply.content).get("heldout-nll", float("nan"))
+        updates.append(ClientUpdate(client, chunk, examples, ordered, gradient, heldout_nll=heldout))
     return updates
 
 
@@ -110,8 +110,8 @@ def client_metrics(update: ClientUpdate) -> dict[str, float]:
     """What a client reports with its update (``strategy.CLIENT_METRICS``)."""
     metrics = {"client": update.client, "chunk": update.k, "num-examples": update.num_examples,
                "train-loss": update.train_loss}  # fmt: skip
-    if update.psi_gradient is not None:  # the evidence the gradient is of
-        metrics["evidence-nll"] = update.evidence_nll
+    if update.psi_gradient is not None:  # the model's progress, by which psi's warm-up ends
+        metrics["heldout-nll"] = update.heldout_nll
     return metrics
 
 

@@ -24,7 +24,7 @@ from .messages import client_updates, record_bytes, reply_metrics, state_record
 
 CLIENT_METRICS = ("client", "chunk", "num-examples", "train-loss")
 """The metrics each client's train reply carries (``client`` is its partition id, ``chunk`` its k); one that sent
-psi's gradient also its ``evidence-nll``."""
+psi's gradient also its ``heldout-nll``."""
 
 
 class PartitionedFedAdam(FedAvg):
