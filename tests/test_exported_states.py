@@ -153,13 +153,18 @@ def test_an_interrupted_runs_checkpoints_export_recalibrated(tmp_path, monkeypat
         _falling_lml(patched)  # best: step 2, last: step 4
         patched.setattr(PartitionedTrainer, "iteration", interrupt_after_step_4)
         assert main(["train", *TINY, "--out", str(run)]) == 130
+    states = {}
     for which, step in (("best", 2), ("last", 4)):
         exported = _exported(run, which)
+        states[which] = exported["state"]
         assert exported["checkpoint_step"] == step
         assert exported["test_accuracy"] == _recalibrated_accuracy(run, which), which
         meta = read_checkpoint(run / "checkpoint" / f"{which}.safetensors", {})[1]
         assert meta["norm_statistics"] == exported["norm_statistics"] == "training"
         assert exported["recalibrated_norms"] > 0
+    # the last checkpoint of an unfinished run is said to be one, not the run's final model
+    assert states["last"].startswith("the last checkpoint of a run that did not finish (interrupted, step 4 of ")
+    assert "not its final model" in states["last"] and "not the fine-tuned model" in states["best"]
 
 
 def _bn_pmodel() -> nn.Module:

@@ -405,7 +405,7 @@ def test_a_folder_predicts_its_images_recursively_sorted_by_path_and_says_what_i
     out, err = capsys.readouterr()
     assert json.loads(out) == expected
     assert [line for line in err.splitlines()[1:] if " looks unlike the training images " not in line] == [
-        f"partition-fx: skipped 3 files in {tmp_path / 'photos'} that are not images (.csv, .txt, no suffix)"
+        f"partition-fx: skipped 3 files that are not images (labels.csv, README, notes.txt) in {tmp_path / 'photos'}"
     ]
 
 
@@ -417,7 +417,8 @@ def test_a_folder_without_images_is_refused_naming_it_and_the_suffixes_looked_fo
         assert main(["predict", "--model", str(run / "model.onnx"), str(_images(run)[0]), str(folder)]) == 2
         assert capsys.readouterr().err.splitlines() == [
             f"partition-fx: error: folder {folder} has no images in it or its subfolders (looked for .jpg, .jpeg, "
-            ".png, .ppm, .bmp, .pgm, .tif, .tiff, .webp); pass a folder that holds images, or the image files"
+            ".png, .ppm, .bmp, .pgm, .tif, .tiff, .webp); it holds 1 file that is not an image (a.txt); pass a "
+            "folder that holds images, or the image files"
         ]
 
 

@@ -152,8 +152,13 @@ def test_resumed_run_equals_the_uninterrupted_one(run_dir, tmp_path, monkeypatch
         assert main(["train", *TINY, "--out", str(out)]) == 130
     assert main(["train", "--resume", str(out), "--steps", "5"]) == 2  # contradicts the run's --steps 4
     assert "drop --steps 5 (the run has 4)" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out), "--train-range-factors", "rotation=1"]) == 2
+    assert "drop --train-range-factors rotation=1.0 (the run has unset)" in capsys.readouterr().err
+    before = json.loads((out / "report.json").read_text())["history"][-1]["seconds"]
     assert main(["train", "--resume", str(out), "--quiet"]) == 0
     resumed, uninterrupted = (json.loads((d / "report.json").read_text()) for d in (out, run_dir))
+    clock = [r["seconds"] for r in resumed["history"]]  # the run's clock goes on across the resume
+    assert clock == sorted(clock) and clock[-1] >= before and resumed["seconds"] >= before
     assert resumed["status"] == "completed" and resumed["steps"] == 4
     for key in ("test_accuracy", "test_log_likelihood", "partitioned_test_accuracy", "lml", "hyperparameters"):
         assert resumed[key] == uninterrupted[key], key
@@ -190,7 +195,8 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     captured = capsys.readouterr()
     plan = (
         f"partition-fx: train fixup_resnet8 on shapes ({train} training images, {test} test) for 4 steps: "
-        "3 partitioned, then 1 fine-tuning; evaluated every 2 steps; 2 files that are not images skipped (.csv, .txt)"
+        "3 partitioned, then 1 fine-tuning; evaluated every 2 steps; skipped 2 files that are not images (labels.csv, "
+        "notes.txt)"
     )
     assert plan in captured.err.splitlines()
     assert f"on shapes ({train} training images, {test} test) for 4 iterations" in captured.out

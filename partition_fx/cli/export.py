@@ -36,7 +36,7 @@ from ..training.checkpoint import norm_statistics
 from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .commands.export import ExportRequest
-from .runs import CHECKPOINT_STATES, read_json, write_run
+from .runs import checkpoint_state, read_json, write_run
 
 
 def run_export(request: ExportRequest) -> dict[str, Any]:
@@ -76,6 +76,7 @@ def run_export(request: ExportRequest) -> dict[str, Any]:
         subnetwork,
     )
     exported = export_subnetwork(pmodel, subnetwork).eval()
+    status = read_json(run, "report.json", "--run").get("status")
     accuracy, loglik = job.test_scores(exported)
     averaged, averaged_loglik = job.averaged_test_scores(exported, samples)
     hyper = job.hyper  # not None when averaged is not
@@ -86,7 +87,7 @@ def run_export(request: ExportRequest) -> dict[str, Any]:
         "run": str(run),
         "checkpoint": str(checkpoint),
         "checkpoint_step": meta.get("step"),
-        "state": CHECKPOINT_STATES[request.which],
+        "state": checkpoint_state(request.which, status, meta.get("step"), spec.train.optimization.steps),
         "subnetwork": subnetwork if subnetwork is not None else pmodel.num_partitions,
         "norm_statistics": norm_statistics(meta),
         "recalibrated_norms": recalibrated,

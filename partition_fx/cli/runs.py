@@ -45,6 +45,23 @@ CHECKPOINT_STATES = {
 }
 """What each of a training run's checkpoints holds (``export --which``), as its report and ``export.json`` say."""
 
+
+def checkpoint_state(which: str, status: str | None, step: int | None, steps: int) -> str:
+    """What checkpoint ``which`` of a run with this ``status`` and ``steps`` holds (its own ``step``):
+    :data:`CHECKPOINT_STATES`', or, for ``last`` of a run that did not complete, the step it stopped at and how to
+    finish it.
+
+    >>> checkpoint_state("last", "interrupted", 20, 100).split(":")[0]
+    'the last checkpoint of a run that did not finish (interrupted, step 20 of 100)'
+    """
+    if which != "last" or status == RunStatus.COMPLETED:
+        return CHECKPOINT_STATES[which]
+    return (
+        f"the last checkpoint of a run that did not finish ({status}, step {step} of {steps}): not its final model; "
+        "`partition-fx train --resume RUN` finishes it (checkpoint/last.safetensors)"
+    )
+
+
 LOGGED = {name.rstrip("/"): None for files in TRACKER_FILES.values() for name in files} | {"mlruns": None}
 """What ``--log`` writes in a run directory (and ``mlruns/``, the MLflow file store that earlier versions wrote)."""
 

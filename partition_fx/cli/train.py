@@ -255,8 +255,9 @@ def plan_text(job: TrainJob, resumed: bool = False) -> str:
     )
     skipped = data.info.get("skipped_files") or []
     if skipped:
-        suffixes = sorted({p.suffix or "no suffix" for p in skipped})
-        line += f"; {len(skipped)} files that are not images skipped ({', '.join(suffixes[:5])})"
+        from ..datasets.folder import describe_skipped
+
+        line += f"; skipped {describe_skipped(skipped)}"
     return line
 
 

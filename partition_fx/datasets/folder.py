@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,22 @@ def image_extensions() -> tuple[str, ...]:
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     return tuple(IMG_EXTENSIONS)
+
+
+def describe_skipped(files: Sequence[Path]) -> str:
+    """The files skipped for not being images, in words: how many and their suffixes (the first five), or their
+    names when there are at most three.
+
+    >>> describe_skipped([Path("a/readme.txt")]), describe_skipped([Path(f"{i}.csv") for i in range(5)])
+    ('1 file that is not an image (readme.txt)', '5 files that are not images (.csv)')
+    """
+    if len(files) <= 3:
+        listed = ", ".join(p.name for p in files)
+    else:
+        suffixes = sorted({p.suffix or "no suffix" for p in files})
+        listed = ", ".join(suffixes[:5]) + (", ..." if len(suffixes) > 5 else "")
+    what = "file that is not an image" if len(files) == 1 else "files that are not images"
+    return f"{len(files)} {what} ({listed})"
 
 
 def _scan_classes(root: Path, skipped: list[Path]) -> dict[str, list[Path]]:

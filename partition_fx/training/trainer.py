@@ -192,6 +192,9 @@ class PartitionedTrainer:
         """The options that change the iteration: a saved state must match them to resume this trainer."""
         self.history: list[EvaluationRecord] = []
         """Every evaluation's record, in order."""
+        self.seconds_before = 0.0
+        """The seconds the run had trained before this process (a resumed run's, as its last record says): its
+        records' and its result's seconds go on from there."""
         self.best = BestState()
         """The best evaluation so far and its modules' states (by its evidence: ``training.lml.evidence``)."""
         self.hooks: list[TrainingHook] = list(components.hooks)
@@ -374,9 +377,11 @@ class PartitionedTrainer:
 
         show, write_lines = progress_outputs(plan.progress)
         evaluation, schedule = plan.config.evaluation, self.schedule
-        started = time.perf_counter()
+        started = time.perf_counter() - self.seconds_before  # a resumed run's clock goes on from its last record's
         stopped = False
         lines = ProgressLines(self.step, schedule.end, started) if write_lines else None
+        if lines is not None:
+            lines.restart_pace(self.step)  # the pace is this run's steps'; the elapsed time is the whole run's
         asked = (*self.hooks, CallbackHook(plan.callbacks))
         patience = Patience(evaluation.patience)
         total = schedule.end - self.step
@@ -505,6 +510,7 @@ class PartitionedTrainer:
         )
         self.step = state["step"]
         self.history = state["history"]
+        self.seconds_before = float(self.history[-1]["seconds"]) if self.history else 0.0
         self.best.load_state_dict(state)
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available():

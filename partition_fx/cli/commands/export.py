@@ -94,6 +94,8 @@ def _show(summary: dict[str, Any], request: ExportRequest) -> None:
         f"exported subnetwork {summary['subnetwork']} of {summary['run']} (step {summary['checkpoint_step']}): "
         f"{accuracy_text(summary, summary)}"
     )
+    if summary["state"].startswith("the last checkpoint of a run that did not finish"):
+        print(f"partition-fx: {summary['state']}")
     averaged = " (averaged)" if summary["averaged_test_accuracy"] is not None else ""
     print(f"wrote {request.out}/: model.safetensors, model.onnx{averaged}, export.json")
 

@@ -65,19 +65,17 @@ def _expanded(images: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
             found.append(image)
             continue
         files, others = image_files(Path(image))
-        if not files:
-            from ...datasets.folder import image_extensions
+        from ...datasets.folder import describe_skipped, image_extensions
 
+        if not files:
+            held = f"; it holds {describe_skipped(others)}" if others else ""
             raise PartitionError(
-                f"folder {image} has no images in it or its subfolders (looked for {', '.join(image_extensions())}); "
-                "pass a folder that holds images, or the image files"
+                f"folder {image} has no images in it or its subfolders (looked for {', '.join(image_extensions())})"
+                f"{held}; pass a folder that holds images, or the image files"
             )
         found.extend(map(str, files))
         if others:
-            suffixes = sorted({p.suffix or "no suffix" for p in others})
-            listed = ", ".join(suffixes[:5]) + (", ..." if len(suffixes) > 5 else "")
-            count = f"{len(others)} file{'s' if len(others) > 1 else ''}"
-            skipped.append(f"skipped {count} in {image} that are not images ({listed})")
+            skipped.append(f"skipped {describe_skipped(others)} in {image}")
     return tuple(found), tuple(skipped)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,11 +115,27 @@ def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool, tuple[str, ..
         given["out"], saved["out"] = args.out, run
     conflicts = [key for key, value in given.items() if value != saved[key]]
     if conflicts:
-        options = ", ".join(f"--{key.replace('_', '-')} {given[key]} (the run has {saved[key]})" for key in conflicts)
+        options = ", ".join(
+            f"--{key.replace('_', '-')} {_as_given(given[key])} (the run has {_as_given(saved[key])})"
+            for key in conflicts
+        )
         raise PartitionArgumentError(f"--resume continues {str(run)!r} with its own configuration; drop {options}")
     recorded = report.get("log") or []
     trackers = tuple(dict.fromkeys([*recorded, *(args.log or ())]))  # as when the run started, and any added now
     return spec, args.keep_resume or bool(report.get("keep_resume")), trackers  # asked for then, or now
+
+
+def _as_given(value: Any) -> str:
+    """An option's value as the command line spells it: ``NAME=VALUE`` pairs for a mapping, ``unset`` for None.
+
+    >>> _as_given({"rotation": 1.0, "shear": 0.5}), _as_given(None), _as_given(3)
+    ('rotation=1.0,shear=0.5', 'unset', '3')
+    """
+    if value is None:
+        return "unset"
+    if isinstance(value, Mapping):
+        return ",".join(f"{name}={number}" for name, number in value.items())
+    return str(value)
 
 
 def _add_options(train: Parser) -> None:
