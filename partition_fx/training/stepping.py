@@ -166,7 +166,13 @@ def nonfinite_problem(value: float, params: Sequence[torch.Tensor], names: Calla
         return None
     named = names()
     bad = [named.get(id(p), "?") for p in params if p.grad is not None and not torch.isfinite(p.grad).all()]
-    return f"gradient norm {norm} (in {first_names(bad)})"
+    if bad:
+        return f"gradient norm {norm} (in {first_names(bad)})"
+    # Every gradient finite, their norm not: it overflowed. Name the largest, where the explosion is.
+    peaks = {id(p): float(p.grad.abs().max()) for p in params if p.grad is not None and p.grad.numel()}
+    largest = max(peaks, key=peaks.__getitem__)
+    where = named.get(largest, "?")
+    return f"gradient norm {norm} (every gradient finite, the largest {peaks[largest]:.2g} in {where})"
 
 
 def _summed(*losses: torch.Tensor | None) -> torch.Tensor:
@@ -229,7 +235,8 @@ class Precision:
             # reproduced on a laptop), only slowly: a CPU has no fast fp16 kernels, and bf16 has fp32's range.
             warnings.warn(
                 "precision 'fp16' on a CPU runs many times slower than fp32 (19x in a 4-step run on a 2-core CPU): "
-                "a CPU has no fast fp16 kernels; use 'bf16' (--precision bf16), as fast as fp32 there, or 'fp32'",
+                "a CPU has no fast fp16 kernels; use 'fp32', or 'bf16' (--precision bf16), as fast as fp32 there "
+                "but less stable at small images (docs/training.md, mixed precision)",
                 PartitionWarning,
                 stacklevel=3,
             )
@@ -505,7 +512,8 @@ class Stepper:
         )
         return PartitionTrainingError(
             f"step {step}: non-finite {problem} in the {what}{since}{kept}. Lower the learning rate, check the "
-            "data for NaN/inf, or pass on_nonfinite='skip' to skip such steps"
+            "data for NaN/inf, train in fp32 if in bf16 or fp16, or skip such steps (on_nonfinite='skip', "
+            "--on-nonfinite skip)"
         )
 
     def pending_losses(self) -> tuple[list[float], list[float]]:
