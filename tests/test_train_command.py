@@ -142,6 +142,10 @@ def test_interrupted_run_keeps_its_last_checkpoint_and_report(tmp_path, monkeypa
     assert report["status"] == "interrupted" and report["last_checkpoint_step"] == 2
     assert [h["step"] for h in report["history"]] == [2]
     assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["best.safetensors", "last.safetensors", "resume"]
+    (out / "report.json").write_text("{")  # damaged: the refusal says the resume state is intact, and how to go on
+    assert main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "report.json cannot be read" in err and "checkpoint/resume, is intact: put back its report.json" in err
 
 
 @pytest.mark.parametrize("interrupted_at", [2, 3])  # partitioned training; fine-tuning (it begins at step 3)

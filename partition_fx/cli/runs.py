@@ -12,7 +12,9 @@ No torch here: the command line checks ``--out`` and ``--resume`` before it load
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -205,7 +207,8 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
     None), a file, a non-empty directory unless ``--overwrite`` is given and it is a run directory
     (:func:`is_run_directory`), and a run directory that holds anything its run did not write
     (:func:`foreign_entries`: ``--overwrite`` replaces the run's own files, and deletes nothing else); returns
-    whether there is a run to replace. Nothing is touched.
+    whether there is a run to replace. Nothing is touched (a new ``--out``'s nearest existing parent is probed with a
+    directory made and removed at once).
 
     >>> import tempfile
     >>> check_out(Path(tempfile.mkdtemp()) / "new", overwrite=False, inputs={"--checkpoint": None})
@@ -239,6 +242,12 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
             raise PartitionError(
                 f"--out {str(out)!r} cannot be created: {str(above)!r} is a file; choose another --out"
             )
+        try:  # e.g. --out /proc/run: a directory nothing can be made in, found now too (probed, removed at once)
+            os.rmdir(tempfile.mkdtemp(prefix=".partition-fx-probe-", dir=above))
+        except OSError as e:
+            raise PartitionError(
+                f"--out {str(out)!r} cannot be created in {str(above)!r}: {e.strerror or e}; choose another --out"
+            ) from None
         return False
     if not out.is_dir() or out.is_symlink():
         raise PartitionError(

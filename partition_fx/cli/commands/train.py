@@ -104,7 +104,16 @@ def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool, tuple[str, ..
         raise PartitionError(
             f"--resume {str(run)!r}: no report.json there; pass the --out directory of an earlier `partition-fx train`"
         )
-    report, spec = read_run(run, "--resume")
+    try:
+        report, spec = read_run(run, "--resume")
+    except PartitionError as e:
+        kept = run / "checkpoint" / "resume"
+        if "cannot be read" not in str(e) or not kept.is_dir():
+            raise
+        raise PartitionError(
+            f"{e}; the run's resume state, {kept}, is intact: put back its report.json (the job the state "
+            "continues), or train anew"
+        ) from None
     if report.get("status") == RunStatus.COMPLETED:
         raise PartitionError(f"--resume {str(run)!r}: that run completed; nothing to resume (export it, or train anew)")
     defaults = train_defaults()
