@@ -6,19 +6,21 @@ from typing import Any
 
 
 def accuracy_text(scores: dict[str, Any], options: dict[str, Any]) -> str:
-    """The test accuracy as a summary line says it: averaged over the learned augmentation first, where there
-    is such a score (the predictor the LML scores, as the paper reports it), then the plain one.
+    """The test accuracy as a summary line says it: the exported model's first (``report.json``'s
+    ``test_accuracy``), then, where there is such a score, averaged over the learned augmentation (the predictor
+    the LML scores, as the paper reports it; the ``(averaged)`` ONNX model's).
 
     >>> accuracy_text({"test_accuracy": 0.9651, "averaged_test_accuracy": 0.97123}, {"test_time_samples": 8})
-    'test accuracy 0.9712 averaged over 8 transforms of the augmentation, 0.9651 plain'
+    'test accuracy 0.9651, 0.9712 averaged over 8 transforms of the augmentation'
     >>> accuracy_text({"test_accuracy": 0.9651, "averaged_test_accuracy": None}, {"test_time_samples": 8})
     'test accuracy 0.9651'
     """
+    plain = f"test accuracy {scores['test_accuracy']:.4f}"
     if scores.get("averaged_test_accuracy") is None:
-        return f"test accuracy {scores['test_accuracy']:.4f}"
+        return plain
     return (
-        f"test accuracy {scores['averaged_test_accuracy']:.4f} averaged over {options['test_time_samples']} "
-        f"transforms of the augmentation, {scores['test_accuracy']:.4f} plain"
+        f"{plain}, {scores['averaged_test_accuracy']:.4f} averaged over {options['test_time_samples']} transforms of "
+        "the augmentation"
     )
 
 
