@@ -143,6 +143,8 @@ def test_a_population_is_the_one_at_a_time_algorithm() -> None:
     result = fit(pmodel, data, hyper=hyper, population=3, population_interval=4, **RUN)
     assert [r["step"] for r in result.population["rounds"]] == [4, 8, 12]
     assert any(r["copies"] for r in result.population["rounds"])  # the test compares copies, not only runs
+    clock = [r["seconds"] for r in result.history]  # the fittest's clock goes on from comparison to comparison
+    assert clock == sorted(clock) and result.seconds >= clock[-1]
     expected, trainer = _reference(data, 3, 4)
     _same_result(result, _with_population(expected, result.population))
     _same_state(pmodel, trainer.pmodel)

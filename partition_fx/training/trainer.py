@@ -192,9 +192,6 @@ class PartitionedTrainer:
         """The options that change the iteration: a saved state must match them to resume this trainer."""
         self.history: list[EvaluationRecord] = []
         """Every evaluation's record, in order."""
-        self.seconds_before = 0.0
-        """The seconds the run had trained before this process (a resumed run's, as its last record says): its
-        records' and its result's seconds go on from there."""
         self.best = BestState()
         """The best evaluation so far and its modules' states (by its evidence: ``training.lml.evidence``)."""
         self.hooks: list[TrainingHook] = list(components.hooks)
@@ -377,7 +374,9 @@ class PartitionedTrainer:
 
         show, write_lines = progress_outputs(plan.progress)
         evaluation, schedule = plan.config.evaluation, self.schedule
-        started = time.perf_counter() - self.seconds_before  # a resumed run's clock goes on from its last record's
+        # The run's clock goes on from its last record's: a resumed run's, a run continued by another run() call's
+        # (a population's members train to each comparison so).
+        started = time.perf_counter() - (float(self.history[-1]["seconds"]) if self.history else 0.0)
         stopped = False
         lines = ProgressLines(self.step, schedule.end, started) if write_lines else None
         if lines is not None:
@@ -510,7 +509,6 @@ class PartitionedTrainer:
         )
         self.step = state["step"]
         self.history = state["history"]
-        self.seconds_before = float(self.history[-1]["seconds"]) if self.history else 0.0
         self.best.load_state_dict(state)
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
