@@ -6,9 +6,10 @@ how each original tensor was treated in ``records``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from .params import PartitionedTensor, gradient_only_to
 from .per_example import batch_size, checked_routing, forward_grouped, forward_one_pass, supports_one_pass
 from .records import ParameterRecord, records_table
 from .runtime import LEAF_CALLERS, call_leaf_clearing_caches, get_path
+from .tracing import VARIADIC_PREFIX
 from .transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 
 LAYOUT_BUFFERS = ("index", "unit_index")
@@ -29,6 +31,23 @@ DEFAULT_BUFFERS = ("default",)
 """A ``PartitionedTensor``'s default values: rebuilt identically when the original model is."""
 
 PER_EXAMPLE_MODES = ("auto", "grouped", "one_pass")
+
+
+class TracedFrom(NamedTuple):
+    """What a traced model keeps of the model it was traced from, so that a call the graph cannot take faithfully
+    still reaches the model: the ``original`` module tree (its partitioned parameters taken out; its submodules are
+    the graph's), the forward arguments the graph is ``specialised`` to (name -> default), and ``partitionify``'s
+    ``trace``."""
+
+    original: nn.Module
+    specialised: dict[str, Any]
+    trace: str
+
+
+def _same_value(value: Any, default: Any) -> bool:
+    return value is default or (
+        type(value) is type(default) and not isinstance(value, torch.Tensor) and value == default
+    )
 
 
 class PartitionedModel(nn.Module):
@@ -44,6 +63,8 @@ class PartitionedModel(nn.Module):
     _root_leaf: bool
     _container: str | None
     _one_pass_supported: bool | None
+    _traced_from: TracedFrom | None
+    _signature: inspect.Signature | None
 
     def __init__(
         self,
@@ -62,6 +83,7 @@ class PartitionedModel(nn.Module):
         build: dict[str, Any] | None = None,
         untraced: str | None = None,
         container: str | None = None,
+        traced_from: TracedFrom | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -90,6 +112,8 @@ class PartitionedModel(nn.Module):
         layers and norm scales only: see ``partition_fx.per_example.one_pass``), ``"grouped"`` (one forward per distinct
         subnetwork), or ``"auto"`` (one pass where the model supports it)."""
         self.__dict__["_one_pass_supported"] = None
+        self.__dict__["_traced_from"] = traced_from
+        self.__dict__["_signature"] = None
 
     @property
     def records(self) -> tuple[ParameterRecord, ...]:
@@ -133,16 +157,73 @@ class PartitionedModel(nn.Module):
         needs; None lets gradients reach every partition the subnetwork uses. ``per_example`` chooses how
         per-example subnetworks run.
         """
-        if isinstance(subnetwork, torch.Tensor) and subnetwork.dim() == 1:
+        per_example = isinstance(subnetwork, torch.Tensor) and subnetwork.dim() == 1
+        beyond = self._beyond_the_graph(args, kwargs, "per-example subnetworks (subnetwork= a tensor)" * per_example)
+        if per_example:
             self.check_traced("per-example subnetworks (subnetwork= a tensor)")
-            return self._forward_per_example(args, kwargs, subnetwork, grad_partition)
+            return self._forward_per_example(args, kwargs, subnetwork, grad_partition)  # type: ignore[arg-type]
         k = self.check_subnetwork(subnetwork)
+        run = self._forward_untraced if beyond else self._forward
         if grad_partition is None:
-            return self._forward(k, args, kwargs)
+            return run(k, args, kwargs)
         if isinstance(grad_partition, torch.Tensor):
             grad_partition = int(grad_partition)  # a single value for the whole batch
         with gradient_only_to(self.check_subnetwork(grad_partition)):
-            return self._forward(k, args, kwargs)
+            return run(k, args, kwargs)
+
+    def _beyond_the_graph(self, args: tuple[Any, ...], kwargs: dict[str, Any], refused_for: str) -> bool:
+        """Whether a call passes what the traced graph cannot take faithfully: another value for an argument the
+        graph is specialised to (``labels=`` of a Hugging Face model), or a keyword or extra positional argument
+        the forward's ``**kwargs``/``*args`` would take and the graph never reads. Such a call runs the model's own
+        forward (as ``trace="never"`` would); it is refused, naming the argument, for per-example subnetworks
+        (``refused_for``) and for a model converted with ``trace="always"``."""
+        traced_from = self._traced_from
+        if traced_from is None or (not kwargs and len(args) <= 1):
+            return False
+        signature = self._signature
+        if signature is None:
+            signature = inspect.signature(traced_from.original.forward)
+            self.__dict__["_signature"] = signature
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return False  # the graph's forward raises Python's own error for the call
+        read = {n.target for n in self.module.graph.nodes if n.op == "placeholder" and n.users}  # type: ignore[union-attr]
+        name = None
+        for name, value in bound.arguments.items():
+            kind = signature.parameters[name].kind
+            if name in traced_from.specialised and not _same_value(value, traced_from.specialised[name]):
+                break
+            star = VARIADIC_PREFIX.get(kind)
+            if star is not None and value and star + name not in read:
+                name = f"{next(iter(value))}" if kind == inspect.Parameter.VAR_KEYWORD else f"*{name}"
+                break
+        else:
+            return False
+        why = (
+            f"{name}= is not an input of this {self.original_class.__name__}'s traced graph: torch.fx traced it with "
+            f"{name} at its default"
+        )
+        if refused_for:
+            raise PartitionArgumentError(
+                f"{refused_for} need the traced graph, and {why}: leave {name}= out, or run one subnetwork per call "
+                "(subnetwork= an int), which passes it to the model's own forward"
+            )
+        if traced_from.trace == "always":
+            raise PartitionArgumentError(
+                f"{why} (trace='always'): leave {name}= out, or convert with trace='auto', whose calls that pass it "
+                "run the model's own forward"
+            )
+        return True
+
+    def _forward_untraced(self, k: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Subnetwork k through the model's own forward, untraced: its module tree fed every original tensor."""
+        assert self._traced_from is not None
+        original = self._traced_from.original
+        for name, module in original.named_modules():  # in the graph's modes (its submodules are the same)
+            counterpart = get_path(self.module, name) if name else self.module
+            module.training = counterpart.training if isinstance(counterpart, nn.Module) else self.module.training
+        return call_leaf_clearing_caches(original, self.original_state(k), *args, **kwargs)
 
     def check_traced(self, what: str) -> None:
         """Refuse ``what`` (something that needs the traced graph) for an untraced model, in one line naming why
@@ -170,6 +251,11 @@ class PartitionedModel(nn.Module):
             with self._partitions_out_of_the_tree():
                 return call_leaf_clearing_caches(self.module, params, *args, **kwargs)
         return self.module(k, *args, **kwargs)
+
+    def _partitions(self) -> nn.Module:
+        """The module that holds the partitioned tensors."""
+        assert self._container is not None
+        return self.module.get_submodule(self._container)
 
     @contextmanager
     def _partitions_out_of_the_tree(self) -> Iterator[None]:

@@ -35,7 +35,7 @@ from .config import PartitionConfig
 from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .flat import flat_groups
 from .kinds import kind_names
-from .partitioned_model import PartitionedModel
+from .partitioned_model import PartitionedModel, TracedFrom
 from .records import ParameterRecord
 from .runtime import call_leaf, call_leaf_clearing_caches, clear_parameter_caches, get_path, parameter_caches
 from .tracing import TRACE_MODES, trace_consistently
@@ -254,7 +254,7 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
     working = _copy_model(model)
     clear_parameter_caches(working)  # a cache filled by an earlier forward would be traced as a constant
     leaves = settings.config.leaf_modules
-    graph, promoted, untraced = trace_consistently(
+    graph, promoted, untraced, specialised = trace_consistently(
         working, [m for m in leaves if isinstance(m, type)], [m for m in leaves if isinstance(m, str)], settings.trace
     )
     clear_parameter_caches(working)  # tracing in eval mode may have stored fx proxies in them
@@ -310,6 +310,7 @@ def _convert(model: nn.Module, settings: _Settings) -> PartitionedModel:
         promoted_leaves=promoted,
         untraced=untraced,
         container=container,
+        traced_from=None if root_leaf else TracedFrom(working, specialised, settings.trace),
         # A conversion with rules cannot be replayed from the model's name alone.
         build=None if settings.config.has_rules() else getattr(model, "partition_fx_build", None),
     )
@@ -327,6 +328,8 @@ def _keep_modes(pmodel: PartitionedModel, module: nn.Module, working: nn.Module)
         if id(added) not in own:
             original = get_path(working, name) if name else working
             added.training = original.training if isinstance(original, nn.Module) else working.training
+    if pmodel._container in module._modules:  # an untraced model holds the partitions in its own tree
+        pmodel._partitions().train(working.training)
 
 
 def _store_flat(module: nn.Module, container: str, records: list[ParameterRecord]) -> dict[int, tuple[str, int]]:

@@ -9,8 +9,10 @@ modes), so BatchNorm, dropout and drop-path still switch after conversion.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -39,11 +41,13 @@ class TraceFailure(PartitionError):
 
 class Traced(NamedTuple):
     """What :func:`trace_consistently` found: the ``graph``, the modules ``promoted`` to whole calls (``''``: the
-    whole model is one call), and why the model runs ``untraced`` (None: it is traced, or a lone leaf)."""
+    whole model is one call), why the model runs ``untraced`` (None: it is traced, or a lone leaf), and the forward
+    arguments the graph is ``specialised`` to (:func:`concrete_default_args`; empty unless traced)."""
 
     graph: fx.Graph
     promoted: set[str]
     untraced: str | None = None
+    specialised: dict[str, Any] = {}
 
 
 class LeafAwareTracer(fx.Tracer):
@@ -66,6 +70,18 @@ class LeafAwareTracer(fx.Tracer):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
+    def create_arg(self, a: Any) -> Any:
+        """fx's, but a dataclass that is a dict (``transformers``' ``ModelOutput``s) or an ``OrderedDict`` keeps its
+        type: built in the graph by its class (a dataclass from its present fields) instead of lowered to a plain
+        dict."""
+        dataclass_dict = isinstance(a, dict) and dataclasses.is_dataclass(a) and all(isinstance(k, str) for k in a)
+        if dataclass_dict or (isinstance(a, OrderedDict) and type(a).__init__ is OrderedDict.__init__):
+            items = {k: self.create_arg(v) for k, v in a.items()}
+            if dataclass_dict:
+                return self.create_node("call_function", type(a), (), items)
+            return self.create_node("call_function", type(a), (items,), {})
+        return super().create_arg(a)
+
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         outer = self.current_module
         self.current_module = self.path_of_module(m)
@@ -80,39 +96,46 @@ class LeafAwareTracer(fx.Tracer):
 
 
 _CONCRETE_DEFAULT_TYPES = (type(None), bool, int, float, str)
+VARIADIC_PREFIX: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+"""How fx names the placeholder of a forward's ``*args`` and ``**kwargs``."""
+
+
+def _forward_parameters(model: nn.Module) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
 
 
 def concrete_default_args(model: nn.Module) -> dict[str, Any]:
     """Forward arguments with a None/bool/number/str default, bound to it so ``if mask is None`` and
-    ``if is_causal`` trace; the traced model asserts they keep that value."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return {}
+    ``if is_causal`` trace; never the first argument, the model's input, which every caller passes (Hugging Face
+    models declare theirs ``pixel_values=None``). A traced model is specialised to these values: a call passing
+    another runs the model's own forward (``PartitionedModel``), never the graph.
+
+    >>> class Classifier(nn.Module):
+    ...     def forward(self, pixel_values=None, labels=None, return_dict=None, scale=1.0):
+    ...         return pixel_values
+    >>> concrete_default_args(Classifier())
+    {'labels': None, 'return_dict': None, 'scale': 1.0}
+    """
+    named = [p for p in _forward_parameters(model) if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    first = _forward_parameters(model)[:1]
     return {
-        name: p.default
-        for name, p in signature.parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and type(p.default) in _CONCRETE_DEFAULT_TYPES
-        and p.default is not inspect.Parameter.empty
+        p.name: p.default
+        for p in named
+        if p not in first and type(p.default) in _CONCRETE_DEFAULT_TYPES and p.default is not inspect.Parameter.empty
     }
 
 
 def _restore_placeholder_names(graph: fx.Graph, model: nn.Module) -> None:
     """fx renames concrete arguments (``mask`` -> ``mask_1``); give the inputs their original names
-    back so keyword calls keep working."""
-    try:
-        names = [
-            n
-            for n, p in inspect.signature(model.forward).parameters.items()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)
-        ]
-    except (TypeError, ValueError):
-        return
+    back so keyword calls keep working (``*args`` and ``**kwargs`` keep their places)."""
+    parameters = _forward_parameters(model)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) == len(names):
-        for node, name in zip(placeholders, names):
-            node.target = name
+    if parameters and len(placeholders) == len(parameters):
+        for node, p in zip(placeholders, parameters):
+            node.target = VARIADIC_PREFIX.get(p.kind, "") + p.name
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -132,8 +155,9 @@ def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[
     """Trace ``model`` in its current mode, or raise a :class:`TraceFailure` (``mode_note`` follows the model's name
     in its message)."""
     tracer = LeafAwareTracer(leaf_types, leaf_names)
+    bound = concrete_default_args(model)
     try:
-        graph = tracer.trace(model, concrete_args=concrete_default_args(model) or None)
+        graph = tracer.trace(model, concrete_args=bound or None)
     except Exception as e:  # fx raises TraceError, TypeError, RuntimeError, ... for untraceable code
         where = tracer.failed_module or ""
         owner = model.get_submodule(where)
@@ -148,10 +172,16 @@ def _trace_once(model: nn.Module, leaf_types: tuple[type, ...], leaf_names: set[
                 "untraced (one subnetwork per call), or make it traceable."
             )
         said = first_line(e) if str(e).strip() else ""
+        cause = "data-dependent control flow or Python operations on traced values"
+        nones = [name for name, value in bound.items() if value is None]
+        if nones and "NoneType" in str(e):  # the code used an argument fx was tracing at its default None
+            cause = (
+                f"code that uses an argument fx traced at its default None ({', '.join(f'{n}=None' for n in nones)}): "
+                "a traced graph is specialised to those defaults"
+            )
         raise TraceFailure(
             f"could not trace {type(model).__name__}{mode_note}: module '{where or '<root>'}' ({type(owner).__name__}) "
-            f"at {_user_frame(e)}\n  {type(e).__name__}: {said}\n"
-            f"  This usually means data-dependent control flow or Python operations on traced values. {fix}",
+            f"at {_user_frame(e)}\n  {type(e).__name__}: {said}\n  This usually means {cause}. {fix}",
             where,
         ) from None
     _restore_placeholder_names(graph, model)
@@ -263,7 +293,7 @@ def trace_consistently(
                 continue
             diff = _first_difference(g_train, g_eval)
             if diff is None:
-                return Traced(g_train if was_training else g_eval, promoted)
+                return Traced(g_train if was_training else g_eval, promoted, None, concrete_default_args(model))
             culprit = _responsible_module(diff)
             if culprit == "" or culprit in names:
                 promoted.add("")
