@@ -8,9 +8,10 @@ computed stably with ``logsumexp``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sized
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sized
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -20,18 +21,64 @@ from ..errors import PartitionArgumentError, PartitionNotImplementedError, Parti
 from ..transforms.base import HyperparameterModule
 
 
+def _fields(outputs: object) -> list[str]:
+    """The field names of a structured output (a dict's keys, a NamedTuple's or dataclass's fields)."""
+    if isinstance(outputs, Mapping):
+        return [str(key) for key in outputs]
+    if hasattr(outputs, "_fields"):
+        return list(outputs._fields)
+    if dataclasses.is_dataclass(outputs):
+        return [f.name for f in dataclasses.fields(outputs)]
+    return []
+
+
+def _field(outputs: object, name: str) -> object:
+    if isinstance(outputs, Mapping):
+        return outputs.get(name)
+    return getattr(outputs, name, None) if name in _fields(outputs) else None
+
+
+def model_logits(outputs: object, what: str = "this likelihood") -> torch.Tensor:
+    """The tensor a likelihood reads from a model's output: the output itself when it is a tensor, else its
+    ``logits`` field (a dict key, such as a ``transformers`` ``ModelOutput``'s, or a NamedTuple's or dataclass's
+    attribute); anything else is refused in one line naming what the output holds.
+
+    >>> model_logits({"loss": torch.tensor(0.3), "logits": torch.zeros(2, 3)}).shape
+    torch.Size([2, 3])
+    >>> model_logits((torch.zeros(2, 3),))
+    Traceback (most recent call last):
+    ...
+    partition_fx.errors.PartitionArgumentError: this likelihood needs the model's logits: a tensor, or an output ...
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = _field(outputs, "logits")
+    if isinstance(logits, torch.Tensor):
+        return logits
+    fields = _fields(outputs)
+    holds = f"with fields {', '.join(fields)}" if fields else "with no named fields"
+    raise PartitionArgumentError(
+        f"{what} needs the model's logits: a tensor, or an output with a 'logits' field (a dict key or an "
+        f"attribute); got {type(outputs).__name__} {holds}: return the logits from the model, or pass a likelihood "
+        "callable that reads them"
+    )
+
+
 class Likelihood(nn.Module):
-    """Base class: ``log_prob(outputs, targets) -> [B]`` per example; ``forward`` adds sample averaging."""
+    """Base class: ``log_prob(outputs, targets) -> [B]`` per example; ``forward`` reads the model's output by
+    :func:`model_logits` (a tensor, or its ``logits`` field) and adds sample averaging."""
 
     if TYPE_CHECKING:  # torch types nn.Module.__call__ (forward and its hooks) as returning Any: typed as forward
 
-        def __call__(self, outputs: torch.Tensor, targets: torch.Tensor, num_samples: int = 1) -> torch.Tensor: ...
+        def __call__(self, outputs: Any, targets: torch.Tensor, num_samples: int = 1) -> torch.Tensor: ...
 
     def log_prob(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise PartitionNotImplementedError(f"{type(self).__name__} must implement log_prob(outputs, targets)")
 
-    def forward(self, outputs: torch.Tensor, targets: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
-        """Per-example log-likelihood [B] of ``targets`` [B, ...] given ``outputs`` [S*B, ...] (sample major)."""
+    def forward(self, outputs: Any, targets: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
+        """Per-example log-likelihood [B] of ``targets`` [B, ...] given ``outputs`` [S*B, ...] (sample major), or an
+        output whose ``logits`` field is that (:func:`model_logits`)."""
+        outputs = model_logits(outputs, type(self).__name__)
         if num_samples == 1:
             return self.log_prob(outputs, targets)
         batch = targets.shape[0]
@@ -111,19 +158,28 @@ class CallableLikelihood(Likelihood):
 
 
 class ModelLoss(Likelihood):
-    """For a model that scores its targets itself: its forward takes ``(inputs, targets)`` and returns its losses
-    (a tensor, or a dict of them, summed), as torchvision's detection models do in training mode. Training then
-    calls ``pmodel(inputs, targets, subnetwork=k)``, and the input transform, if any, transforms inputs and
-    targets together (``transform(inputs, targets) -> (inputs, targets)``, e.g. ``transforms.BoxZoom``): the
-    model's losses stand for the batch's negative log-likelihood, each example's the batch's mean (the losses
-    are means over the batch, not per example).
+    """For a model that scores its targets itself: its forward takes ``(inputs, targets)`` and returns its losses.
+    Training then calls ``pmodel(inputs, targets, subnetwork=k)`` (a Hugging Face model takes them as
+    ``labels``), and the input transform, if any, transforms inputs and targets together
+    (``transform(inputs, targets) -> (inputs, targets)``, e.g. ``transforms.BoxZoom``).
 
-    Such a model returns its losses only in training mode: every step of partitioned training runs there; an
+    What it reads, in this order:
+
+    - an output with a ``loss`` field (a dict key, such as a ``transformers`` ``ModelOutput``'s, or an attribute):
+      that loss alone, never the other fields (``logits``, ...). It must hold one value per example, shape [B]:
+      a loss that is the batch's mean (``transformers``' classifiers return one) is refused, naming the output's
+      fields and the likelihood that reads its logits instead;
+    - a dict of scalar losses and nothing else (torchvision's detection models in training mode), or a scalar:
+      their sum stands for the batch's negative log-likelihood, each example's the batch's mean.
+
+    A detector returns its losses only in training mode: every step of partitioned training runs there; an
     evaluation in eval mode gets its predictions, which this refuses naming the fix.
 
     >>> losses = {"loss_classifier": torch.tensor(0.5), "loss_box_reg": torch.tensor(0.25)}
     >>> ModelLoss()(losses, [{"boxes": torch.zeros(0, 4)}] * 2)
     tensor([-0.7500, -0.7500])
+    >>> ModelLoss()({"loss": torch.tensor([0.5, 0.25]), "logits": torch.zeros(2, 3)}, torch.tensor([0, 1]))
+    tensor([-0.5000, -0.2500])
     """
 
     if TYPE_CHECKING:  # as Likelihood's, of what forward takes
@@ -131,17 +187,29 @@ class ModelLoss(Likelihood):
         def __call__(self, outputs: object, targets: Sized, num_samples: int = 1) -> torch.Tensor: ...
 
     def forward(self, outputs: object, targets: Sized, num_samples: int = 1) -> torch.Tensor:
+        batch = len(targets)
+        loss = _field(outputs, "loss")
+        if isinstance(loss, torch.Tensor):
+            if loss.dim() == 1 and loss.shape[0] == batch:
+                return -loss
+            fields = ", ".join(_fields(outputs))
+            shape = "a scalar, the batch's mean" if loss.dim() == 0 else f"shape {tuple(loss.shape)}"
+            raise PartitionArgumentError(
+                f"ModelLoss needs the model's loss per example, shape ({batch},); {type(outputs).__name__} (fields: "
+                f"{fields}) holds a loss of {shape}: train with likelihood='classification' (or 'regression'), which "
+                "reads its logits, or make the model return a loss per example"
+            )
         if isinstance(outputs, dict) and outputs and all(isinstance(v, torch.Tensor) for v in outputs.values()):
             total = torch.stack([v.sum() for v in outputs.values()]).sum()
         elif isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
             total = outputs
         else:
             raise PartitionArgumentError(
-                f"ModelLoss needs the model's losses (a scalar tensor or a dict of them), got "
-                f"{type(outputs).__name__}: the model returns its losses in training mode only (model.train()); "
-                "evaluate its predictions in eval mode yourself"
+                f"ModelLoss needs the model's losses (a 'loss' field with one per example, a scalar tensor or a dict "
+                f"of them), got {type(outputs).__name__}: a detector returns its losses in training mode only "
+                "(model.train()); evaluate its predictions in eval mode yourself"
             )
-        return -total.expand(len(targets))
+        return -total.expand(batch)
 
 
 def resolve_likelihood(spec: str | Likelihood | Callable[..., torch.Tensor]) -> Likelihood:

@@ -24,7 +24,7 @@ from ..partitioned_model import PartitionedModel
 from ..train_config import TrainConfig
 from .checkpoint import load_checkpoint, needs_recalibration
 from .data import DataChunks, Examples
-from .likelihoods import Categorical, Likelihood, ModelLoss
+from .likelihoods import Categorical, Likelihood, ModelLoss, model_logits
 from .objective import Objective, running_norms
 from .stepping import Precision
 
@@ -257,7 +257,7 @@ def routed_losses(
         subnetworks.append(torch.full((xh.shape[0],), k - 1, device=ks.device))
         grads.append(torch.zeros(xh.shape[0], dtype=torch.long, device=ks.device))
         hyper_parts.append((weight, xh.shape[0], yh, samples_h))
-    out = pmodel(torch.cat(inputs), subnetwork=torch.cat(subnetworks), grad_partition=torch.cat(grads))
+    out = model_logits(pmodel(torch.cat(inputs), subnetwork=torch.cat(subnetworks), grad_partition=torch.cat(grads)))
     n = xp.shape[0]
     parameter_loss = -_detached_likelihood(likelihood, out[:n], yp, samples_p).mean()
     hyper_loss = None

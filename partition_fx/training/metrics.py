@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from ..errors import PartitionArgumentError
 from ..transforms import AffineAugmentation, TestTimeAveraged
 from .data import Examples
+from .likelihoods import model_logits
 
 
 def _batches(
@@ -54,7 +55,7 @@ def evaluate_classifier(
     model.eval()
     correct, loglik, count = 0, 0.0, 0
     for xb, yb in _batches(x, y, batch_size, workers):
-        logits = model(xb)
+        logits = model_logits(model(xb), "evaluate_classifier")
         correct += int((logits.argmax(1) == yb).sum())
         loglik += float(torch.log_softmax(logits.double(), 1).gather(1, yb[:, None]).sum())
         count += len(yb)

@@ -170,10 +170,11 @@ class TrainingSteps:
         )
         if isinstance(likelihood, ModelLoss) and (read_ahead is not None or scored is not None):
             raise PartitionArgumentError(
-                "a model that scores its targets itself (ModelLoss) trains in your own loop: fit and the LML "
-                "estimate read examples as tensors, its images and target dicts are lists; take each iteration's "
-                "batch from a DataLoader on a PartitionedBatchSampler with steps.take(draw, images, targets) "
-                "(docs/loops.md)"
+                "a model that scores its targets itself (ModelLoss) trains in your own loop, not in fit or the LML "
+                "estimate, which score the model's outputs with a likelihood: a classifier that returns logits (a "
+                "Hugging Face model's output has a 'logits' field) trains in fit with likelihood='classification'; "
+                "otherwise take each iteration's batch from a DataLoader on a PartitionedBatchSampler with "
+                "steps.take(draw, inputs, targets) (docs/loops.md)"
             )
         if chunks.num_chunks != pmodel.num_partitions:
             raise PartitionArgumentError(
