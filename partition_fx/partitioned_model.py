@@ -64,7 +64,7 @@ class PartitionedModel(nn.Module):
     _container: str | None
     _one_pass_supported: bool | None
     _traced_from: TracedFrom | None
-    _signature: inspect.Signature | None
+    _signature: tuple[inspect.Signature, set[Any]] | None
 
     def __init__(
         self,
@@ -180,15 +180,17 @@ class PartitionedModel(nn.Module):
         traced_from = self._traced_from
         if traced_from is None or (not kwargs and len(args) <= 1):
             return False
-        signature = self._signature
-        if signature is None:
-            signature = inspect.signature(traced_from.original.forward)
-            self.__dict__["_signature"] = signature
+        found = self._signature
+        if found is None:  # read once: the forward's signature, and the graph's inputs it reads
+            graph: torch.fx.Graph = self.module.graph  # type: ignore[assignment]  # a traced model's is a GraphModule
+            read = {n.target for n in graph.nodes if n.op == "placeholder" and n.users}
+            found = (inspect.signature(traced_from.original.forward), read)
+            self.__dict__["_signature"] = found
+        signature, read = found
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
             return False  # the graph's forward raises Python's own error for the call
-        read = {n.target for n in self.module.graph.nodes if n.op == "placeholder" and n.users}  # type: ignore[union-attr]
         name = None
         for name, value in bound.arguments.items():
             kind = signature.parameters[name].kind
