@@ -158,7 +158,8 @@ class PartitionedModel(nn.Module):
         per-example subnetworks run.
         """
         per_example = isinstance(subnetwork, torch.Tensor) and subnetwork.dim() == 1
-        beyond = self._beyond_the_graph(args, kwargs, "per-example subnetworks (subnetwork= a tensor)" * per_example)
+        refused_for = "per-example subnetworks (subnetwork= a tensor)" if per_example else ""
+        beyond = self._beyond_the_graph(args, kwargs, refused_for)
         if per_example:
             self.check_traced("per-example subnetworks (subnetwork= a tensor)")
             return self._forward_per_example(args, kwargs, subnetwork, grad_partition)  # type: ignore[arg-type]
