@@ -262,10 +262,11 @@ class FederatedServer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         senders = [u for u in updates if u.psi_gradient is not None]
+        gradients = [u.psi_gradient for u in updates if u.psi_gradient is not None]
         if self.hyper_optimizer is not None and senders and self._admits(server_round, senders):
             weights = _weights(senders)
             for i, p in enumerate(self.psi):
-                p.grad = _weighted_sum(weights, (cast(list[torch.Tensor], u.psi_gradient)[i] for u in senders))
+                p.grad = _weighted_sum(weights, (g[i] for g in gradients))
             self.hyper_optimizer.step()
             self.hyper_optimizer.zero_grad(set_to_none=True)
             for _, module in Objective(self.pmodel, self.hyper, self.likelihood).hyperparameter_modules():
