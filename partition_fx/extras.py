@@ -20,6 +20,7 @@ EXTRAS = {
     "lightning": "lightning",
     "optuna": "optuna",
     "flwr": "federated",
+    "transformers": "hf",
 }
 """The extra that installs each optional import."""
 

@@ -159,7 +159,8 @@ class JobSpec(Settings):
     model: str = setting(
         DEFAULT_MODEL,
         "a timm model name (the shipped FixUp/WRN models included; a plain name such as resnet18 is timm's), or "
-        "torchvision:NAME for one of torchvision's classifiers, e.g. torchvision:mobilenet_v3_small",
+        "torchvision:NAME for one of torchvision's classifiers, e.g. torchvision:mobilenet_v3_small, or hf:DIR for a "
+        "transformers image classifier that save_pretrained wrote to DIR (with its weights; the 'hf' extra)",
         metavar="NAME",
     )
     checkpoint: str | None = setting(

@@ -15,6 +15,7 @@ from .._validation import check_num_partitions, check_proportions
 from ..choices import GENERATOR_SETS
 from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, RangeError
+from ..hf_folders import check_hf_folder
 from ..job_spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
 from ..ranges import learning_bounds, learning_start
 from .runs import learned_ranges
@@ -32,6 +33,7 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
     ...
     partition_fx.errors.PartitionArgumentError: --augment affine learns its ranges, which needs --partitions 2 ...
     """
+    check_hf_folder(spec.model)
     check_checkpoint(spec.checkpoint)
     checked_proportions(spec.partitions, spec.proportions)
     fixed = fixed_ranges(spec)

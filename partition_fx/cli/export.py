@@ -9,7 +9,9 @@ checkpoint is loaded (``training.load_checkpoint``: no trainer is built), and th
 recalibrate BatchNorm statistics where they need it (below). ``export.json`` and the ONNX file's metadata also
 record what using the model needs (``jobs.model_record``: class names, preprocessing, architecture, the ONNX input
 ``images`` and output ``logits``, or ``log_probs`` for the test-time-averaged model), which ``partition-fx predict``
-reads.
+reads. The export of a run of ``--model hf:DIR`` is a ``save_pretrained`` folder too (its ``config.json``, naming
+the classes, beside ``model.safetensors``), which ``transformers.AutoModelForImageClassification.from_pretrained``
+loads.
 
 BatchNorm running statistics: a finished run's ``last`` and ``best`` checkpoints hold them recalibrated for the
 final subnetwork (as the run evaluated them), so their export reproduces the run's ``test_accuracy`` and
@@ -31,7 +33,9 @@ from .. import __version__
 from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_subnetwork
+from ..hf_folders import hf_folder
 from ..jobs import build_job, load_job_data, model_record, write_onnx
+from ..models.hf_models import save_hf_folder
 from ..training.checkpoint import norm_statistics
 from ..training.lml import load_for_export
 from ..transforms import TestTimeAveraged
@@ -77,6 +81,7 @@ def run_export(request: ExportRequest) -> dict[str, Any]:
     )
     exported = export_subnetwork(pmodel, subnetwork).eval()
     status = read_json(run, "report.json", "--run").get("status")
+    hf = hf_folder(spec.model) is not None  # the export is a save_pretrained folder too
     accuracy, loglik = job.test_scores(exported)
     averaged, averaged_loglik = job.averaged_test_scores(exported, samples)
     hyper = job.hyper  # not None when averaged is not
@@ -96,12 +101,15 @@ def run_export(request: ExportRequest) -> dict[str, Any]:
         "test_time_samples": samples if averaged is not None else 0,
         "averaged_test_accuracy": averaged,
         "averaged_test_log_likelihood": averaged_loglik,
-        "files": {"model": "model.safetensors", "onnx": "model.onnx"},
+        "files": {"model": "model.safetensors", "onnx": "model.onnx", **({"config": "config.json"} if hf else {})},
         **model_record(job, averaged=averaged is not None, statistics=_recorded_statistics(run)),
     }
 
     def fill(staging: Path) -> None:
-        save_model(exported, str(staging / "model.safetensors"))
+        if hf:
+            save_hf_folder(exported, staging, summary["classes"])
+        else:
+            save_model(exported, str(staging / "model.safetensors"))
         write_onnx(pmodel, staging / "model.onnx", job, summary, subnetwork=subnetwork, wrap=wrap)
         write_json(staging / "export.json", summary)
 

@@ -128,20 +128,28 @@ def torch_classifier(
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Class probabilities (the softmax of the logits) from the plain model ``weights`` (``model.safetensors``)
     rebuilt into the class ``architecture`` names: ``models.build_model(model, num_classes, in_chans=...,
-    img_size=...)``, then every tensor loaded strictly."""
+    img_size=...)``, then every tensor loaded strictly. A model of ``hf:DIR`` whose ``weights`` lie in a
+    ``save_pretrained`` folder (an export of its run: ``config.json`` beside them, the tensors in ``transformers``'
+    own layout) is that folder's, loaded by ``from_pretrained`` with every tensor (``models.hf_models``), so DIR
+    need not be there any more."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model
 
+    from ..hf_folders import HF_PREFIX
     from ..models import build_model
+    from ..training.likelihoods import model_logits
 
     try:
+        name = architecture["model"]
+        exported_folder = name.startswith(HF_PREFIX) and (weights.parent / "config.json").is_file()
         model = build_model(
-            architecture["model"],
+            f"{HF_PREFIX}{weights.parent}" if exported_folder else name,
             architecture["num_classes"],
             in_chans=architecture["in_chans"],
             img_size=architecture["img_size"],
         )
-        load_model(model, str(weights))  # strict: every tensor, nothing else
+        if not exported_folder:  # from_pretrained loaded the folder's every tensor
+            load_model(model, str(weights))  # strict: every tensor, nothing else
     except (KeyError, TypeError, RuntimeError, OSError, SafetensorError) as e:
         raise PartitionError(
             f"{source}: {weights.name} does not rebuild as the architecture recorded ({architecture}): {first_line(e)}"
@@ -150,7 +158,7 @@ def torch_classifier(
 
     def classify(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return torch.softmax(model(x).float(), dim=1)
+            return torch.softmax(model_logits(model(x), "predict").float(), dim=1)
 
     return classify
 

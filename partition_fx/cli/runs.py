@@ -74,7 +74,7 @@ def run_files(command: str) -> dict[str, Any]:
     same form). ``--overwrite`` replaces these alone.
 
     >>> sorted(run_files("export"))
-    ['export.json', 'model.onnx', 'model.safetensors']
+    ['config.json', 'export.json', 'model.onnx', 'model.safetensors']
     """
     from .commands import commands
 

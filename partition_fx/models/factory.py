@@ -13,7 +13,9 @@ import timm
 import torch
 
 from ..errors import PartitionCheckpointError, PartitionError, first_line, is_out_of_memory, shortened
+from ..hf_folders import HF_PREFIX, check_hf_folder
 from .checkpoints import load_checkpoint_into
+from .hf_models import build_hf_model
 from .torchvision_models import TORCHVISION_PREFIX, build_torchvision_model, torchvision_model_names
 
 
@@ -122,7 +124,9 @@ def check_model_name(name: str) -> None:
     ...
     partition_fx.errors.PartitionError: unknown model 'torchvision:resnet19' (not one of torchvision's ...
     """
-    if name.startswith(TORCHVISION_PREFIX):
+    if name.startswith(HF_PREFIX):
+        check_hf_folder(name)
+    elif name.startswith(TORCHVISION_PREFIX):
         if name[len(TORCHVISION_PREFIX) :] not in torchvision_model_names():
             raise PartitionError(f"unknown model {name!r} (not one of torchvision's classifiers){_hint(name)}")
     elif not timm.is_model(name):
@@ -132,6 +136,8 @@ def check_model_name(name: str) -> None:
 def _architecture(name: str, num_classes: int, in_chans: int, img_size: int | None) -> torch.nn.Module:
     """The randomly initialised model ``name`` (timm's, or torchvision's with the prefix)."""
     check_model_name(name)
+    if name.startswith(HF_PREFIX):
+        return build_hf_model(name, num_classes, in_chans, img_size)
     if name.startswith(TORCHVISION_PREFIX):
         return build_torchvision_model(name[len(TORCHVISION_PREFIX) :], num_classes, in_chans, img_size)
     kwargs: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}

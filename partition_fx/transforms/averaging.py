@@ -74,10 +74,13 @@ class TestTimeAveraged(nn.Module):
         self.register_buffer("theta", theta)  # [K, 2, 3]: the fixed transforms, saved with the module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..training.likelihoods import model_logits  # training imports transforms
+
         k, b = self.samples, x.shape[0]
         theta = self.theta.unsqueeze(1).expand(k, b, 2, 3)  # every example under each of the K transforms
         transformed = apply_affine(x, theta, self.padding_mode, self.align_corners)
-        log_probs = torch.log_softmax(self.model(transformed), dim=-1).reshape(k, b, -1)
+        logits = model_logits(self.model(transformed), type(self).__name__)  # a tensor, or a ModelOutput's logits
+        log_probs = torch.log_softmax(logits, dim=-1).reshape(k, b, -1)
         return torch.logsumexp(log_probs, dim=0) - math.log(k)
 
 

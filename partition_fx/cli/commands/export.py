@@ -97,7 +97,8 @@ def _show(summary: dict[str, Any], request: ExportRequest) -> None:
     if summary["state"].startswith("the last checkpoint of a run that did not finish"):
         print(f"partition-fx: {summary['state']}")
     averaged = " (averaged)" if summary["averaged_test_accuracy"] is not None else ""
-    print(f"wrote {request.out}/: model.safetensors, model.onnx{averaged}, export.json")
+    config = ", config.json" if "config" in summary["files"] else ""  # a save_pretrained folder (--model hf:DIR)
+    print(f"wrote {request.out}/: model.safetensors{config}, model.onnx{averaged}, export.json")
 
 
 COMMAND = Command(
@@ -110,6 +111,6 @@ COMMAND = Command(
     options=_options,
     run="partition_fx.cli.export:run_export",
     show=_show,
-    files={"export.json": None, "model.safetensors": None, "model.onnx": None},
+    files={"export.json": None, "model.safetensors": None, "model.onnx": None, "config.json": None},
     out_of_memory="export on a machine with more memory",
 )
