@@ -59,6 +59,14 @@ def test_finetune_pretrained_example(tmp_path, capsys):
     assert "verified in onnxruntime" in capsys.readouterr().out
 
 
+def test_hf_vit_folder_example_quick(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    found = _load("hf_vit_folder").main(["--quick", "--out", str(tmp_path)])
+    assert (Path(found["folder"]) / "config.json").is_file()
+    assert found["test_accuracy"] == pytest.approx(found["reported"])
+    assert "from_pretrained(" in capsys.readouterr().out
+
+
 def test_own_loop_example(capsys):
     found = _load("own_loop").main(["--quick"])
     assert type(found["model"]).__name__ == "SmallCNN" and 0.0 <= found["test_accuracy"] <= 1.0
@@ -102,6 +110,7 @@ def test_detection_zoom_example_quick(capsys):
         "rotation_invariance",
         "input_selection",
         "finetune_pretrained",
+        "hf_vit_folder",
         "own_loop",
         "detection_zoom",
         "lightning_fit",
