@@ -396,18 +396,27 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 def _budgets(args: argparse.Namespace, config: dict[str, Any], seeds: list[int]) -> list[dict[str, Any]]:
-    """The budget sweep: every data set, seed and rounds of ``--budgets``; its rows and summary."""
+    """The budget sweep: every data set, seed and rounds of ``--budgets``; its rows and summary. The results file's
+    rows at the same settings for other data, seeds or rounds are kept (each with the commit that measured it), so
+    budgets and seeds can be added by later calls."""
     budgets = [int(r) for r in args.budgets.split(",")]
     rows = [budget_row(data, seed, rounds, args) for rounds in budgets for data in args.data.split(",")
             for seed in seeds]  # fmt: skip
     if args.no_write:
         return rows
+    out = BUDGETS_OUT if args.out == RESULTS / "federated.json" else args.out
+    recorded = json.loads(out.read_text()) if out.is_file() else None
+    settings = ("clients", "validation", "server_lrs", "defaults")
+    if recorded is not None and all(recorded["config"].get(key) == config[key] for key in settings):
+        measured = {(r["data"], r["seed"], r["rounds"]) for r in rows}
+        rows = [r for r in recorded["runs"] if (r["data"], r["seed"], r["rounds"]) not in measured] + rows
+    rows.sort(key=lambda r: (r["rounds"], r["data"], r["seed"]))
     summaries = budget_summary(rows)
     for s in summaries:
         print(f"{s['data']} {s['rounds']} rounds: partitioned {s['partitioned'][0]:.3f}, fedadam "
               f"{s['fedadam'][0]:.3f}, difference {s['difference'][0]:+.1f} ± {s['difference'][1]:.1f} (worst "
               f"{s['worst']:+.1f}), at chance {s['at_chance']}, learned nothing {s['learned_nothing']}")  # fmt: skip
-    out = BUDGETS_OUT if args.out == RESULTS / "federated.json" else args.out
+    config = {**config, "budgets": sorted({r["rounds"] for r in rows}), "seeds": "per row"}
     write_results(out, results(header("federated_budgets", quick=args.quick), config, summaries, runs=rows))
     return summaries
 

@@ -184,6 +184,9 @@ def test_federated_budget_sweep_quick(tmp_path, capsys):
     assert run["handed_back"]["hyperparameters"]["rotation"] == 0.0  # the baseline's model
     assert run["difference"] == pytest.approx(100 * (run["handed_back"]["test"] - run["fedadam"]["test"]))
     assert "| digits | 4 | 1 |" in tables.federated_budgets(result) and "1 of 1" in tables.federated_budgets(result)
+    module.main([("2" if a == "4" else a) for a in argv])  # another budget: the 4 rounds' row is kept beside it
+    kept = json.loads((tmp_path / "budgets.json").read_text())
+    assert [(r["rounds"], r["seed"]) for r in kept["runs"]] == [(2, 0), (4, 0)] and kept["runs"][1] == run
 
 
 def test_federated_benchmark_quick(tmp_path, capsys):
