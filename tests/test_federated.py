@@ -562,7 +562,8 @@ def test_federated_command_output_redirected_is_its_own(tmp_path) -> None:
         for what in ("run", "round 1/2", "round 2/2")
     ], log
     assert "test accuracy" in progress[1] and "MB up+down" in progress[1] and "rotation" in progress[1]
-    assert lines[len(progress)].startswith("federated, 2 rounds: test accuracy") and len(lines) == len(progress) + 4
+    assert lines[len(progress)].startswith("federated, 2 rounds: test accuracy") and len(lines) == len(progress) + 5
+    assert lines[-2].startswith("psi learned nothing in 2 rounds")  # two rounds are too few: the one line saying so
 
 
 def test_flower_logging_keeps_flowers_log_to_warnings_while_a_run_lasts(monkeypatch) -> None:

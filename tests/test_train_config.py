@@ -53,6 +53,9 @@ def configs(draw: st.DrawFn) -> TrainConfig:
         keywords["hyper_gradient"] = "fixed"
     if keywords["population"] > 1:  # the population's comparisons decide, not one run's patience
         keywords["patience"] = None
+    else:  # a single run takes no population settings
+        single = TrainConfig.recommended().flat()
+        keywords.update({k: single[k] for k in keywords if k.startswith("population_")})
     return TrainConfig.recommended(**keywords)
 
 

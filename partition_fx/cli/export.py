@@ -80,7 +80,8 @@ def run_export(request: ExportRequest) -> dict[str, Any]:
         subnetwork,
     )
     exported = export_subnetwork(pmodel, subnetwork).eval()
-    status = read_json(run, "report.json", "--run").get("status")
+    # a fit(checkpoint_dir=...) run has no report.json, so no status: its states are said as a finished run's
+    status = read_json(run, "report.json", "--run").get("status") if (run / "report.json").is_file() else None
     hf = hf_folder(spec.model) is not None  # the export is a save_pretrained folder too
     accuracy, loglik = job.test_scores(exported)
     averaged, averaged_loglik = job.averaged_test_scores(exported, samples)

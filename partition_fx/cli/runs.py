@@ -49,14 +49,14 @@ CHECKPOINT_STATES = {
 
 
 def checkpoint_state(which: str, status: str | None, step: int | None, steps: int) -> str:
-    """What checkpoint ``which`` of a run with this ``status`` and ``steps`` holds (its own ``step``):
-    :data:`CHECKPOINT_STATES`', or, for ``last`` of a run that did not complete, the step it stopped at and how to
-    finish it.
+    """What checkpoint ``which`` of a run with this ``status`` (None: not recorded) and ``steps`` holds (its own
+    ``step``): :data:`CHECKPOINT_STATES`', or, for ``last`` of a run that did not complete, the step it stopped at
+    and how to finish it.
 
     >>> checkpoint_state("last", "interrupted", 20, 100).split(":")[0]
     'the last checkpoint of a run that did not finish (interrupted, step 20 of 100)'
     """
-    if which != "last" or status == RunStatus.COMPLETED:
+    if which != "last" or status is None or status == RunStatus.COMPLETED:
         return CHECKPOINT_STATES[which]
     return (
         f"the last checkpoint of a run that did not finish ({status}, step {step} of {steps}): not its final model; "
@@ -242,8 +242,10 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, Any]) -> bool:
             raise PartitionError(
                 f"--out {str(out)!r} cannot be created: {str(above)!r} is a file; choose another --out"
             )
+        times = above.stat()
         try:  # e.g. --out /proc/run: a directory nothing can be made in, found now too (probed, removed at once)
             os.rmdir(tempfile.mkdtemp(prefix=".partition-fx-probe-", dir=above))
+            os.utime(above, ns=(times.st_atime_ns, times.st_mtime_ns))  # and its times as they were
         except OSError as e:
             raise PartitionError(
                 f"--out {str(out)!r} cannot be created in {str(above)!r}: {e.strerror or e}; choose another --out"
