@@ -6,6 +6,7 @@ its logits. Default run: ``hf_zoo.HF_DEFAULT_SUBSET``; the rest with ``pytest -m
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -88,7 +89,7 @@ def _classifier(name: str) -> HFModel:
     return next(spec for spec in HF_MODELS if spec.name == name)
 
 
-@pytest.mark.parametrize("name", ["resnet", "vit"])  # traced, untraced
+@pytest.mark.parametrize("name", ["resnet", "vit", "convnext"])  # traced, untraced, untraced
 def test_fit_trains_a_transformers_classifier_on_its_logits(name: str) -> None:
     from partition_fx.training import fit
 
@@ -110,3 +111,38 @@ def test_model_loss_refuses_a_batch_mean_naming_the_output_s_fields() -> None:
     assert set(out) == {"loss", "logits"}
     with pytest.raises(PartitionArgumentError, match=r"fields: loss, logits\) holds a loss of a scalar"):
         ModelLoss()(out, y)
+
+
+def test_lightning_and_the_lml_train_a_transformers_classifier_with_learned_augmentation() -> None:
+    """A stock ``lightning.Trainer`` fits a partitioned transformers ResNet with learned ranges, bit for bit as
+    ``fit`` does (the own-loop steps ``fit`` is made of), and the LML estimate scores it."""
+    lightning = pytest.importorskip("lightning", reason="the lightning extra: pip install 'partition-fx[lightning]'")
+    from partition_fx.integrations.lightning import PartitionedLightningModule
+    from partition_fx.training import Categorical, Examples, TrainConfig, estimate_lml, fit, split_into_chunks
+    from partition_fx.transforms import AffineAugmentation
+
+    spec = _classifier("resnet")
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(
+        torch.rand(24, 3, 32, 32, generator=g), torch.randint(0, 3, (24,), generator=g)
+    )
+    config = TrainConfig.recommended(steps=4, batch_size=8, hyper_batch_size=4, hyper_samples=2, eval_every=2,
+                                     restore_best=False)  # fmt: skip
+
+    def start():
+        torch.manual_seed(0)
+        return partitionify(spec.build(), 3, (0.5, 0.3, 0.2), seed=0), AffineAugmentation(num_samples=2)
+
+    fitted, fitted_aug = start()
+    fit(fitted, data, config, hyper=fitted_aug, progress=False, record_run=False)
+    pmodel, hyper = start()
+    module = PartitionedLightningModule(pmodel, data, hyper=hyper, config=config)
+    trainer = lightning.Trainer(max_epochs=1, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                                enable_checkpointing=False, num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(module)
+    for a, b in zip([*fitted.state_dict().values(), *fitted_aug.state_dict().values()],
+                    [*pmodel.state_dict().values(), *hyper.state_dict().values()], strict=True):  # fmt: skip
+        assert torch.equal(a, b)
+    chunks = split_into_chunks(len(data), (0.5, 0.3, 0.2))
+    estimate = estimate_lml(pmodel, Examples(data), chunks, Categorical(), hyper=hyper)
+    assert math.isfinite(estimate.total) and math.isfinite(estimate.conditional)
