@@ -60,7 +60,8 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
         )
     members = spec.train.population.members
     if members > 1 and (spec.augment != "affine" or fixed is not None):
-        given = f"--augment {spec.augment}" if spec.augment != "affine" else "--fix" if spec.fix else "--fix-from"
+        fixing = "--fix" if spec.fix is not None else "--fix-from"
+        given = f"--augment {spec.augment}" if spec.augment != "affine" else fixing
         raise PartitionArgumentError(
             f"--population {members} compares runs and moves their learned ranges, and {given} leaves none to learn: "
             "learn the ranges (--augment affine without --fix) or drop --population"

@@ -108,7 +108,7 @@ def resumed_spec(args: argparse.Namespace) -> tuple[JobSpec, bool, tuple[str, ..
         report, spec = read_run(run, "--resume")
     except PartitionError as e:
         kept = run / "checkpoint" / "resume"
-        if "cannot be read" not in str(e) or not kept.is_dir():
+        if "report.json cannot be read" not in str(e) or not kept.is_dir():
             raise
         raise PartitionError(
             f"{e}; the run's resume state, {kept}, is intact: put back its report.json (the job the state "
