@@ -271,11 +271,13 @@ class FederatedServer:
             self.hyper_optimizer.zero_grad(set_to_none=True)
             for _, module in Objective(self.pmodel, self.hyper, self.likelihood).hyperparameter_modules():
                 module.constrain_()
-        if self.warmup is not None and self.schedule is not None and not self.finetunes(server_round):
-            if self.warmup.expired(server_round) and self.schedule.finetune_from is not None:
-                self.schedule.end_partitioned_training(server_round)
-                if self.fallback is not None:
-                    self.fallback()
+        schedule, warmup = self.schedule, self.warmup
+        if schedule is None or warmup is None or schedule.finetune_from is None or schedule.finetunes(server_round):
+            return
+        if warmup.expired(server_round):  # the model never learned in time: fine-tune from here, as the baseline
+            schedule.end_partitioned_training(server_round)
+            if self.fallback is not None:
+                self.fallback()
 
     def _admits(self, server_round: int, senders: Sequence[ClientUpdate]) -> bool:
         """Whether psi steps on these senders' gradients: always without a warm-up, else when it admits their
