@@ -50,6 +50,9 @@ statistics held constant in the backward pass; or the running statistics of the 
 HYPER_GRADIENTS = ("fixed", "implicit")
 """What a hyperparameter step's gradient sees: the LML at the weights as they are (``fixed``, the paper's), or also
 what the ranges do to the weights that training produces (``implicit``: ``training.implicit``)."""
+OCCAM_TERMS = ("none", "kfac")
+"""What the hyperparameter step adds to the conditional LML: nothing, or the whole network's Kronecker-factored
+Laplace Occam term (``training.occam``)."""
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
@@ -197,6 +200,32 @@ class HyperStep(Settings):
         metavar="ALPHA",
         fingerprint=True,
         absent_means=0.01,
+    )
+    occam_term: str = setting(
+        "none",
+        "what the hyperparameter step adds to the conditional LML: nothing, or the whole network's Occam term "
+        "(LILA's: the Laplace log-determinant of every Conv2d's and Linear's curvature over the augmented views, "
+        "Kronecker-factored, each layer's prior precision fitted), per example, which also says when a range is too "
+        "narrow",
+        choices=OCCAM_TERMS,
+        fingerprint=True,
+        absent_means="none",
+    )
+    occam_every: int = setting(
+        10,
+        "--occam-term: refresh the Occam term's derivative every N hyperparameter steps (the steps between reuse it)",
+        minimum=1,
+        metavar="N",
+        fingerprint=True,
+        absent_means=10,
+    )
+    occam_examples: int = setting(
+        128,
+        "--occam-term: examples from all the data that each refresh factors the curvature on",
+        minimum=1,
+        metavar="M",
+        fingerprint=True,
+        absent_means=128,
     )
 
 

@@ -19,7 +19,8 @@ run bit for bit (its ``state_dict()``), in two files:
   ``rng/sampler``, ``rng/lml``);
 * ``state.json``: the step, the LML history, the best step, the optimisers' param groups and non-tensor
   state, the LR scheduler's state, a fingerprint of the configuration, and ``hooks``: the states of the run's
-  hooks that hold one (``TrainingHook.state_dict``), by ``state_key`` (absent when none does).
+  hooks that hold one (``TrainingHook.state_dict``), by ``state_key`` (absent when none does), and ``occam``: the
+  Occam term's derivative at its last refresh (``training.occam``; absent for a run without one).
 
 The hook that writes both during a run is ``training.trainer.CheckpointWriter``.
 """
@@ -351,6 +352,8 @@ def save_training_state(trainer: Resumable, directory: str | Path) -> None:
         plain["partitioned_ended_at"] = state["partitioned_ended_at"]
     if state["hooks"]:  # only when a hook holds state: the states of runs whose hooks hold none stay as they were
         plain["hooks"] = state["hooks"]
+    if state.get("occam") is not None:  # only with an Occam term: other runs' states stay as they were
+        plain["occam"] = state["occam"]
     try:
         text = json.dumps(plain, indent=1)
     except TypeError as e:
@@ -423,6 +426,7 @@ def load_training_state(trainer: Resumable, directory: str | Path) -> dict[str, 
             "partitioned_ended_at": plain.get("partitioned_ended_at"),  # absent: partitioned training ran as planned
             "grad_scaler": plain["grad_scaler"],  # fp16 runs' loss scale
             "hooks": plain.get("hooks", {}),  # absent: no hook held state when it was saved
+            "occam": plain.get("occam"),  # absent: the run has no Occam term
             "rng": {
                 "torch": tensors["rng/torch"],
                 "cuda": [cuda[str(i)] for i in range(len(cuda))],

@@ -358,6 +358,12 @@ class PartitionedSampler:
         """``batch_size`` examples uniformly from all the data, D_1:C (the fine-tuning phase)."""
         return self._draw(self.chunks.prefix(self.chunks.num_chunks), self.batch_size)
 
+    def examples(self, count: int) -> torch.Tensor:
+        """``count`` distinct examples uniformly from all the data, D_1:C (all of it when it holds fewer): what a
+        refresh of the Occam term factors the curvature on."""
+        pool = self.chunks.prefix(self.chunks.num_chunks)
+        return pool[torch.randperm(pool.numel(), generator=self.generator)[:count]]
+
     def hyper_batch(self, k: int | None = None) -> tuple[int, torch.Tensor]:
         """``(k, indices)``: chunk k in 2..C (default: drawn) and a minibatch from D_k (scored by subnetwork k-1)."""
         if self.chunks.num_chunks < 2:

@@ -13,6 +13,7 @@ Steps count iterations done: iteration ``step`` is the one that completes ``step
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import TypedDict
 
@@ -62,6 +63,8 @@ class Schedule:
         hyper_every: int = 1,
         warmup_steps: int = 0,
         learns: bool = True,
+        occam_every: int = 0,
+        occam_examples: int = 0,
     ) -> None:
         self.end = end
         """The iterations of the run (moved to where partitioned training ended when it ended early with no
@@ -72,6 +75,10 @@ class Schedule:
         self.hyper_every = hyper_every
         self.warmup_steps = warmup_steps
         self.learns = learns
+        self.occam_every = occam_every
+        """Every this many hyperparameter steps, the first included, refreshes the Occam term (0: there is none)."""
+        self.occam_examples = occam_examples
+        """The examples a refresh of the Occam term draws from all the data."""
         self.finetune_start: int | None = None
         """The step fine-tuning began at (None: it has not)."""
         self.partitioned_ended_at: int | None = None
@@ -92,6 +99,8 @@ class Schedule:
             hyper_every=config.hyper.every,
             warmup_steps=config.hyper.warmup_steps,
             learns=learns,
+            occam_every=config.hyper.occam_every if config.hyper.occam_term != "none" else 0,
+            occam_examples=config.hyper.occam_examples,
         )
 
     def for_run(self, config: TrainConfig) -> Schedule:
@@ -121,6 +130,19 @@ class Schedule:
         [4, 6, 8]
         """
         return self.learns and step > self.warmup_steps and step % self.hyper_every == 0
+
+    def occam_due(self, step: int) -> bool:
+        """Whether iteration ``step``'s hyperparameter step refreshes the Occam term: the first hyperparameter
+        step and every :attr:`occam_every`-th after it.
+
+        >>> schedule = Schedule(20, eval_every=10, hyper_every=2, warmup_steps=2, occam_every=3)
+        >>> [step for step in range(1, 21) if schedule.occam_due(step)]
+        [4, 10, 16]
+        """
+        if not self.occam_every or not self.hyper_due(step):
+            return False
+        taken = step // self.hyper_every - self.warmup_steps // self.hyper_every - 1  # hyperparameter steps before
+        return taken % self.occam_every == 0
 
     def evaluates_at(self, step: int) -> bool:
         """Whether the run estimates the LML (and a run with ``checkpoint_dir`` saves itself) once ``step``
@@ -195,7 +217,10 @@ def draw_iteration(
     """
     if finetuning:
         return Draw(sampler.finetune_batch(), None)
-    return scheme.draw(sampler, estimator if schedule.hyper_due(step) else None)
+    draw = scheme.draw(sampler, estimator if schedule.hyper_due(step) else None)
+    if estimator is not None and schedule.occam_due(step):
+        return dataclasses.replace(draw, occam=sampler.examples(schedule.occam_examples))
+    return draw
 
 
 def configured_iterations(config: TrainConfig, learns: bool) -> tuple[IterationScheme, HyperEstimator | None]:

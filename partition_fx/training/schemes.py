@@ -34,12 +34,14 @@ class IterationBatch:
     """One iteration's examples as tensors, this process's share: the parameter (or fine-tuning) examples
     ``parameter`` = ``(x, y)`` and the ``partitions`` they train (as :attr:`Draw.partitions`, an int, one per
     example of this share, or None), the hyperparameter step's batches ``hyper`` = ``[(weight, k, x, y)]`` and
-    the training examples its gradient through training differentiates, ``inner`` = ``[(p, x, y)]``."""
+    the training examples its gradient through training differentiates, ``inner`` = ``[(p, x, y)]``, and the
+    examples a refresh of the Occam term factors the curvature on, ``occam`` = ``(x, y)`` (None: no refresh)."""
 
     partitions: int | torch.Tensor | None
     parameter: tuple[torch.Tensor, torch.Tensor]
     hyper: list[ScoredBatch] = field(default_factory=list)
     inner: list[InnerBatch] = field(default_factory=list)
+    occam: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ class Draw:
     """What one iteration draws from the sampler, as plain data, before any of its steps runs: the parameter
     (or fine-tuning) examples ``indices``; ``partitions``, the partition they train (an int, the paper's k; a
     tensor: one per example; None: a fine-tuning step, every partition); and the hyperparameter step's
-    ``hyper`` batches (empty when none is due), which ``hyper_what`` describes in messages; and the ``scheme``
-    that drew it, whose steps take it (``TrainingSteps.take``; None for a fine-tuning step's).
+    ``hyper`` batches (empty when none is due), which ``hyper_what`` describes in messages; the ``scheme``
+    that drew it, whose steps take it (``TrainingSteps.take``; None for a fine-tuning step's); and the examples
+    of all the data a refresh of the Occam term reads, ``occam`` (None: no refresh in this iteration).
 
     The draws come from the sampler's own generator and nothing else, so drawing an iteration whole before
     taking its steps is drawing it as the steps go, and replaying draws on a copy of the sampler says what the
@@ -65,10 +68,12 @@ class Draw:
     hyper_what: str = ""
     inner: InnerIndices = field(default_factory=list)
     scheme: IterationScheme | None = field(default=None, compare=False, repr=False)
+    occam: torch.Tensor | None = None
 
     def reads(self) -> list[torch.Tensor]:
         """The index batches the iteration's steps read, in the order they read them."""
-        return [self.indices, *(indices for _, _, indices in self.hyper), *(indices for _, indices in self.inner)]
+        occam = [] if self.occam is None else [self.occam]
+        return [self.indices, *(i for _, _, i in self.hyper), *(i for _, i in self.inner), *occam]
 
 
 class IterationScheme(ABC):
@@ -157,7 +162,7 @@ class Alternating(IterationScheme):
             steps.parameter_step(batch.partitions, *batch.parameter)  # type: ignore[arg-type]  # this scheme draws an int k
         steps.advance()
         if batch.hyper:
-            steps.hyper_step(batch.hyper, draw.hyper_what, batch.inner)
+            steps.hyper_step(batch.hyper, draw.hyper_what, batch.inner, occam=batch.occam)
 
 
 class EveryPartition(Alternating):
@@ -222,7 +227,7 @@ class Fused(IterationScheme):
         return torch.full((indices.numel(),), k), indices
 
     def take(self, steps: TrainingSteps, draw: Draw, batch: IterationBatch) -> None:
-        steps.fused_step(batch.partitions, *batch.parameter, batch.hyper, drawn=draw.partitions)  # type: ignore[arg-type]  # tensors: one k per example
+        steps.fused_step(batch.partitions, *batch.parameter, batch.hyper, drawn=draw.partitions, occam=batch.occam)  # type: ignore[arg-type]  # tensors: one k per example
         steps.advance()
 
 

@@ -40,6 +40,7 @@ from .lml import (
     routed_losses,
 )
 from .objective import Objective, parameter_step_spread, running_norms, takes_num_samples, widens
+from .occam import OccamTerm, factored_layers
 from .optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -89,6 +90,7 @@ class TrainingSteps:
         config: TrainConfig | None = None,
         evaluator: LMLEvaluator | None = None,
         schedule: Schedule | None = None,
+        occam: OccamTerm | None = None,
     ) -> None:
         self.objective = objective
         self.pmodel = objective.pmodel
@@ -116,6 +118,8 @@ class TrainingSteps:
         self.schedule = schedule
         """The run's timeline (``create``'s: the configuration's), which :meth:`begin_finetuning` records the
         phase in; None: the steps are taken one by one and know no run."""
+        self.occam = occam
+        """The whole network's Occam term the hyperparameter steps add (``training.occam``; None: none)."""
         self._statistics_modules = running_norms(self.pmodel) if data_parallel is not None else []
 
     @classmethod
@@ -234,6 +238,15 @@ class TrainingSteps:
                 precision=precision,
             )
         learns = built.hyper_optimizer is not None
+        occam = None
+        if learns and config.hyper.occam_term != "none":
+            OccamTerm.check(objective.required_likelihood)
+            factored_layers(pmodel)  # a convolution it cannot factor is refused now, not at the first refresh
+            occam = OccamTerm(
+                sum(chunks.sizes),
+                config.hyper.samples if takes_num_samples(hyper) else None,
+                config.hyper.norm_statistics,
+            )
         return cls(
             objective,
             StepInputs(read_ahead, device) if read_ahead is not None else None,
@@ -251,6 +264,7 @@ class TrainingSteps:
             config=config,
             evaluator=evaluator,
             schedule=Schedule.configured(config, learns),
+            occam=occam,
         )
 
     def begin_finetuning(self, steps: int | None = None) -> None:
@@ -384,9 +398,11 @@ class TrainingSteps:
         if isinstance(partitions, torch.Tensor):
             partitions = self.local(partitions)[0]
         scored = 1 + len(draw.hyper)
+        inner_end = scored + len(draw.inner)
         hyper = [(weight, k, xh, yh) for (weight, k, _), xh, yh in zip(draw.hyper, xs[1:scored], ys[1:scored])]
-        inner = [(p, xi, yi) for (p, _), xi, yi in zip(draw.inner, xs[scored:], ys[scored:])]
-        return IterationBatch(partitions, (xs[0], ys[0]), hyper, inner)
+        inner = [(p, xi, yi) for (p, _), xi, yi in zip(draw.inner, xs[scored:inner_end], ys[scored:inner_end])]
+        occam = (xs[inner_end], ys[inner_end]) if draw.occam is not None else None
+        return IterationBatch(partitions, (xs[0], ys[0]), hyper, inner, occam)
 
     def parameter_step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Train partition k on the examples ``x, y`` (of D_1:k) through subnetwork k; returns the loss."""
@@ -399,15 +415,23 @@ class TrainingSteps:
         return self.stepper.step(loss, None, self.pmodel.partition_parameters(k), what, self.step)
 
     def hyper_step(
-        self, batches: Sequence[ScoredBatch], description: str, inner: Sequence[InnerBatch] = ()
+        self,
+        batches: Sequence[ScoredBatch],
+        description: str,
+        inner: Sequence[InnerBatch] = (),
+        *,
+        occam: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Step psi on the ``(weight, k, x, y)`` batches (chunk k through subnetwork k-1); ``description``
         says what they score (``HyperEstimator.describe``). With ``inner`` ``(p, x, y)`` batches of D_1:p, the
         gradient also sees through partition p's training on them (``training.implicit``: the configuration's
-        ``implicit_terms`` and ``implicit_lr``, the parameter steps' range factor). Returns the loss."""
+        ``implicit_terms`` and ``implicit_lr``, the parameter steps' range factor). With an Occam term
+        (:attr:`occam`), its derivative is added, refreshed first on the examples ``occam`` = ``(x, y)`` when
+        given. Returns the loss."""
         self.train_mode()
+        occam_term = self.occam_term(occam)  # first: its forward moves running statistics the loss's backward reads
         with self.stepper.precision.autocast(), hyper_step_norms(self.pmodel, self.hyper_norms):
-            loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples)
+            loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples) + occam_term
         what = f"hyperparameter step ({description})"
         if not inner:
             return self.stepper.step(None, loss, [], what, self.step)
@@ -420,6 +444,21 @@ class TrainingSteps:
                     lr=settings.implicit_lr, widen=self.train_range_factor,
                 )  # fmt: skip
             return self.stepper.step(None, loss, [], what, self.step)
+
+    def occam_term(self, examples: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """What the hyperparameter step's loss adds for the Occam term (:attr:`occam`): a zero whose derivative
+        in psi is the term's, refreshed first on ``examples`` when given; a plain zero without the term."""
+        if self.occam is None:
+            if examples is not None:
+                raise PartitionArgumentError(
+                    "this draw refreshes an Occam term, but these steps have none: build them with a config whose "
+                    "occam_term is 'kfac' (the draws of another config's PartitionedBatchSampler?)"
+                )
+            return torch.zeros((), device=self.device)
+        hyperparameters = self.stepper.hyperparameters
+        if examples is not None:
+            self.occam.refresh(self.pmodel, self.likelihood, self.hyper, hyperparameters, *examples)
+        return self.occam.term(hyperparameters)
 
     def every_partition_step(
         self, ks: torch.Tensor, x: torch.Tensor, y: torch.Tensor, drawn: torch.Tensor | None = None
@@ -438,11 +477,16 @@ class TrainingSteps:
         y: torch.Tensor,
         hyper_batches: Sequence[ScoredBatch],
         drawn: torch.Tensor | None = None,
+        *,
+        occam: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The parameter examples (as :meth:`every_partition_step`, ``drawn`` as there) and the hyperparameter
-        batches (as :meth:`hyper_step`; none: a parameter step only) in ONE forward and ONE backward. Returns
-        the summed loss."""
+        batches (as :meth:`hyper_step`, ``occam`` as there; none: a parameter step only) in ONE forward and ONE
+        backward. Returns the summed loss."""
+        occam_term = self.occam_term(occam) if hyper_batches else None  # before the forward, as in hyper_step
         loss, hyper_loss = self._routed_losses(ks, (x, y), hyper_batches)
+        if hyper_loss is not None and occam_term is not None:
+            hyper_loss = hyper_loss + occam_term
         params, partitions = self.parameters_of(ks if drawn is None else drawn)
         return self.stepper.step(loss, hyper_loss, params, f"fused iteration (partitions {partitions})", self.step)
 

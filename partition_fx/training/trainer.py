@@ -492,6 +492,7 @@ class PartitionedTrainer:
             },
             "fingerprint": self.fingerprint(),
             "hooks": hook_states(self.hooks),
+            "occam": self.steps.occam.state_dict() if self.steps.occam is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any], *, source: str = "the state") -> None:
@@ -516,6 +517,8 @@ class PartitionedTrainer:
         self.sampler.load_state_dict(state["rng"]["sampler"])
         steps.evaluator.generator.set_state(state["rng"]["lml"])  # type: ignore[union-attr]  # built: the trainer passes scored=
         load_hook_states(self.hooks, state.get("hooks", {}))  # a state saved while no hook held any has none
+        if steps.occam is not None:  # the fingerprint's occam_term says the state has one
+            steps.occam.load_state_dict(state.get("occam") or {}, steps.stepper.hyperparameters)
         steps.read_ahead.stop()  # the sampler and step are the loaded ones: read from there
 
     def save_checkpoint(
