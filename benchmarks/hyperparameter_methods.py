@@ -10,11 +10,16 @@ the same iterations, batch, augmentation samples and learning rates (``methods.B
    fused steps with every partition every iteration), learning the six affine ranges by the LML;
    ``partitioned_finetuned``: the paper scheme whose last iterations (`partition-fx train`'s default
    share, ``Budget.finetune_steps``) fine-tune the final model on all the data with the ranges frozen;
+   ``partitioned_occam`` / ``partitioned_occam_finetuned``: the same two with the whole network's Occam term in
+   the hyperparameter step (``occam_term="kfac"``);
 4. ``augerino`` / ``augerino_unsafe``: Benton et al. 2020 (``methods.augerino_loss``), safe and unsafe, with
    the authors' regulariser strength 0.01; ``augerino_unsafe_strong``: unsafe with strength 1.0;
 5. ``validation``: the ranges stepped on the loss of a held-out last chunk (10%) through the model trained
    on the other 90%; ``validation_finetuned``: the same, its last iterations (as many as
    ``partitioned_finetuned``'s) training on all the data with the ranges frozen (the paper's Table 2);
+   ``lila``: LILA (Immer, van der Ouderaa et al. 2022): plain training on all the data, the ranges stepped on the
+   Laplace evidence of the invariant model at the weights as they are (``methods.lila_evidence``; the project's
+   own Kronecker factors, as laplace-torch's cannot put the views in a convolution's weight-sharing dimension);
 6. ``optuna``: TPE (seeded) over the six ranges, ``--trials`` full plain runs on the 90% split, each scored
    by its validation log-likelihood; reported: the best trial's model, the total cost and the best trial's;
 7. ``retrain_partitioned`` / ``retrain_optuna``: plain runs from scratch on all training data with the ranges
@@ -80,8 +85,9 @@ DEFAULT_PAIRS = ",".join(
     ]
 )
 LEARNING = [
-    "plain", "hand_chosen", "partitioned", "partitioned_finetuned", "partitioned_fused", "augerino", "augerino_unsafe",
-    "augerino_unsafe_strong", "validation", "validation_finetuned",
+    "plain", "hand_chosen", "partitioned", "partitioned_finetuned", "partitioned_fused", "partitioned_occam",
+    "partitioned_occam_finetuned", "augerino", "augerino_unsafe", "augerino_unsafe_strong", "validation",
+    "validation_finetuned", "lila",
 ]  # fmt: skip
 RETRAINED = ["retrain_partitioned", "retrain_optuna"]
 ALL_METHODS = [*LEARNING, "optuna", *RETRAINED]
@@ -124,7 +130,7 @@ def _scattered_folder(runs: Path, quick: bool) -> str:
 
 def learns_ranges(method: str) -> bool:
     """Whether ``method`` learns the ranges while it trains (so its runs record their trajectory)."""
-    return method.startswith(("partitioned", "augerino", "validation"))
+    return method.startswith(("partitioned", "augerino", "validation", "lila"))
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -157,12 +163,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             budget,
             fused=method == "partitioned_fused",
             on_evaluation=on_evaluation,
-            finetune_steps=budget.finetune_steps() if method == "partitioned_finetuned" else 0,
+            finetune_steps=budget.finetune_steps() if method.endswith("_finetuned") else 0,
+            occam="occam" in method,
         )
         record.update(lml=result["lml"], history=result["history"], trajectory=trajectory)
     else:
         base = {"augerino_unsafe_strong": "augerino_unsafe", "validation_finetuned": "validation"}.get(method, method)
-        learn = base if base in ("augerino", "augerino_unsafe", "validation") else None
+        learn = base if base in ("augerino", "augerino_unsafe", "validation", "lila") else None
         strength = job.get("augerino_strength", methods.AUGERINO_STRENGTH)
         result = methods.train_plain(
             task,
@@ -253,8 +260,12 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
         path = args.runs / task / model / f"{name or method}_s{seed}.json"
         # the whole recipe the run trains with is part of the cache key: a run of another default is not reused
         planned = methods.Budget(**budget)
-        recipe = planned.recipe(planned.finetune_steps() if method.endswith("_finetuned") else 0)
+        recipe = planned.recipe(planned.finetune_steps() if method.endswith("_finetuned") else 0,
+                                occam_term="kfac" if "occam" in method else "none")  # fmt: skip
         extra["recipe"] = json.loads(json.dumps(recipe.to_dict()))
+        if method == "lila":  # its evidence step's settings
+            extra["lila"] = {"burn_in": methods.LILA_BURN_IN, "every": methods.LILA_EVERY,
+                             "examples": methods.LILA_EXAMPLES, "samples": methods.LILA_SAMPLES}  # fmt: skip
         jobs.append(
             {"method": method, "task": task, "model": model, "seed": seed, "image_size": size, "folder": folder}
             | {"budget": budget, "test_time_samples": args.test_time_samples, "path": str(path), **extra}

@@ -6,10 +6,11 @@ samples per example, and is scored the same way (:func:`evaluate`). The test spl
 
 * :func:`train_plain`: plain training (one network, all training data) with a FIXED ``AffineAugmentation``
   (none, a hand-chosen one, or found by another method); or, with ``learn=``, one of the baselines that
-  learn the ranges alongside: ``"augerino"`` / ``"augerino_unsafe"`` (Benton et al. 2020) and
-  ``"validation"`` (ranges stepped on a held-out chunk's loss through the model trained on the rest).
+  learn the ranges alongside: ``"augerino"`` / ``"augerino_unsafe"`` (Benton et al. 2020),
+  ``"validation"`` (ranges stepped on a held-out chunk's loss through the model trained on the rest) and
+  ``"lila"`` (Immer, van der Ouderaa et al. 2022: ranges stepped on the Laplace evidence, :func:`lila_evidence`).
 * :func:`train_partitioned`: this project, ``fit`` on a C=3 partitioned model (paper's iteration scheme, or
-  fused + every partition).
+  fused + every partition; with or without the whole network's Occam term).
 
 Costs are counted by :class:`PassCounter`: forward and backward passes through the network and the
 images they carried (augmentation samples included), LML estimates and BatchNorm recalibration included.
@@ -32,7 +33,8 @@ from partition_fx.choices import AFFINE_GENERATORS
 from partition_fx.models import build_model
 from partition_fx.training import Categorical, TrainConfig, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training import evaluate_averaged as evaluate_classifier_averaged
-from partition_fx.training.lml import apply_transform
+from partition_fx.training.lml import apply_transform, buffers_restored
+from partition_fx.training.occam import kronecker_factors, laplace_occam
 from partition_fx.training.optim import configured_factories
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
@@ -45,6 +47,14 @@ AUGERINO_STRENGTH = 0.01
 # The unsafe variant counts as diverged once a range is this many times its bound (every sample is then
 # mostly padding) or the loss is not finite.
 DIVERGED_FACTOR = 10.0
+# LILA's evidence step at this budget. The paper steps the ranges once per epoch after a burn-in, on the whole data
+# with 31 views (MNIST, hundreds of epochs); 400 iterations of 32 are 9 epochs of 1,440 images, so here a step
+# every LILA_EVERY iterations after the first LILA_BURN_IN of them, on LILA_EXAMPLES examples (the subsets of 100-150
+# that Immer et al. 2023 show keep the optimum), with the views the partitioned run's hyperparameter step draws.
+LILA_BURN_IN = 0.1
+LILA_EVERY = 10
+LILA_EXAMPLES = 128
+LILA_SAMPLES = TrainConfig.recommended().hyper.samples
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,7 @@ class Budget:
     hyper_lr: float = 0.05
     init: str = "wide"
 
-    def recipe(self, finetune_steps: int = 0) -> TrainConfig:
+    def recipe(self, finetune_steps: int = 0, **changes: Any) -> TrainConfig:
         """The recommended training configuration (what ``fit`` and `partition-fx train` default to, the
         hyper-step estimator included), with this budget's iterations, batch and learning rates, and the
         hyperparameter step's examples per chunk scaled with the batch as the default job's (16 of 64): its
@@ -70,7 +80,7 @@ class Budget:
         factor = {"train_range_factor": 1.0} if self.init == "zero" else {}
         return TrainConfig.recommended(
             steps=self.steps, batch_size=self.batch_size, lr=self.lr, hyper_lr=self.hyper_lr,
-            hyper_batch_size=max(1, hyper_batch), finetune_steps=finetune_steps, **factor,
+            hyper_batch_size=max(1, hyper_batch), finetune_steps=finetune_steps, **factor, **changes,
         )  # fmt: skip
 
     def finetune_steps(self) -> int:
@@ -190,6 +200,20 @@ def augerino_loss(
     return nll - strength * width
 
 
+def lila_evidence(
+    model: nn.Module, aug: AffineAugmentation, x: torch.Tensor, y: torch.Tensor, num_examples: int
+) -> torch.Tensor:
+    """LILA's objective per example, differentiable in ``aug``'s ranges at ``model``'s weights: the Laplace evidence
+    of the invariant model (its logits the mean over :data:`LILA_SAMPLES` views) on ``num_examples`` examples,
+    estimated on the subset ``x, y``, over ``num_examples``: the subset's mean log-likelihood plus the whole network's
+    Kronecker-factored Occam term (``training.occam``, each layer's prior precision fitted) over ``num_examples``.
+    BatchNorm normalises the views by their own statistics; its running statistics move, and the caller puts them
+    back once the backward is done (``buffers_restored``: not before, the backward reads them)."""
+    loglik, factors = kronecker_factors(model, x, y, hyper=aug, samples=LILA_SAMPLES)
+    occam = laplace_occam(factors, scale=num_examples / len(x))
+    return loglik / len(x) + occam / num_examples
+
+
 def train_plain(
     task: Task,
     model_name: str,
@@ -205,15 +229,17 @@ def train_plain(
     """Plain training with a fixed augmentation (``learn=None``) or a baseline that learns it.
 
     ``learn``: ``"augerino"`` (safe), ``"augerino_unsafe"`` (unbounded ranges, regulariser always on; stops
-    when it diverges) or ``"validation"`` (a hyperparameter step per iteration on a batch of the held-out
-    last chunk; the network trains on the rest); ``augerino_strength``: Augerino's regulariser weight.
+    when it diverges), ``"validation"`` (a hyperparameter step per iteration on a batch of the held-out
+    last chunk; the network trains on the rest) or ``"lila"`` (a step up :func:`lila_evidence` every
+    :data:`LILA_EVERY` iterations after the first :data:`LILA_BURN_IN` of them, on :data:`LILA_EXAMPLES` examples of
+    all the data); ``augerino_strength``: Augerino's regulariser weight.
     ``finetune_steps`` (``validation`` only): the last iterations train on ALL the training data (the
     held-out chunk too) with the ranges frozen, the LR schedule running on: the paper's fine-tuning of
     its validation-set baseline (Table 2). ``trajectory_every``: record the learned ranges this often.
     ``train_indices`` restricts the training examples (Optuna's trials). Returns the model, the ranges, the
     pass counts, seconds and (unsafe Augerino) ``diverged_at``.
     """
-    if learn not in (None, "augerino", "augerino_unsafe", "validation"):
+    if learn not in (None, "augerino", "augerino_unsafe", "validation", "lila"):
         raise ValueError(f"unknown baseline {learn!r}")
     if finetune_steps and learn != "validation":
         raise ValueError("finetune_steps applies to the validation baseline only")
@@ -266,6 +292,14 @@ def train_plain(
             if learn == "augerino_unsafe" and _diverged(loss, aug):
                 diverged_at = step + 1
                 break
+        if learn == "lila" and step >= LILA_BURN_IN * budget.steps and (step + 1) % LILA_EVERY == 0:
+            batch = everything[torch.randperm(len(everything), generator=generator)[:LILA_EXAMPLES]]
+            hyper_optimizer.zero_grad(set_to_none=True)
+            with buffers_restored(model):
+                evidence = lila_evidence(model, aug, x_all[batch], y_all[batch], len(everything))
+                (-evidence).backward(inputs=[aug.ranges])
+            hyper_optimizer.step()
+            aug.constrain_()
         if learn == "validation" and not finetuning:
             batch = validation[torch.randint(len(validation), (budget.batch_size,), generator=generator)]
             xs, samples = apply_transform(aug, x_all[batch])
@@ -302,9 +336,11 @@ def train_partitioned(
     eval_every: int | None = None,
     on_evaluation: Callable[[nn.Module, dict[str, Any]], None] | None = None,
     finetune_steps: int = 0,
+    occam: bool = False,
 ) -> dict[str, Any]:
     """This project: a C=3 (0.8/0.1/0.1) partitioned model learning the affine ranges by the LML, with
-    `partition-fx train`'s hyper-step estimator; the last ``finetune_steps`` fine-tune the final model.
+    `partition-fx train`'s hyper-step estimator; the last ``finetune_steps`` fine-tune the final model;
+    ``occam``: the hyperparameter step adds the whole network's Occam term (``occam_term="kfac"``).
 
     ``fused``: fused steps with every partition trained every iteration; else the paper's scheme.
     ``on_evaluation(final_model_copy, record)`` runs at each LML evaluation (not timed, not counted).
@@ -325,7 +361,7 @@ def train_partitioned(
     result = fit(
         pmodel,
         task.data.train,
-        budget.recipe(finetune_steps),
+        budget.recipe(finetune_steps, occam_term="kfac" if occam else "none"),
         hyper=aug,
         seed=seed,
         eval_every=eval_every,

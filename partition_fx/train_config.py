@@ -220,12 +220,12 @@ class HyperStep(Settings):
         absent_means=10,
     )
     occam_examples: int = setting(
-        128,
+        64,
         "--occam-term: examples from all the data that each refresh factors the curvature on",
         minimum=1,
         metavar="M",
         fingerprint=True,
-        absent_means=128,
+        absent_means=64,
     )
 
 

@@ -90,3 +90,17 @@ def test_training_images_counts_the_images_a_run_passes_backward(options):
     train = TrainConfig.recommended(**config).to_dict()
     assert training_images(train, pmodel.num_partitions, 2, result.finetune_start) == counted["backward_images"]
     assert counted["forward_images"] > counted["backward_images"]  # evaluations pass images forward only
+
+
+def test_lila_steps_the_ranges_on_the_laplace_evidence_after_its_burn_in_only():
+    from partition_fx.datasets import rotdigits
+
+    task = methods.Task("rotdigits", rotdigits(size=8), {"rotation": math.pi}, {})
+    steps = 2 * methods.LILA_EVERY
+    budget = methods.Budget(steps=steps, batch_size=4, samples=2, init="zero")
+    learned = methods.train_plain(task, "test_resnet", 0, budget, learn="lila", trajectory_every=1)
+    moved = [any(v != 0 for k, v in point.items() if k != "step") for point in learned["trajectory"]]
+    first = moved.index(True)
+    assert first + 1 == methods.LILA_EVERY and first >= methods.LILA_BURN_IN * steps  # the first evidence step
+    evidence = [point for point in learned["trajectory"] if point["step"] % methods.LILA_EVERY == 0]
+    assert evidence[0] != evidence[1]  # and the second moved them again

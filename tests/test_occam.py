@@ -22,6 +22,7 @@ from partition_fx.training.occam import (
     KroneckerFactors,
     OccamTerm,
     fitted_precision,
+    input_moment,
     kronecker_factors,
     laplace_occam,
 )
@@ -109,7 +110,7 @@ def test_one_example_s_factors_are_the_dense_ggn_blocks_of_every_layer():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, 5), nn.Tanh(), nn.Flatten(), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     x, y = torch.rand(1, 1, 5, 5), torch.tensor([2])
-    _, factors = kronecker_factors(model, x, y)
+    _, factors = kronecker_factors(model, x, y, full=True)
     ggn, names = _dense_ggn(model, x, 1)
     start = 0
     for name in names:
@@ -128,7 +129,7 @@ def test_the_classifier_s_factors_are_exact_over_views():
     x, y = torch.rand(1, 1, 4, 4), torch.tensor([1])
     aug = AffineAugmentation(generators=["rotation"], init=1.0)
     torch.manual_seed(2)
-    _, factors = kronecker_factors(model, x, y, hyper=aug, samples=4)
+    _, factors = kronecker_factors(model, x, y, hyper=aug, samples=4, full=True)
     torch.manual_seed(2)
     ggn, names = _dense_ggn(model, aug(x, num_samples=4).detach(), 1)
     classifier = _kron(factors["3"])
@@ -224,3 +225,40 @@ def test_what_the_term_cannot_factor_is_refused_naming_the_fix():
     with pytest.raises(PartitionArgumentError, match="0 pads with 'circular'.*occam_term='none'"):
         fit(circular, (x, y), TrainConfig.recommended(**OCCAM), hyper=AffineAugmentation(), progress=False,
             record_run=False)  # fmt: skip
+
+
+def test_a_factor_lapack_fails_on_is_decomposed_nudged(monkeypatch):
+    """LAPACK can fail to converge on a degenerate factor (many equal eigenvalues) when the derivative needs its
+    eigenvectors: the nudged decomposition gives the same eigenvalues and derivative."""
+    from partition_fx.training import occam
+
+    matrix = torch.diag(torch.tensor([0.0, 0.0, 0.0, 2.0, 5.0], dtype=torch.float64)).requires_grad_()
+    real = torch.linalg.eigvalsh
+    calls = []
+
+    def failing_once(m):
+        calls.append(m)
+        if len(calls) == 1:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return real(m)
+
+    monkeypatch.setattr(occam.torch.linalg, "eigvalsh", failing_once)
+    values = occam._eigenvalues(matrix)
+    torch.testing.assert_close(values.detach(), torch.tensor([0.0, 0.0, 0.0, 2.0, 5.0], dtype=torch.float64))
+    (gradient,) = torch.autograd.grad(values[-1], matrix)
+    assert len(calls) == 2 and gradient[4, 4] == pytest.approx(1.0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 2), st.integers(1, 9))
+def test_the_gram_form_of_a_has_its_nonzero_eigenvalues_and_the_term_is_the_same(examples, positions, groups, inputs):
+    g = torch.Generator().manual_seed(examples * 100 + positions * 10 + inputs)
+    patches = torch.randn(examples, positions, groups, inputs, generator=g, dtype=torch.float64)
+    full = KroneckerFactors(
+        a=torch.einsum("npgi,npgj->gij", patches, patches) / (examples * positions),
+        b=torch.eye(2, dtype=torch.float64).expand(groups, 2, 2) * 3.0,
+        theta=torch.ones(groups, 2, inputs, dtype=torch.float64),
+    )
+    compact = KroneckerFactors(a=input_moment(patches), b=full.b, theta=full.theta)
+    assert compact.a.shape[-1] == min(examples * positions, inputs)
+    torch.testing.assert_close(laplace_occam({"": compact}), laplace_occam({"": full}))

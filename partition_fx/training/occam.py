@@ -35,8 +35,10 @@ PRECISION_ITERATIONS = 60
 class KroneckerFactors:
     """One layer's curvature, B (x) A per group of its convolution (one group for most layers): ``a`` [G, I, I]
     the inputs' second moment per example and position (the views' inputs averaged first; a 1 appended for a
-    bias), ``b`` [G, O, O] the output gradients' second moment summed over examples and positions (the views'
-    gradients summed first), ``theta`` [G, O, I] the layer's weights (and bias), detached."""
+    bias), or, where the examples have fewer patches R than the layer has inputs I, the same moment's [G, R, R]
+    Gram form (:func:`input_moment`: its eigenvalues are A's nonzero ones, the other I - R are 0); ``b`` [G, O, O]
+    the output gradients' second moment summed over examples and positions (the views' gradients summed first),
+    ``theta`` [G, O, I] the layer's weights (and bias), detached."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -110,6 +112,7 @@ def kronecker_factors(
     hyper: nn.Module | None = None,
     samples: int | None = None,
     subnetwork: int | None = None,
+    full: bool = False,
 ) -> tuple[torch.Tensor, dict[str, KroneckerFactors]]:
     """The invariant model's log-likelihood of ``y`` (its logits the mean over the views ``hyper`` draws of ``x``,
     ``samples`` per example) and the Kronecker factors of every Conv2d's and Linear's generalised Gauss-Newton (LILA's
@@ -117,7 +120,8 @@ def kronecker_factors(
     that is reduced (their inputs averaged, their output gradients summed), a convolution's positions expanded
     (the patches' second moment averaged over positions, the gradients' summed), a grouped convolution's groups
     block-diagonal. Both are differentiable in psi (the transform's parameters): the factors carry their graph,
-    the Hessian's root is held constant. ``subnetwork`` runs a ``PartitionedModel``'s (default: its last).
+    the Hessian's root is held constant. ``subnetwork`` runs a ``PartitionedModel``'s (default: its last);
+    ``full`` keeps every A as its [G, I, I] moment (:func:`input_moment`).
 
     Example (a linear model's factors: A the inputs' second moment, B p(1-p) summed)::
 
@@ -157,7 +161,7 @@ def kronecker_factors(
         inputs = seen[name][0]
         averaged = inputs.reshape(count, batch, *inputs.shape[1:]).mean(0)  # unfolding is linear: before it
         patches = _patches(layers[name], averaged).double()
-        a = torch.einsum("npgi,npgj->gij", patches, patches) / (batch * patches.shape[1])
+        a = input_moment(patches, full)
         factors[name] = KroneckerFactors(a, a.new_zeros(()), _weights(layers[name], *seen[name][2:]))
     # the softmax NLL's Hessian diag(p) - p p^T = L L^T with L = diag(sqrt p) - p sqrt(p)^T
     p = torch.softmax(logits.detach(), -1)
@@ -173,6 +177,26 @@ def kronecker_factors(
             rows = _output_rows(layers[name], grad.reshape(count, batch, *grad.shape[1:]).sum(0)).double()
             factors[name].b = factors[name].b + torch.einsum("ngip,ngjp->gij", rows, rows)
     return loglik, factors
+
+
+def input_moment(patches: torch.Tensor, full: bool = False) -> torch.Tensor:
+    """The Kronecker factor A of ``patches`` [examples, positions, groups, inputs I]: their second moment per patch,
+    sum_patches a a^T / patches, [G, I, I]; or where there are fewer patches R than inputs, its Gram form,
+    sum over inputs of a_r a_s / patches, [G, R, R], which has the same nonzero eigenvalues at a fraction of the
+    cost of decomposing it (a late layer's patches on a subset: a 4608-input convolution with 512 patches);
+    ``full``: the moment always.
+
+    >>> patches = torch.randn(2, 1, 1, 5, dtype=torch.float64)  # 2 patches of 5 inputs
+    >>> gram = input_moment(patches)
+    >>> moment = torch.einsum("npgi,npgj->gij", patches, patches) / 2
+    >>> gram.shape, torch.allclose(torch.linalg.eigvalsh(gram), torch.linalg.eigvalsh(moment)[:, -2:])
+    (torch.Size([1, 2, 2]), True)
+    """
+    count = patches.shape[0] * patches.shape[1]
+    if full or count >= patches.shape[-1]:
+        return torch.einsum("npgi,npgj->gij", patches, patches) / count
+    rows = patches.reshape(count, *patches.shape[2:]).transpose(0, 1)  # [G, R, I]
+    return rows @ rows.transpose(1, 2) / count
 
 
 def fitted_precision(products: torch.Tensor, norm: float) -> float:
@@ -211,13 +235,31 @@ def laplace_occam(
     """
     total = torch.zeros((), dtype=torch.float64)
     for layer in factors.values():
-        a = torch.linalg.eigvalsh(layer.a).clamp_min(0)  # [G, I]
-        b = torch.linalg.eigvalsh(layer.b * scale).clamp_min(0)  # [G, O]
+        a = _eigenvalues(layer.a).clamp_min(0)  # [G, I], or A's nonzero ones [G, R] (input_moment)
+        a = torch.cat([a, a.new_zeros(a.shape[0], layer.theta.shape[-1] - a.shape[-1])], -1)
+        b = _eigenvalues(layer.b * scale).clamp_min(0)  # [G, O]
         products = (b[:, :, None] * a[:, None, :]).flatten()
         count, norm = layer.theta.numel(), float(layer.theta.pow(2).sum())
         delta = fitted_precision(products, norm) if precision is None else precision
         total = total + 0.5 * count * math.log(delta) - 0.5 * delta * norm - 0.5 * torch.log(delta + products).sum()
     return total
+
+
+JITTER = 1e-9
+"""A factor whose eigenvalues LAPACK fails on is nudged by this much of its largest diagonal entry."""
+
+
+def _eigenvalues(matrix: torch.Tensor) -> torch.Tensor:
+    """The eigenvalues of the symmetric ``matrix`` [..., n, n], differentiable. LAPACK's divide and conquer can fail
+    to converge on a factor with many equal eigenvalues (a layer with more inputs than the subset's patches) when
+    it computes the eigenvectors the derivative needs, on some thread counts: such a factor is decomposed nudged
+    by :data:`JITTER` of its largest diagonal entry, the nudge taken off the eigenvalues again."""
+    try:
+        return torch.linalg.eigvalsh(matrix)
+    except torch.linalg.LinAlgError:
+        nudge = JITTER * matrix.detach().diagonal(dim1=-2, dim2=-1).amax(-1).clamp_min(1e-300)
+        eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+        return torch.linalg.eigvalsh(matrix + nudge[..., None, None] * eye) - nudge[..., None]
 
 
 class OccamTerm:
