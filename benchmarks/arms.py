@@ -202,10 +202,12 @@ OCCAM_STARTS = (
     "affine", "zero", "init_0.5", "init_half_pi", "augerino", "augerino_zero", "augerino_scale_half",
     "augerino_scale_truth", "drawn_scale_half", "drawn_scale_truth", "drawn_scale_twice",
 )  # fmt: skip
-"""The arms run again with the whole network's Occam term in the hyperparameter step (``occam_<arm>``): the rotation
-from pi (the default's wide start), 0, 0.5 and pi/2; the zoom in Augerino's generators from the wide start, 0, half
-the truth, the truth and twice it (drawndigits; scaledigits' twice needs a raised bound, left out)."""
-ARMS.update({f"occam_{arm}": [*ARMS[arm], "--occam-term", "kfac"] for arm in OCCAM_STARTS})
+"""The arms run again with an Occam term in the hyperparameter step: the whole network's of all the data
+(``occam_<arm>``) and its part for chunks 2..C given chunk 1 (``occam_conditional_<arm>``). The rotation from pi (the
+default's wide start), 0, 0.5 and pi/2; the zoom in Augerino's generators from the wide start, 0, half the truth,
+the truth and twice it (drawndigits; scaledigits' twice needs a raised bound, left out)."""
+ARMS.update({f"occam_{arm}": [*ARMS[arm], "--occam-term", "whole"] for arm in OCCAM_STARTS})
+ARMS.update({f"occam_conditional_{arm}": [*ARMS[arm], "--occam-term", "conditional"] for arm in OCCAM_STARTS})
 
 
 def data_arm_seeds(entry: str, seeds: list[int]) -> tuple[str, str, list[int]]:

@@ -11,7 +11,7 @@ the same iterations, batch, augmentation samples and learning rates (``methods.B
    ``partitioned_finetuned``: the paper scheme whose last iterations (`partition-fx train`'s default
    share, ``Budget.finetune_steps``) fine-tune the final model on all the data with the ranges frozen;
    ``partitioned_occam`` / ``partitioned_occam_finetuned``: the same two with the whole network's Occam term in
-   the hyperparameter step (``occam_term="kfac"``);
+   the hyperparameter step (``occam_term="whole"``);
 4. ``augerino`` / ``augerino_unsafe``: Benton et al. 2020 (``methods.augerino_loss``), safe and unsafe, with
    the authors' regulariser strength 0.01; ``augerino_unsafe_strong``: unsafe with strength 1.0;
 5. ``validation``: the ranges stepped on the loss of a held-out last chunk (10%) through the model trained
@@ -261,7 +261,7 @@ def _jobs(args: argparse.Namespace, folder: str, results: dict[str, dict] | None
         # the whole recipe the run trains with is part of the cache key: a run of another default is not reused
         planned = methods.Budget(**budget)
         recipe = planned.recipe(planned.finetune_steps() if method.endswith("_finetuned") else 0,
-                                occam_term="kfac" if "occam" in method else "none")  # fmt: skip
+                                occam_term="whole" if "occam" in method else "none")  # fmt: skip
         extra["recipe"] = json.loads(json.dumps(recipe.to_dict()))
         if method == "lila":  # its evidence step's settings
             extra["lila"] = {"burn_in": methods.LILA_BURN_IN, "every": methods.LILA_EVERY,

@@ -340,7 +340,7 @@ def train_partitioned(
 ) -> dict[str, Any]:
     """This project: a C=3 (0.8/0.1/0.1) partitioned model learning the affine ranges by the LML, with
     `partition-fx train`'s hyper-step estimator; the last ``finetune_steps`` fine-tune the final model;
-    ``occam``: the hyperparameter step adds the whole network's Occam term (``occam_term="kfac"``).
+    ``occam``: the hyperparameter step adds the whole network's Occam term (``occam_term="whole"``).
 
     ``fused``: fused steps with every partition trained every iteration; else the paper's scheme.
     ``on_evaluation(final_model_copy, record)`` runs at each LML evaluation (not timed, not counted).
@@ -361,7 +361,7 @@ def train_partitioned(
     result = fit(
         pmodel,
         task.data.train,
-        budget.recipe(finetune_steps, occam_term="kfac" if occam else "none"),
+        budget.recipe(finetune_steps, occam_term="whole" if occam else "none"),
         hyper=aug,
         seed=seed,
         eval_every=eval_every,

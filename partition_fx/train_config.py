@@ -50,9 +50,9 @@ statistics held constant in the backward pass; or the running statistics of the 
 HYPER_GRADIENTS = ("fixed", "implicit")
 """What a hyperparameter step's gradient sees: the LML at the weights as they are (``fixed``, the paper's), or also
 what the ranges do to the weights that training produces (``implicit``: ``training.implicit``)."""
-OCCAM_TERMS = ("none", "kfac")
-"""What the hyperparameter step adds to the conditional LML: nothing, or the whole network's Kronecker-factored
-Laplace Occam term (``training.occam``)."""
+OCCAM_TERMS = ("none", "whole", "conditional")
+"""What the hyperparameter step adds to the conditional LML: nothing, the whole network's Kronecker-factored Laplace
+Occam term of all the data (LILA's), or its part for chunks 2..C given chunk 1 (``training.occam``)."""
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
@@ -203,10 +203,10 @@ class HyperStep(Settings):
     )
     occam_term: str = setting(
         "none",
-        "what the hyperparameter step adds to the conditional LML: nothing, or the whole network's Occam term "
-        "(LILA's: the Laplace log-determinant of every Conv2d's and Linear's curvature over the augmented views, "
-        "Kronecker-factored, each layer's prior precision fitted), per example, which also says when a range is too "
-        "narrow",
+        "what the hyperparameter step adds to the conditional LML, per example: nothing, the whole network's Occam "
+        "term of all the data (LILA's: the Laplace log-determinant of every Conv2d's and Linear's curvature over the "
+        "augmented views, Kronecker-factored, each layer's prior precision fitted), or its part for chunks 2..C given "
+        "chunk 1 (the whole data's less chunk 1's); either also says when a range is too narrow",
         choices=OCCAM_TERMS,
         fingerprint=True,
         absent_means="none",

@@ -17,7 +17,7 @@ from torch.func import functional_call, jacrev
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.train_config import TrainConfig
-from partition_fx.training import Gaussian, fit
+from partition_fx.training import Gaussian, fit, split_into_chunks
 from partition_fx.training.occam import (
     KroneckerFactors,
     OccamTerm,
@@ -27,7 +27,6 @@ from partition_fx.training.occam import (
     laplace_occam,
 )
 from partition_fx.training.schedule import PartitionedBatchSampler, Schedule
-from partition_fx.training import split_into_chunks
 from partition_fx.transforms import AffineAugmentation
 
 
@@ -62,10 +61,12 @@ def _kron(layer: KroneckerFactors) -> torch.Tensor:
     return torch.kron(b, a)
 
 
-def test_a_linear_model_s_term_and_its_derivative_in_a_range_are_the_exact_laplace_ones():
+@pytest.mark.parametrize("given", [0.0, 0.8])
+def test_a_linear_model_s_term_and_its_derivative_in_a_range_are_the_exact_laplace_ones(given):
     """With zero weights every example's softmax Hessian is the same, so the Kronecker factors of a linear model
-    over its views' mean are exact: the term equals log N(theta) - 1/2 log det(delta + GGN) computed densely, and
-    so does its derivative in the rotation range."""
+    over its views' mean are exact: the term equals log N(theta) - 1/2 log det(delta + GGN) computed densely (given
+    a share f of the data: -1/2 log det(delta + GGN) + 1/2 log det(delta + f GGN)), and so does its derivative in
+    the rotation range."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
     with torch.no_grad():
@@ -83,13 +84,15 @@ def test_a_linear_model_s_term_and_its_derivative_in_a_range_are_the_exact_lapla
         ggn = torch.kron(hessian, phi.T @ phi)
         theta = torch.cat([model[1].weight, model[1].bias[:, None]], 1).detach().double()
         size = theta.numel()
-        return (0.5 * size * math.log(delta) - 0.5 * delta * theta.pow(2).sum()
-                - 0.5 * torch.logdet(delta * torch.eye(size, dtype=torch.float64) + ggn))  # fmt: skip
+        eye = torch.eye(size, dtype=torch.float64)
+        if given:
+            return -0.5 * torch.logdet(delta * eye + ggn) + 0.5 * torch.logdet(delta * eye + given * ggn)
+        return 0.5 * size * math.log(delta) - 0.5 * delta * theta.pow(2).sum() - 0.5 * torch.logdet(delta * eye + ggn)
 
     def factored(aug: AffineAugmentation) -> torch.Tensor:
         torch.manual_seed(1)
         _, factors = kronecker_factors(model, x, y, hyper=aug, samples=3)
-        return laplace_occam(factors, precision=delta)
+        return laplace_occam(factors, precision=delta, given=given)
 
     values = []
     for build in (exact, factored):
@@ -131,7 +134,7 @@ def test_the_classifier_s_factors_are_exact_over_views():
     torch.manual_seed(2)
     _, factors = kronecker_factors(model, x, y, hyper=aug, samples=4, full=True)
     torch.manual_seed(2)
-    ggn, names = _dense_ggn(model, aug(x, num_samples=4).detach(), 1)
+    ggn, _ = _dense_ggn(model, aug(x, num_samples=4).detach(), 1)
     classifier = _kron(factors["3"])
     torch.testing.assert_close(classifier, ggn[-len(classifier) :, -len(classifier) :])
 
@@ -164,7 +167,7 @@ def test_the_term_is_refreshed_at_the_first_hyperparameter_step_and_every_nth_af
 
 def test_a_refresh_draws_its_examples_from_all_the_data_and_the_loader_reads_them():
     chunks = split_into_chunks(40, (0.5, 0.5), seed=0)
-    config = TrainConfig.recommended(steps=8, batch_size=3, hyper_batch_size=2, hyper_every=2, occam_term="kfac",
+    config = TrainConfig.recommended(steps=8, batch_size=3, hyper_batch_size=2, hyper_every=2, occam_term="whole",
                                      occam_every=2, occam_examples=5, finetune_steps=0)  # fmt: skip
     batches = PartitionedBatchSampler(chunks, config)
     draws = list(batches.draws())
@@ -185,7 +188,7 @@ def _pmodel():
 
 
 OCCAM = dict(steps=12, batch_size=8, hyper_batch_size=4, hyper_samples=2, hyper_every=1, finetune_steps=2,
-             occam_term="kfac", occam_every=3, occam_examples=8, eval_every=4, seed=3)  # fmt: skip
+             occam_term="whole", occam_every=3, occam_examples=8, eval_every=4, seed=3)  # fmt: skip
 
 
 def test_the_term_moves_the_ranges_and_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
@@ -203,6 +206,18 @@ def test_the_term_moves_the_ranges_and_a_resumed_run_equals_the_uninterrupted_on
     assert resumed.hyperparameters == expected.hyperparameters
 
 
+def test_the_conditional_term_divides_by_the_chunks_it_is_of():
+    occam = OccamTerm(num_examples=50, given=40)
+    aug = AffineAugmentation(generators=["rotation"], init=0.4)
+    psi = list(aug.parameters())
+    occam.gradient = [torch.full_like(p, 5.0) for p in psi]
+    (gradient,) = torch.autograd.grad(occam.term(psi), psi)
+    assert occam.scored == 10
+    torch.testing.assert_close(gradient, torch.full_like(psi[0], -0.5))
+    with pytest.raises(PartitionArgumentError, match=r"given examples must be in 0\.\.49"):
+        OccamTerm(num_examples=50, given=50)
+
+
 def test_the_term_is_zero_valued_with_minus_its_derivative_over_the_data():
     aug = AffineAugmentation(generators=["rotation", "scale"], init=0.4)
     occam = OccamTerm(num_examples=50)
@@ -217,12 +232,12 @@ def test_the_term_is_zero_valued_with_minus_its_derivative_over_the_data():
 
 def test_what_the_term_cannot_factor_is_refused_naming_the_fix():
     x, y = torch.rand(8, 1, 8, 8), torch.randint(0, 3, (8,))
-    with pytest.raises(PartitionArgumentError, match="likelihood is Gaussian.*occam_term='none'"):
+    with pytest.raises(PartitionArgumentError, match=r"likelihood is Gaussian.*occam_term='none'"):
         fit(_pmodel(), (x, y.float()), TrainConfig.recommended(**OCCAM), hyper=AffineAugmentation(),
             likelihood=Gaussian(), progress=False, record_run=False)  # fmt: skip
     circular = partitionify(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="circular"), nn.Flatten(),
                                           nn.Linear(128, 3)), 2)  # fmt: skip
-    with pytest.raises(PartitionArgumentError, match="0 pads with 'circular'.*occam_term='none'"):
+    with pytest.raises(PartitionArgumentError, match=r"0 pads with 'circular'.*occam_term='none'"):
         fit(circular, (x, y), TrainConfig.recommended(**OCCAM), hyper=AffineAugmentation(), progress=False,
             record_run=False)  # fmt: skip
 

@@ -68,8 +68,8 @@ def _states(*modules: nn.Module) -> list[torch.Tensor]:
         ({"fused": True, "every_partition": True}, 0),
         ({"every_partition": True, "weight_decay": 1e-2}, 2),
         ({"hyper_gradient": "implicit", "implicit_terms": 2, "hyper_every": 1}, 0),
-        ({"occam_term": "kfac", "occam_every": 2, "occam_examples": 6, "hyper_every": 1}, 0),
-        ({"occam_term": "kfac", "occam_every": 2, "occam_examples": 6, "fused": True}, 0),
+        ({"occam_term": "whole", "occam_every": 2, "occam_examples": 6, "hyper_every": 1}, 0),
+        ({"occam_term": "conditional", "occam_every": 2, "occam_examples": 6, "fused": True}, 0),
     ],
     ids=["default", "paper-estimator", "fused-every-partition", "workers", "through-training", "occam", "fused-occam"],
 )

@@ -1,5 +1,5 @@
-"""The whole network's Laplace Occam term in the hyperparameter step (``occam_term="kfac"``): LILA's mechanism
-(Immer, van der Ouderaa et al. 2022) added to the partitioned conditional LML.
+"""The whole network's Laplace Occam term in the hyperparameter step (``occam_term="whole"`` or
+``"conditional"``): LILA's mechanism (Immer, van der Ouderaa et al. 2022) added to the partitioned conditional LML.
 
 At fixed weights the conditional LML can say that a range is too wide but hardly that it is too narrow. The
 Laplace evidence of the invariant model, log p(D | w) + log p(w) - 1/2 log det(H / 2 pi), has a term that acts at
@@ -221,13 +221,18 @@ def fitted_precision(products: torch.Tensor, norm: float) -> float:
 
 
 def laplace_occam(
-    factors: dict[str, KroneckerFactors], scale: float = 1.0, precision: float | None = None
+    factors: dict[str, KroneckerFactors], scale: float = 1.0, precision: float | None = None, given: float = 0.0
 ) -> torch.Tensor:
     """The whole network's Occam term: the sum over layers of log N(theta; 0, I / delta) - 1/2 log det((delta I +
     ``scale`` B (x) A) / 2 pi) (the 2 pi terms cancel), each layer's delta fitted (:func:`fitted_precision`; at
     its optimum, so its own change with psi adds nothing to the derivative) unless ``precision`` gives one for
     all. ``scale`` is the data's size over the examples B was summed on. Differentiable in the factors, through
     their eigenvalues.
+
+    ``given`` f > 0: the Occam part of log p(D | psi) - log p(D_1 | psi) instead, D_1 the share f of the data (the
+    partitioned LML's first chunk, which its chunks 2..C are conditioned on): the same term less D_1's, whose
+    curvature is f H at the same weights, -1/2 log det(delta + H) + 1/2 log det(delta + f H) (the priors cancel).
+    Along an eigenvalue much larger than delta the two cancel; along a small one it is (1 - f) of the whole term.
 
     >>> layer = KroneckerFactors(torch.eye(1)[None].double(), torch.eye(1)[None].double(), torch.ones(1, 1, 1).double())
     >>> round(float(laplace_occam({"": layer})), 4)  # delta = 0.618 solves 1 / (delta (delta + 1)) = 1
@@ -241,7 +246,11 @@ def laplace_occam(
         products = (b[:, :, None] * a[:, None, :]).flatten()
         count, norm = layer.theta.numel(), float(layer.theta.pow(2).sum())
         delta = fitted_precision(products, norm) if precision is None else precision
-        total = total + 0.5 * count * math.log(delta) - 0.5 * delta * norm - 0.5 * torch.log(delta + products).sum()
+        if given:
+            total = total - 0.5 * torch.log((delta + products) / (delta + given * products)).sum()
+        else:
+            prior = 0.5 * count * math.log(delta) - 0.5 * delta * norm
+            total = total + prior - 0.5 * torch.log(delta + products).sum()
     return total
 
 
@@ -254,20 +263,22 @@ def _eigenvalues(matrix: torch.Tensor) -> torch.Tensor:
     to converge on a factor with many equal eigenvalues (a layer with more inputs than the subset's patches) when
     it computes the eigenvectors the derivative needs, on some thread counts: such a factor is decomposed nudged
     by :data:`JITTER` of its largest diagonal entry, the nudge taken off the eigenvalues again."""
+    values: torch.Tensor
     try:
-        return torch.linalg.eigvalsh(matrix)
+        values = torch.linalg.eigvalsh(matrix)
     except torch.linalg.LinAlgError:
         nudge = JITTER * matrix.detach().diagonal(dim1=-2, dim2=-1).amax(-1).clamp_min(1e-300)
         eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-        return torch.linalg.eigvalsh(matrix + nudge[..., None, None] * eye) - nudge[..., None]
+        values = torch.linalg.eigvalsh(matrix + nudge[..., None, None] * eye) - nudge[..., None]
+    return values
 
 
 class OccamTerm:
     """The hyperparameter step's Occam term, amortised: every ``every``-th hyperparameter step refreshes it
     (:meth:`refresh`) on a batch of examples from all the data, through the last subnetwork, and keeps its
-    derivative in psi; every step adds that derivative, over the ``num_examples`` of the data, to the step's
-    per-example loss (:meth:`term`). Its state is what a resumed run needs to add the same until the next
-    refresh.
+    derivative in psi; every step adds that derivative, over the examples its evidence is of (:attr:`scored`:
+    the ``num_examples`` of the data, less the ``given`` ones it is conditioned on), to the step's per-example loss
+    (:meth:`term`). Its state is what a resumed run needs to add the same until the next refresh.
 
     Example::
 
@@ -284,8 +295,16 @@ class OccamTerm:
         (0.0, True)
     """
 
-    def __init__(self, num_examples: int, samples: int | None = None, norm_statistics: str = "batch") -> None:
+    def __init__(
+        self, num_examples: int, samples: int | None = None, norm_statistics: str = "batch", given: int = 0
+    ) -> None:
+        if not 0 <= given < num_examples:
+            raise PartitionArgumentError(
+                f"the Occam term's given examples must be in 0..{num_examples - 1}, got {given}"
+            )
         self.num_examples = num_examples
+        self.given = given
+        """The examples the term is conditioned on (the first chunk's, ``occam_term="conditional"``; 0: none)."""
         self.samples = samples
         self.norm_statistics = norm_statistics
         self.gradient: list[torch.Tensor] | None = None
@@ -316,7 +335,7 @@ class OccamTerm:
         self.check(likelihood)
         with buffers_restored(pmodel), hyper_step_norms(pmodel, self.norm_statistics):
             _, factors = kronecker_factors(pmodel, x, y, hyper=hyper, samples=self.samples)
-            occam = laplace_occam(factors, scale=self.num_examples / len(x))
+            occam = laplace_occam(factors, scale=self.num_examples / len(x), given=self.given / self.num_examples)
             found = torch.autograd.grad(occam, list(hyperparameters), allow_unused=True)
         self.gradient = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(found, hyperparameters)]
         self.value = float(occam.detach())
@@ -328,8 +347,14 @@ class OccamTerm:
         if self.gradient is None:
             return total
         for gradient, p in zip(self.gradient, hyperparameters):
-            total = total - (gradient * (p - p.detach())).sum() / self.num_examples
+            total = total - (gradient * (p - p.detach())).sum() / self.scored
         return total
+
+    @property
+    def scored(self) -> int:
+        """The examples the term's evidence is of, which its per-example value divides by: the data's, less the
+        given ones'."""
+        return self.num_examples - self.given
 
     def state_dict(self) -> dict[str, Any]:
         """The derivative and value of the last refresh, as plain lists (exact: float32 values in JSON)."""

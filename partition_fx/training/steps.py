@@ -246,6 +246,7 @@ class TrainingSteps:
                 sum(chunks.sizes),
                 config.hyper.samples if takes_num_samples(hyper) else None,
                 config.hyper.norm_statistics,
+                given=chunks.sizes[0] if config.hyper.occam_term == "conditional" else 0,
             )
         return cls(
             objective,
@@ -452,7 +453,7 @@ class TrainingSteps:
             if examples is not None:
                 raise PartitionArgumentError(
                     "this draw refreshes an Occam term, but these steps have none: build them with a config whose "
-                    "occam_term is 'kfac' (the draws of another config's PartitionedBatchSampler?)"
+                    "occam_term is 'whole' or 'conditional' (the draws of another config's PartitionedBatchSampler?)"
                 )
             return torch.zeros((), device=self.device)
         hyperparameters = self.stepper.hyperparameters
