@@ -432,7 +432,9 @@ class TrainingSteps:
         self.train_mode()
         occam_term = self.occam_term(occam)  # first: its forward moves running statistics the loss's backward reads
         with self.stepper.precision.autocast(), hyper_step_norms(self.pmodel, self.hyper_norms):
-            loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples) + occam_term
+            loss = hyper_loss(self.pmodel, self.likelihood, self.hyper, batches, self.hyper_samples)
+        if occam_term is not None:
+            loss = loss + occam_term
         what = f"hyperparameter step ({description})"
         if not inner:
             return self.stepper.step(None, loss, [], what, self.step)
@@ -446,16 +448,17 @@ class TrainingSteps:
                 )  # fmt: skip
             return self.stepper.step(None, loss, [], what, self.step)
 
-    def occam_term(self, examples: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def occam_term(self, examples: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor | None:
         """What the hyperparameter step's loss adds for the Occam term (:attr:`occam`): a zero whose derivative
-        in psi is the term's, refreshed first on ``examples`` when given; a plain zero without the term."""
+        in psi is the term's, refreshed first on ``examples`` when given; None without the term (nothing added, so
+        a run without one is bit for bit what it was)."""
         if self.occam is None:
             if examples is not None:
                 raise PartitionArgumentError(
                     "this draw refreshes an Occam term, but these steps have none: build them with a config whose "
                     "occam_term is 'whole' or 'conditional' (the draws of another config's PartitionedBatchSampler?)"
                 )
-            return torch.zeros((), device=self.device)
+            return None
         hyperparameters = self.stepper.hyperparameters
         if examples is not None:
             self.occam.refresh(self.pmodel, self.likelihood, self.hyper, hyperparameters, *examples)
