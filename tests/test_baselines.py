@@ -92,8 +92,10 @@ def test_training_images_counts_the_images_a_run_passes_backward(options):
     assert counted["forward_images"] > counted["backward_images"]  # evaluations pass images forward only
 
 
-def test_lila_steps_the_ranges_on_the_laplace_evidence_after_its_burn_in_only():
+def test_lila_steps_the_ranges_on_the_laplace_evidence_after_its_burn_in_only(monkeypatch):
     from partition_fx.datasets import rotdigits
+
+    monkeypatch.setattr(methods, "LILA_EXAMPLES", 16)  # the schedule is under test, not the subset's size
 
     task = methods.Task("rotdigits", rotdigits(size=8), {"rotation": math.pi}, {})
     steps = 2 * methods.LILA_EVERY
