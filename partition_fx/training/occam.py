@@ -64,6 +64,11 @@ def factored_layers(model: nn.Module) -> dict[str, nn.Module]:
     return layers
 
 
+def _groups(module: nn.Module) -> int:
+    """The blocks a layer's curvature is factored in: a convolution's groups, one for a Linear."""
+    return module.groups if isinstance(module, nn.Conv2d) else 1
+
+
 def _patches(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     """A layer's inputs as [examples, positions, groups, features]: a convolution's unfolded patches (its
     positions), a Linear's leading dimensions after the first (a token's, for a transformer), a 1 appended
@@ -75,11 +80,9 @@ def _patches(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
                             for k, d in zip(module.kernel_size, module.dilation))  # fmt: skip
         unfolded = nn.functional.unfold(inputs, module.kernel_size, module.dilation, padding, module.stride)
         unfolded = unfolded.transpose(1, 2)  # [n, positions, in * kh * kw], channels major
-        groups = module.groups
     else:
         unfolded = inputs.reshape(inputs.shape[0], -1, inputs.shape[-1])
-        groups = 1
-    unfolded = unfolded.reshape(*unfolded.shape[:2], groups, -1)
+    unfolded = unfolded.reshape(*unfolded.shape[:2], _groups(module), -1)
     if getattr(module, "bias", None) is not None:
         unfolded = torch.cat([unfolded, unfolded.new_ones(*unfolded.shape[:3], 1)], -1)
     return unfolded
@@ -87,17 +90,16 @@ def _patches(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
 def _output_rows(module: nn.Module, output: torch.Tensor) -> torch.Tensor:
     """A layer's output (or its gradient) as [examples, groups, channels per group, positions]."""
-    groups = module.groups if isinstance(module, nn.Conv2d) else 1
     if isinstance(module, nn.Conv2d):
         rows = output.reshape(output.shape[0], output.shape[1], -1)
     else:
         rows = output.reshape(output.shape[0], -1, output.shape[-1]).transpose(1, 2)
-    return rows.reshape(rows.shape[0], groups, -1, rows.shape[-1])
+    return rows.reshape(rows.shape[0], _groups(module), -1, rows.shape[-1])
 
 
 def _weights(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The layer's weights (and bias) as [groups, out per group, in per group (+1)], detached, in float64."""
-    groups = module.groups if isinstance(module, nn.Conv2d) else 1
+    groups = _groups(module)
     theta = weight.detach().double().reshape(groups, weight.shape[0] // groups, -1)
     if bias is not None:
         theta = torch.cat([theta, bias.detach().double().reshape(groups, -1, 1)], -1)
@@ -288,8 +290,7 @@ class OccamTerm:
         >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 3))
         >>> pmodel, aug = partitionify(model, 2), AffineAugmentation(generators=["rotation"], init=0.5)
         >>> occam = OccamTerm(num_examples=100, samples=4)
-        >>> occam.refresh(pmodel, Categorical(), aug, list(aug.parameters()), torch.randn(8, 1, 8, 8),
-        ...               torch.randint(0, 3, (8,)))
+        >>> occam.refresh(pmodel, aug, list(aug.parameters()), torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,)))
         >>> term = occam.term(list(aug.parameters()))
         >>> float(term), term.requires_grad
         (0.0, True)
@@ -324,15 +325,14 @@ class OccamTerm:
     def refresh(
         self,
         pmodel: PartitionedModel,
-        likelihood: Likelihood,
         hyper: nn.Module | None,
         hyperparameters: Sequence[torch.Tensor],
         x: torch.Tensor,
         y: torch.Tensor,
     ) -> None:
         """Compute the term on ``x, y`` through the last subnetwork and keep its derivative in
-        ``hyperparameters`` (the model's running statistics left as they were)."""
-        self.check(likelihood)
+        ``hyperparameters`` (the model's running statistics left as they were). The model's likelihood is the
+        softmax's (:meth:`check`, where the term is built)."""
         with buffers_restored(pmodel), hyper_step_norms(pmodel, self.norm_statistics):
             _, factors = kronecker_factors(pmodel, x, y, hyper=hyper, samples=self.samples)
             occam = laplace_occam(factors, scale=self.num_examples / len(x), given=self.given / self.num_examples)

@@ -461,7 +461,7 @@ class TrainingSteps:
             return None
         hyperparameters = self.stepper.hyperparameters
         if examples is not None:
-            self.occam.refresh(self.pmodel, self.likelihood, self.hyper, hyperparameters, *examples)
+            self.occam.refresh(self.pmodel, self.hyper, hyperparameters, *examples)
         return self.occam.term(hyperparameters)
 
     def every_partition_step(
