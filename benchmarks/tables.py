@@ -260,15 +260,16 @@ def federated_budgets(result: Results) -> str:
 
 
 def federated_seeds(result: Results) -> str:
-    """Per seed: what each tuned arm chose, the learned rotation, each arm's test accuracy, its rounds and
-    seconds per round."""
-    header = ["data", "seed", "FedAdam server lr", "FedEx rotation (equal / 4x)", "learned rotation (rad)",
-              *FEDERATED_ARMS.values(), "s/round, partitioned / FedAdam"]  # fmt: skip
+    """Per seed: what each tuned arm chose (FedAdam's rate; the augmented arms' rate, the oracle's choice, where the
+    row records one: earlier rows ran them at FedAdam's), the learned rotation, each arm's test accuracy, its rounds
+    and seconds per round."""
+    header = ["data", "seed", "server lr, FedAdam / augmented arms", "FedEx rotation (equal / 4x)",
+              "learned rotation (rad)", *FEDERATED_ARMS.values(), "s/round, partitioned / FedAdam"]  # fmt: skip
     body = [
         [
             run["data"],
             run["seed"],
-            f"{run['server_lr']:g}",
+            f"{run['server_lr']:g} / {run.get('augmented_server_lr', run['server_lr']):g}",
             f"{run['fedex_equal_rotation']:.2f} / {run['fedex_rotation']:.2f}",
             f"{run['hyperparameters'].get('rotation', 0.0):.2f}",
             *(f"{run[arm]['test']:.3f}" for arm in FEDERATED_ARMS),

@@ -207,6 +207,8 @@ def test_federated_benchmark_quick(tmp_path, capsys):
         rates = sorted(map(float, grid))  # the grid given, widened past a winning edge until its choice is interior
         assert {0.001, 0.003} <= set(rates)
         assert 0 < rates.index(run["server_lr"]) < len(rates) - 1 or len(rates) == 2 + module.MAX_WIDENINGS
+        oracle = run["oracle_server_lr_grid"]  # the augmented arms' own rate, chosen the same way for the oracle
+        assert float(max(oracle, key=lambda rate: oracle[rate])) == run["augmented_server_lr"]
         assert run["fedadam"]["rounds"] == 4 * len(grid) and run["fedex"]["rounds"] == 16
         assert run["fedex-equal"]["rounds"] == 4
         assert run["oracle"]["rounds"] == run["partitioned"]["rounds"] == 4
