@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.common import RESULTS, header, results, write_results
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from partition_fx.training import PartitionedTrainer
 from partition_fx.transforms import InputMask
 

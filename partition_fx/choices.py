@@ -2,7 +2,7 @@
 
 The library checks its arguments against these lists and the command line offers them as ``choices=``;
 this module imports nothing, so ``partition-fx --help`` lists them without loading torch. The open-ended
-lists, which other code may extend, are registries: the partition kinds and schemes (``partition_fx.kinds``)
+lists, which other code may extend, are registries: the partition kinds and schemes (``partition_fx.fx.kinds``)
 and the named datasets (``partition_fx.datasets.registry``).
 
 >>> "seed" in DEFAULTS and "regenerated" in ASSIGNMENTS

@@ -100,7 +100,7 @@ def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.G
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
     from partition_fx.training import PartitionedTrainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

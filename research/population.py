@@ -32,7 +32,7 @@ import torch
 from benchmarks.arms import ARMS, data_arm_seeds, training_images
 from benchmarks.common import header, results, write_json, write_results
 from partition_fx import export_subnetwork, fit
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from research import RESULTS
 
 QUICK_JOB = ["--steps", "10", "--batch-size", "8", "--samples", "2", "--image-size", "8", "--eval-every", "5",

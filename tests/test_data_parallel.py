@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.training.stepping import DataParallel
 from partition_fx.transforms import InputMask

@@ -16,7 +16,7 @@ import torch
 from models_for_tests import gradient_step_trainer
 
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import HYPER_CHUNKS
+from partition_fx.job.train_config import HYPER_CHUNKS
 from partition_fx.training import PartitionedSampler, split_into_chunks
 from partition_fx.training.estimators import AllChunks, HyperEstimator, OneChunk, estimator_for
 from partition_fx.training.lml import forward_log_likelihood

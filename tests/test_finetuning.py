@@ -20,7 +20,7 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
 from partition_fx.training.trainer import resolve
 from partition_fx.transforms import AffineAugmentation, InputMask

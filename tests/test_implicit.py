@@ -10,7 +10,7 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import Categorical, PartitionedBatchSampler, TrainingSteps, split_into_chunks
 from partition_fx.training.implicit import neumann_inverse, through_training
 from partition_fx.training.likelihoods import Gaussian

@@ -12,8 +12,8 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionTrainingError
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.ranges import DEFAULT_MAX_RANGE
-from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout, InputMask
 

@@ -16,7 +16,7 @@ from torch.func import functional_call, jacrev
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import Gaussian, fit, split_into_chunks
 from partition_fx.training.occam import (
     KroneckerFactors,

@@ -22,7 +22,7 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.training.components import resolve
 from partition_fx.training.population import POPULATION_FILE, Population, explore
@@ -299,7 +299,7 @@ def test_a_resume_directory_of_another_population_is_refused(tmp_path: Path) -> 
 def test_the_lightning_module_refuses_a_population() -> None:
     pytest.importorskip("lightning")
     from partition_fx.integrations.lightning import PartitionedLightningModule
-    from partition_fx.train_config import TrainConfig
+    from partition_fx.job.train_config import TrainConfig
 
     pmodel, hyper = _start()
     with pytest.raises(PartitionArgumentError, match="train a population with fit"):

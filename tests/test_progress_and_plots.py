@@ -21,7 +21,7 @@ from partition_fx.cli.plots import (
     plot_curves,
     plot_hyperparameters,
 )
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation, InputMask
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models_for_tests import small_images, small_partitioned_cnn
 
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedBatchSampler, Schedule, fit, split_into_chunks
 
 

@@ -11,8 +11,8 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.testing import perturb_partitions
-from partition_fx.train_config import TrainConfig
 from partition_fx.training.schemes import (
     Alternating,
     Draw,

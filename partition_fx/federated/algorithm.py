@@ -23,7 +23,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 from ..training.likelihoods import Likelihood
 from ..training.lml import forward_log_likelihood
 from ..training.objective import Objective

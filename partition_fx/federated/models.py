@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import partitionify
 from ..errors import PartitionArgumentError
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 from ..training import Categorical
 from ..training.objective import running_norms
 from ..transforms import AffineAugmentation, ConcreteDropout

@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
 from ..extras import import_extra
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
 from ..training.data import Examples, split_into_chunks
 from ..training.likelihoods import Likelihood
 from ..training.lml import recalibrate_norm_statistics

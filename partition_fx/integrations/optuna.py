@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PartitionArgumentError
 from ..extras import import_extra
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
 from ..training.fit import fit
 from ..training.lml import NO_EVIDENCE, EvaluationRecord, evidence
 

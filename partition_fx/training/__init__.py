@@ -7,7 +7,7 @@ your own loop takes them on your ``DataLoader``'s batches with ``PartitionedBatc
 
 from ..choices import Phase
 from ..errors import PartitionCheckpointError
-from ..train_config import TrainConfig
+from ..job.train_config import TrainConfig
 from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
 from .components import Components
 from .data import (

@@ -15,7 +15,7 @@ from torch import nn
 
 from .._validation import check_callable, check_device, check_directory, check_flag
 from ..errors import PartitionArgumentError, PartitionTypeError
-from ..train_config import TrainConfig
+from ..job.train_config import TrainConfig
 from .data import DataChunks
 from .hooks import Callback, TrainingHook
 from .likelihoods import Likelihood, resolve_likelihood

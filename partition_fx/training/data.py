@@ -28,8 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from .._validation import check_partition, check_proportions
-from ..assign import partition_sizes
 from ..errors import PartitionArgumentError, PartitionTypeError
+from ..fx.assign import partition_sizes
 
 # --- chunks and examples ---------------------------------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ class Examples:
 def hyper_step_batch_size(batch_size: int, hyper_batch_size: int | None) -> int:
     """The examples a hyperparameter step draws from each chunk it scores: ``hyper_batch_size``, or the parameter
     steps' ``batch_size`` where it is None (``TrainConfig.hyper.batch_size`` left unset). The one place this rule
-    is written: the sampler draws by it, and ``jobs.build_job`` checks a job's batches against its chunks by it.
+    is written: the sampler draws by it, and ``job.build.build_job`` checks a job's batches against its chunks by it.
 
     >>> hyper_step_batch_size(64, None), hyper_step_batch_size(64, 16)
     (64, 16)

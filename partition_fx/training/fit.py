@@ -7,7 +7,7 @@ dataset by name (``datasets.load_dataset``), ``partitionify`` with the run's see
 ``AffineAugmentation`` or no input transform. Those record how they were built (``build_model`` on the model,
 which ``partitionify`` keeps as ``PartitionedModel.build``; ``load_dataset`` on each split as
 ``partition_fx_source``), so a run made of them is written down in the command line's own terms: a
-:class:`~partition_fx.job_spec.JobSpec`, as the ``config`` of a ``train`` report (every field this run does not
+:class:`~partition_fx.job.spec.JobSpec`, as the ``config`` of a ``train`` report (every field this run does not
 decide at the command's default). A run the command
 cannot rebuild (another model or dataset, a custom transform, rules of a ``PartitionConfig``) gets
 ``config: null`` and the reason, which ``export`` reports.
@@ -27,10 +27,10 @@ from .._io import write_json
 from .._validation import check_directory, check_flag
 from ..choices import GENERATOR_SETS, generator_set_name
 from ..errors import PartitionArgumentError
-from ..job_spec import JobSpec
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
+from ..job.spec import JobSpec
+from ..job.train_config import RUN_FILE, TrainConfig
 from ..ranges import DEFAULT_MAX_RANGE
-from ..train_config import RUN_FILE, TrainConfig
 from ..transforms import AffineAugmentation
 from .checkpoint import load_training_state
 from .components import check_run_arguments, resolve
@@ -168,13 +168,13 @@ def fit(
     What is computed is ``config`` (default :meth:`TrainConfig.recommended`, the recipe ``partition-fx train``
     runs) with any of its fields changed by keyword: ``fit(pmodel, data, hyper=..., steps=200, seed=3)`` trains
     exactly what ``partition-fx train --steps 200 --seed 3`` trains for the same model, data and input transform.
-    Each field's meaning, default and bounds: :mod:`partition_fx.train_config` (or ``partition-fx train
+    Each field's meaning, default and bounds: :mod:`partition_fx.job.train_config` (or ``partition-fx train
     --help``, which lists them as options). The other keywords are the run's :class:`Components`:
 
     Args:
         pmodel: from ``partitionify`` (C >= 2 to learn hyperparameters).
         dataset: ``(inputs, targets)`` tensors, a ``TensorDataset``, or a map-style dataset of pairs.
-        config: a :class:`~partition_fx.train_config.TrainConfig` (``TrainConfig.paper()`` is the paper's
+        config: a :class:`~partition_fx.job.train_config.TrainConfig` (``TrainConfig.paper()`` is the paper's
             exact hyperparameter step); keywords naming its fields change it.
         hyper: an input transform whose parameters are hyperparameters (``AffineAugmentation``,
             ``InputMask``, or a module holding several); ``HyperparameterModule`` s inside the model

@@ -20,8 +20,8 @@ from torch import nn
 
 from ..choices import Phase
 from ..errors import PartitionArgumentError
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
 from .checkpoint import load_checkpoint, needs_recalibration
 from .data import DataChunks, Examples
 from .likelihoods import Categorical, Likelihood, ModelLoss, model_logits

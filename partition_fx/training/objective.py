@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import PartitionArgumentError, first_names
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 from ..transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 from .checkpoint import (
     buffers_digest,

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import PartitionArgumentError
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 from .likelihoods import Categorical, Likelihood, model_logits
 from .lml import apply_transform, buffers_restored, hyper_step_norms
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from .._validation import check_choice
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
-from ..partitioned_model import PartitionedModel
-from ..train_config import WEIGHT_DECAY_SCALINGS, TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import WEIGHT_DECAY_SCALINGS, TrainConfig
 
 # --- one optimiser, a param group per partition ----------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Population-based training over the partitioned phase (``fit(..., population=N)``, ``partition-fx train
---population N``; the settings are :class:`~partition_fx.train_config.Population`'s).
+--population N``; the settings are :class:`~partition_fx.job.train_config.Population`'s).
 
 A single run's ranges follow the hyper-gradient of the conditional LML at the weights as they are, which over
 the iterations a step sees ahead is nearly flat: where a run ends depends on where it started
@@ -46,7 +46,7 @@ from torch import nn
 
 from .._io import link_file, replace_directory
 from ..errors import PartitionArgumentError, PartitionCheckpointError
-from ..train_config import TrainConfig
+from ..job.train_config import TrainConfig
 from ..transforms import AffineAugmentation
 from .checkpoint import load_training_state, resume_directory, save_training_state
 from .components import Components

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..errors import PartitionArgumentError
-from ..train_config import TrainConfig
+from ..job.train_config import TrainConfig
 from .data import DataChunks, PartitionedSampler
 from .estimators import HyperEstimator, estimator_for
 from .schemes import Draw, IterationScheme, scheme_for

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from ..errors import PartitionArgumentError
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 from .data import InnerIndices, PartitionedSampler, ScoredIndices
 from .estimators import HyperEstimator
 from .implicit import InnerBatch

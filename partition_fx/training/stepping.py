@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionWarning, first_names
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 
 if TYPE_CHECKING:
     from .objective import Objective

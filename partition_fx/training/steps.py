@@ -22,8 +22,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import PartitionArgumentError
-from ..partitioned_model import PartitionedModel
-from ..train_config import HyperStep, TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import HyperStep, TrainConfig
 from .data import BatchReader, DataChunks, Examples, StepInputs
 from .implicit import InnerBatch, through_training
 from .likelihoods import Categorical, Likelihood, ModelLoss

@@ -29,8 +29,8 @@ import torch
 
 from .._validation import check_given_partition
 from ..errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
 from .checkpoint import differences
 from .components import Components, check_run_arguments, resolve
 from .data import Examples, PartitionedSampler, ScoredIndices, default_workers, planned_batches, resolve_chunks
@@ -113,7 +113,7 @@ class RunPlan:
 class PartitionedTrainer:
     """Partitioned training of ``pmodel`` on ``dataset`` with hyperparameters learned by the LML.
 
-    Built from a :class:`~partition_fx.train_config.TrainConfig` (default the recommended one) and keywords, as
+    Built from a :class:`~partition_fx.job.train_config.TrainConfig` (default the recommended one) and keywords, as
     :func:`~partition_fx.training.fit` is (or from ``components`` already resolved); exposes the single steps
     (``parameter_step``, ``hyper_step``, ``evaluate``) for custom loops and tests, and
     ``state_dict()``/``load_state_dict()`` for everything a resumed run needs: the iterations done, the evaluations

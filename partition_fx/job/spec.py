@@ -1,7 +1,7 @@
 """``JobSpec``: what a ``partition-fx train`` run trains, typed: the model, its data, its partitioning, its
-augmentation, the device it asks for, and its :class:`~partition_fx.train_config.TrainConfig`.
+augmentation, the device it asks for, and its :class:`~partition_fx.job.train_config.TrainConfig`.
 
-It is declared with :func:`~partition_fx.settings.setting` as ``TrainConfig`` is, and from that one declaration
+It is declared with :func:`~partition_fx.job.settings.setting` as ``TrainConfig`` is, and from that one declaration
 come the command's options for these fields (``cli.parser``; ``--image-size`` for ``image_size``), their checks,
 and ``to_dict``/``from_dict``: the ``config`` that ``report.json`` records, that ``fit(..., checkpoint_dir=DIR)``
 records in ``run.json`` for a model and data built by name, and that ``export --run`` and ``--resume`` read back.
@@ -31,11 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import ASSIGNMENTS, AUGMENTATION_DRAWS, DEFAULTS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
-from .datasets.registry import dataset_names
-from .errors import PartitionArgumentError, PartitionTypeError, RangeError
-from .kinds import partition_kinds
-from .ranges import learning_bounds
+from ..choices import ASSIGNMENTS, AUGMENTATION_DRAWS, DEFAULTS, GENERATOR_SETS, RANGE_NAMES, RANGE_STARTS
+from ..datasets.registry import dataset_names
+from ..errors import PartitionArgumentError, PartitionTypeError, RangeError
+from ..fx.kinds import partition_kinds
+from ..ranges import learning_bounds
 from .settings import Settings, setting
 from .train_config import TrainConfig
 
@@ -121,7 +121,7 @@ def _range_start(name: str, value: Any) -> dict[str, float] | str:
 
 
 def schemes() -> dict[str, str]:
-    """The registered partition schemes (``partition_fx.kinds``), each with its description.
+    """The registered partition schemes (``partition_fx.fx.kinds``), each with its description.
 
     >>> list(schemes())[:2]
     ['random', 'node']
@@ -153,7 +153,7 @@ class JobSpec(Settings):
     >>> JobSpec(image_size=0)
     Traceback (most recent call last):
     ...
-    partition_fx.settings.SettingError: image_size must be an int >= 1, got 0
+    partition_fx.job.settings.SettingError: image_size must be an int >= 1, got 0
     """
 
     model: str = setting(
@@ -189,7 +189,7 @@ class JobSpec(Settings):
     channels: int | None = setting(None, "image channels", minimum=1, metavar="N", default_text="the data's own")
     partitions: int = setting(
         len(DEFAULT_PROPORTIONS), partitions_help("partitions", DEFAULT_PROPORTIONS), metavar="C"
-    )  # its range is checked with --proportions, by the command (cli.checks), to name both
+    )  # its range is checked with --proportions, by the job's checks (job.checks), to name both
     proportions: tuple[float, ...] | None = setting(
         None,
         "each partition's share of the parameters and the data, C numbers summing to 1",
@@ -199,7 +199,7 @@ class JobSpec(Settings):
     )
     scheme: str = setting(
         "random", "how each tensor's entries are assigned to partitions (a registered scheme)", validator=_scheme
-    )  # its choices are the schemes registered when it is read (partition_fx.kinds): a plugin's too
+    )  # its choices are the schemes registered when it is read (partition_fx.fx.kinds): a plugin's too
     default: str = setting(
         "init",
         "the values a subnetwork uses for partitions it does not train: the initial weights, zeros, or values "

@@ -29,10 +29,10 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.overrides import TorchFunctionMode
 
-from ._validation import check_choice, check_num_partitions, check_proportions, check_seed
-from .choices import ASSIGNMENTS, DEFAULTS
+from .._validation import check_choice, check_num_partitions, check_proportions, check_seed
+from ..choices import ASSIGNMENTS, DEFAULTS
+from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .config import PartitionConfig
-from .errors import PartitionArgumentError, PartitionError, PartitionTypeError
 from .flat import flat_groups
 from .kinds import kind_names
 from .partitioned_model import PartitionedModel, TracedFrom
@@ -138,7 +138,7 @@ def partitionify(
         scheme: ``"random"`` (random-weight partitioning: each entry of each tensor) or ``"node"`` (node
             partitioning: each output unit of a conv/linear layer, with its weight row and bias entry; other
             tensors keep random-weight partitioning, norm affines product/sum scales); any kind registered as a
-            scheme in ``partition_fx.kinds``.
+            scheme in ``partition_fx.fx.kinds``.
         default: value of untrained partitions: ``"init"`` (the values at conversion, stored: +100% of
             parameter memory), ``"zero"``, or ``"seed"``: each random/node tensor is re-initialised at
             conversion with the mean and std it had, from a counter-based normal generator, and its defaults

@@ -1,18 +1,17 @@
-"""A ``partition-fx train`` job before any training: its :class:`~partition_fx.job_spec.JobSpec` checked, the data
-loaded and the model built and converted (:func:`train_job`, :func:`build_job`), and what using the model it trains
-needs (:func:`model_record`, :func:`write_onnx`).
+"""A training job before any training: its :class:`~partition_fx.job.spec.JobSpec` checked, the data loaded and
+the model built and converted (:func:`build_job`), and what using the model it trains needs
+(:func:`model_record`, :func:`write_onnx`).
 
-Everything that can fail on bad input fails here, before an output directory is touched. The command line
-(``partition-fx train``, ``export``, ``convert``) and the benchmarks build their runs with these same functions, so a
-script trains exactly what the command trains::
+Everything that can fail on bad input fails here, before an output directory is touched. The commands
+(``partition-fx train``, ``export``, ``convert``), the benchmarks and Python scripts build their runs with these
+same functions, so a script trains exactly what the command trains::
 
-    job = train_job(["--steps", "100"])          # TrainJob(spec, data, model, pmodel, hyper, device)
+    job = build_job(JobSpec.from_keywords(steps=100))   # TrainJob(spec, data, model, pmodel, hyper, device)
     fit(job.pmodel, job.data.train, job.config, hyper=job.hyper, device=job.device)
 
-The job's torch-free parts stay with the command line, which answers ``--help`` and refuses bad options before
-torch loads: the options' parser (``cli.parser``) and the checks of a job's options together (``cli.checks``). This
-module uses them; nothing in ``cli`` imports it before a command runs. A model record's keys are
-``record_format``'s.
+The library never imports the command line: the checks of a job's options together are ``job.checks``' (torch-free,
+so the command refuses bad options before torch loads), a model record's keys ``job.records``'; the command line's
+own ``train_job(argv)`` parses its options into the spec this module builds.
 """
 
 from __future__ import annotations
@@ -26,24 +25,22 @@ from typing import Any, Protocol, TypedDict
 
 import torch
 
-from ._validation import batch_pools, check_batches_fit, check_fits_in_memory
-from .cli.checks import check_job, checked_proportions, proportions_text, with_fixed_ranges
-from .cli.commands.train import job_spec
-from .cli.parser import parse_train
-from .datasets import DatasetSplits, load_dataset, named_dataset
-from .datasets.images import InputStatistics
-from .datasets.splits import Split
-from .errors import PartitionArgumentError, PartitionError, PartitionWarning
-from .export import export_onnx
-from .job_spec import JobSpec
-from .models import build_model
-from .partitioned_model import PartitionedModel
-from .record_format import CHECKS_RECORD, MODEL_RECORD, ONNX_INPUT, ONNX_OUTPUTS
-from .rewrite import partitionify
+from .._validation import batch_pools, check_batches_fit, check_fits_in_memory
+from ..datasets import DatasetSplits, load_dataset, named_dataset
+from ..datasets.images import InputStatistics
+from ..datasets.splits import Split
+from ..errors import PartitionArgumentError, PartitionError, PartitionWarning
+from ..export import export_onnx
+from ..fx.partitioned_model import PartitionedModel
+from ..fx.rewrite import partitionify
+from ..models import build_model
+from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
+from ..training.data import default_workers, hyper_step_batch_size
+from ..transforms import AffineAugmentation
+from .checks import check_job, checked_proportions, proportions_text, with_fixed_ranges
+from .records import CHECKS_RECORD, MODEL_RECORD, ONNX_INPUT, ONNX_OUTPUTS
+from .spec import JobSpec
 from .train_config import TrainConfig
-from .training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
-from .training.data import default_workers, hyper_step_batch_size
-from .transforms import AffineAugmentation
 
 
 @dataclass
@@ -98,7 +95,8 @@ def model_record(job: TrainJob, averaged: bool = False, statistics: dict[str, An
     ``input_statistics`` of the images it trains on (``datasets.images.InputStatistics``; ``statistics``, where the
     training run recorded them already), which ``predict`` warns of an image unlike.
 
-    >>> record = model_record(train_job(["--model", "fixup_resnet8", "--data", "digits", "--image-size", "8"]))
+    >>> spec = JobSpec.from_keywords(model="fixup_resnet8", data="digits", image_size=8)
+    >>> record = model_record(build_job(spec))
     >>> record["classes"][:3], record["preprocessing"]["mode"], record["onnx_names"]
     (['0', '1', '2'], 'L', {'input': 'images', 'output': 'logits'})
     >>> record["architecture"]
@@ -145,29 +143,6 @@ def write_onnx(pmodel: PartitionedModel, path: Path, job: TrainJob, record: dict
     )
 
 
-def train_spec(argv: Sequence[str]) -> JobSpec:
-    """The job ``partition-fx train ARGV`` asks for (``argv`` without the word ``train``), with the command's own
-    defaults, before anything is loaded or built: as its report records it, but for ``proportions``, which the
-    report records as the model was partitioned (None here when ``--proportions`` is not given).
-
-    >>> spec = train_spec(["--data", "digits", "--steps", "40"])
-    >>> spec.data, spec.train.optimization.steps, spec.proportions
-    ('digits', 40, None)
-    """
-    return job_spec(parse_train(list(argv)))
-
-
-def train_job(argv: Sequence[str]) -> TrainJob:
-    """The job ``partition-fx train ARGV`` would run (``argv`` without the word ``train``), with the command's
-    own defaults and checks; nothing is trained or written.
-
-    >>> job = train_job(["--model", "fixup_resnet8", "--image-size", "12", "--data", "digits"])
-    >>> job.config.optimization.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__
-    (400, 'digits', 3, 'AffineAugmentation')
-    """
-    return build_job(train_spec(argv))
-
-
 def resolve_device(requested: str) -> str:
     """The device ``--device`` names here: ``auto`` is ``cuda`` when CUDA is available, else ``cpu``.
 
@@ -184,7 +159,7 @@ def resolve_device(requested: str) -> str:
 
 
 class PartitionOptions(Protocol):
-    """The conversion's options, as a :class:`~partition_fx.job_spec.JobSpec` or ``convert``'s parsed command
+    """The conversion's options, as a :class:`~partition_fx.job.spec.JobSpec` or ``convert``'s parsed command
     line holds them."""
 
     # Read-only (properties): the frozen dataclasses that hold them (``JobSpec``, ``ConversionOptions``) match.
@@ -204,7 +179,7 @@ def partitionify_with(model: torch.nn.Module, options: PartitionOptions, seed: i
     """``partitionify`` with the command line's conversion options (``--partitions``, ``--proportions``,
     ``--scheme``, ``--default``, ``--assignments``) and ``--seed``, refusals naming those options.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> partitionify_with(torch.nn.Linear(3, 2), JobSpec(partitions=2), seed=0).proportions
     (0.5, 0.5)
     >>> partitionify_with(torch.nn.Linear(3, 2), JobSpec(proportions=(0.5, 0.5)), seed=0)
@@ -227,12 +202,12 @@ def partitionify_with(model: torch.nn.Module, options: PartitionOptions, seed: i
 def build_job(spec: JobSpec, *, split: Split | None = None) -> TrainJob:
     """The job ``spec`` describes, built: its data loaded, its model built and converted, its augmentation.
 
-    A job to train (``split`` None) is checked first (``cli.checks.check_job``), its ``--fix-from`` ranges read,
-    and its batch sizes checked against the chunks of its data (a default one lowered to fit a small data set).
-    ``split="test"`` builds a recorded job to export and evaluate: the test split alone (``load_dataset``'s
-    ``split``; ``job.data.train`` is empty) and nothing refused that its run was not.
+    A job to train (``split`` None) is checked first (:func:`~partition_fx.job.checks.check_job`), its
+    ``--fix-from`` ranges read, and its batch sizes checked against the chunks of its data (a default one lowered
+    to fit a small data set). ``split="test"`` builds a recorded job to export and evaluate: the test split alone
+    (``load_dataset``'s ``split``; ``job.data.train`` is empty) and nothing refused that its run was not.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> build_job(JobSpec(partitions=1))
     Traceback (most recent call last):
     ...
@@ -267,10 +242,10 @@ class _AugmentationOptions(TypedDict, total=False):
 def build_augmentation(spec: JobSpec) -> AffineAugmentation | None:
     """``--augment``'s input transform: learned ranges from ``--init``'s start (the transform's own, wide, without
     one) within ``--max-range``'s bounds (the transform's own for the ranges it does not name), or those ``--fix``
-    fixes
-    (``--fix-from``'s once they are read: ``cli.checks.with_fixed_ranges``); None for ``--augment none``.
+    fixes (``--fix-from``'s once they are read: :func:`~partition_fx.job.checks.with_fixed_ranges`); None for
+    ``--augment none``.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> build_augmentation(JobSpec(init={"rotation": 1.5})).hyperparameters()["rotation"]
     1.5
     >>> build_augmentation(JobSpec(max_range={"scale_x": 1.3863})).max_range["scale_x"]
@@ -295,7 +270,7 @@ def initial_hyperparameters(hyper: AffineAugmentation | None) -> dict[str, Any]:
     ``initial_hyperparameters``, since the config records ``--init`` as given and an unnamed start is whatever
     this version's default is.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> initial_hyperparameters(build_augmentation(JobSpec(init={"rotation": 1.5})))["rotation"]
     1.5
     >>> initial_hyperparameters(None)
@@ -308,7 +283,7 @@ def load_job_data(spec: JobSpec, split: Split | None = None) -> DatasetSplits:
     """``--data`` at ``--image-size``/``--channels`` (``split``: that split alone, as ``load_dataset``), refused
     if it or one batch of it cannot fit in memory.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> data = load_job_data(JobSpec(image_size=12), "train")
     >>> len(data.train), len(data.test)
     (1438, 0)

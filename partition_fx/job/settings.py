@@ -1,5 +1,5 @@
 """Settings: frozen dataclasses whose fields carry their default, help, choices, bounds and whether a resumed
-run must match them; the machinery behind :class:`~partition_fx.train_config.TrainConfig`.
+run must match them; the machinery behind :class:`~partition_fx.job.train_config.TrainConfig`.
 
 A configuration is a :class:`Settings` of sections, each section a :class:`Settings` of fields declared with
 :func:`setting`, or a flat :class:`Settings` of fields alone (``federated.FederatedConfig``). From that one
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ._validation import MAX_SEED
-from .errors import PartitionArgumentError, PartitionTypeError
+from .._validation import MAX_SEED
+from ..errors import PartitionArgumentError, PartitionTypeError
 
 S = TypeVar("S", bound="Settings")
 
@@ -145,7 +145,7 @@ class Settings:
     def fields(cls, *, recurse: bool = True) -> Iterator[Field]:
         """Every field (of the nested sections too with ``recurse``), in declaration order.
 
-        >>> from partition_fx.train_config import TrainConfig
+        >>> from partition_fx.job.train_config import TrainConfig
         >>> next(TrainConfig.fields()).keyword
         'steps'
         """
@@ -205,7 +205,7 @@ class Settings:
         """A copy with the fields named by their flat keywords changed; an unknown keyword is refused with
         the known ones listed.
 
-        >>> from partition_fx.train_config import Optimization, TrainConfig
+        >>> from partition_fx.job.train_config import Optimization, TrainConfig
         >>> TrainConfig().replace(hyper_lr=0.1, steps=10).hyper.lr, Optimization().replace(steps=3).steps
         (0.1, 3)
         """
@@ -231,7 +231,7 @@ class Settings:
     def value(self, keyword: str) -> Any:
         """A field's value by its flat keyword.
 
-        >>> from partition_fx.train_config import TrainConfig
+        >>> from partition_fx.job.train_config import TrainConfig
         >>> TrainConfig().value("hyper_lr")
         0.05
         """

@@ -15,7 +15,7 @@ from statistics import NormalDist
 
 import torch
 
-from .errors import PartitionArgumentError
+from ..errors import PartitionArgumentError
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31, so a 32-bit value times one stays below 2**63 in int64 arithmetic.

@@ -1,7 +1,7 @@
 """How ``partitionify`` treats each parameter tensor: left whole (hyperparameter, excluded by config, frozen)
 or partitioned, and how: random-weight, the scheme's kind for output units of conv/linear layers (node), or
 product/sum copies for norm affines and scalar scales and biases (appendix I.2 of the paper). The kinds, and
-the tensor class that builds each, are ``partition_fx.kinds``'s.
+the tensor class that builds each, are ``partition_fx.fx.kinds``'s.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from ..transforms.base import HyperparameterModule
 from .assign import name_salt
 from .config import PartitionConfig
 from .kinds import partition_kind
 from .params import PartitionedTensor
 from .records import ParameterRecord
-from .transforms.base import HyperparameterModule
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.batchnorm._NormBase,
@@ -92,7 +92,7 @@ def treat_parameters(
     if it is partitioned. ``get_attrs``: the graph's ``get_attr`` nodes by target, to see how scalars are used.
 
     >>> import torch
-    >>> from partition_fx.config import PartitionConfig
+    >>> from partition_fx.fx.config import PartitionConfig
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
     >>> records = treat_parameters(
     ...     model, {}, PartitionConfig(), proportions=(0.5, 0.5), scheme="node", default="init", seed=0,

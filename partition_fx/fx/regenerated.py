@@ -174,7 +174,7 @@ def scatter_by_membership(owner: Any, sources: Sequence[torch.Tensor]) -> torch.
     order; partitions without a source are zero. ``owner.offsets`` bound the partitions in ``cat(parts)``.
     The membership is regenerated in the backward pass too, never stored. Used per tensor and per flat group.
 
-    >>> from partition_fx.params import RandomPartitionedTensor
+    >>> from partition_fx.fx.params import RandomPartitionedTensor
     >>> t = RandomPartitionedTensor(torch.arange(6.0), (0.5, 0.5), seed=0, salt=0, default="init")
     >>> torch.equal(scatter_by_membership(t, t.parts()), t.value(2))
     True

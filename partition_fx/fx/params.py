@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ._validation import check_choice
+from .._validation import check_choice
+from ..errors import PartitionCheckpointError, PartitionError, PartitionNotImplementedError, earlier_version
 from .assign import (
     assignment_from_index,
     default_stream,
@@ -27,7 +28,6 @@ from .assign import (
     layout_index,
     normal_values,
 )
-from .errors import PartitionCheckpointError, PartitionError, PartitionNotImplementedError, earlier_version
 from .kinds import partition_kind, partition_kinds
 from .regenerated import scatter_by_membership
 
@@ -68,7 +68,7 @@ class PartitionedTensor(nn.Module):
     """Base class: ``forward(k)`` (and ``value(k)``) return the tensor subnetwork k uses (k in 0..C).
 
     Its parts are its own parameters ``part1`` .. ``partC``, or, once ``partitionify`` has put it in flat
-    storage (``partition_fx.flat``), views of a ``FlatGroup`` 's parameters shared with other tensors:
+    storage (``partition_fx.fx.flat``), views of a ``FlatGroup`` 's parameters shared with other tensors:
     ``storage(k)`` is then the parameter an optimiser steps and ``part_grad(k)`` reads this tensor's share of
     its gradient.
     """
@@ -81,7 +81,7 @@ class PartitionedTensor(nn.Module):
 
     @property
     def is_flat(self) -> bool:
-        """Whether the parts live in a ``FlatGroup`` (see ``partition_fx.flat``)."""
+        """Whether the parts live in a ``FlatGroup`` (see ``partition_fx.fx.flat``)."""
         return self._flat is not None
 
     def attach(self, group: nn.Module, slot: int) -> None:
@@ -158,7 +158,7 @@ class PartitionedTensor(nn.Module):
         default: str,
         regenerate: bool,
     ) -> PartitionedTensor:
-        """``value`` partitioned as ``kind`` (one this class builds, ``partition_fx.kinds``), as ``partitionify``
+        """``value`` partitioned as ``kind`` (one this class builds, ``partition_fx.fx.kinds``), as ``partitionify``
         asks: ``salt`` seeds the layout (the layer's for output units), ``default_salt`` regenerated defaults.
 
         >>> ScalePartitionedTensor.from_parameter(

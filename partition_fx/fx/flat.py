@@ -38,8 +38,8 @@ from typing import Any, Literal, cast, overload
 import torch
 from torch import nn
 
+from ..errors import PartitionError
 from .assign import assignment_from_index, normal_segments
-from .errors import PartitionError
 from .kinds import PARTITION_KINDS, partition_kind
 from .params import HAND_OVER, PartitionedTensor, RandomPartitionedTensor, ScalePartitionedTensor, grad_partition
 from .regenerated import FEISTEL_BATCHED_ENTRIES, FeistelSegments, scatter_by_membership
@@ -52,7 +52,7 @@ number of groups, and so of operators, still grows with the model's size, not wi
 
 
 def groupable(pt: PartitionedTensor) -> bool:
-    """Whether ``pt`` can live in a ``FlatGroup``: its kind (``partition_fx.kinds``) has a storage, as the
+    """Whether ``pt`` can live in a ``FlatGroup``: its kind (``partition_fx.fx.kinds``) has a storage, as the
     product/sum scales and the random-weight and node-partitioned tensors have (stored or regenerated layout;
     any default: stored, zero, or regenerated from the seed)."""
     kind = PARTITION_KINDS.get(pt.kind)
@@ -86,7 +86,7 @@ def flat_groups(tensors: Sequence[PartitionedTensor]) -> list[FlatGroup]:
     default, dtype, device and ``requires_grad`` (in the order given; regenerated layouts by shape); returns
     the groups.
 
-    >>> from partition_fx.params import ScalePartitionedTensor
+    >>> from partition_fx.fx.params import ScalePartitionedTensor
     >>> scales = [ScalePartitionedTensor(torch.ones(3), 2, kind="product", default="init") for _ in range(4)]
     >>> [group] = flat_groups(scales)
     >>> group.part1.shape, scales[2].part(1).shape, [len(t) for t in (group(2), group.members)]

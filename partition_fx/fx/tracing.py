@@ -20,8 +20,8 @@ import torch.fx as fx
 from timm.layers import get_notrace_functions, get_notrace_modules
 from torch import nn
 
-from .errors import PartitionError, first_line
-from .transforms.base import HyperparameterModule
+from ..errors import PartitionError, first_line
+from ..transforms.base import HyperparameterModule
 
 _MAX_LEAF_ROUNDS = 64
 TRACE_MODES = ("auto", "always", "never")
@@ -143,7 +143,7 @@ def _user_frame(exc: BaseException) -> str:
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
-        if "/torch/" not in f.filename and not f.filename.endswith("partition_fx/tracing.py")
+        if "/torch/" not in f.filename and not f.filename.endswith("partition_fx/fx/tracing.py")
     ]
     if not frames:
         return "unknown location"

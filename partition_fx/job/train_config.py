@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import COMPILE_MODES, PRECISIONS, RANGE_NAMES
-from .errors import PartitionArgumentError, PartitionTypeError
+from ..choices import COMPILE_MODES, PRECISIONS, RANGE_NAMES
+from ..errors import PartitionArgumentError, PartitionTypeError
 from .settings import SettingError, Settings, setting
 
 HYPER_CHUNKS = ("one", "all")

@@ -27,13 +27,13 @@ from typing import Literal
 
 from torch import nn
 
-from ._validation import check_choice, check_flag
-from .choices import DEFAULTS
-from .errors import PartitionArgumentError, PartitionTypeError
+from .._validation import check_choice, check_flag
+from ..choices import DEFAULTS
+from ..errors import PartitionArgumentError, PartitionTypeError
 from .kinds import kind_names
 
 Kind = str
-"""A rule kind of ``partition_fx.kinds`` (``kind_names(rule=True)``: ``"random"``, ``"product"``, ``"sum"`` and
+"""A rule kind of ``partition_fx.fx.kinds`` (``kind_names(rule=True)``: ``"random"``, ``"product"``, ``"sum"`` and
 any registered since)."""
 Default = Literal["init", "zero", "seed"]
 """One of ``choices.DEFAULTS`` (the test suite checks that they agree)."""
@@ -50,7 +50,7 @@ class ParameterRule:
             train them (see :func:`partition_fx.partitionify`).
         kind: ``"random"`` (random-weight partitions), ``"product"`` or ``"sum"`` (C copies combined by
             product or sum, appendix I.2 of the paper), or another rule kind registered in
-            ``partition_fx.kinds``. ``None`` chooses automatically.
+            ``partition_fx.fx.kinds``. ``None`` chooses automatically.
     """
 
     partition: bool | None = None

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..per_example.one_pass import call_routed
 from .params import HAND_OVER
-from .per_example.one_pass import call_routed
 
 
 def call_leaf(module: nn.Module, params: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:

@@ -14,16 +14,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from ._validation import check_choice, check_partition, check_subnetwork
-from .errors import PartitionArgumentError, PartitionCheckpointError
+from .._validation import check_choice, check_partition, check_subnetwork
+from ..errors import PartitionArgumentError, PartitionCheckpointError
+from ..per_example import batch_size, checked_routing, forward_grouped, forward_one_pass, supports_one_pass
+from ..transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 from .flat import FlatGroup
 from .kinds import partition_kind
 from .params import PartitionedTensor, gradient_only_to
-from .per_example import batch_size, checked_routing, forward_grouped, forward_one_pass, supports_one_pass
 from .records import ParameterRecord, records_table
 from .runtime import LEAF_CALLERS, call_leaf_clearing_caches, get_path
 from .tracing import VARIADIC_PREFIX
-from .transforms.base import HyperparameterModule, outermost_hyperparameter_modules
 
 LAYOUT_BUFFERS = ("index", "unit_index")
 """A ``PartitionedTensor``'s stored layout: rebuilt identically from the partitionify seed and the name."""
@@ -366,7 +366,7 @@ class PartitionedModel(nn.Module):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``, refusing with one clear message a state written before flat storage
-        (``partition_fx.flat``), whose partitions are stored per tensor."""
+        (``partition_fx.fx.flat``), whose partitions are stored per tensor."""
         own = set(self.state_dict(keep_vars=True))
         legacy = [key for key in state_dict if key.endswith(".part1") and key not in own]
         if legacy and any(".flat_groups" in key for key in own):
@@ -378,7 +378,7 @@ class PartitionedModel(nn.Module):
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def flat_groups(self) -> Iterator[tuple[str, FlatGroup]]:
-        """``(name, FlatGroup)`` for every group of partitioned tensors in flat storage (``partition_fx.flat``).
+        """``(name, FlatGroup)`` for every group of partitioned tensors in flat storage (``partition_fx.fx.flat``).
 
         >>> import torch
         >>> from partition_fx import partitionify

@@ -3,7 +3,8 @@
 A command's own checks are its declaration's (``cli.commands``).
 
 The commands run the same checks again where Python callers reach them without the command line
-(``jobs.build_job`` for ``jobs.train_job`` and the benchmarks): nothing here is only a fast path.
+(``job.build.build_job``, which Python scripts, the benchmarks and the command line's ``train_job`` call): nothing
+here is only a fast path.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from ..choices import GENERATOR_SETS
 from ..datasets.registry import split_data_spec
 from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError, RangeError
 from ..hf_folders import check_hf_folder
-from ..job_spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
 from ..ranges import learning_bounds, learning_start
-from .runs import learned_ranges
+from .records import learned_ranges
+from .spec import DATASETS, DEFAULT_PROPORTIONS, DISK_DATASETS, JobSpec
 
 
 def check_job(spec: JobSpec, printing: bool = False) -> None:
@@ -27,7 +28,7 @@ def check_job(spec: JobSpec, printing: bool = False) -> None:
     ``printing`` (``--print-config``): a dataset read from disk may lack its folder (a recipe's job, printed to be
     filled in).
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> check_job(JobSpec(partitions=1))
     Traceback (most recent call last):
     ...
@@ -163,7 +164,7 @@ def fixed_ranges(spec: JobSpec) -> dict[str, float] | None:
     """The augmentation ranges the job fixes: ``--fix``'s values, or those the ``--fix-from`` run learned; None
     when the ranges are learned.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> fixed_ranges(JobSpec(fix={"rotation": 1.5})), fixed_ranges(JobSpec())
     ({'rotation': 1.5}, None)
     """
@@ -178,7 +179,7 @@ def with_fixed_ranges(spec: JobSpec) -> JobSpec:
     """``spec`` with the ranges ``--fix-from RUN`` reads in ``fix`` (``fix_from`` kept, to say where they came
     from), so that a run's report records the values it trained with and is rebuilt without that other run.
 
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.spec import JobSpec
     >>> with_fixed_ranges(JobSpec(fix={"rotation": 1.5})).fix
     {'rotation': 1.5}
     """

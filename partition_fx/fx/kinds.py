@@ -2,7 +2,7 @@
 
 A kind's name is a tensor's treatment (``describe``, ``PartitionedTensor.kind``), what ``PartitionConfig(kind=)``
 sets and, for the kinds that are schemes, what ``partitionify(scheme=)`` and ``--scheme`` take. Its entry says
-which ``PartitionedTensor`` class builds it, how flat storage (``partition_fx.flat``) stores and groups it, how
+which ``PartitionedTensor`` class builds it, how flat storage (``partition_fx.fx.flat``) stores and groups it, how
 subnetwork k combines whole copies, and whether one-pass per-example routing (``per_example.one_pass``) takes
 it. ``treatment``, ``params``, ``flat``, ``config``, ``rewrite``, ``per_example``, ``partitioned_model``,
 ``testing`` and the command line read this table instead of branching on kind names or tensor classes; a new
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import PartitionArgumentError
+from ..errors import PartitionArgumentError
 
 Storage = Literal["layout", "copies"]
 OnePass = Literal["layer", "norm"]
@@ -119,7 +119,7 @@ def partition_kind(name: str) -> PartitionKind:
     if kind is None:
         raise PartitionArgumentError(
             f"unknown partition kind {name!r}; registered: {', '.join(PARTITION_KINDS)} "
-            "(partition_fx.kinds.register_kind adds one)"
+            "(partition_fx.fx.kinds.register_kind adds one)"
         )
     return kind
 
@@ -148,7 +148,7 @@ register_kind(
     PartitionKind(
         "random",
         "each entry of a tensor to a random partition",
-        "partition_fx.params:RandomPartitionedTensor",
+        "partition_fx.fx.params:RandomPartitionedTensor",
         storage="layout",
         group_by=_LAYOUT_GROUP,
         scheme=True,
@@ -159,7 +159,7 @@ register_kind(
     PartitionKind(
         "node",
         "whole output units",
-        "partition_fx.params:RandomPartitionedTensor",
+        "partition_fx.fx.params:RandomPartitionedTensor",
         storage="layout",
         group_by=_LAYOUT_GROUP,
         units=True,
@@ -171,7 +171,7 @@ register_kind(
     PartitionKind(
         "product",
         "C copies, subnetwork k using their product (norm scales, scalar scales)",
-        "partition_fx.params:ScalePartitionedTensor",
+        "partition_fx.fx.params:ScalePartitionedTensor",
         storage="copies",
         combine=operator.mul,
         identity=1.0,
@@ -183,7 +183,7 @@ register_kind(
     PartitionKind(
         "sum",
         "C copies, subnetwork k using their sum (norm shifts, scalar biases)",
-        "partition_fx.params:ScalePartitionedTensor",
+        "partition_fx.fx.params:ScalePartitionedTensor",
         storage="copies",
         combine=operator.add,
         identity=0.0,
