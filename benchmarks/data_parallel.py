@@ -1,4 +1,4 @@
-"""Data-parallel partitioned training (``training.stepping``): time per iteration with 1 and 2 processes
+"""Data-parallel partitioned training (``training.step.stepping``): time per iteration with 1 and 2 processes
 at the same global batch, and the equivalence of what they train.
 
 Each configuration is the ``partition-fx train`` job (the main job's model and data; ``--batch-size``,

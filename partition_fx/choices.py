@@ -22,7 +22,7 @@ ASSIGNMENTS = ("stored", "regenerated")
 regenerate it from the seed."""
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-"""What ``precision=`` and ``--precision`` take (``training.stepping.DTYPES`` maps each to its dtype)."""
+"""What ``precision=`` and ``--precision`` take (``training.step.stepping.DTYPES`` maps each to its dtype)."""
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``torch.compile``'s modes, which ``compile=`` and ``--compile`` also take (True: ``"default"``)."""

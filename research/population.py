@@ -12,7 +12,7 @@ of its ranges by a factor e^(+-delta) (explore; a range below ``--floor`` of its
 members start from the job's ranges, all but the first explored once. When partitioned training ends (the job's
 fine-tuning step) the best member fine-tunes as the job does, and its final model is scored on the test split.
 
-The population is the package's (``fit(..., population=N)``, ``partition_fx.training.population``); this runs
+The population is the package's (``fit(..., population=N)``, ``partition_fx.training.loop.population``); this runs
 it on the benchmark arms and scores its final model on the test split.
 
     python -m research.population --configs rotdigits:zero digits:zero --seeds 0 1 2

@@ -18,8 +18,8 @@ from partition_fx.errors import PartitionArgumentError
 from partition_fx.federated import client_chunks, dirichlet_split
 from partition_fx.federated.algorithm import ClientUpdate, FederatedServer, client_update
 from partition_fx.training import Categorical
-from partition_fx.training.lml import forward_log_likelihood
-from partition_fx.training.objective import Objective
+from partition_fx.training.objective.lml import forward_log_likelihood
+from partition_fx.training.objective.objective import Objective
 from partition_fx.transforms import ConcreteDropout, InputMask
 
 

@@ -1,4 +1,4 @@
-"""Population-based training (``fit(..., population=N)``, ``training.population``) against its definition: members
+"""Population-based training (``fit(..., population=N)``, ``training.loop.population``) against its definition: members
 that are never compared are single runs from their starts, and the fittest's is the run's result; a population is
 the one-at-a-time algorithm written out here with plain trainers (train each member to the comparison, copy the best
 into the worst, move its ranges); a resumed population finishes as an uninterrupted one, from its partitioned phase
@@ -24,8 +24,8 @@ from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
 from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
-from partition_fx.training.components import resolve
-from partition_fx.training.population import POPULATION_FILE, Population, explore
+from partition_fx.training.loop.components import resolve
+from partition_fx.training.loop.population import POPULATION_FILE, Population, explore
 from partition_fx.training.tracking import CSVTracker
 from partition_fx.transforms import AffineAugmentation
 

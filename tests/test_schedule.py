@@ -1,5 +1,5 @@
-"""The run's timeline (``training.schedule.Schedule``) against its definition, and every runner asking it: ``fit``'s
-trainer evaluates and switches phase exactly where the schedule says, the batch sampler of your own loop draws
+"""The run's timeline (``training.sampling.schedule.Schedule``) against its definition, and every runner asking it:
+``fit``'s trainer evaluates and switches phase exactly where the schedule says, the batch sampler of your own loop draws
 the phases and hyperparameter steps it says, and an early end of partitioned training moves both the switch and
 the evaluations.
 

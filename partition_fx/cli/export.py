@@ -38,7 +38,7 @@ from ..job.build import build_job, load_job_data, model_record, write_onnx
 from ..job.records import read_json
 from ..models.hf_models import save_hf_folder
 from ..training.checkpoint import norm_statistics
-from ..training.lml import load_for_export
+from ..training.objective.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .commands.export import ExportRequest
 from .runs import checkpoint_state, write_run

@@ -137,7 +137,7 @@ def torch_classifier(
 
     from ..hf_folders import HF_PREFIX
     from ..models import build_model
-    from ..training.likelihoods import model_logits
+    from ..training.objective.likelihoods import model_logits
 
     try:
         name = architecture["model"]

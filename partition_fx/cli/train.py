@@ -52,7 +52,7 @@ from ..training import (
     recalibrate_norm_statistics,
     resume_directory,
 )
-from ..training.lml import EvaluationRecord, load_for_export
+from ..training.objective.lml import EvaluationRecord, load_for_export
 from ..training.tracking import check_trackers, tracker_files, trackers_for
 from .commands.train import RunOptions, TrainRequest, job_spec
 from .config_files import config_text
@@ -353,7 +353,7 @@ def _results(job: TrainJob, result: FitResult, partitioned: PartitionedAccuracy)
         "history": result.history,
         "chunk_sizes": result.chunk_sizes,
         "steps": result.steps,
-        # a population's comparisons (training.population), only where one ran
+        # a population's comparisons (training.loop.population), only where one ran
         **({"population": result.population} if result.population is not None else {}),
         **model_record(job),  # the classes, preprocessing and architecture of model.safetensors and model.onnx
     }

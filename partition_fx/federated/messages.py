@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from ..errors import PartitionError
 from ..fx.partitioned_model import PartitionedModel
-from ..training.objective import Objective
+from ..training.objective.objective import Objective
 from .algorithm import ClientUpdate, FederatedServer
 from .models import FederatedModel
 

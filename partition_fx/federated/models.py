@@ -14,7 +14,7 @@ from .. import partitionify
 from ..errors import PartitionArgumentError
 from ..fx.partitioned_model import PartitionedModel
 from ..training import Categorical
-from ..training.objective import running_norms
+from ..training.objective.objective import running_norms
 from ..transforms import AffineAugmentation, ConcreteDropout
 from .config import FederatedConfig
 

@@ -35,7 +35,7 @@ from ..fx.partitioned_model import PartitionedModel
 from ..fx.rewrite import partitionify
 from ..models import build_model
 from ..training import Examples, evaluate_averaged, evaluate_classifier, split_into_chunks, weight_decay_scales
-from ..training.data import default_workers, hyper_step_batch_size
+from ..training.sampling.chunks import default_workers, hyper_step_batch_size
 from ..transforms import AffineAugmentation
 from .checks import check_job, checked_proportions, proportions_text, with_fixed_ranges
 from .records import CHECKS_RECORD, MODEL_RECORD, ONNX_INPUT, ONNX_OUTPUTS

@@ -32,9 +32,9 @@ from .settings import SettingError, Settings, setting
 
 HYPER_CHUNKS = ("one", "all")
 """How a hyperparameter step picks chunks: ``one`` drawn k (the paper's), or ``all`` chunks 2..C, weighted
-(the estimators of ``training.estimators``)."""
+(the estimators of ``training.objective.estimators``)."""
 WEIGHT_DECAY_SCALINGS = ("reciprocal", "sqrt", "none")
-"""How partition k's weight decay is scaled by |D_1:k| (``training.optim.weight_decay_scales``)."""
+"""How partition k's weight decay is scaled by |D_1:k| (``training.step.optim.weight_decay_scales``)."""
 OPTIMIZERS = ("adam", "sgd")
 """The weights' optimiser: ``torch.optim.Adam``, or ``torch.optim.SGD`` with ``momentum`` (the paper's CIFAR runs)."""
 LR_SCHEDULES = ("cosine", "constant")
@@ -44,15 +44,15 @@ FINETUNE_SCHEDULES = ("continue", "restart")
 it restarts at ``lr`` and anneals over the fine-tuning steps alone (a warm restart)."""
 ON_NONFINITE = ("raise", "skip")
 HYPER_NORMS = ("batch", "detached", "running")
-"""What BatchNorm normalises a hyperparameter step's batches with (``training.lml.hyper_step_norms``): their own
-statistics, through which the hyper-gradient also flows (the paper's networks have no BatchNorm); the same
+"""What BatchNorm normalises a hyperparameter step's batches with (``training.objective.lml.hyper_step_norms``): their
+own statistics, through which the hyper-gradient also flows (the paper's networks have no BatchNorm); the same
 statistics held constant in the backward pass; or the running statistics of the parameter steps."""
 HYPER_GRADIENTS = ("fixed", "implicit")
 """What a hyperparameter step's gradient sees: the LML at the weights as they are (``fixed``, the paper's), or also
-what the ranges do to the weights that training produces (``implicit``: ``training.implicit``)."""
+what the ranges do to the weights that training produces (``implicit``: ``training.objective.implicit``)."""
 OCCAM_TERMS = ("none", "whole", "conditional")
 """What the hyperparameter step adds to the conditional LML: nothing, the whole network's Kronecker-factored Laplace
-Occam term of all the data (LILA's), or its part for chunks 2..C given chunk 1 (``training.occam``)."""
+Occam term of all the data (LILA's), or its part for chunks 2..C given chunk 1 (``training.objective.occam``)."""
 RUN_FILE = "run.json"
 """What ``fit(..., checkpoint_dir=DIR)`` writes in ``DIR``: the run in the command line's terms, so that
 ``partition-fx export --run DIR`` can rebuild it (``training.fit``)."""
@@ -326,7 +326,7 @@ class Runtime(Settings):
     and partition) or ``skip`` the step; ``check_every``: steps between reads of the device for that check
     (1 on the CPU, 50 on an accelerator, which runs ahead of Python between reads: a fault is then found at the
     next read, at the latest before any state is saved; ``skip`` reads every step). ``workers`` processes
-    decode a map-style dataset's batches ``prefetch`` ahead of the steps (``training.data``); they never
+    decode a map-style dataset's batches ``prefetch`` ahead of the steps (``training.sampling.chunks``); they never
     change what is computed."""
 
     section_help = "running"

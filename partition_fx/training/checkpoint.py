@@ -20,9 +20,9 @@ run bit for bit (its ``state_dict()``), in two files:
 * ``state.json``: the step, the LML history, the best step, the optimisers' param groups and non-tensor
   state, the LR scheduler's state, a fingerprint of the configuration, and ``hooks``: the states of the run's
   hooks that hold one (``TrainingHook.state_dict``), by ``state_key`` (absent when none does), and ``occam``: the
-  Occam term's derivative at its last refresh (``training.occam``; absent for a run without one).
+  Occam term's derivative at its last refresh (``training.objective.occam``; absent for a run without one).
 
-The hook that writes both during a run is ``training.trainer.CheckpointWriter``.
+The hook that writes both during a run is ``training.loop.trainer.CheckpointWriter``.
 """
 
 from __future__ import annotations

@@ -30,9 +30,10 @@ class HyperparameterModule(nn.Module):
 
 
 class Widenable:
-    """A transform that can draw from its ranges times a factor (:meth:`widened`; ``training.objective.widens``
-    recognises it): its forward draws its coefficients from U[-spread, spread] with ``self._spread`` (1 outside
-    the block; per generator where a subclass takes a factor per range, :meth:`spread_of`)."""
+    """A transform that can draw from its ranges times a factor (:meth:`widened`;
+    ``training.objective.objective.widens`` recognises it): its forward draws its coefficients from U[-spread, spread]
+    with ``self._spread`` (1 outside the block; per generator where a subclass takes a factor per range,
+    :meth:`spread_of`)."""
 
     _spread: Any = 1.0
 

@@ -2,7 +2,8 @@
 ``hyper_gradient=``): the batches it scores, drawn from the sampler. The paper's one chunk k ~ Cat(u_2..u_C)
 through subnetwork k-1 (:class:`OneChunk`); every chunk in each step, its expected gradient without the variance
 of drawing k (:class:`AllChunks`); and either through the training of the partitions it reads
-(:class:`ThroughTraining`, ``training.implicit``). The steps that take these batches are ``training.steps``'.
+(:class:`ThroughTraining`, ``training.objective.implicit``). The steps that take these batches are
+``training.step.steps``'.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from .data import InnerIndices, PartitionedSampler, ScoredIndices
+from ..sampling.chunks import InnerIndices, PartitionedSampler, ScoredIndices
 
 
 class HyperEstimator(ABC):
@@ -21,7 +22,7 @@ class HyperEstimator(ABC):
 
     Example (a subclass needs ``name``, ``draw`` and ``describe``)::
 
-        >>> from partition_fx.training.data import split_into_chunks
+        >>> from partition_fx.training.sampling.chunks import split_into_chunks
         >>> class LastChunk(HyperEstimator):  # biased: for illustration only
         ...     name = "last"
         ...     def draw(self, sampler):
@@ -46,7 +47,8 @@ class HyperEstimator(ABC):
 
     def inner(self, sampler: PartitionedSampler, batches: ScoredIndices) -> InnerIndices:
         """The ``(p, indices)`` minibatches of D_1:p whose training loss a hyper-gradient through training
-        differentiates (``training.implicit``), drawn after ``batches``; none for a gradient at fixed weights."""
+        differentiates (``training.objective.implicit``), drawn after ``batches``; none for a gradient at fixed
+        weights."""
         return []
 
 
@@ -56,7 +58,7 @@ class OneChunk(HyperEstimator):
 
     Example::
 
-        >>> from partition_fx.training.data import split_into_chunks
+        >>> from partition_fx.training.sampling.chunks import split_into_chunks
         >>> sampler = PartitionedSampler(split_into_chunks(100, (0.8, 0.1, 0.1)), batch_size=4, seed=0)
         >>> [(w, k, len(i)) for w, k, i in OneChunk().draw(sampler)]
         [(1.0, 3, 4)]
@@ -81,7 +83,7 @@ class AllChunks(HyperEstimator):
 
     Example::
 
-        >>> from partition_fx.training.data import split_into_chunks
+        >>> from partition_fx.training.sampling.chunks import split_into_chunks
         >>> sampler = PartitionedSampler(split_into_chunks(100, (0.8, 0.1, 0.1)), batch_size=4, seed=0)
         >>> [(round(w, 2), k, len(i)) for w, k, i in AllChunks().draw(sampler)]
         [(0.5, 2, 4), (0.5, 3, 4)]
@@ -98,13 +100,13 @@ class AllChunks(HyperEstimator):
 
 class ThroughTraining(HyperEstimator):
     """The batches ``chunks`` scores, and for the hyper-gradient through training (``hyper_gradient="implicit"``,
-    ``training.implicit``) a parameter-step-sized minibatch of D_1:p for every partition p that the scored
+    ``training.objective.implicit``) a parameter-step-sized minibatch of D_1:p for every partition p that the scored
     subnetworks read (1..k-1 for the largest scored k): the examples partition p's training loss is
     differentiated on.
 
     Example::
 
-        >>> from partition_fx.training.data import split_into_chunks
+        >>> from partition_fx.training.sampling.chunks import split_into_chunks
         >>> sampler = PartitionedSampler(split_into_chunks(100, (0.6, 0.2, 0.2)), batch_size=4, seed=0)
         >>> estimator = ThroughTraining(AllChunks())
         >>> batches = estimator.draw(sampler)

@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import PartitionArgumentError, PartitionTrainingError, PartitionWarning, first_names
-from ..fx.partitioned_model import PartitionedModel
+from ...errors import PartitionArgumentError, PartitionTrainingError, PartitionWarning, first_names
+from ...fx.partitioned_model import PartitionedModel
 
 if TYPE_CHECKING:
-    from .objective import Objective
+    from ..objective.objective import Objective
 
 # --- data parallelism ------------------------------------------------------------------------------------------------
 
@@ -360,7 +360,7 @@ class Stepper:
 
         >>> from partition_fx import partitionify
         >>> pmodel = partitionify(torch.nn.Linear(2, 1), 2)
-        >>> from partition_fx.training.objective import Objective
+        >>> from partition_fx.training.objective.objective import Objective
         >>> stepper = Stepper(torch.optim.SGD(pmodel.parameters(), lr=0.1), objective=Objective(pmodel))
         >>> loss = pmodel(torch.ones(1, 2), subnetwork=2).sum() ** 2
         >>> total = stepper.step(loss, None, pmodel.partition_parameters(2), "a step", at=0)

@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import torch
 from torch import nn
 
-from ..choices import Phase
-from ..errors import PartitionArgumentError
-from ..fx.partitioned_model import PartitionedModel
-from ..job.train_config import TrainConfig
-from .checkpoint import load_checkpoint, needs_recalibration
-from .data import DataChunks, Examples
+from ...choices import Phase
+from ...errors import PartitionArgumentError
+from ...fx.partitioned_model import PartitionedModel
+from ...job.train_config import TrainConfig
+from ..checkpoint import load_checkpoint, needs_recalibration
+from ..sampling.chunks import DataChunks, Examples
+from ..step.stepping import Precision
 from .likelihoods import Categorical, Likelihood, ModelLoss, model_logits
 from .objective import Objective, running_norms
-from .stepping import Precision
 
 if TYPE_CHECKING:
-    from ..transforms import AffineAugmentation
+    from ...transforms import AffineAugmentation
 
 # --- the losses through the subnetworks ------------------------------------------------------------------------------
 
@@ -592,7 +592,7 @@ class LMLEvaluator:
 
         >>> from partition_fx import partitionify
         >>> from partition_fx.training import Categorical, split_into_chunks
-        >>> from partition_fx.training.objective import Objective
+        >>> from partition_fx.training.objective.objective import Objective
         >>> examples, chunks = Examples((torch.randn(30, 2), torch.zeros(30).long())), split_into_chunks(30, (0.5, 0.5))
         >>> evaluator = LMLEvaluator(Objective(partitionify(nn.Linear(2, 2), 2), None, Categorical()), examples, chunks)
         >>> before = torch.get_rng_state()

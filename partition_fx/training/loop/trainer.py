@@ -8,13 +8,13 @@ the hyperparameter optimiser holds psi: the parameters of ``hyper`` (an input tr
 ``AffineAugmentation``), of ``HyperparameterModule`` s inside the model (``ConcreteDropout``), and of the
 likelihood (a Gaussian's noise scale).
 
-The trainer reads the data (``training.data``: the examples, their chunks, the sampler), and its steps are built
-by the one assembly of a run, ``TrainingSteps.create`` (``training.steps``: what is trained, the optimisers
+The trainer reads the data (``training.sampling.chunks``: the examples, their chunks, the sampler), and its steps are
+built by the one assembly of a run, ``TrainingSteps.create`` (``training.step.steps``: what is trained, the optimisers
 and their stepper, the LML evaluator, the run's timeline), as your own loop's and the Lightning module's are. It
 keeps its own state (the evaluations, the best one) and the run, which follows its ``Schedule``
-(``training.schedule``: the phases, the evaluations, an early end of partitioned training); a run reads the
+(``training.sampling.schedule``: the phases, the evaluations, an early end of partitioned training); a run reads the
 configuration again for what may be changed for it (``run(..., eval_every=...)``). The hooks it calls are
-``training.hooks``'.
+``training.loop.hooks``'.
 """
 
 from __future__ import annotations
@@ -27,14 +27,27 @@ from typing import Any
 
 import torch
 
-from .._validation import check_given_partition
-from ..errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
-from ..fx.partitioned_model import PartitionedModel
-from ..job.train_config import TrainConfig
-from .checkpoint import differences
+from ..._validation import check_given_partition
+from ...errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
+from ...fx.partitioned_model import PartitionedModel
+from ...job.train_config import TrainConfig
+from ..checkpoint import differences
+from ..objective.estimators import AllChunks, OneChunk
+from ..objective.lml import EvaluationRecord, LMLEstimate, ScoredBatch, evidence, recalibrate_norm_statistics
+from ..objective.objective import ModuleStates
+from ..sampling.chunks import (
+    Examples,
+    PartitionedSampler,
+    ScoredIndices,
+    default_workers,
+    planned_batches,
+    resolve_chunks,
+)
+from ..sampling.schedule import Schedule, configured_iterations, draw_iteration
+from ..sampling.schemes import Draw, scheme_for
+from ..step.stepping import DataParallel
+from ..step.steps import TrainingSteps
 from .components import Components, check_run_arguments, resolve
-from .data import Examples, PartitionedSampler, ScoredIndices, default_workers, planned_batches, resolve_chunks
-from .estimators import AllChunks, OneChunk
 from .hooks import (
     BestState,
     Callback,
@@ -45,13 +58,7 @@ from .hooks import (
     hook_states,
     load_hook_states,
 )
-from .lml import EvaluationRecord, LMLEstimate, ScoredBatch, evidence, recalibrate_norm_statistics
-from .objective import ModuleStates
 from .progress import ProgressLines, progress_outputs
-from .schedule import Schedule, configured_iterations, draw_iteration
-from .schemes import Draw, scheme_for
-from .stepping import DataParallel
-from .steps import TrainingSteps
 
 
 @dataclass
@@ -73,7 +80,7 @@ class FitResult:
     steps: int
     best_step: int
     """The iteration of the best evaluation: the highest conditional LML (the latest partitioned one when C = 1;
-    see ``training.lml.evidence``)."""
+    see ``training.objective.lml.evidence``)."""
     best_lml: float
     """The full LML of the best evaluation."""
     stopped_early: bool
@@ -88,7 +95,7 @@ class FitResult:
     """The iteration fine-tuning began at (``fit(..., finetune_steps=...)``), or None: no fine-tuning. The
     ``lml``s are then those of partitioned training (its last or, with ``restore_best``, best evaluation)."""
     population: dict[str, Any] | None = None
-    """With ``population=N`` (``training.population``): ``members``, each member's ``initial`` ranges, the
+    """With ``population=N`` (``training.loop.population``): ``members``, each member's ``initial`` ranges, the
     ``rounds`` (per comparison: ``step``, every member's ``fitness`` (its conditional LML) and ``ranges``, the
     ``copies`` made, ``[source, target]``) and the ``ancestry`` of the final model (the member it descends from
     at each comparison); None for a single run."""
@@ -117,7 +124,7 @@ class PartitionedTrainer:
     :func:`~partition_fx.training.fit` is (or from ``components`` already resolved); exposes the single steps
     (``parameter_step``, ``hyper_step``, ``evaluate``) for custom loops and tests, and
     ``state_dict()``/``load_state_dict()`` for everything a resumed run needs: the iterations done, the evaluations
-    (``history``), the best one so far (``best``, a :class:`~partition_fx.training.hooks.BestState`), where the run
+    (``history``), the best one so far (``best``, a :class:`~partition_fx.training.loop.hooks.BestState`), where the run
     is on its timeline (:attr:`schedule`'s state: the step fine-tuning began at, an early end of partitioned
     training), the modules, the optimisers, schedulers and pending losses, and every random generator (torch's, the
     sampler's and the LML estimate's).
@@ -164,7 +171,7 @@ class PartitionedTrainer:
             self.chunks, config.optimization.batch_size, config.hyper.batch_size, runtime.seed
         )
         self.data_parallel = DataParallel.from_environment(components.data_parallel)
-        """The process group gradients are averaged over (``training.stepping.DataParallel``), or None."""
+        """The process group gradients are averaged over (``training.step.stepping.DataParallel``), or None."""
         if self.data_parallel is not None:
             self.data_parallel.check_batch_size("batch_size", config.optimization.batch_size)
             self.data_parallel.check_batch_size("hyper_batch_size", self.sampler.hyper_batch_size)
@@ -193,7 +200,7 @@ class PartitionedTrainer:
         self.history: list[EvaluationRecord] = []
         """Every evaluation's record, in order."""
         self.best = BestState()
-        """The best evaluation so far and its modules' states (by its evidence: ``training.lml.evidence``)."""
+        """The best evaluation so far and its modules' states (by its evidence: ``training.objective.lml.evidence``)."""
         self.hooks: list[TrainingHook] = list(components.hooks)
         """Run after each evaluation, when fine-tuning begins and at the end of a run, in this order
         (``hooks``, then the ``CheckpointWriter`` of ``checkpoint_dir``)."""

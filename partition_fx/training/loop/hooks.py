@@ -3,7 +3,7 @@ hook, and the policies that come with the package, each holding its own rule and
 (:class:`CheckpointWriter`), the best state by its evidence (:class:`BestState`) and the early stopping rule
 (:class:`Patience`, whose decision the run's schedule applies).
 
-Every hook and callback takes the run's :class:`~partition_fx.training.lml.EvaluationRecord`.
+Every hook and callback takes the run's :class:`~partition_fx.training.objective.lml.EvaluationRecord`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._io import link_file
-from ..errors import PartitionArgumentError
-from .checkpoint import save_training_state
-from .lml import EvaluationRecord, evidence, recalibrated_states
-from .objective import ModuleStates
+from ..._io import link_file
+from ...errors import PartitionArgumentError
+from ..checkpoint import save_training_state
+from ..objective.lml import EvaluationRecord, evidence, recalibrated_states
+from ..objective.objective import ModuleStates
 
 if TYPE_CHECKING:
     from .trainer import FitResult, PartitionedTrainer
@@ -137,8 +137,8 @@ class CallbackHook(TrainingHook):
 class BestState:
     """The best evaluation of a run and the module states it had: the rule that picks it and what it keeps, in
     one place (as timm's ``CheckpointSaver`` holds its own). The best is the partitioned evaluation with the
-    highest evidence (``training.lml.evidence``); with one partition, which has none, the latest. The trainer asks
-    it at each evaluation (:meth:`consider`), before its hooks, which get whether it improved; it restores it
+    highest evidence (``training.objective.lml.evidence``); with one partition, which has none, the latest. The trainer
+    asks it at each evaluation (:meth:`consider`), before its hooks, which get whether it improved; it restores it
     (``restore_best``), and saves and loads it with its own state.
 
     >>> best = BestState()

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PartitionArgumentError, PartitionNotImplementedError, PartitionTypeError
-from ..transforms.base import HyperparameterModule
+from ...errors import PartitionArgumentError, PartitionNotImplementedError, PartitionTypeError
+from ...transforms.base import HyperparameterModule
 
 
 def _fields(outputs: object) -> list[str]:

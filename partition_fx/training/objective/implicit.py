@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..fx.partitioned_model import PartitionedModel
+from ...fx.partitioned_model import PartitionedModel
 from .likelihoods import Likelihood
 from .lml import forward_log_likelihood
 

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..errors import PartitionArgumentError
-from ..transforms import AffineAugmentation, TestTimeAveraged
-from .data import Examples
+from ...errors import PartitionArgumentError
+from ...transforms import AffineAugmentation, TestTimeAveraged
+from ..sampling.chunks import Examples
 from .likelihoods import model_logits
 
 

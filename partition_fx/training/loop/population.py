@@ -44,16 +44,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._io import link_file, replace_directory
-from ..errors import PartitionArgumentError, PartitionCheckpointError
-from ..job.train_config import TrainConfig
-from ..transforms import AffineAugmentation
-from .checkpoint import load_training_state, resume_directory, save_training_state
+from ..._io import link_file, replace_directory
+from ...errors import PartitionArgumentError, PartitionCheckpointError
+from ...job.train_config import TrainConfig
+from ...transforms import AffineAugmentation
+from ..checkpoint import load_training_state, resume_directory, save_training_state
+from ..objective.lml import EvaluationRecord
+from ..tracking import Tracker
 from .components import Components
 from .hooks import Callback, CallbackHook, CheckpointWriter, TrainingHook, hook_states, load_hook_states
-from .lml import EvaluationRecord
 from .progress import compact_hyperparameters, progress_outputs
-from .tracking import Tracker
 from .trainer import FitResult, PartitionedTrainer
 
 POPULATION_FILE = "population.json"
@@ -207,7 +207,7 @@ class Population:
     Example::
 
         >>> from partition_fx import partitionify
-        >>> from partition_fx.training.components import resolve
+        >>> from partition_fx.training.loop.components import resolve
         >>> config, components = resolve("fit", None, {"hyper": AffineAugmentation(generators=("rotation",)),
         ...     "steps": 12, "batch_size": 8, "population": 2, "population_interval": 4, "eval_every": 4})
         >>> x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 2, (64,))

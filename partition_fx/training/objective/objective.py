@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PartitionArgumentError, first_names
-from ..fx.partitioned_model import PartitionedModel
-from ..transforms.base import HyperparameterModule, outermost_hyperparameter_modules
-from .checkpoint import (
+from ...errors import PartitionArgumentError, first_names
+from ...fx.partitioned_model import PartitionedModel
+from ...transforms.base import HyperparameterModule, outermost_hyperparameter_modules
+from ..checkpoint import (
     buffers_digest,
     checkpoint_identity,
     load_checkpoint,
@@ -38,7 +38,7 @@ class Objective:
     checkpoints hold them (:meth:`states`, :meth:`save`, :meth:`load`, :meth:`restore`, :meth:`is_current`: the
     model's rebuilt buffers left out, the layouts and the defaults unless ``checkpoint_defaults``, see
     ``PartitionedModel.rebuilt_buffers``: they never change), and the names a fault message gives a tensor
-    (:meth:`tensor_names`, :meth:`storage_names`). The losses through its subnetworks are ``training.lml``'s.
+    (:meth:`tensor_names`, :meth:`storage_names`). The losses through its subnetworks are ``training.objective.lml``'s.
 
     Example::
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PartitionArgumentError
-from ..fx.partitioned_model import PartitionedModel
+from ...errors import PartitionArgumentError
+from ...fx.partitioned_model import PartitionedModel
 from .likelihoods import Categorical, Likelihood, model_logits
 from .lml import apply_transform, buffers_restored, hyper_step_norms
 

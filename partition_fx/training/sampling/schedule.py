@@ -20,10 +20,10 @@ from typing import TypedDict
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import PartitionArgumentError
-from ..job.train_config import TrainConfig
-from .data import DataChunks, PartitionedSampler
-from .estimators import HyperEstimator, estimator_for
+from ...errors import PartitionArgumentError
+from ...job.train_config import TrainConfig
+from ..objective.estimators import HyperEstimator, estimator_for
+from .chunks import DataChunks, PartitionedSampler
 from .schemes import Draw, IterationScheme, scheme_for
 
 
@@ -205,11 +205,11 @@ def draw_iteration(
     ``scheme``'s draws with a hyperparameter step by ``estimator`` when the ``schedule`` says one is due.
 
     An iteration's draws are a function of the sampler and the step alone, so the input pipeline can replay the
-    iterations to come on a copy of the sampler (``training.data.planned_batches``).
+    iterations to come on a copy of the sampler (``training.sampling.chunks.planned_batches``).
 
     >>> from partition_fx.training import split_into_chunks
-    >>> from partition_fx.training.schemes import Alternating
-    >>> from partition_fx.training.estimators import OneChunk
+    >>> from partition_fx.training.sampling.schemes import Alternating
+    >>> from partition_fx.training.objective.estimators import OneChunk
     >>> sampler = PartitionedSampler(split_into_chunks(20, (0.5, 0.5)), batch_size=3, seed=0)
     >>> schedule = Schedule(4, eval_every=2, hyper_every=2)
     >>> [len(draw_iteration(Alternating(), OneChunk(), schedule, sampler, s, False).hyper) for s in (1, 2)]

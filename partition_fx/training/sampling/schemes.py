@@ -6,8 +6,8 @@ which each example trains its own partition (:class:`EveryPartition`); and both 
 and ONE backward (:class:`Fused`, :class:`FusedEveryPartition`; the paper leaves this as future work). Running
 examples of several subnetworks in one pass (``per_example="one_pass"``) is not a scheme: it is how the model
 runs the routed forward of the every-partition and fused schemes. The steps a scheme takes are
-``training.steps``' (``TrainingSteps``); which iterations take a hyperparameter step, and which fine-tune, is the
-run's ``training.schedule``.
+``training.step.steps``' (``TrainingSteps``); which iterations take a hyperparameter step, and which fine-tune, is the
+run's ``training.sampling.schedule``.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from ..errors import PartitionArgumentError
-from ..fx.partitioned_model import PartitionedModel
-from .data import InnerIndices, PartitionedSampler, ScoredIndices
-from .estimators import HyperEstimator
-from .implicit import InnerBatch
-from .lml import ScoredBatch
+from ...errors import PartitionArgumentError
+from ...fx.partitioned_model import PartitionedModel
+from ..objective.estimators import HyperEstimator
+from ..objective.implicit import InnerBatch
+from ..objective.lml import ScoredBatch
+from .chunks import InnerIndices, PartitionedSampler, ScoredIndices
 
 if TYPE_CHECKING:  # a scheme takes the steps it is given; the steps run a scheme's draw (TrainingSteps.take)
-    from .steps import TrainingSteps
+    from ..step.steps import TrainingSteps
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Draw:
 
     The draws come from the sampler's own generator and nothing else, so drawing an iteration whole before
     taking its steps is drawing it as the steps go, and replaying draws on a copy of the sampler says what the
-    iterations to come will read (:meth:`reads`; ``training.data.planned_batches``).
+    iterations to come will read (:meth:`reads`; ``training.sampling.chunks.planned_batches``).
 
     >>> draw = Draw(torch.tensor([4, 5]), 2, [(1.0, 2, torch.tensor([6]))], "chunk D_2 through subnetwork 1")
     >>> [i.tolist() for i in draw.reads()]

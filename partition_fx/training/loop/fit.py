@@ -23,19 +23,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._io import write_json
-from .._validation import check_directory, check_flag
-from ..choices import GENERATOR_SETS, generator_set_name
-from ..errors import PartitionArgumentError
-from ..fx.partitioned_model import PartitionedModel
-from ..job.spec import JobSpec
-from ..job.train_config import RUN_FILE, TrainConfig
-from ..ranges import DEFAULT_MAX_RANGE
-from ..transforms import AffineAugmentation
-from .checkpoint import load_training_state
+from ..._io import write_json
+from ..._validation import check_directory, check_flag
+from ...choices import GENERATOR_SETS, generator_set_name
+from ...errors import PartitionArgumentError
+from ...fx.partitioned_model import PartitionedModel
+from ...job.spec import JobSpec
+from ...job.train_config import RUN_FILE, TrainConfig
+from ...ranges import DEFAULT_MAX_RANGE
+from ...transforms import AffineAugmentation
+from ..checkpoint import load_training_state
+from ..objective.lml import EvaluationRecord
 from .components import check_run_arguments, resolve
 from .hooks import Callback, TrainingHook
-from .lml import EvaluationRecord
 from .population import Population, population_size
 from .trainer import FitResult, PartitionedTrainer
 
@@ -200,7 +200,7 @@ def fit(
             stderr (step, LML, loss, hyperparameters, elapsed and remaining time); True: the bar; False: nothing.
         device: where to train (default: where the model is).
         data_parallel: None (default): average over the processes of an initialised process group when
-            there are 2 or more (``torchrun --nproc_per_node=N``; see ``training.stepping``); each process
+            there are 2 or more (``torchrun --nproc_per_node=N``; see ``training.step.stepping``); each process
             takes ``batch_size / N`` examples of every global minibatch and only rank 0 writes checkpoints.
             False: train this process alone even then; True: require such a group.
         resume: a ``resume`` directory written by an earlier ``fit(..., checkpoint_dir=...)`` (at
@@ -208,7 +208,7 @@ def fit(
             continues from its step to ``steps`` in total, bit for bit as if it had not stopped (on CPU).
             A directory from another configuration is refused, naming what differs.
         population: N >= 2 (a field of the configuration) trains N members of the partitioned phase side by
-            side and fine-tunes the fittest (``training.population``); ``resume`` then continues the population.
+            side and fine-tunes the fittest (``training.loop.population``); ``resume`` then continues the population.
         record_run: with ``checkpoint_dir``, write ``checkpoint_dir/run.json``: the run in the command line's
             terms, so that ``partition-fx export --run checkpoint_dir`` rebuilds and exports it, or why it cannot
             (``training.fit``). ``partition-fx train`` records its runs in its own ``report.json``.

@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .._validation import check_choice
-from ..errors import PartitionArgumentError, PartitionError, PartitionTypeError
-from ..fx.partitioned_model import PartitionedModel
-from ..job.train_config import WEIGHT_DECAY_SCALINGS, TrainConfig
+from ..._validation import check_choice
+from ...errors import PartitionArgumentError, PartitionError, PartitionTypeError
+from ...fx.partitioned_model import PartitionedModel
+from ...job.train_config import WEIGHT_DECAY_SCALINGS, TrainConfig
 
 # --- one optimiser, a param group per partition ----------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
-from .._validation import check_partition, check_proportions
-from ..errors import PartitionArgumentError, PartitionTypeError
-from ..fx.assign import partition_sizes
+from ..._validation import check_partition, check_proportions
+from ...errors import PartitionArgumentError, PartitionTypeError
+from ...fx.assign import partition_sizes
 
 # --- chunks and examples ---------------------------------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ ScoredIndices = list[tuple[float, int, torch.Tensor]]
 ``weight``; a hyperparameter step's loss is the weighted sum (``lml.hyper_loss``)."""
 InnerIndices = list[tuple[int, torch.Tensor]]
 """``[(p, indices)]``: examples of D_1:p on which partition p's training loss is differentiated, for a
-hyper-gradient through training (``training.implicit``)."""
+hyper-gradient through training (``training.objective.implicit``)."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def default_workers(workers: int | None, dataset: Any) -> int:
     """
     if workers is not None:
         return workers
-    from ..datasets.images import DecodedImages
+    from ...datasets.images import DecodedImages
 
     if not isinstance(dataset, DecodedImages):
         return 0
@@ -187,7 +187,7 @@ def default_workers(workers: int | None, dataset: Any) -> int:
 class Examples:
     """Batches of ``(inputs, targets)`` from a dataset by index: a fast path for tensors (one gather),
     ``dataset[i]`` + ``default_collate`` for any other map-style dataset of pairs, which ``workers`` processes
-    decode ahead when read through :meth:`batches` or the input pipeline (``training.data``), ``prefetch``
+    decode ahead when read through :meth:`batches` or the input pipeline (``training.sampling.chunks``), ``prefetch``
     batches each, into pinned memory when the device is CUDA.
 
     >>> ex = Examples((torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 0])))
@@ -300,7 +300,7 @@ class PartitionedSampler:
     u are the chunk sizes over the dataset size (the configured proportions, up to rounding). All draws
     come from one CPU generator seeded with ``seed``, so the sequence is the same on every run and device.
 
-    >>> from partition_fx.training.data import split_into_chunks
+    >>> from partition_fx.training.sampling.chunks import split_into_chunks
     >>> sampler = PartitionedSampler(split_into_chunks(100, (0.8, 0.1, 0.1)), batch_size=4, seed=0)
     >>> k, indices = sampler.parameter_batch()
     >>> 1 <= k <= 3 and indices.shape == (4,)
@@ -391,7 +391,7 @@ class PartitionedSampler:
         """A sampler that draws what this one would draw next, without changing this one (the same chunks, a
         generator of its own in this one's state): what the input pipeline plans ahead with.
 
-        >>> from partition_fx.training.data import split_into_chunks
+        >>> from partition_fx.training.sampling.chunks import split_into_chunks
         >>> sampler = PartitionedSampler(split_into_chunks(10, (0.5, 0.5)), batch_size=3)
         >>> torch.equal(sampler.copy().finetune_batch(), sampler.finetune_batch())
         True

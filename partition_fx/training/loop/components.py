@@ -13,14 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._validation import check_callable, check_device, check_directory, check_flag
-from ..errors import PartitionArgumentError, PartitionTypeError
-from ..job.train_config import TrainConfig
-from .data import DataChunks
+from ..._validation import check_callable, check_device, check_directory, check_flag
+from ...errors import PartitionArgumentError, PartitionTypeError
+from ...job.train_config import TrainConfig
+from ..objective.likelihoods import Likelihood, resolve_likelihood
+from ..objective.objective import parameter_step_spread, takes_num_samples, widens
+from ..sampling.chunks import DataChunks
+from ..step.optim import OptimizerFactory, SchedulerFactory
 from .hooks import Callback, TrainingHook
-from .likelihoods import Likelihood, resolve_likelihood
-from .objective import parameter_step_spread, takes_num_samples, widens
-from .optim import OptimizerFactory, SchedulerFactory
 
 
 def check_takes_num_samples(hyper: nn.Module | None) -> None:

@@ -3,11 +3,11 @@ hyperparameter step, the every-partition and fused steps, a fine-tuning step, an
 assembly of a run (:meth:`TrainingSteps.create`), which ``fit``'s trainer, your own loop and the Lightning module
 each build theirs with.
 
-Each step turns examples through the right subnetworks into losses (``training.lml``'s) that the
-:class:`~partition_fx.training.stepping.Stepper` turns into updates. Which steps an iteration takes is its
-scheme's (``training.schemes``), which batches a hyperparameter step scores its estimator's
-(``training.estimators``), and which iterations fine-tune, take a hyperparameter step or evaluate the run's
-:class:`~partition_fx.training.schedule.Schedule`'s.
+Each step turns examples through the right subnetworks into losses (``training.objective.lml``'s) that the
+:class:`~partition_fx.training.step.stepping.Stepper` turns into updates. Which steps an iteration takes is its
+scheme's (``training.sampling.schemes``), which batches a hyperparameter step scores its estimator's
+(``training.objective.estimators``), and which iterations fine-tune, take a hyperparameter step or evaluate the run's
+:class:`~partition_fx.training.sampling.schedule.Schedule`'s.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..errors import PartitionArgumentError
-from ..fx.partitioned_model import PartitionedModel
-from ..job.train_config import HyperStep, TrainConfig
-from .data import BatchReader, DataChunks, Examples, StepInputs
-from .implicit import InnerBatch, through_training
-from .likelihoods import Categorical, Likelihood, ModelLoss
-from .lml import (
+from ...errors import PartitionArgumentError
+from ...fx.partitioned_model import PartitionedModel
+from ...job.train_config import HyperStep, TrainConfig
+from ..objective.implicit import InnerBatch, through_training
+from ..objective.likelihoods import Categorical, Likelihood, ModelLoss
+from ..objective.lml import (
     EvaluationRecord,
     LMLEstimate,
     LMLEvaluator,
@@ -39,8 +38,11 @@ from .lml import (
     hyper_step_norms,
     routed_losses,
 )
-from .objective import Objective, parameter_step_spread, running_norms, takes_num_samples, widens
-from .occam import OccamTerm, factored_layers
+from ..objective.objective import Objective, parameter_step_spread, running_norms, takes_num_samples, widens
+from ..objective.occam import OccamTerm, factored_layers
+from ..sampling.chunks import BatchReader, DataChunks, Examples, StepInputs
+from ..sampling.schedule import Schedule
+from ..sampling.schemes import Draw, IterationBatch, scheme_for
 from .optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -49,8 +51,6 @@ from .optim import (
     configured_factories,
     finetuning_scheduler,
 )
-from .schedule import Schedule
-from .schemes import Draw, IterationBatch, scheme_for
 from .stepping import LAZY_CHECK_EVERY, DataParallel, Precision, Stepper, warn_about_shared_parameters
 
 
@@ -119,7 +119,7 @@ class TrainingSteps:
         """The run's timeline (``create``'s: the configuration's), which :meth:`begin_finetuning` records the
         phase in; None: the steps are taken one by one and know no run."""
         self.occam = occam
-        """The whole network's Occam term the hyperparameter steps add (``training.occam``; None: none)."""
+        """The whole network's Occam term the hyperparameter steps add (``training.objective.occam``; None: none)."""
         self._statistics_modules = running_norms(self.pmodel) if data_parallel is not None else []
 
     @classmethod
@@ -425,7 +425,7 @@ class TrainingSteps:
     ) -> torch.Tensor:
         """Step psi on the ``(weight, k, x, y)`` batches (chunk k through subnetwork k-1); ``description``
         says what they score (``HyperEstimator.describe``). With ``inner`` ``(p, x, y)`` batches of D_1:p, the
-        gradient also sees through partition p's training on them (``training.implicit``: the configuration's
+        gradient also sees through partition p's training on them (``training.objective.implicit``: the configuration's
         ``implicit_terms`` and ``implicit_lr``, the parameter steps' range factor). With an Occam term
         (:attr:`occam`), its derivative is added, refreshed first on the examples ``occam`` = ``(x, y)`` when
         given. Returns the loss."""

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .lml import EvaluationRecord, evidence
+from ..objective.lml import EvaluationRecord, evidence
 
 MAX_SHOWN = 6
 """Hyperparameters named in a line; the rest are counted (``+3 more``)."""
@@ -75,8 +75,8 @@ def _line(position: str, fields: list[str], elapsed: float, remaining: float | N
 
 
 def _evidence_text(record: EvaluationRecord) -> str | None:
-    """An evaluation's evidence (``training.lml.evidence``, the conditional LML) as the progress shows it; with one
-    partition, which has none, its full LML, said to be no evidence; None in fine-tuning.
+    """An evaluation's evidence (``training.objective.lml.evidence``, the conditional LML) as the progress shows it;
+    with one partition, which has none, its full LML, said to be no evidence; None in fine-tuning.
 
     >>> _evidence_text({"lml": -9.0, "lml_per_example": -0.9, "conditional_lml": None})
     'LML -9.0 (-0.900/example; one partition: no evidence)'
