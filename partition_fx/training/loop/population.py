@@ -47,7 +47,7 @@ from torch import nn
 from ..._io import link_file, replace_directory
 from ...errors import PartitionArgumentError, PartitionCheckpointError
 from ...job.train_config import TrainConfig
-from ...transforms import AffineAugmentation
+from ...transforms import LearnedRanges
 from ..checkpoint import load_training_state, resume_directory, save_training_state
 from ..objective.lml import EvaluationRecord
 from ..tracking import Tracker
@@ -62,10 +62,11 @@ FORMAT = 1
 """The version of ``population.json``."""
 
 
-def explore(hyper: AffineAugmentation, delta: float, floor: float, generator: torch.Generator) -> None:
+def explore(hyper: LearnedRanges, delta: float, floor: float, generator: torch.Generator) -> None:
     """Move every range of ``hyper`` by e^(+-delta), each sign drawn from ``generator``; a range below ``floor`` of
     its bound moves from that floor (a range at 0 is not stuck there), and none goes past its bound.
 
+    >>> from partition_fx.transforms import AffineAugmentation
     >>> hyper = AffineAugmentation(generators=("rotation",), init="zero")
     >>> explore(hyper, 0.5, 0.05, torch.Generator().manual_seed(0))
     >>> 0 < hyper.hyperparameters()["rotation"] <= math.pi
@@ -79,16 +80,17 @@ def explore(hyper: AffineAugmentation, delta: float, floor: float, generator: to
             hyper.ranges[i] = min(start * math.exp(float(signs[i]) * delta), bound)
 
 
-def explored_transforms(hyper: nn.Module | None) -> list[AffineAugmentation]:
-    """The learned affine augmentations in ``hyper`` (itself or its submodules), whose ranges a population
-    explores; refuses a run with none.
+def explored_transforms(hyper: nn.Module | None) -> list[LearnedRanges]:
+    """The modules with learned ranges in ``hyper`` (itself or its submodules: each a
+    :class:`~partition_fx.transforms.LearnedRanges`, such as an ``AffineAugmentation`` not fixed), whose ranges a
+    population explores; refuses a run with none.
 
     >>> explored_transforms(None)
     Traceback (most recent call last):
     ...
     partition_fx.errors.PartitionArgumentError: population=N compares runs and moves their learned affine ranges, ...
     """
-    found = [] if hyper is None else [m for m in hyper.modules() if isinstance(m, AffineAugmentation)]
+    found: list[LearnedRanges] = [] if hyper is None else [m for m in hyper.modules() if isinstance(m, LearnedRanges)]
     found = [m for m in found if not m.is_fixed]
     if not found:
         raise PartitionArgumentError(

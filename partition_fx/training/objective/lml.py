@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from ...choices import Phase
 from ...errors import PartitionArgumentError
 from ...fx.partitioned_model import PartitionedModel
 from ...job.train_config import TrainConfig
+from ...transforms.base import WidensRanges
 from ..checkpoint import load_checkpoint, needs_recalibration
 from ..sampling.chunks import DataChunks, Examples
 from ..step.stepping import Precision
@@ -62,7 +63,8 @@ def apply_transform(
 def _transforming(hyper: nn.Module, grad: bool, widen: float | Mapping[str, float]) -> Iterator[None]:
     """How an input transform runs in a loss: with autograd only when ``grad`` (and it is on), from its ranges
     times ``widen``."""
-    widened = hyper.widened(widen) if widen != 1.0 else nullcontext()  # type: ignore[operator]  # hyper is a Widenable when widen != 1 (objective.widens); nn.Module types it Tensor | Module
+    # widen != 1 only where the transform widens its ranges (objective.widens, checked where the run is assembled)
+    widened = cast(WidensRanges, hyper).widened(widen) if widen != 1.0 else nullcontext()
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()), widened:
         yield
 

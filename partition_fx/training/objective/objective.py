@@ -14,7 +14,7 @@ from torch import nn
 
 from ...errors import PartitionArgumentError, first_names
 from ...fx.partitioned_model import PartitionedModel
-from ...transforms.base import HyperparameterModule, outermost_hyperparameter_modules
+from ...transforms.base import HyperparameterModule, WidensRanges, outermost_hyperparameter_modules
 from ..checkpoint import (
     buffers_digest,
     checkpoint_identity,
@@ -264,8 +264,9 @@ class Objective:
 
 
 def widens(hyper: nn.Module | None) -> bool:
-    """Whether ``train_range_factor`` applies to ``hyper``: it can draw from scaled ranges (``widened``)."""
-    return callable(getattr(hyper, "widened", None))
+    """Whether ``train_range_factor`` applies to ``hyper``: it can draw from scaled ranges
+    (:class:`~partition_fx.transforms.WidensRanges`)."""
+    return isinstance(hyper, WidensRanges)
 
 
 def parameter_step_spread(
