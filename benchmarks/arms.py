@@ -1,6 +1,6 @@
 """The arms of the default job: each a set of `partition-fx train` options added to the job's, by name, as
 ``learned_augmentation`` runs them on the command line and ``research/population.py`` builds them with
-``partition_fx.jobs.train_job``; the ``DATA:ARM[:SEEDS]`` entries that name runs; and the training images a run
+``partition_fx.cli.train.train_job``; the ``DATA:ARM[:SEEDS]`` entries that name runs; and the training images a run
 costs, read from its recorded configuration.
 
 An oracle fixes the truth of its data (``partition_fx.datasets``' ``true_ranges`` and

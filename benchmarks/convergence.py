@@ -43,7 +43,7 @@ import torch
 from benchmarks import tables
 from benchmarks.common import RESULTS, header, paper_scheme, results, write_results
 from partition_fx import export_subnetwork
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from partition_fx.training import evaluate_classifier, fit
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE

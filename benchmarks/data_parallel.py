@@ -1,4 +1,4 @@
-"""Data-parallel partitioned training (``training.stepping``): time per iteration with 1 and 2 processes
+"""Data-parallel partitioned training (``training.step.stepping``): time per iteration with 1 and 2 processes
 at the same global batch, and the equivalence of what they train.
 
 Each configuration is the ``partition-fx train`` job (the main job's model and data; ``--batch-size``,
@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.common import RESULTS, header, results, write_results
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from partition_fx.training import PartitionedTrainer
 from partition_fx.transforms import InputMask
 

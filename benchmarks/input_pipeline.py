@@ -46,7 +46,7 @@ from partition_fx import partitionify
 from partition_fx.datasets import image_folder
 from partition_fx.models import build_model
 from partition_fx.training import Examples, PartitionedSampler, PartitionedTrainer, TrainConfig
-from partition_fx.training.data import StepInputs
+from partition_fx.training.sampling.chunks import StepInputs
 from partition_fx.transforms import AffineAugmentation
 
 CLASSES = 10

@@ -22,8 +22,9 @@ from pathlib import Path
 from benchmarks import tables
 from benchmarks.arms import ARMS, data_arm_seeds, training_images
 from benchmarks.common import RESULTS, header, results, write_results
-from partition_fx.job_spec import JobSpec
-from partition_fx.jobs import build_augmentation, initial_hyperparameters, train_spec
+from partition_fx.cli.train import train_spec
+from partition_fx.job.build import build_augmentation, initial_hyperparameters
+from partition_fx.job.spec import JobSpec
 
 CONFIGS = [("rotdigits", "affine"), ("rotdigits", "none"), ("rotdigits", "oracle"), ("digits", "affine")]
 COMMAND = Path(sys.executable).with_name("partition-fx")

@@ -33,9 +33,9 @@ from partition_fx.choices import AFFINE_GENERATORS
 from partition_fx.models import build_model
 from partition_fx.training import Categorical, TrainConfig, evaluate_classifier, fit, split_into_chunks
 from partition_fx.training import evaluate_averaged as evaluate_classifier_averaged
-from partition_fx.training.lml import apply_transform, buffers_restored
-from partition_fx.training.occam import kronecker_factors, laplace_occam
-from partition_fx.training.optim import configured_factories
+from partition_fx.training.objective.lml import apply_transform, buffers_restored
+from partition_fx.training.objective.occam import kronecker_factors, laplace_occam
+from partition_fx.training.step.optim import configured_factories
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.affine import DEFAULT_MAX_RANGE
 
@@ -206,9 +206,9 @@ def lila_evidence(
     """LILA's objective per example, differentiable in ``aug``'s ranges at ``model``'s weights: the Laplace evidence
     of the invariant model (its logits the mean over :data:`LILA_SAMPLES` views) on ``num_examples`` examples,
     estimated on the subset ``x, y``, over ``num_examples``: the subset's mean log-likelihood plus the whole network's
-    Kronecker-factored Occam term (``training.occam``, each layer's prior precision fitted) over ``num_examples``.
-    BatchNorm normalises the views by their own statistics; its running statistics move, and the caller puts them
-    back once the backward is done (``buffers_restored``: not before, the backward reads them)."""
+    Kronecker-factored Occam term (``training.objective.occam``, each layer's prior precision fitted) over
+    ``num_examples``. BatchNorm normalises the views by their own statistics; its running statistics move, and the
+    caller puts them back once the backward is done (``buffers_restored``: not before, the backward reads them)."""
     loglik, factors = kronecker_factors(model, x, y, hyper=aug, samples=LILA_SAMPLES)
     occam = laplace_occam(factors, scale=num_examples / len(x))
     return loglik / len(x) + occam / num_examples

@@ -43,7 +43,7 @@ from benchmarks import tables
 from benchmarks.common import RESULTS, header, results, write_results
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.training import PartitionedTrainer
-from partition_fx.training.stepping import Precision
+from partition_fx.training.step.stepping import Precision
 from partition_fx.transforms import InputMask
 
 MODELS = {

@@ -23,18 +23,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import ParameterRule as ParameterRule
-    from .config import PartitionConfig as PartitionConfig
     from .errors import PartitionArgumentError as PartitionArgumentError
     from .errors import PartitionError as PartitionError
     from .errors import PartitionTypeError as PartitionTypeError
     from .export import export_onnx as export_onnx
     from .export import export_subnetwork as export_subnetwork
-    from .params import PartitionedTensor as PartitionedTensor
-    from .params import RandomPartitionedTensor as RandomPartitionedTensor
-    from .params import ScalePartitionedTensor as ScalePartitionedTensor
-    from .partitioned_model import PartitionedModel as PartitionedModel
-    from .rewrite import partitionify as partitionify
+    from .fx.config import ParameterRule as ParameterRule
+    from .fx.config import PartitionConfig as PartitionConfig
+    from .fx.params import PartitionedTensor as PartitionedTensor
+    from .fx.params import RandomPartitionedTensor as RandomPartitionedTensor
+    from .fx.params import ScalePartitionedTensor as ScalePartitionedTensor
+    from .fx.partitioned_model import PartitionedModel as PartitionedModel
+    from .fx.rewrite import partitionify as partitionify
     from .training import FitResult as FitResult
     from .training import PartitionedTrainer as PartitionedTrainer
     from .training import fit as fit
@@ -61,18 +61,18 @@ __version__ = "0.2.0"
 ``report.json`` and ``export.json`` records the one that wrote it."""
 
 _HOME = {
-    "ParameterRule": "config",
-    "PartitionConfig": "config",
+    "ParameterRule": "fx.config",
+    "PartitionConfig": "fx.config",
     "PartitionArgumentError": "errors",
     "PartitionError": "errors",
     "PartitionTypeError": "errors",
     "export_onnx": "export",
     "export_subnetwork": "export",
-    "PartitionedTensor": "params",
-    "RandomPartitionedTensor": "params",
-    "ScalePartitionedTensor": "params",
-    "PartitionedModel": "partitioned_model",
-    "partitionify": "rewrite",
+    "PartitionedTensor": "fx.params",
+    "RandomPartitionedTensor": "fx.params",
+    "ScalePartitionedTensor": "fx.params",
+    "PartitionedModel": "fx.partitioned_model",
+    "partitionify": "fx.rewrite",
     "FitResult": "training",
     "PartitionedTrainer": "training",
     "fit": "training",

@@ -2,7 +2,7 @@
 
 The library checks its arguments against these lists and the command line offers them as ``choices=``;
 this module imports nothing, so ``partition-fx --help`` lists them without loading torch. The open-ended
-lists, which other code may extend, are registries: the partition kinds and schemes (``partition_fx.kinds``)
+lists, which other code may extend, are registries: the partition kinds and schemes (``partition_fx.fx.kinds``)
 and the named datasets (``partition_fx.datasets.registry``).
 
 >>> "seed" in DEFAULTS and "regenerated" in ASSIGNMENTS
@@ -22,7 +22,7 @@ ASSIGNMENTS = ("stored", "regenerated")
 regenerate it from the seed."""
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-"""What ``precision=`` and ``--precision`` take (``training.stepping.DTYPES`` maps each to its dtype)."""
+"""What ``precision=`` and ``--precision`` take (``training.step.stepping.DTYPES`` maps each to its dtype)."""
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``torch.compile``'s modes, which ``compile=`` and ``--compile`` also take (True: ``"default"``)."""

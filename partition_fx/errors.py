@@ -104,7 +104,7 @@ class RangeError(PartitionArgumentError):
     (``max_range``, ``init``); ``keyword`` (which of them), ``generator`` (the range's name), ``value`` (the bound
     or the start refused) and ``bound`` (the bound a start lies outside; None for a refused bound) let a caller say
     it in its own words, as the command line names its options ``--max-range`` and ``--init`` (the way it names a
-    :class:`~partition_fx.settings.SettingError`'s field by its flag).
+    :class:`~partition_fx.job.settings.SettingError`'s field by its flag).
 
     >>> from partition_fx.ranges import learning_start
     >>> try:

@@ -17,7 +17,7 @@ from torch import nn
 
 from ._io import replace_file
 from .errors import PartitionError, PartitionTypeError, first_line
-from .partitioned_model import PartitionedModel
+from .fx.partitioned_model import PartitionedModel
 
 
 def export_subnetwork(pmodel: PartitionedModel, k: int | None = None) -> nn.Module:

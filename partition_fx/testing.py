@@ -17,9 +17,9 @@ from typing import Any, cast
 import torch
 
 from .export import export_subnetwork, flat_tensors
-from .kinds import partition_kind
-from .params import PartitionedTensor, RandomPartitionedTensor
-from .partitioned_model import PartitionedModel
+from .fx.kinds import partition_kind
+from .fx.params import PartitionedTensor, RandomPartitionedTensor
+from .fx.partitioned_model import PartitionedModel
 
 
 def perturb_partitions(pmodel: PartitionedModel, *, scale: float = 0.05, seed: int = 0) -> None:

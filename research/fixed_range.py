@@ -2,7 +2,7 @@
 draws a few iterations at a time, so that a diagnostic can score the weights mid-run, change the range, or branch
 the run (:func:`train_at_fixed_range`, :class:`FixedRangeRun`).
 
-The job is ``partition-fx train``'s, built by ``partition_fx.jobs.train_job``; its iterations are the ones
+The job is ``partition-fx train``'s, built by ``partition_fx.cli.train.train_job``; its iterations are the ones
 ``PartitionedBatchSampler`` plans (parameter steps only: the range is fixed), taken by ``TrainingSteps.take``.
 """
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from partition_fx import PartitionedModel
-from partition_fx.jobs import TrainJob, train_job
+from partition_fx.cli.train import train_job
+from partition_fx.job.build import TrainJob
 from partition_fx.training import DataChunks, Draw, PartitionedBatchSampler, TrainingSteps, split_into_chunks
 
 

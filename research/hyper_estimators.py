@@ -86,7 +86,7 @@ def run_one(variant: str, seed: int, steps: int, device: str, quick: bool, stand
     do not depend on the model)."""
     from benchmarks.methods import PassCounter
     from partition_fx import export_subnetwork
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
     from partition_fx.training import evaluate_classifier, fit
     from partition_fx.transforms import AffineAugmentation
 

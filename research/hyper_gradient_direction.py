@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import header, results, write_results
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from partition_fx.training import fit, split_into_chunks
 from partition_fx.transforms import AffineAugmentation
 from research import RESULTS

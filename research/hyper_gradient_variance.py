@@ -53,7 +53,7 @@ def _rotation_gradient(
 ) -> float:
     """d/d(rotation range) of sum_k weight_k * mean NLL of chunk k's batch through subnetwork k-1, BatchNorm
     normalising as ``norms`` says (``hyper_norm``)."""
-    from partition_fx.training.lml import forward_log_likelihood, hyper_step_norms
+    from partition_fx.training.objective.lml import forward_log_likelihood, hyper_step_norms
 
     ranges = trainer.steps.hyper.ranges
     loss = 0.0
@@ -100,7 +100,7 @@ def draw(trainer: Any, estimator: str, fixed: dict[str, Any], generator: torch.G
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
     from partition_fx.training import PartitionedTrainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

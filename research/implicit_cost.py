@@ -2,11 +2,11 @@
 the fixed-weight one and against a parameter step, on the default job's model and data.
 
 The default job (``partition-fx train``: resnet10t on rotdigits, C = 3, batch 64, every chunk scored with 6
-augmentation samples of 16 examples) is built by ``jobs.train_job``; each step is timed in turn in one process
-(round robin), medians over repeats, and reported in parameter steps (one forward and one backward of a batch of
-64 through subnetwork k): the hyperparameter step at fixed weights and through training for each K, and the
-iteration of the default recipe (a parameter step, a hyperparameter step every 2nd iteration), which gives the
-run's partitioned phase's cost relative to the fixed-weight run's.
+augmentation samples of 16 examples) is built by ``partition_fx.cli.train.train_job``; each step is timed in turn in
+one process (round robin), medians over repeats, and reported in parameter steps (one forward and one backward of a
+batch of 64 through subnetwork k): the hyperparameter step at fixed weights and through training for each K, and the
+iteration of the default recipe (a parameter step, a hyperparameter step every 2nd iteration), which gives the run's
+partitioned phase's cost relative to the fixed-weight run's.
 
     python -m research.implicit_cost            # K in 0, 1, 5, 20; 7 repeats
     python -m research.implicit_cost --quick    # a smoke run; writes nothing
@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import header, results, write_results
-from partition_fx.jobs import TrainJob, train_job
+from partition_fx.cli.train import train_job
+from partition_fx.job.build import TrainJob
 from partition_fx.training import PartitionedSampler, TrainingSteps, split_into_chunks
 from research import RESULTS, tables
 

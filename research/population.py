@@ -12,7 +12,7 @@ of its ranges by a factor e^(+-delta) (explore; a range below ``--floor`` of its
 members start from the job's ranges, all but the first explored once. When partitioned training ends (the job's
 fine-tuning step) the best member fine-tunes as the job does, and its final model is scored on the test split.
 
-The population is the package's (``fit(..., population=N)``, ``partition_fx.training.population``); this runs
+The population is the package's (``fit(..., population=N)``, ``partition_fx.training.loop.population``); this runs
 it on the benchmark arms and scores its final model on the test split.
 
     python -m research.population --configs rotdigits:zero digits:zero --seeds 0 1 2
@@ -32,7 +32,7 @@ import torch
 from benchmarks.arms import ARMS, data_arm_seeds, training_images
 from benchmarks.common import header, results, write_json, write_results
 from partition_fx import export_subnetwork, fit
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from research import RESULTS
 
 QUICK_JOB = ["--steps", "10", "--batch-size", "8", "--samples", "2", "--image-size", "8", "--eval-every", "5",

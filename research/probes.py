@@ -18,7 +18,7 @@ from partition_fx.training import (
     conditional_lml_of_draws,
     log_likelihood_of_draws,
 )
-from partition_fx.training.implicit import neumann_inverse
+from partition_fx.training.objective.implicit import neumann_inverse
 from partition_fx.transforms import AffineAugmentation, averaging_coefficients
 
 SAMPLES = 8
@@ -86,7 +86,7 @@ def derivatives(
 
             fixed += float(direct)
             for K in ks:
-                total = neumann_inverse(grads, params, v, K, alpha)  # training.implicit's series
+                total = neumann_inverse(grads, params, v, K, alpha)  # training.objective.implicit's series
                 # - alpha * total^T d2L/dw dr
                 (mixed,) = torch.autograd.grad(grads, augmentation.ranges, grad_outputs=total, retain_graph=True)
                 implicit[K] += float(direct) - alpha * float(mixed)

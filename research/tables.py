@@ -117,7 +117,7 @@ def federated_psi(result: Results) -> str:
 def population(result: Results) -> str:
     """One line per population: the ranges it learned (the rotation, the isotropic scale where the generators have
     one, and the largest other), its final model's test accuracy, the member its state descends from at each round
-    (``partition_fx.training.population.ancestry``), and the images it trained on against a plain run's."""
+    (``partition_fx.training.loop.population.ancestry``), and the images it trained on against a plain run's."""
     header = ["data", "start", "seed", "rotation (rad)", "scale", "largest other range", "test accuracy",
               "averaged over 8", "ancestry", "images vs plain"]  # fmt: skip
     body = []

@@ -39,7 +39,7 @@ import torch
 from benchmarks.arms import ARMS, SCALEDIGITS_TRUTH
 from benchmarks.common import header, mean_se, results, write_json, write_results
 from partition_fx import export_subnetwork, fit
-from partition_fx.jobs import train_job
+from partition_fx.cli.train import train_job
 from partition_fx.transforms import AffineAugmentation
 from research import RESULTS
 from research.fixed_range import train_at_fixed_range

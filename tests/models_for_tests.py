@@ -193,7 +193,7 @@ def gradient_step_trainer(**options: Any) -> Any:
     optimisers are SGD with lr 1 (new = old - grad: each update is the gradient); ``options`` change it."""
     from functools import partial
 
-    from partition_fx.train_config import TrainConfig
+    from partition_fx.job.train_config import TrainConfig
     from partition_fx.training import PartitionedTrainer
     from partition_fx.transforms import AffineAugmentation
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partition_fx.assign import hash_keys, name_salt, partition_layout, partition_sizes, random_assignment
+from partition_fx.fx.assign import hash_keys, name_salt, partition_layout, partition_sizes, random_assignment
 
 shapes = st.lists(st.integers(1, 9), min_size=0, max_size=4)
 

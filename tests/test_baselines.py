@@ -10,9 +10,9 @@ from models_for_tests import small_images, small_partitioned_cnn
 
 from benchmarks import methods
 from benchmarks.arms import training_images
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import fit
-from partition_fx.training.data import split_into_chunks
+from partition_fx.training.sampling.chunks import split_into_chunks
 from partition_fx.transforms import AffineAugmentation
 
 

@@ -15,8 +15,8 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionCheckpointError, PartitionTrainingError
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.testing import perturb_partitions
-from partition_fx.train_config import TrainConfig
 from partition_fx.training import (
     CallbackHook,
     Categorical,
@@ -27,10 +27,10 @@ from partition_fx.training import (
     recalibrate_norm_statistics,
     split_into_chunks,
 )
-from partition_fx.training.lml import LMLEvaluator, evidence, lml_fields, recalibrated_states
-from partition_fx.training.objective import Objective
-from partition_fx.training.stepping import Stepper
-from partition_fx.training.steps import TrainingSteps
+from partition_fx.training.objective.lml import LMLEvaluator, evidence, lml_fields, recalibrated_states
+from partition_fx.training.objective.objective import Objective
+from partition_fx.training.step.stepping import Stepper
+from partition_fx.training.step.steps import TrainingSteps
 from partition_fx.transforms import InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning

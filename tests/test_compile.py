@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation
 
@@ -102,7 +102,7 @@ def test_compile_is_checked() -> None:
 
 def test_the_command_offers_the_modes_fit_takes() -> None:
     from partition_fx.cli.parser import build_parser
-    from partition_fx.train_config import COMPILE_MODES
+    from partition_fx.job.train_config import COMPILE_MODES
 
     train = next(
         a for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions if a.dest == "compile"

@@ -1,4 +1,4 @@
-"""Data-parallel training (``training.stepping``) against its definition: one process with the whole
+"""Data-parallel training (``training.step.stepping``) against its definition: one process with the whole
 global minibatch. Two real processes (torch.multiprocessing, gloo on CPU) train with half of every minibatch
 each; the trained model and hyperparameters must equal one process's (to float tolerance: the gradients are
 summed in another order), for the paper's iteration, fused and every-partition iterations, and for a run the two
@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
-from partition_fx.training.stepping import DataParallel
+from partition_fx.training.step.stepping import DataParallel
 from partition_fx.transforms import InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning

@@ -15,7 +15,7 @@ from safetensors.torch import save
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import fit, split_into_chunks
 from partition_fx.transforms import ConcreteDropout, InputMask
 

@@ -1,4 +1,4 @@
-"""The hyperparameter-gradient estimators (``training.estimators``) against their definitions.
+"""The hyperparameter-gradient estimators (``training.objective.estimators``) against their definitions.
 
 * ``OneChunk`` (``hyper_chunks="one"``, the paper's): one chunk k ~ Cat(u_2..u_C renormalised), weight 1;
 * ``AllChunks`` (``hyper_chunks="all"``): the hyper-gradient is the sum over chunks k=2..C of
@@ -16,10 +16,10 @@ import torch
 from models_for_tests import gradient_step_trainer
 
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import HYPER_CHUNKS
+from partition_fx.job.train_config import HYPER_CHUNKS
 from partition_fx.training import PartitionedSampler, split_into_chunks
-from partition_fx.training.estimators import AllChunks, HyperEstimator, OneChunk, estimator_for
-from partition_fx.training.lml import forward_log_likelihood
+from partition_fx.training.objective.estimators import AllChunks, HyperEstimator, OneChunk, estimator_for
+from partition_fx.training.objective.lml import forward_log_likelihood
 
 _trainer = gradient_step_trainer
 

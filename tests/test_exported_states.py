@@ -19,10 +19,10 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.cli import main
-from partition_fx.cli.runs import read_spec
 from partition_fx.export import export_subnetwork
-from partition_fx.jobs import build_job
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.build import build_job
+from partition_fx.job.records import read_spec
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, evaluate_classifier, fit, recalibrate_norm_statistics
 from partition_fx.training.checkpoint import read_checkpoint
 
@@ -85,7 +85,7 @@ def _no_trainer(self, *args, **kwargs):
 
 def _record_splits(monkeypatch: pytest.MonkeyPatch) -> list:
     """The ``split`` of every dataset the command line loads from now on (None: both), in order."""
-    import partition_fx.jobs as job_module
+    import partition_fx.job.build as job_module
 
     loaded: list = []
     original = job_module.load_dataset

@@ -18,8 +18,8 @@ from partition_fx.errors import PartitionArgumentError
 from partition_fx.federated import client_chunks, dirichlet_split
 from partition_fx.federated.algorithm import ClientUpdate, FederatedServer, client_update
 from partition_fx.training import Categorical
-from partition_fx.training.lml import forward_log_likelihood
-from partition_fx.training.objective import Objective
+from partition_fx.training.objective.lml import forward_log_likelihood
+from partition_fx.training.objective.objective import Objective
 from partition_fx.transforms import ConcreteDropout, InputMask
 
 
@@ -811,7 +811,7 @@ def test_the_command_and_the_config_refuse_an_image_size_alike(size, capsys) -> 
     """One check: ``FederatedConfig``'s own, which the command's options go through (named by the option)."""
     from partition_fx.cli import main
     from partition_fx.federated.config import FederatedConfig
-    from partition_fx.settings import SettingError
+    from partition_fx.job.settings import SettingError
 
     with pytest.raises(SettingError) as refused:
         FederatedConfig(image_size=size)

@@ -20,9 +20,9 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError, PartitionTypeError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, TrainingHook, fit, recalibrate_norm_statistics
-from partition_fx.training.trainer import resolve
+from partition_fx.training.loop.trainer import resolve
 from partition_fx.transforms import AffineAugmentation, InputMask
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from partition_fx import partitionify
 from partition_fx.choices import AFFINE_GENERATORS, GENERATOR_SETS, RANGE_NAMES
 from partition_fx.cli import main
-from partition_fx.cli.checks import check_job
 from partition_fx.datasets import load_dataset
 from partition_fx.errors import PartitionArgumentError, PartitionTypeError, RangeError
-from partition_fx.job_spec import JobSpec
+from partition_fx.job.checks import check_job
+from partition_fx.job.spec import JobSpec
 from partition_fx.models import build_model
 from partition_fx.ranges import DEFAULT_MAX_RANGE, WIDE_START, float32
 from partition_fx.training import fit
@@ -145,7 +145,7 @@ def test_a_fixed_range_may_exceed_its_learning_bound() -> None:
 
 
 def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) -> None:
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
 
     job = train_job([*TINY, "--init", "rotation=1.5,shear=0.25"])
     expected = {name: 0.0 for name in AFFINE_GENERATORS} | {"rotation": 1.5, "shear": 0.25}
@@ -163,8 +163,8 @@ def test_init_starts_the_learned_ranges_there_and_every_other_at_zero(tmp_path) 
 
 
 def test_max_range_bounds_the_learned_ranges_and_reaches_the_report_fit_and_export(tmp_path) -> None:
-    from partition_fx.cli.runs import read_spec
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
+    from partition_fx.job.records import read_spec
 
     argv = ["--generators", "augerino", "--max-range", "scale=1.3863", "--init", "scale=1.3863"]
     job = train_job([*TINY, *argv])
@@ -201,7 +201,7 @@ def test_max_range_bounds_the_learned_ranges_and_reaches_the_report_fit_and_expo
 
 
 def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_path) -> None:
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
 
     job = train_job([*TINY, "--generators", "augerino", "--draws", "stratified", "--init", "scale=0.3"])
     assert job.hyper.generators == GENERATOR_SETS["augerino"] and job.hyper.draws == "stratified"
@@ -227,7 +227,7 @@ def test_generators_and_draws_reach_the_augmentation_the_report_and_export(tmp_p
 def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_set_drawn_uniformly() -> None:
     from partition_fx.cli.commands.train import job_spec
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import read_spec
+    from partition_fx.job.records import read_spec
 
     config = job_spec(parse_train([])).to_dict()
     older = {key: value for key, value in config.items() if key not in ("generators", "draws")}
@@ -240,7 +240,7 @@ def test_a_report_written_before_generators_and_draws_existed_reads_as_the_xy_se
 
 @pytest.mark.parametrize("generators", list(GENERATOR_SETS))
 def test_the_wide_start_puts_every_range_at_its_wide_value_within_its_bound(generators) -> None:
-    from partition_fx.jobs import train_job
+    from partition_fx.cli.train import train_job
 
     augmentation = AffineAugmentation(generators=generators, init="wide", max_range={"translation_x": 0.1})
     expected = {name: _float32(WIDE_START[name]) for name in GENERATOR_SETS[generators]}

@@ -1,4 +1,4 @@
-"""Flat storage (``partition_fx.flat``) against its definition: every member's own per-tensor ``value(k)``.
+"""Flat storage (``partition_fx.fx.flat``) against its definition: every member's own per-tensor ``value(k)``.
 
 A group computes all its members' effective tensors at once from flat parameters; each member still
 computes its own the per-tensor way from views of them. Both must agree bit for bit for every subnetwork,
@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 
 from partition_fx import partitionify
-from partition_fx.flat import FlatGroup, flat_groups
-from partition_fx.params import RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
+from partition_fx.fx.flat import FlatGroup, flat_groups
+from partition_fx.fx.params import RandomPartitionedTensor, ScalePartitionedTensor, gradient_only_to
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
-from partition_fx.train_config import TrainConfig
 from tests.test_random_architectures import Case, build, cases
 
 PAPER = TrainConfig.paper()  # the defaults these tests were written against: the paper's step, no fine-tuning
@@ -81,7 +81,7 @@ def test_groups_follow_kind_default_dtype_and_trainability() -> None:
         torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8).double(), torch.nn.Linear(8, 2)
     )
     model[3].weight.requires_grad_(False)
-    from partition_fx.config import PartitionConfig
+    from partition_fx.fx.config import PartitionConfig
 
     config = PartitionConfig().set_name("3.weight", partition=True)
     pmodel = partitionify(model, 3, config=config)
@@ -176,7 +176,7 @@ def test_operators_per_step_do_not_grow_with_the_number_of_grouped_tensors(conve
 
 def test_a_kind_is_split_into_groups_of_bounded_size(monkeypatch) -> None:
     """Groups close at GROUP_ENTRIES (cache-friendly gathers on CPU); the subnetworks do not change."""
-    import partition_fx.flat as flat
+    import partition_fx.fx.flat as flat
     from partition_fx.testing import assert_subnetworks_match_exports
 
     model = _mlp(4)

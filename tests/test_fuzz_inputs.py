@@ -36,9 +36,9 @@ import partition_fx.cli.convert
 import partition_fx.cli.export
 from partition_fx import partitionify
 from partition_fx.cli import main
-from partition_fx.cli.runs import read_spec
 from partition_fx.errors import PartitionError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.records import read_spec
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit, split_into_chunks
 from partition_fx.transforms import InputMask
 

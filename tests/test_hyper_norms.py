@@ -11,7 +11,7 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
 from partition_fx.training import Categorical, PartitionedTrainer
-from partition_fx.training.lml import forward_log_likelihood, hyper_step_norms
+from partition_fx.training.objective.lml import forward_log_likelihood, hyper_step_norms
 from partition_fx.transforms import AffineAugmentation
 
 

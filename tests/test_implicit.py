@@ -1,4 +1,4 @@
-"""The hyper-gradient through training (``hyper_gradient="implicit"``, ``training.implicit``) against its
+"""The hyper-gradient through training (``hyper_gradient="implicit"``, ``training.objective.implicit``) against its
 definitions: the exact best-response derivative of a quadratic inner problem; autograd through one explicit SGD
 step (K = 0); a finite difference of train-then-score on a tiny CNN; and the runs that take it."""
 
@@ -10,10 +10,10 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import Categorical, PartitionedBatchSampler, TrainingSteps, split_into_chunks
-from partition_fx.training.implicit import neumann_inverse, through_training
-from partition_fx.training.likelihoods import Gaussian
+from partition_fx.training.objective.implicit import neumann_inverse, through_training
+from partition_fx.training.objective.likelihoods import Gaussian
 from partition_fx.transforms import AffineAugmentation
 from partition_fx.transforms.base import HyperparameterModule
 

@@ -17,10 +17,10 @@ from partition_fx import partitionify
 from partition_fx.datasets import image_folder
 from partition_fx.datasets.images import DecodedImages
 from partition_fx.errors import PartitionError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
-from partition_fx.training.data import StepInputs, planned_batches
-from partition_fx.training.schedule import draw_iteration
+from partition_fx.training.sampling.chunks import StepInputs, planned_batches
+from partition_fx.training.sampling.schedule import draw_iteration
 from partition_fx.transforms import AffineAugmentation
 
 CONFIG = TrainConfig.recommended(

@@ -11,8 +11,8 @@ from models_for_tests import ConvBN, mlp
 from torch import nn
 
 from partition_fx import export_onnx, export_subnetwork, partitionify
-from partition_fx.assign import node_assignment, partition_sizes
-from partition_fx.params import RandomPartitionedTensor
+from partition_fx.fx.assign import node_assignment, partition_sizes
+from partition_fx.fx.params import RandomPartitionedTensor
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 
 

@@ -12,8 +12,8 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionTrainingError
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.ranges import DEFAULT_MAX_RANGE
-from partition_fx.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout, InputMask
 
@@ -128,7 +128,7 @@ def test_a_nonfinite_hyperparameter_gradient_names_the_hyperparameter() -> None:
 def test_a_gradient_norm_that_overflows_names_the_largest_gradient() -> None:
     """Every gradient finite, their norm not (a bf16 explosion): the message names the tensor with the largest
     entry instead of an empty list, and the fix is said for Python and the command line."""
-    from partition_fx.training.stepping import nonfinite_problem
+    from partition_fx.training.step.stepping import nonfinite_problem
 
     big, small = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     big.grad, small.grad = torch.full((2,), 3e19), torch.ones(2)

@@ -1,5 +1,5 @@
-"""The Occam term of the hyperparameter step (``training.occam``) against its definitions: a linear model's exact
-Laplace log-determinant and its derivative in a range, a small network's dense generalised Gauss-Newton blocks,
+"""The Occam term of the hyperparameter step (``training.objective.occam``) against its definitions: a linear model's
+exact Laplace log-determinant and its derivative in a range, a small network's dense generalised Gauss-Newton blocks,
 the fitted prior precision's optimum; and the term inside training: the refreshes the schedule draws, your own
 loop equal to ``fit``, a resumed run equal to the uninterrupted one, the refusals."""
 
@@ -16,9 +16,9 @@ from torch.func import functional_call, jacrev
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import Gaussian, fit, split_into_chunks
-from partition_fx.training.occam import (
+from partition_fx.training.objective.occam import (
     KroneckerFactors,
     OccamTerm,
     fitted_precision,
@@ -26,7 +26,7 @@ from partition_fx.training.occam import (
     kronecker_factors,
     laplace_occam,
 )
-from partition_fx.training.schedule import PartitionedBatchSampler, Schedule
+from partition_fx.training.sampling.schedule import PartitionedBatchSampler, Schedule
 from partition_fx.transforms import AffineAugmentation
 
 

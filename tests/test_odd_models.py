@@ -28,7 +28,7 @@ from torch.nn.utils import parametrizations
 
 from partition_fx import PartitionConfig, PartitionedModel, PartitionError, export_subnetwork, partitionify
 from partition_fx.errors import PartitionCheckpointError
-from partition_fx.regenerated import scatter_by_membership
+from partition_fx.fx.regenerated import scatter_by_membership
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 
 

@@ -38,7 +38,7 @@ from partition_fx import (
     export_subnetwork,
     partitionify,
 )
-from partition_fx.assign import partition_sizes
+from partition_fx.fx.assign import partition_sizes
 from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
 
 
@@ -91,7 +91,7 @@ def test_the_export_check_catches_a_subnetwork_consistently_wrong_in_forward_and
     """``assert_subnetworks_match_exports`` checks each exported tensor against the definition, not only the
     forward against the export: with ``flat_value`` giving subnetwork k the partitions 1..k-1 (both wrong
     alike) the outputs agree, and the helper must still refuse."""
-    from partition_fx.flat import FlatGroup
+    from partition_fx.fx.flat import FlatGroup
 
     torch.manual_seed(0)
     pmodel = partitionify(ConvBN(), 3, (0.5, 0.3, 0.2), seed=3).eval()

@@ -1,4 +1,4 @@
-"""Population-based training (``fit(..., population=N)``, ``training.population``) against its definition: members
+"""Population-based training (``fit(..., population=N)``, ``training.loop.population``) against its definition: members
 that are never compared are single runs from their starts, and the fittest's is the run's result; a population is
 the one-at-a-time algorithm written out here with plain trainers (train each member to the comparison, copy the best
 into the worst, move its ranges); a resumed population finishes as an uninterrupted one, from its partitioned phase
@@ -22,12 +22,12 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionCheckpointError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
-from partition_fx.training.components import resolve
-from partition_fx.training.population import POPULATION_FILE, Population, explore
+from partition_fx.training.loop.components import resolve
+from partition_fx.training.loop.population import POPULATION_FILE, Population, explore
 from partition_fx.training.tracking import CSVTracker
-from partition_fx.transforms import AffineAugmentation
+from partition_fx.transforms import AffineAugmentation, HyperparameterModule, LearnedRanges
 
 SEED = 0
 RUN = {"steps": 20, "batch_size": 16, "hyper_batch_size": 8, "hyper_samples": 2, "progress": False}
@@ -299,7 +299,7 @@ def test_a_resume_directory_of_another_population_is_refused(tmp_path: Path) -> 
 def test_the_lightning_module_refuses_a_population() -> None:
     pytest.importorskip("lightning")
     from partition_fx.integrations.lightning import PartitionedLightningModule
-    from partition_fx.train_config import TrainConfig
+    from partition_fx.job.train_config import TrainConfig
 
     pmodel, hyper = _start()
     with pytest.raises(PartitionArgumentError, match="train a population with fit"):
@@ -329,3 +329,52 @@ def test_the_command_trains_a_population_and_reports_it(tmp_path: Path) -> None:
     assert "--population 2 compares runs and moves their learned ranges, and --augment none leaves none to learn" in (
         refused.stderr
     )
+
+
+class BrightnessJitter(HyperparameterModule):
+    """A user's own input transform with a learned range (not the package's): a brightness shift of each image
+    drawn from U[-r, r], r learned within [0, 1]; it has the attributes of ``LearnedRanges``."""
+
+    generators = ("brightness",)
+    max_range = {"brightness": 1.0}
+
+    def __init__(self, init: float = 0.3) -> None:
+        super().__init__()
+        self.ranges = nn.Parameter(torch.tensor([init]))
+
+    @property
+    def is_fixed(self) -> bool:
+        return not self.ranges.requires_grad
+
+    def range_values(self) -> dict[str, float]:
+        return {"brightness": abs(float(self.ranges[0]))}
+
+    def hyperparameters(self) -> dict[str, float | list[float]]:
+        return {**self.range_values()}
+
+    def constrain_(self) -> None:
+        with torch.no_grad():
+            self.ranges.clamp_(0.0, 1.0)
+
+    def forward(self, x: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+        if not self.training:
+            return x
+        views = x.repeat(num_samples or 1, 1, 1, 1)  # [S * B, ...], sample major
+        eps = torch.rand(views.shape[0], 1, 1, 1, device=x.device) * 2 - 1
+        return views + eps * self.ranges[0]
+
+
+def test_a_population_moves_the_learned_ranges_of_a_users_own_transform() -> None:
+    """The population asks the input transform for the ``LearnedRanges`` protocol, not for the package's class: a
+    module of the user's own with those attributes is explored and trained like an ``AffineAugmentation``."""
+    assert isinstance(BrightnessJitter(), LearnedRanges)
+    hyper = BrightnessJitter()
+    moved = copy.deepcopy(hyper)
+    explore(moved, 0.5, 0.05, torch.Generator().manual_seed(0))
+    assert moved.range_values()["brightness"] in (pytest.approx(0.3 * math.e**0.5), pytest.approx(0.3 * math.e**-0.5))
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    pmodel = partitionify(model, 2, (0.6, 0.4), seed=SEED)
+    result = fit(pmodel, _data(), hyper=hyper, population=2, population_interval=4, **RUN)
+    assert result.population is not None and set(result.hyperparameters) == {"brightness"}
+    assert 0.0 <= result.hyperparameters["brightness"] <= 1.0

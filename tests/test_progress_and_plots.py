@@ -21,7 +21,7 @@ from partition_fx.cli.plots import (
     plot_curves,
     plot_hyperparameters,
 )
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import fit
 from partition_fx.transforms import AffineAugmentation, InputMask
 
@@ -88,7 +88,7 @@ def test_a_run_quiet_for_a_while_says_its_pace_and_time_left_before_its_first_ev
     """Nothing was written for ~40 s before the main job's first evaluation when stderr is not a terminal; now,
     after QUIET_SECONDS of silence, one line (here set to 0: as soon as there is a pace, measured from the end of
     the first step, whose one-time costs say nothing of the rest), then the evaluations."""
-    monkeypatch.setattr("partition_fx.training.progress.QUIET_SECONDS", 0.0)
+    monkeypatch.setattr("partition_fx.training.loop.progress.QUIET_SECONDS", 0.0)
     err = io.StringIO()
     tiny_fit(err)
     first, *evaluations = err.getvalue().splitlines()

@@ -53,8 +53,8 @@ def test_a_python_run_the_command_cannot_rebuild_is_refused_with_the_reason(tmp_
 
 @pytest.mark.parametrize("named", ["model", "data"])
 def test_parts_not_built_by_name_are_named(named, tmp_path):
-    from partition_fx.train_config import TrainConfig
-    from partition_fx.training.fit import run_record
+    from partition_fx.job.train_config import TrainConfig
+    from partition_fx.training.loop.fit import run_record
 
     data = load_dataset("digits", size=SIZE)
     model = build_model("fixup_resnet8", 10, in_chans=1) if named == "model" else torch.nn.Linear(2, 2)

@@ -27,8 +27,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.assign import partition_sizes
-from partition_fx.params import RandomPartitionedTensor, ScalePartitionedTensor
+from partition_fx.fx.assign import partition_sizes
+from partition_fx.fx.params import RandomPartitionedTensor, ScalePartitionedTensor
 from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
 
 NORMS = ("none", "batch", "layer", "group")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
-from partition_fx.assign import (
+from partition_fx.fx.assign import (
     assignment_from_index,
     feistel_factors,
     feistel_index,
@@ -23,8 +23,8 @@ from partition_fx.assign import (
     normal_values,
     partition_sizes,
 )
-from partition_fx.params import RandomPartitionedTensor
-from partition_fx.regenerated import FeistelSegments
+from partition_fx.fx.params import RandomPartitionedTensor
+from partition_fx.fx.regenerated import FeistelSegments
 from partition_fx.testing import assert_subnetworks_match_exports, max_relative_difference, perturb_partitions
 
 

@@ -1,4 +1,4 @@
-"""The registries (issue 27, item 4): the partition kinds (``partition_fx.kinds``), the named datasets
+"""The registries (issue 27, item 4): the partition kinds (``partition_fx.fx.kinds``), the named datasets
 (``partition_fx.datasets.registry``) and the fixed choices (``partition_fx.choices``) are each written once, and
 every consumer (conversion, flat storage, one-pass routing, the definition checks, ``load_dataset``, the
 command line) reads them: a kind or dataset registered here is seen by all of them, and the command line offers
@@ -16,14 +16,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from partition_fx import PartitionConfig, job_spec, partitionify
+from partition_fx import PartitionConfig, partitionify
 from partition_fx.choices import ASSIGNMENTS, COMPILE_MODES, DEFAULTS, PRECISIONS
 from partition_fx.cli import build_parser
-from partition_fx.config import Default
 from partition_fx.datasets import NUM_DIGITS, digits, drawn_digits, load_dataset
 from partition_fx.datasets.registry import NAMED_DATASETS, NamedDataset, dataset_names, named_dataset, register_dataset
 from partition_fx.errors import PartitionArgumentError, PartitionError
-from partition_fx.kinds import PARTITION_KINDS, PartitionKind, kind_names, partition_kind, register_kind
+from partition_fx.fx.config import Default
+from partition_fx.fx.kinds import PARTITION_KINDS, PartitionKind, kind_names, partition_kind, register_kind
+from partition_fx.job import spec as job_spec
 from partition_fx.testing import assert_subnetworks_match_exports, perturb_partitions
 
 
@@ -48,7 +49,7 @@ def test_the_partition_options_offer_exactly_what_partitionify_takes(command) ->
 
 
 def test_train_and_the_library_share_precisions_compile_modes_and_datasets() -> None:
-    from partition_fx import train_config
+    from partition_fx.job import train_config
     from partition_fx.training import stepping
 
     assert tuple(_option("train", "precision").choices) == PRECISIONS == tuple(stepping.DTYPES)
@@ -67,7 +68,7 @@ def test_train_and_the_library_share_precisions_compile_modes_and_datasets() -> 
 def test_the_registries_and_choices_import_no_torch() -> None:
     code = (
         "import sys\n"
-        "from partition_fx.kinds import kind_names\n"
+        "from partition_fx.fx.kinds import kind_names\n"
         "from partition_fx.datasets import dataset_names, load_dataset\n"
         "from partition_fx import choices\n"
         "print(kind_names(scheme=True), dataset_names(), sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
@@ -117,7 +118,7 @@ def difference_kind():
         PartitionKind(
             "difference",
             "C copies, subnetwork k using s_1 minus the others",
-            "partition_fx.params:ScalePartitionedTensor",
+            "partition_fx.fx.params:ScalePartitionedTensor",
             storage="copies",
             combine=operator.sub,
             identity=0.0,
@@ -149,7 +150,7 @@ def test_a_registered_kind_is_seen_by_config_conversion_flat_storage_one_pass_an
 
 def test_a_registered_scheme_is_offered_by_the_command_line() -> None:
     register_kind(
-        PartitionKind("toy_units", "a toy scheme", "partition_fx.params:RandomPartitionedTensor", scheme=True)
+        PartitionKind("toy_units", "a toy scheme", "partition_fx.fx.params:RandomPartitionedTensor", scheme=True)
     )
     try:
         assert tuple(_option("convert", "scheme").choices) == ("random", "node", "toy_units")
@@ -164,7 +165,7 @@ def test_kind_lookups_and_registration_refuse_clearly() -> None:
     with pytest.raises(PartitionArgumentError, match="'random' is registered already"):
         register_kind(partition_kind("random"))
     with pytest.raises(PartitionArgumentError, match="copies need a combine and an identity"):
-        register_kind(PartitionKind("half", "no combine", "partition_fx.params:ScalePartitionedTensor", "copies"))
+        register_kind(PartitionKind("half", "no combine", "partition_fx.fx.params:ScalePartitionedTensor", "copies"))
     assert "half" not in PARTITION_KINDS
     with pytest.raises(PartitionArgumentError, match="rule kind must be one of \\('random', 'product', 'sum'\\)"):
         PartitionConfig().set_name("0", kind="node")  # node comes from the scheme, not from a rule

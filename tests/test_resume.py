@@ -12,7 +12,7 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionCheckpointError, TrainingHook, fit
 from partition_fx.transforms import AffineAugmentation, ConcreteDropout
 
@@ -168,8 +168,8 @@ def test_state_checkpoint_and_report_from_an_earlier_development_version_are_ref
     never defaulted; the state, checkpoint or report is refused with one message naming the file and the field."""
     from partition_fx.cli.commands.train import job_spec
     from partition_fx.cli.parser import parse_train
-    from partition_fx.cli.runs import read_run
     from partition_fx.errors import PartitionError
+    from partition_fx.job.records import read_run
     from partition_fx.training import load_checkpoint
 
     _fit(_pmodel(), 4, checkpoint_dir=tmp_path)

@@ -15,7 +15,7 @@ from torch import nn
 from partition_fx import partitionify
 from partition_fx.cli import main
 from partition_fx.errors import PartitionCheckpointError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit, load_checkpoint
 from partition_fx.training.checkpoint import read_checkpoint
 from partition_fx.transforms import InputMask

@@ -1,5 +1,5 @@
-"""The run's timeline (``training.schedule.Schedule``) against its definition, and every runner asking it: ``fit``'s
-trainer evaluates and switches phase exactly where the schedule says, the batch sampler of your own loop draws
+"""The run's timeline (``training.sampling.schedule.Schedule``) against its definition, and every runner asking it:
+``fit``'s trainer evaluates and switches phase exactly where the schedule says, the batch sampler of your own loop draws
 the phases and hyperparameter steps it says, and an early end of partitioned training moves both the switch and
 the evaluations.
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models_for_tests import small_images, small_partitioned_cnn
 
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedBatchSampler, Schedule, fit, split_into_chunks
 
 

@@ -1,4 +1,4 @@
-"""The iteration schemes (``training.schemes``) against their definitions: each iteration's updates are the
+"""The iteration schemes (``training.sampling.schemes``) against their definitions: each iteration's updates are the
 gradients of appendix I.1's steps, taken one example and one chunk at a time (DESIGN.md invariant 4); each
 combination of the options names its scheme."""
 
@@ -11,9 +11,9 @@ from torch import nn
 
 from partition_fx import partitionify
 from partition_fx.errors import PartitionArgumentError
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.testing import perturb_partitions
-from partition_fx.train_config import TrainConfig
-from partition_fx.training.schemes import (
+from partition_fx.training.sampling.schemes import (
     Alternating,
     Draw,
     EveryPartition,

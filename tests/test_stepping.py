@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from partition_fx import PartitionedModel, export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTrainingError, PartitionWarning
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 from partition_fx.transforms import AffineAugmentation
 

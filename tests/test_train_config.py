@@ -15,10 +15,10 @@ from partition_fx import partitionify
 from partition_fx.choices import RANGE_NAMES
 from partition_fx.cli.commands.train import RUN_CONTROL, job_spec
 from partition_fx.cli.parser import build_parser, parse_train, train_defaults
-from partition_fx.cli.runs import read_spec
 from partition_fx.errors import PartitionArgumentError, PartitionTypeError
-from partition_fx.settings import Field
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.records import read_spec
+from partition_fx.job.settings import Field
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import PartitionedTrainer, fit
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from partition_fx import export_subnetwork, partitionify
 from partition_fx.errors import PartitionArgumentError, PartitionTrainingError
-from partition_fx.train_config import TrainConfig
+from partition_fx.job.train_config import TrainConfig
 from partition_fx.training import (
     Categorical,
     DataChunks,

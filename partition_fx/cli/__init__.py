@@ -17,7 +17,7 @@ machinery: the parser class, option types, options generated from a ``Settings``
 torch-free check), ``dispatch`` (the entry point, one-line errors), ``runs`` (run directories, reports, a run's
 ``JobSpec`` from its report, ``--resume``), ``train``, ``export``, ``predict``, ``convert`` (and describe),
 ``federated`` and ``plots``. A train job before training (its spec checked, data, model, conversion) is built by
-:mod:`partition_fx.jobs`, which the commands and Python scripts share.
+:mod:`partition_fx.job.build`, which the commands and Python scripts share.
 
 Importing this package imports neither torch nor the commands (``partition-fx --help`` answers at once).
 """

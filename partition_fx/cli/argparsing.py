@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from ..settings import Field, Settings
+    from ..job.settings import Field, Settings
 
 
 class Parser(argparse.ArgumentParser):
@@ -229,14 +229,14 @@ def range_values(text: str) -> dict[str, float]:
 
 
 def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups: dict[str, Any]) -> None:
-    """An option for every field of ``config`` (a :class:`~partition_fx.settings.Settings`) that is on the command
+    """An option for every field of ``config`` (a :class:`~partition_fx.job.settings.Settings`) that is on the command
     line, generated from its declaration: ``--hyper-lr`` for the keyword ``hyper_lr``, its default,
     choices, metavar and help, the help ending with the default; a False bool becomes a flag, a field with a
     ``const`` an option whose value may be left out (``--compile [MODE]``). Each goes in the group titled by
     its section's ``section_help`` (``groups``, created when missing). The values are checked by the
-    configuration itself when it is built from them (``cli.runs.train_config``).
+    configuration itself when it is built from them (``JobSpec.from_keywords``).
 
-    >>> from partition_fx.train_config import TrainConfig
+    >>> from partition_fx.job.train_config import TrainConfig
     >>> parser = argparse.ArgumentParser()
     >>> add_settings(parser, TrainConfig, {})
     >>> args = parser.parse_args(["--hyper-lr", "0.1", "--fused"])
@@ -253,7 +253,7 @@ def add_settings(parser: argparse.ArgumentParser, config: type[Settings], groups
 
 
 def add_setting(group: Any, field: Field, **overrides: Any) -> None:
-    """The option of one field of a :class:`~partition_fx.settings.Settings` (see :func:`add_settings`), in
+    """The option of one field of a :class:`~partition_fx.job.settings.Settings` (see :func:`add_settings`), in
     ``group``; ``overrides``: the command's own ``add_argument`` keywords (``federated``'s ``--data`` choices)."""
     option = field.option
     kwargs: dict[str, Any] = {"dest": field.keyword, "default": field.default}

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PartitionError
-from ..job_spec import JobSpec
-from ..settings import SettingError, SettingTypeError
+from ..job.settings import SettingError, SettingTypeError
+from ..job.spec import JobSpec
 from .recipes import RECIPES, recipe_name
 
 OPTION = "--config"

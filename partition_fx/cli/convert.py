@@ -22,9 +22,9 @@ from .._io import write_json
 from .._validation import check_fits_in_memory
 from ..datasets import normalized_digits
 from ..export import export_onnx, export_subnetwork
-from ..jobs import partitionify_with
+from ..fx.partitioned_model import PartitionedModel
+from ..job.build import partitionify_with
 from ..models import build_model
-from ..partitioned_model import PartitionedModel
 from ..testing import max_relative_difference
 from .commands.convert import ConversionOptions, ConvertOptions
 from .runs import check_out, write_run

@@ -7,7 +7,7 @@ split="test")``: the model's input shape and classes, and the examples the expor
 checkpoint is loaded (``training.load_checkpoint``: no trainer is built), and the chosen subnetwork exported to
 ``--out`` (default ``RUN/export``) with an ``export.json`` summary. The training split is loaded only to
 recalibrate BatchNorm statistics where they need it (below). ``export.json`` and the ONNX file's metadata also
-record what using the model needs (``jobs.model_record``: class names, preprocessing, architecture, the ONNX input
+record what using the model needs (``job.build.model_record``: class names, preprocessing, architecture, the ONNX input
 ``images`` and output ``logits``, or ``log_probs`` for the test-time-averaged model), which ``partition-fx predict``
 reads. The export of a run of ``--model hf:DIR`` is a ``save_pretrained`` folder too (its ``config.json``, naming
 the classes, beside ``model.safetensors``), which ``transformers.AutoModelForImageClassification.from_pretrained``
@@ -34,13 +34,14 @@ from .._io import write_json
 from ..errors import PartitionArgumentError, PartitionWarning
 from ..export import export_subnetwork
 from ..hf_folders import hf_folder
-from ..jobs import build_job, load_job_data, model_record, write_onnx
+from ..job.build import build_job, load_job_data, model_record, write_onnx
+from ..job.records import read_json
 from ..models.hf_models import save_hf_folder
 from ..training.checkpoint import norm_statistics
-from ..training.lml import load_for_export
+from ..training.objective.lml import load_for_export
 from ..transforms import TestTimeAveraged
 from .commands.export import ExportRequest
-from .runs import checkpoint_state, read_json, write_run
+from .runs import checkpoint_state, write_run
 
 
 def run_export(request: ExportRequest) -> dict[str, Any]:

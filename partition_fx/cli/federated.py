@@ -85,7 +85,7 @@ class RoundLines:
 
     def line(self, server_round: int, point: dict[str, Any] | None, seconds: float) -> str:
         """The line of ``on_round(server_round, point)``, ``seconds`` after the rounds began."""
-        from ..training.progress import clock, compact_hyperparameters
+        from ..training.loop.progress import clock, compact_hyperparameters
 
         rounds, every = self.config.rounds, self.config.evaluate_every
         if point is None:

@@ -2,7 +2,7 @@
 
 ``torchrun --nproc_per_node=N $(which partition-fx) train ...`` starts N copies of the command with
 ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` set. Each joins one process group (gloo on CPU, NCCL on CUDA,
-each process on its own GPU), ``fit`` then averages every step over them (``training.stepping``), and
+each process on its own GPU), ``fit`` then averages every step over them (``training.step.stepping``), and
 rank 0 alone writes ``--out``.
 """
 

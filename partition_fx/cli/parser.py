@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..job_spec import JobSpec, schemes
+from ..job.spec import JobSpec, schemes
 from .argparsing import (
     Parser,
     add_setting,
@@ -46,7 +46,7 @@ EPILOG = (
 def build_parser() -> argparse.ArgumentParser:
     """The ``partition-fx`` parser with its commands (``cli.commands``), each with the options it declares.
 
-    ``--proportions`` is None when not given: :func:`partition_fx.jobs.partitionify_with` reads that
+    ``--proportions`` is None when not given: :func:`partition_fx.job.build.partitionify_with` reads that
     as 0.8,0.1,0.1 with 3 partitions and equal shares with any other number.
 
     >>> args = build_parser().parse_args(["describe", "--model", "fixup_resnet8"])
@@ -121,7 +121,7 @@ def add_partition_options(parser: argparse.ArgumentParser, *, with_seed: bool = 
     the layout and the run)."""
     group = parser.add_argument_group("partitioning")
     for keyword in JOB_GROUPS["partitioning"]:
-        if keyword == "scheme":  # the schemes registered now (partition_fx.kinds), a plugin's included
+        if keyword == "scheme":  # the schemes registered now (partition_fx.fx.kinds), a plugin's included
             described = "; ".join(f"{name}: {description}" for name, description in schemes().items())
             add_job_option(group, keyword, choices=list(schemes()), help=f"{described} (default: %(default)s)")
         else:
@@ -186,7 +186,7 @@ def train_defaults() -> dict[str, Any]:
     """Every ``partition-fx train`` option's default, by destination name (``batch_size``, ...): the training
     configuration's defaults for its options.
 
-    >>> from partition_fx.train_config import TrainConfig
+    >>> from partition_fx.job.train_config import TrainConfig
     >>> train_defaults()["lr"] == TrainConfig().optimization.lr
     True
     """

@@ -64,8 +64,8 @@ MAX_LEGEND = 8
 def figure_curves(history: Sequence[Mapping[str, Any]]) -> Figure:
     """The conditional LML per example (top) and the mean parameter / hyperparameter step losses since the
     previous evaluation (bottom), by iteration from 0, titled with what the run was (:func:`curves_title`). A
-    history without a conditional LML (one partition: no evidence, ``training.lml.NO_EVIDENCE``; or fine-tuning
-    alone) has no LML to draw: its figure is the losses alone, and its title says why."""
+    history without a conditional LML (one partition: no evidence, ``training.objective.lml.NO_EVIDENCE``; or
+    fine-tuning alone) has no LML to draw: its figure is the losses alone, and its title says why."""
     from matplotlib.figure import Figure
 
     steps = [r["step"] for r in history]

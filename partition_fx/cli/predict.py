@@ -27,7 +27,7 @@ import torch
 
 from ..datasets.images import ImagePreprocessing, InputStatistics, unreadable_image
 from ..errors import PartitionError, first_line
-from ..record_format import CHECKS_RECORD, MODEL_RECORD
+from ..job.records import CHECKS_RECORD, MODEL_RECORD
 from .commands.predict import PredictRequest
 
 BATCH_SIZE = 64
@@ -110,7 +110,7 @@ def read_image(path: str | Path, preprocessing: ImagePreprocessing) -> torch.Ten
 
 
 def checked_record(record: dict[str, Any], source: str) -> ImagePreprocessing:
-    """The preprocessing of a model ``record`` (``jobs.model_record``, from ``source``) whose class names fit
+    """The preprocessing of a model ``record`` (``job.build.model_record``, from ``source``) whose class names fit
     its architecture; a record this version did not write is refused naming ``source``."""
     classes, architecture = record["classes"], record["architecture"]
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or not classes:
@@ -137,7 +137,7 @@ def torch_classifier(
 
     from ..hf_folders import HF_PREFIX
     from ..models import build_model
-    from ..training.likelihoods import model_logits
+    from ..training.objective.likelihoods import model_logits
 
     try:
         name = architecture["model"]

@@ -25,8 +25,8 @@ def accuracy_text(scores: dict[str, Any], options: dict[str, Any]) -> str:
 
 
 def evidence_text(report: dict[str, Any]) -> str:
-    """The run's evidence, the conditional LML (``training.lml.evidence``; ``report.json``'s ``lml_explained`` says
-    more), or, with one partition, that there is none (``training.lml.NO_EVIDENCE``).
+    """The run's evidence, the conditional LML (``training.objective.lml.evidence``; ``report.json``'s ``lml_explained``
+    says more), or, with one partition, that there is none (``training.objective.lml.NO_EVIDENCE``).
 
     >>> print(evidence_text({"conditional_lml": -29.3, "conditional_lml_per_example": -0.081, "lml": -2772.1,
     ...                      "lml_per_chunk": [-2742.8, -15.0, -14.3]}))
@@ -35,7 +35,7 @@ def evidence_text(report: dict[str, Any]) -> str:
     >>> print(evidence_text({"conditional_lml": None, "lml": -2742.8}))
     no evidence with one partition: its LML scores chunk 1 by the untrained defaults, which says nothing about ...
     """
-    from ..training.lml import NO_EVIDENCE, evidence
+    from ..training.objective.lml import NO_EVIDENCE, evidence
 
     score = evidence(report)
     if score is None:

@@ -13,7 +13,7 @@ with ``fit`` and writes to ``--out``:
 * ``lml.png`` (LML and loss curves) and ``hyperparameters.png`` (trajectories);
 * ``model.safetensors`` (the exported plain model) and ``model.onnx`` (checked in onnxruntime; input ``images``,
   output ``logits``), with what using them needs in ``report.json`` and the ONNX file's metadata: ``classes``,
-  ``preprocessing``, ``architecture``, ``onnx_names`` (``jobs.model_record``; ``partition-fx predict``);
+  ``preprocessing``, ``architecture``, ``onnx_names`` (``job.build.model_record``; ``partition-fx predict``);
 * ``checkpoint/last.safetensors`` and ``checkpoint/best.safetensors`` (partitioned model and hyperparameters).
 
 Everything is validated before ``--out`` is touched. During training, the checkpoint and a report with
@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ from .._io import remove_directory, replace_file, write_json
 from ..choices import RunStatus
 from ..errors import PartitionCheckpointError
 from ..export import export_subnetwork
-from ..job_spec import JobSpec
-from ..jobs import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
+from ..job.build import TrainJob, build_job, initial_hyperparameters, model_record, resolve_device, write_onnx
+from ..job.checks import with_fixed_ranges
+from ..job.records import read_run, starting_report
+from ..job.spec import JobSpec
 from ..models import check_model_name
 from ..training import (
     FitResult,
@@ -49,14 +52,38 @@ from ..training import (
     recalibrate_norm_statistics,
     resume_directory,
 )
-from ..training.lml import EvaluationRecord, load_for_export
+from ..training.objective.lml import EvaluationRecord, load_for_export
 from ..training.tracking import check_trackers, tracker_files, trackers_for
-from .checks import with_fixed_ranges
-from .commands.train import RunOptions, TrainRequest
+from .commands.train import RunOptions, TrainRequest, job_spec
 from .config_files import config_text
 from .launch import barrier, processes, torchrun_group
+from .parser import parse_train
 from .plots import plot_curves, plot_hyperparameters
-from .runs import CHECKPOINT_STATES, check_out, prepare_out, read_run, starting_report
+from .runs import CHECKPOINT_STATES, check_out, prepare_out
+
+
+def train_spec(argv: Sequence[str]) -> JobSpec:
+    """The job ``partition-fx train ARGV`` asks for (``argv`` without the word ``train``), with the command's own
+    defaults, before anything is loaded or built: as its report records it, but for ``proportions``, which the
+    report records as the model was partitioned (None here when ``--proportions`` is not given).
+
+    >>> spec = train_spec(["--data", "digits", "--steps", "40"])
+    >>> spec.data, spec.train.optimization.steps, spec.proportions
+    ('digits', 40, None)
+    """
+    return job_spec(parse_train(list(argv)))
+
+
+def train_job(argv: Sequence[str]) -> TrainJob:
+    """The job ``partition-fx train ARGV`` would run (``argv`` without the word ``train``), with the command's
+    own defaults and checks; nothing is trained or written.
+
+    >>> job = train_job(["--model", "fixup_resnet8", "--image-size", "12", "--data", "digits"])
+    >>> job.config.optimization.steps, job.data.name, job.pmodel.num_partitions, type(job.hyper).__name__
+    (400, 'digits', 3, 'AffineAugmentation')
+    """
+    return build_job(train_spec(argv))
+
 
 LML_EXPLAINED = {
     "conditional_lml": "the evidence to compare hyperparameters and models by (nats, higher is better): "
@@ -230,8 +257,8 @@ def plan_text(job: TrainJob, resumed: bool = False) -> str:
     """What a run is about to do, in one line: the model, the data's sizes (and the files of an image folder that
     were skipped, not being images), the steps of each phase and how often progress is said.
 
-    >>> from partition_fx.jobs import build_job
-    >>> from partition_fx.job_spec import JobSpec
+    >>> from partition_fx.job.build import build_job
+    >>> from partition_fx.job.spec import JobSpec
     >>> print(plan_text(build_job(JobSpec.from_keywords(model="fixup_resnet8", image_size=8, steps=20))))
     train fixup_resnet8 on rotdigits (1438 training images, 359 test) for 20 steps: 12 partitioned, then 8 ...
     """
@@ -326,7 +353,7 @@ def _results(job: TrainJob, result: FitResult, partitioned: PartitionedAccuracy)
         "history": result.history,
         "chunk_sizes": result.chunk_sizes,
         "steps": result.steps,
-        # a population's comparisons (training.population), only where one ran
+        # a population's comparisons (training.loop.population), only where one ran
         **({"population": result.population} if result.population is not None else {}),
         **model_record(job),  # the classes, preprocessing and architecture of model.safetensors and model.onnx
     }

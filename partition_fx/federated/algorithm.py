@@ -23,11 +23,11 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..partitioned_model import PartitionedModel
-from ..training.likelihoods import Likelihood
-from ..training.lml import forward_log_likelihood
-from ..training.objective import Objective
-from ..training.schedule import Schedule
+from ..fx.partitioned_model import PartitionedModel
+from ..training.objective.likelihoods import Likelihood
+from ..training.objective.lml import forward_log_likelihood
+from ..training.objective.objective import Objective
+from ..training.sampling.schedule import Schedule
 
 
 @dataclass

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from .._validation import check_concentration
-from ..assign import partition_sizes
 from ..errors import PartitionArgumentError
+from ..fx.assign import partition_sizes
 
 
 def dirichlet_split(groups: torch.Tensor, num_clients: int, alpha: float, seed: int = 0) -> list[torch.Tensor]:

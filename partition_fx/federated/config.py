@@ -3,8 +3,8 @@
 The same object configures ``partition-fx federated`` (built from its options), the Flower app of
 ``examples/flower_app`` (built from Flower's run config, whose keys are the field names with ``-`` for ``_``:
 ``num-rounds`` is ``rounds``... see :data:`RUN_CONFIG_KEYS`), and the framework-free loop
-``partition_fx.federated.simulate``. Each field is declared once below with :func:`~partition_fx.settings.setting`
-(default, help, bounds), as :class:`~partition_fx.train_config.TrainConfig`'s are, and from there come the
+``partition_fx.federated.simulate``. Each field is declared once below with :func:`~partition_fx.job.settings.setting`
+(default, help, bounds), as :class:`~partition_fx.job.train_config.TrainConfig`'s are, and from there come the
 checks, ``to_dict``/``from_dict``, the run config's keys and the command's options (``--fraction-train``). It
 imports no torch and no Flower: the command line's ``--help`` reads its defaults.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from .._validation import check_concentration, check_int, check_proportions, check_real
 from ..errors import PartitionArgumentError
-from ..settings import SettingError, Settings, setting
+from ..job.settings import SettingError, Settings, setting
 
 PAPER_ROUNDS = 2000
 """The rounds of the paper's MNIST runs, the budget its psi learning rate (3e-3) was chosen for."""
@@ -83,7 +83,7 @@ class FederatedConfig(Settings):
     >>> FederatedConfig(fraction_train=0)
     Traceback (most recent call last):
     ...
-    partition_fx.settings.SettingError: fraction-train must be in (0, 1], got 0
+    partition_fx.job.settings.SettingError: fraction-train must be in (0, 1], got 0
     """
 
     hyphenated = True  # refusals name the run config's keys: fraction-train

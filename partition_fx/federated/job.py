@@ -17,7 +17,7 @@ from ..datasets import DatasetSplits, load_dataset
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
 from ..training import Schedule, evaluate_classifier
-from ..training.objective import Objective
+from ..training.objective.objective import Objective
 from ..transforms import TestTimeAveraged
 from .algorithm import ClientUpdate, FederatedServer, ProgressWarmup, client_update
 from .clients import client_chunks, dirichlet_split

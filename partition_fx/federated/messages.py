@@ -14,8 +14,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..errors import PartitionError
-from ..partitioned_model import PartitionedModel
-from ..training.objective import Objective
+from ..fx.partitioned_model import PartitionedModel
+from ..training.objective.objective import Objective
 from .algorithm import ClientUpdate, FederatedServer
 from .models import FederatedModel
 

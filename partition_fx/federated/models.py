@@ -12,9 +12,9 @@ from torch import nn
 
 from .. import partitionify
 from ..errors import PartitionArgumentError
-from ..partitioned_model import PartitionedModel
+from ..fx.partitioned_model import PartitionedModel
 from ..training import Categorical
-from ..training.objective import running_norms
+from ..training.objective.objective import running_norms
 from ..transforms import AffineAugmentation, ConcreteDropout
 from .config import FederatedConfig
 

@@ -31,13 +31,13 @@ from torch.utils.data import DataLoader
 from ..errors import PartitionArgumentError
 from ..export import export_subnetwork
 from ..extras import import_extra
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
-from ..training.data import Examples, split_into_chunks
-from ..training.likelihoods import Likelihood
-from ..training.lml import recalibrate_norm_statistics
-from ..training.schedule import PartitionedBatchSampler
-from ..training.steps import TrainingSteps
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
+from ..training.objective.likelihoods import Likelihood
+from ..training.objective.lml import recalibrate_norm_statistics
+from ..training.sampling.chunks import Examples, split_into_chunks
+from ..training.sampling.schedule import PartitionedBatchSampler
+from ..training.step.steps import TrainingSteps
 from ..training.tracking import evaluation_metrics
 
 if TYPE_CHECKING:  # the test extra installs lightning: mypy reads its types

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PartitionArgumentError
 from ..extras import import_extra
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
-from ..training.fit import fit
-from ..training.lml import NO_EVIDENCE, EvaluationRecord, evidence
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
+from ..training.loop.fit import fit
+from ..training.objective.lml import NO_EVIDENCE, EvaluationRecord, evidence
 
 if TYPE_CHECKING:  # the test extra installs optuna: mypy reads its types
     import optuna

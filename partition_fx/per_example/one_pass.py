@@ -13,7 +13,7 @@ normalisation.
 A model qualifies when every partitioned tensor is a node-partitioned ``Linear``/``Conv{1,2,3}d`` weight or
 bias or a product/sum affine of ``BatchNorm``/``GroupNorm``/``LayerNorm``, each used only by its own layer;
 others (FixUp scalars, ViT position embeddings, random-weight tensors) fall back to grouping by subnetwork.
-Which kinds play which part is their ``one_pass`` entry in ``partition_fx.kinds``.
+Which kinds play which part is their ``one_pass`` entry in ``partition_fx.fx.kinds``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..errors import PartitionTypeError
-from ..kinds import PARTITION_KINDS, OnePass
-from ..params import HAND_OVER, PartitionedTensor, gradient_only_to
+from ..fx.kinds import PARTITION_KINDS, OnePass
+from ..fx.params import HAND_OVER, PartitionedTensor, gradient_only_to
 from .routing import Routing
 
 if TYPE_CHECKING:
-    from ..flat import FlatGroup
+    from ..fx.flat import FlatGroup
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
@@ -82,7 +82,7 @@ def forward_one_pass(gm: torch.fx.GraphModule, num_partitions: int, args: tuple,
 
 def _tensor_nodes(gm: torch.fx.GraphModule, modules: Mapping[str, nn.Module]) -> dict[torch.fx.Node, Any] | None:
     """The graph node that yields each partitioned tensor: its module's call, or the item of its flat group's
-    call (``partition_fx.flat``); None if a group's call is used otherwise."""
+    call (``partition_fx.fx.flat``); None if a group's call is used otherwise."""
     found: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         module = modules.get(node.target) if node.op == "call_module" else None

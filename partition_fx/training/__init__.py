@@ -7,21 +7,15 @@ your own loop takes them on your ``DataLoader``'s batches with ``PartitionedBatc
 
 from ..choices import Phase
 from ..errors import PartitionCheckpointError
-from ..train_config import TrainConfig
+from ..job.train_config import TrainConfig
 from .checkpoint import load_checkpoint, load_training_state, resume_directory, save_training_state
-from .components import Components
-from .data import (
-    DataChunks,
-    Examples,
-    PartitionedSampler,
-    chunks_from_assignment,
-    hyper_step_batch_size,
-    split_into_chunks,
-)
-from .fit import fit
-from .hooks import BestState, CallbackHook, CheckpointWriter, Patience, TrainingHook
-from .likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, ModelLoss, resolve_likelihood
-from .lml import (
+from .loop.components import Components
+from .loop.fit import fit
+from .loop.hooks import BestState, CallbackHook, CheckpointWriter, Patience, TrainingHook
+from .loop.population import Population
+from .loop.trainer import FitResult, PartitionedTrainer
+from .objective.likelihoods import CallableLikelihood, Categorical, Gaussian, Likelihood, ModelLoss, resolve_likelihood
+from .objective.lml import (
     EvaluationRecord,
     LMLEstimate,
     LMLEvaluator,
@@ -33,15 +27,21 @@ from .lml import (
     log_likelihood_of_draws,
     recalibrate_norm_statistics,
 )
-from .metrics import evaluate_averaged, evaluate_classifier
-from .objective import Objective
-from .optim import partition_optimizer, weight_decay_scales
-from .population import Population
-from .schedule import PartitionedBatchSampler, Schedule
-from .schemes import Draw, IterationBatch
-from .steps import TrainingSteps
+from .objective.metrics import evaluate_averaged, evaluate_classifier
+from .objective.objective import Objective
+from .sampling.chunks import (
+    DataChunks,
+    Examples,
+    PartitionedSampler,
+    chunks_from_assignment,
+    hyper_step_batch_size,
+    split_into_chunks,
+)
+from .sampling.schedule import PartitionedBatchSampler, Schedule
+from .sampling.schemes import Draw, IterationBatch
+from .step.optim import partition_optimizer, weight_decay_scales
+from .step.steps import TrainingSteps
 from .tracking import CSVTracker, MLflowTracker, TensorBoardTracker, Tracker
-from .trainer import FitResult, PartitionedTrainer
 
 __all__ = [
     "BestState",

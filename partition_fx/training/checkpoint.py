@@ -20,9 +20,9 @@ run bit for bit (its ``state_dict()``), in two files:
 * ``state.json``: the step, the LML history, the best step, the optimisers' param groups and non-tensor
   state, the LR scheduler's state, a fingerprint of the configuration, and ``hooks``: the states of the run's
   hooks that hold one (``TrainingHook.state_dict``), by ``state_key`` (absent when none does), and ``occam``: the
-  Occam term's derivative at its last refresh (``training.occam``; absent for a run without one).
+  Occam term's derivative at its last refresh (``training.objective.occam``; absent for a run without one).
 
-The hook that writes both during a run is ``training.trainer.CheckpointWriter``.
+The hook that writes both during a run is ``training.loop.trainer.CheckpointWriter``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from torch import nn
 
 from .._io import existing_directory, replace_directory, replace_file
 from ..errors import PartitionCheckpointError, earlier_version
-from ..partitioned_model import PartitionedModel
-from ..train_config import TrainConfig
+from ..fx.partitioned_model import PartitionedModel
+from ..job.train_config import TrainConfig
 
 # --- checkpoint files ------------------------------------------------------------------------------------------------
 
@@ -289,7 +289,7 @@ STATE = "state.json"
 
 
 FORMAT = 3
-"""3: partitioned tensors in flat storage (``partition_fx.flat``): the optimiser state is per group parameter.
+"""3: partitioned tensors in flat storage (``partition_fx.fx.flat``): the optimiser state is per group parameter.
 2: the model's rebuilt buffers left out (checked by digest), and no best copy when best is the current state.
 1: everything stored. Formats 1 and 2 hold one optimiser state per tensor and partition: refused, as are their
 checkpoint files (partitions per tensor). A format-3 state lacking a field of :data:`STATE_FIELDS` or of this

@@ -29,11 +29,11 @@ from .._io import replace_file
 from ..choices import TRACKER_FILES, TRACKERS, Phase, RunStatus
 from ..errors import PartitionArgumentError, PartitionError, first_line
 from ..extras import require as require_extra
-from .hooks import TrainingHook
-from .lml import EvaluationRecord
+from .loop.hooks import TrainingHook
+from .objective.lml import EvaluationRecord
 
 if TYPE_CHECKING:
-    from .trainer import FitResult, PartitionedTrainer
+    from .loop.trainer import FitResult, PartitionedTrainer
 
 _MODULES = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}
 """What each backend imports (MLflow's local store is a SQLite database, through SQLAlchemy and Alembic)."""

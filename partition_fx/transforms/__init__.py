@@ -8,6 +8,10 @@ reports its values as plain floats and ``constrain_()`` clamps it into documente
 - :class:`ConcreteDropout`: dropout with a learnable rate (concrete relaxation).
 - :class:`InputMask`: a learnable soft mask over input features.
 
+The training layer asks of an input transform only protocols: :class:`WidensRanges` (its parameter steps may draw
+from wider ranges) and :class:`LearnedRanges` (named ranges within bounds, which a population moves), so a module
+of your own that has their attributes takes part as the shipped ones do.
+
 :class:`TestTimeAveraged` wraps a classifier to predict the augmentation-averaged way the LML scores it, over K
 fixed transforms (exportable to ONNX).
 
@@ -16,7 +20,7 @@ All three are the identity (or a fixed mask) in eval mode, so exported models ne
 
 from .affine import AffineAugmentation
 from .averaging import TestTimeAveraged, averaging_coefficients
-from .base import HyperparameterModule
+from .base import HyperparameterModule, LearnedRanges, WidensRanges
 from .boxes import BoxZoom
 from .dropout import ConcreteDropout
 from .mask import InputMask
@@ -27,6 +31,8 @@ __all__ = [
     "ConcreteDropout",
     "HyperparameterModule",
     "InputMask",
+    "LearnedRanges",
     "TestTimeAveraged",
+    "WidensRanges",
     "averaging_coefficients",
 ]

@@ -74,7 +74,7 @@ class TestTimeAveraged(nn.Module):
         self.register_buffer("theta", theta)  # [K, 2, 3]: the fixed transforms, saved with the module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from ..training.likelihoods import model_logits  # training imports transforms
+        from ..training.objective.likelihoods import model_logits  # training imports transforms
 
         k, b = self.samples, x.shape[0]
         theta = self.theta.unsqueeze(1).expand(k, b, 2, 3)  # every example under each of the K transforms

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 
 from .._validation import check_real
@@ -30,9 +32,10 @@ class HyperparameterModule(nn.Module):
 
 
 class Widenable:
-    """A transform that can draw from its ranges times a factor (:meth:`widened`; ``training.objective.widens``
-    recognises it): its forward draws its coefficients from U[-spread, spread] with ``self._spread`` (1 outside
-    the block; per generator where a subclass takes a factor per range, :meth:`spread_of`)."""
+    """A transform that can draw from its ranges times a factor (:meth:`widened`;
+    ``training.objective.objective.widens`` recognises it): its forward draws its coefficients from U[-spread, spread]
+    with ``self._spread`` (1 outside the block; per generator where a subclass takes a factor per range,
+    :meth:`spread_of`)."""
 
     _spread: Any = 1.0
 
@@ -69,6 +72,43 @@ class Widenable:
         if factor < 0:
             raise PartitionArgumentError(f"factor must be >= 0, got {factor}")
         return factor
+
+
+@runtime_checkable
+class WidensRanges(Protocol):
+    """What the training layer asks of an input transform whose parameter steps may train on wider ranges than
+    it learns (``train_range_factor``): a context in which it draws from its ranges times ``factor``. Any module
+    with this method takes part; :class:`Widenable` gives one.
+
+    >>> from partition_fx.transforms import AffineAugmentation, ConcreteDropout
+    >>> isinstance(AffineAugmentation(), WidensRanges), isinstance(ConcreteDropout(), WidensRanges)
+    (True, False)
+    """
+
+    def widened(self, factor: float | Mapping[str, float]) -> AbstractContextManager[None]: ...
+
+
+@runtime_checkable
+class LearnedRanges(Protocol):
+    """What the training layer asks of a hyperparameter module with named ranges learned within bounds: their
+    names (``generators``), their values (``ranges``, one entry each, and :meth:`range_values`), the bound of
+    each (``max_range``) and whether they are fixed. A population (``fit(..., population=N)``) moves such ranges;
+    :class:`~partition_fx.transforms.AffineAugmentation` is one, and a module of your own that has these
+    attributes takes part the same way.
+
+    >>> from partition_fx.transforms import AffineAugmentation, InputMask
+    >>> isinstance(AffineAugmentation(), LearnedRanges), isinstance(InputMask(4), LearnedRanges)
+    (True, False)
+    """
+
+    generators: Sequence[str]
+    ranges: torch.Tensor
+    max_range: Mapping[str, float]
+
+    @property
+    def is_fixed(self) -> bool: ...
+
+    def range_values(self) -> dict[str, float]: ...
 
 
 def outermost_hyperparameter_modules(root: nn.Module | None) -> list[tuple[str, HyperparameterModule]]:

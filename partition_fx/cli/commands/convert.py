@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...job.checks import check_checkpoint, checked_proportions
 from ..argparsing import Parser, int_at_least
-from ..checks import check_checkpoint, checked_proportions
 from ..parser import add_model_options, add_output_options, add_partition_options
 from ..runs import check_out
 from . import Command

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PartitionArgumentError
-from ...job_spec import JobSpec
+from ...job.records import training_run
+from ...job.spec import JobSpec
 from ..argparsing import Parser, int_at_least, path
 from ..parser import add_output_options
-from ..runs import DEFAULT_EXPORT, check_out, training_run
+from ..runs import DEFAULT_EXPORT, check_out
 from ..summaries import accuracy_text
 from . import Command
 

@@ -13,10 +13,10 @@ from ..._validation import check_proportions
 from ...datasets.registry import dataset_names
 from ...errors import PartitionArgumentError
 from ...federated.config import FederatedConfig
-from ...job_spec import default_shares_text, partitions_help
-from ...settings import Field, SettingError, SettingTypeError
+from ...job.checks import checked_proportions
+from ...job.settings import Field, SettingError, SettingTypeError
+from ...job.spec import default_shares_text, partitions_help
 from ..argparsing import Parser, add_setting, path, proportions
-from ..checks import checked_proportions
 from ..config_files import federated_defaults
 from ..parser import add_configuration_options, add_log_option
 from ..runs import LOGGED, check_out

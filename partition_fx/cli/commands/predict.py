@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PartitionError
+from ...job.records import exported_model
 from ..argparsing import Parser, int_at_least, path, path_text
-from ..runs import exported_model
 from . import Command
 
 

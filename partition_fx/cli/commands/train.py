@@ -14,11 +14,12 @@ from typing import Any
 
 from ...choices import RunStatus
 from ...errors import PartitionArgumentError, PartitionError, PartitionTypeError
-from ...job_spec import JobSpec
-from ...settings import SettingError, SettingTypeError
-from ...train_config import TrainConfig
+from ...job.checks import check_job
+from ...job.records import read_run
+from ...job.settings import SettingError, SettingTypeError
+from ...job.spec import JobSpec
+from ...job.train_config import TrainConfig
 from ..argparsing import Parser, add_settings, path
-from ..checks import check_job
 from ..config_files import config_defaults
 from ..parser import (
     FIXED_RANGES,
@@ -32,13 +33,13 @@ from ..parser import (
     train_defaults,
 )
 from ..recipes import RECIPES
-from ..runs import LOGGED, check_out, read_run
+from ..runs import LOGGED, check_out
 from . import Command
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How ``train`` runs its job and where it writes (the options of ``cli.runs.RUN_CONTROL``, which no report
+    """How ``train`` runs its job and where it writes (the options of :data:`RUN_CONTROL`, which no report
     records): ``out`` (the run directory, ``--resume``'s when it resumes), whether to ``overwrite`` it, ``quiet``
     (no progress bar), ``keep_resume`` (keep ``checkpoint/resume/`` once the run completes), ``resume`` (continue
     the run in ``out``) and the trackers to ``log`` to (``training.tracking``)."""
