@@ -245,7 +245,7 @@ def test_what_the_term_cannot_factor_is_refused_naming_the_fix():
 def test_a_factor_lapack_fails_on_is_decomposed_nudged(monkeypatch):
     """LAPACK can fail to converge on a degenerate factor (many equal eigenvalues) when the derivative needs its
     eigenvectors: the nudged decomposition gives the same eigenvalues and derivative."""
-    from partition_fx.training import occam
+    from partition_fx.training.objective import occam
 
     matrix = torch.diag(torch.tensor([0.0, 0.0, 0.0, 2.0, 5.0], dtype=torch.float64)).requires_grad_()
     real = torch.linalg.eigvalsh

@@ -347,7 +347,7 @@ class BrightnessJitter(HyperparameterModule):
         return not self.ranges.requires_grad
 
     def range_values(self) -> dict[str, float]:
-        return {"brightness": abs(float(self.ranges[0]))}
+        return {"brightness": abs(float(self.ranges.detach()[0]))}
 
     def hyperparameters(self) -> dict[str, float | list[float]]:
         return {**self.range_values()}

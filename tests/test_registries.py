@@ -50,7 +50,7 @@ def test_the_partition_options_offer_exactly_what_partitionify_takes(command) ->
 
 def test_train_and_the_library_share_precisions_compile_modes_and_datasets() -> None:
     from partition_fx.job import train_config
-    from partition_fx.training import stepping
+    from partition_fx.training.step import stepping
 
     assert tuple(_option("train", "precision").choices) == PRECISIONS == tuple(stepping.DTYPES)
     assert tuple(_option("train", "compile").choices) == COMPILE_MODES and train_config.COMPILE_MODES is COMPILE_MODES

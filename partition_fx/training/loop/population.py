@@ -210,6 +210,7 @@ class Population:
 
         >>> from partition_fx import partitionify
         >>> from partition_fx.training.loop.components import resolve
+        >>> from partition_fx.transforms import AffineAugmentation
         >>> config, components = resolve("fit", None, {"hyper": AffineAugmentation(generators=("rotation",)),
         ...     "steps": 12, "batch_size": 8, "population": 2, "population_interval": 4, "eval_every": 4})
         >>> x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 2, (64,))
