@@ -362,6 +362,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 6 clients, 4 rounds, seed 0")
     parser.add_argument("--no-write", action="store_true", help="only fill the cache (for split seeds)")
+    parser.add_argument(
+        "--keep-summary",
+        action="store_true",
+        help="keep the results file's lessons, variants and paper cost (each names the commit that measured it) "
+        "where this call does not measure them",
+    )
     parser.add_argument("--scratch", type=Path, default=Path("runs/benchmark-federated"))
     parser.add_argument("--out", type=Path, default=RESULTS / "federated.json")
     args = parser.parse_args(argv)
@@ -399,6 +405,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
               f"{s['rotation']}")  # fmt: skip
     _plot(rows, args.out.with_suffix(".png"))
     summary = {"lessons": lessons, "variants": variants, "paper_cost": paper_cost}
+    if args.keep_summary and args.out.is_file():
+        kept = json.loads(args.out.read_text()).get("summary", {})
+        summary = {key: value or kept.get(key) for key, value in summary.items()}
     write_results(args.out, results(header("federated", quick=args.quick), config, summaries, runs=rows,
                                     summary=summary))  # fmt: skip
     return summaries

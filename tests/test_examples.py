@@ -226,10 +226,12 @@ def test_federated_benchmark_quick(tmp_path, capsys):
     assert [r["partitioned"] for r in again] == [r["partitioned"] for r in rows]
     assert "validation" not in capsys.readouterr().out  # nothing trained again
     shutil.rmtree(tmp_path / "runs")
-    kept = module.main([a for a in argv if a != "--paper-cost"])
+    kept = module.main([*(a for a in argv if a != "--paper-cost"), "--keep-summary"])
     assert [r["partitioned"] for r in kept] == [r["partitioned"] for r in rows]
     assert "validation" not in capsys.readouterr().out  # every seed and lesson kept from the results file
-    assert all(run["commit"] for run in json.loads((tmp_path / "federated.json").read_text())["runs"])
+    written = json.loads((tmp_path / "federated.json").read_text())
+    assert all(run["commit"] for run in written["runs"])
+    assert written["summary"]["paper_cost"] == cost  # not measured by this call: kept, with its commit
 
 
 def test_federated_lessons_table_pairs_each_lesson_with_its_seeds_defaults(capsys):
