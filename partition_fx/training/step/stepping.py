@@ -2,10 +2,9 @@
 data-parallel average, the non-finite check, the optimiser steps and the loss history, without reading the
 device after every step.
 
-A GPU runs ahead of the Python that issues its work until something reads a value back. Reading the loss
-(``float(loss)``) after every step stops it there, so the trainer keeps losses and finiteness flags on the
-device and reads them every ``check_every`` steps, at every evaluation and before any state is saved
-(``Precision``, ``NonfiniteWatch`` and the ``Stepper`` a ``PartitionedTrainer`` holds). What makes a step go
+The trainer keeps losses and finiteness flags on the device and reads them every ``check_every`` steps, at every
+evaluation and before any state is saved (``Precision``, ``NonfiniteWatch`` and the ``Stepper`` a
+``PartitionedTrainer`` holds; why: docs/design.md, "Data-parallel steps"). What makes a step go
 wrong is named: a non-finite loss or gradient (and the tensor it is in), a parameter left unpartitioned.
 
 Data-parallel partitioned training (:class:`DataParallel`): one trainer per process under ``torchrun``. Every
@@ -16,12 +15,7 @@ psi) are averaged across ranks in ONE all-reduce (``average``), with the step's 
 same optimiser step on the gradient of the global minibatch's mean loss, as one process with the whole minibatch
 would, and the models stay identical without being exchanged.
 
-Why not ``DistributedDataParallel``: a partitioned step leaves most parameters unused and changes which ones
-every iteration. With DDP's defaults such a step is silently unsynchronised and the next one raises "Expected to
-have finished reduction"; ``find_unused_parameters=True`` handles one forward per step at the cost of a graph
-traversal; ``static_graph=True`` fails when the partition changes. An explicit all-reduce of the gradients that
-exist is exact, cheap (the stepped partitions and psi only) and independent of how many forwards a step makes
-(the fused and every-partition iterations make several).
+Why an explicit all-reduce rather than ``DistributedDataParallel``: docs/design.md, "Data-parallel steps".
 
 What stays per rank: BatchNorm batch statistics (each rank normalises its share, as DDP without
 ``SyncBatchNorm``); running statistics are broadcast from rank 0 before every step, as DDP's
