@@ -32,7 +32,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.common import RESULTS, header, results, write_results
-from partition_fx.cli.train import train_job
+from partition_fx.job.build import build_job
+from partition_fx.job.spec import JobSpec
 from partition_fx.training import PartitionedTrainer
 from partition_fx.transforms import InputMask
 
@@ -40,8 +41,7 @@ MODEL = "fixup_resnet8"  # no batch statistics: 1 and 2 processes train the same
 
 
 def _trainer(args: argparse.Namespace, mask: bool) -> PartitionedTrainer:
-    argv = ["--model", MODEL, "--image-size", str(args.image_size), "--batch-size", str(args.batch), "--seed", "0"]
-    job = train_job(argv)
+    job = build_job(JobSpec.from_keywords(model=MODEL, image_size=args.image_size, batch_size=args.batch, seed=0))
     hyper = InputMask(tuple(job.data.input_shape)) if mask else job.hyper
     return PartitionedTrainer(job.pmodel, job.data.train, hyper=hyper, batch_size=args.batch, seed=0)
 
